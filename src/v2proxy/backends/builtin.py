@@ -1,0 +1,270 @@
+"""The in-process backend serving the builtin reference models (``--backend builtin``).
+
+It validates requests the way Triton's core does (input count, names, datatypes, shapes, byte
+sizes; reference §1.4, L0_input_validation) and answers the v2 side endpoints itself: statistics,
+repository index/load/unload, trace and log settings.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from v2proxy import __version__
+from v2proxy.backends.base import single_chunk
+from v2proxy.codecs.dtypes import check_tensor_size
+from v2proxy.codecs.json import dumps, loads
+from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.model import InferRequest, InferResponse, Tensor
+from v2proxy.pipeline import ForwardResponse
+from v2proxy.reference.models import MODELS, ModelSpec
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+
+
+@dataclass(slots=True)
+class _Stats:
+    success: int = 0
+    failure: int = 0
+    success_ns: int = 0
+    failure_ns: int = 0
+    last_inference_ms: int = 0
+
+    def as_json(self, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": "1",
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.success,
+            "execution_count": self.success,
+            "inference_stats": {
+                "success": {"count": self.success, "ns": self.success_ns},
+                "fail": {"count": self.failure, "ns": self.failure_ns},
+            },
+        }
+
+
+def unknown_model(model: str, version: str = "") -> NotFound:
+    suffix = f" version {version}" if version else ""
+    return NotFound(f"Request for unknown model: '{model}'{suffix} is not found")
+
+
+def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(d in (-1, s) for s, d in zip(shape, dims, strict=True))
+
+
+def validate_inputs(spec: ModelSpec, request: InferRequest) -> dict[str, Tensor]:
+    """The request's inputs by name, checked against the model's configuration."""
+    model = spec.name
+    if len(request.inputs) != len(spec.inputs):
+        raise InvalidRequest(
+            f"expected {len(spec.inputs)} inputs but got {len(request.inputs)} inputs for model"
+            f" '{model}'"
+        )
+    specs = {t.name: t for t in spec.inputs}
+    by_name: dict[str, Tensor] = {}
+    for t in request.inputs:
+        ts = specs.get(t.name)
+        if ts is None:
+            raise InvalidRequest(f"unexpected inference input '{t.name}' for model '{model}'")
+        if t.datatype is not ts.datatype:
+            raise InvalidRequest(
+                f"inference input '{t.name}' data-type is '{t.datatype.value}', but model"
+                f" '{model}' expects '{ts.datatype.value}'"
+            )
+        dims = ts.dims
+        shape = t.shape
+        if spec.max_batch_size > 0:
+            if not shape or shape[0] > spec.max_batch_size:
+                raise InvalidRequest(
+                    f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'"
+                )
+            shape = shape[1:]
+        if not _shape_matches(shape, dims):
+            batch = [-1] if spec.max_batch_size > 0 else []
+            raise InvalidRequest(
+                f"unexpected shape for input '{t.name}' for model '{model}'. Expected"
+                f" {[*batch, *dims]}, got {list(t.shape)}"
+            )
+        try:
+            check_tensor_size(t, f"input '{t.name}' for model '{model}'")
+        except CodecError as exc:
+            raise InvalidRequest(str(exc)) from None
+        by_name[t.name] = t
+    return by_name
+
+
+def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:
+    """Only the outputs the request lists (all when it lists none), in model order."""
+    if request.outputs is None:
+        return outputs
+    known = {t.name for t in spec.outputs}
+    for o in request.outputs:
+        if o.name not in known:
+            raise InvalidRequest(f"unexpected inference output '{o.name}' for model '{spec.name}'")
+    wanted = {o.name for o in request.outputs}
+    return [t for t in outputs if t.name in wanted]
+
+
+_Route = Callable[["BuiltinBackend", str, re.Match[str], bytes], Any]
+
+
+class BuiltinBackend:
+    """Serves the reference models in-process."""
+
+    name = "builtin"
+
+    def __init__(self, server_name: str = "v2proxy") -> None:
+        self._server_name = server_name
+        self._stats = {name: _Stats() for name in MODELS}
+        self._unloaded: set[str] = set()
+        self._trace: dict[str, Any] = {"trace_level": ["OFF"], "trace_rate": "1000"}
+        self._log: dict[str, Any] = {"log_info": True, "log_warning": True, "log_error": True}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def spec(self, model: str, version: str = "") -> ModelSpec:
+        spec = MODELS.get(model)
+        if spec is None or model in self._unloaded:
+            raise unknown_model(model)
+        if version not in ("", "1"):
+            raise unknown_model(model, version)
+        return spec
+
+    async def server_live(self) -> bool:
+        return True
+
+    async def server_ready(self) -> bool:
+        return True
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return {"name": self._server_name, "version": __version__, "extensions": EXTENSIONS}
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        return self.spec(model, version).metadata()
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        return self.spec(model, version).config()
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        self.spec(model, version)
+        return True
+
+    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+        spec = self.spec(request.model_name, request.model_version)
+        stats = self._stats[spec.name]
+        start = time.perf_counter_ns()
+        try:
+            inputs = validate_inputs(spec, request)
+            outputs = select_outputs(spec, request, spec.compute(inputs))
+        except ProxyError:
+            stats.failure += 1
+            stats.failure_ns += time.perf_counter_ns() - start
+            raise
+        stats.success += 1
+        stats.success_ns += time.perf_counter_ns() - start
+        stats.last_inference_ms = int(time.time() * 1000)
+        return InferResponse(
+            model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
+        )
+
+    # ------------------------------------------------------------------ side endpoints
+
+    async def forward(
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+    ) -> ForwardResponse:
+        path = path_qs.split("?", 1)[0]
+        for pattern, methods in _ROUTES:
+            m = pattern.fullmatch(path)
+            if m is None:
+                continue
+            handler = methods.get(method)
+            if handler is None:
+                return _json(405, {"error": "Method Not Allowed"})
+            try:
+                return _json(200, handler(self, method, m, body))
+            except ProxyError as exc:
+                return _json(exc.http_status, {"error": exc.message})
+        return _json(404, {"error": "Not Found"})
+
+    def _stats_of(self, _method: str, m: re.Match[str], _body: bytes) -> Any:
+        model = m.group("model")
+        if not model:
+            names = sorted(n for n in MODELS if n not in self._unloaded)
+        else:
+            names = [self.spec(model, m.group("version") or "").name]
+        return {"model_stats": [self._stats[n].as_json(n) for n in names]}
+
+    def _index(self, _method: str, _m: re.Match[str], body: bytes) -> Any:
+        ready_only = False
+        if body.strip():
+            obj = loads(body)
+            ready = obj.get("ready", False) if isinstance(obj, dict) else None
+            if not isinstance(ready, bool):
+                raise InvalidRequest("Invalid value for 'ready': expected a boolean")
+            ready_only = ready
+        entries = []
+        for name in sorted(MODELS):
+            loaded = name not in self._unloaded
+            if ready_only and not loaded:
+                continue
+            entries.append(
+                {
+                    "name": name,
+                    "version": "1",
+                    "state": "READY" if loaded else "UNAVAILABLE",
+                    "reason": "" if loaded else "unloaded",
+                }
+            )
+        return entries
+
+    def _load(self, _method: str, m: re.Match[str], _body: bytes) -> Any:
+        name = m.group("model")
+        if name not in MODELS:
+            raise InvalidRequest(f"failed to load '{name}', failed to poll from model repository")
+        if m.group("action") == "load":
+            self._unloaded.discard(name)
+        else:
+            self._unloaded.add(name)
+        return {}
+
+    def _settings(self, method: str, m: re.Match[str], body: bytes) -> Any:
+        target = self._log if m.group(0).endswith("logging") else self._trace
+        if method == "POST" and body.strip():
+            obj = loads(body)
+            if not isinstance(obj, dict):
+                raise InvalidRequest("settings must be a JSON object")
+            target.update(obj)
+        return target
+
+
+def _json(status: int, obj: Any) -> ForwardResponse:
+    return ForwardResponse(status, [("Content-Type", "application/json")], single_chunk(dumps(obj)))
+
+
+_M = r"(?P<model>[^/]+)"
+_V = r"(?:/versions/(?P<version>[0-9]+))?"
+_ROUTES: list[tuple[re.Pattern[str], dict[str, _Route]]] = [
+    (re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"), {"GET": BuiltinBackend._stats_of}),
+    (re.compile(rf"/v2/models/{_M}{_V}/stats"), {"GET": BuiltinBackend._stats_of}),
+    (re.compile(r"/v2/repository/index"), {"POST": BuiltinBackend._index}),
+    (
+        re.compile(rf"/v2/repository/models/{_M}/(?P<action>load|unload)"),
+        {"POST": BuiltinBackend._load},
+    ),
+    (
+        re.compile(r"/v2/(?:models/[^/]+/)?trace/setting"),
+        {"GET": BuiltinBackend._settings, "POST": BuiltinBackend._settings},
+    ),
+    (
+        re.compile(r"/v2/logging"),
+        {"GET": BuiltinBackend._settings, "POST": BuiltinBackend._settings},
+    ),
+]

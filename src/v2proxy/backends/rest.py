@@ -1,0 +1,269 @@
+"""The REST backend: a pooled aiohttp client speaking v2 JSON or binary to a model server.
+
+- Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
+  ``GET /v2`` for the ``binary_tensor_data`` extension on first use (and again after a failure).
+- Every request carries a Content-Type (KServe 0.21 refuses requests without one); binary
+  bodies are written buffer by buffer with a known Content-Length (no concatenation).
+- aiohttp and OS errors are mapped here: refused connection -> 503, broken or invalid answer ->
+  502, timeout -> 504. Backend error answers keep their status and message; a 404 on /infer is
+  reported with Triton's ``Request for unknown model`` text, which clients match on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp.abc import AbstractStreamWriter
+
+from v2proxy.backends.base import end_to_end
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs.json import loads
+from v2proxy.errors import (
+    BackendError,
+    BackendUnavailable,
+    BadGateway,
+    CodecError,
+    GatewayTimeout,
+    NotFound,
+    ProxyError,
+)
+from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.pipeline import ForwardResponse
+
+log = logging.getLogger(__name__)
+
+#: Request headers the REST backend sets itself or that describe the client's own framing.
+_OWN_HEADERS = frozenset(
+    {"content-type", "content-encoding", "accept-encoding", "inference-header-content-length"}
+)
+
+
+class BuffersPayload(aiohttp.payload.Payload):
+    """A request body made of several buffers, written one by one (zero copy)."""
+
+    def __init__(self, chunks: list[Buffer], content_type: str) -> None:
+        super().__init__(chunks, content_type=content_type)
+        self._chunks = chunks
+        self._size = sum(memoryview(c).nbytes for c in chunks)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._chunks).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        for chunk in self._chunks:
+            await writer.write(chunk)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        await self.write(writer)
+
+
+def _model_path(model: str, version: str) -> str:
+    path = f"/v2/models/{quote(model, safe='')}"
+    return f"{path}/versions/{version}" if version else path
+
+
+def _error_message(body: bytes, status: int) -> str:
+    try:
+        obj = loads(body, what="error")
+    except CodecError:
+        text = body.decode("utf-8", "replace").strip()
+        return text[:1000] or f"backend answered HTTP {status}"
+    if isinstance(obj, dict):
+        for key in ("error", "detail", "message"):
+            if key in obj:
+                value = obj[key]
+                return value if isinstance(value, str) else str(value)
+    return str(obj)[:1000]
+
+
+class RestBackend:
+    """Talks to a v2 REST model server at ``base_url``."""
+
+    name = "rest"
+
+    def __init__(
+        self,
+        base_url: str,
+        encoding: str = "auto",
+        timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+        connections: int = 100,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._encoding = encoding
+        self._binary: bool | None = {"json": False, "binary": True}.get(encoding)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            read_bufsize=2**20,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise BackendUnavailable("the REST backend is not started")
+        return self._session
+
+    @contextmanager
+    def _mapped(self, what: str) -> Iterator[None]:
+        """Map aiohttp/OS failures of one backend call to the error tree."""
+        try:
+            yield
+        except ProxyError:
+            raise
+        except TimeoutError:
+            raise GatewayTimeout(
+                f"backend at {self.base_url} did not answer {what} in time"
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise BackendUnavailable(
+                f"backend at {self.base_url} is unavailable for {what}: {exc.os_error or exc}"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BadGateway(
+                f"backend at {self.base_url} failed during {what}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
+        with self._mapped(what):
+            async with self.session.get(self.base_url + path) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return resp.status, _error_message(body, resp.status)
+        try:
+            return 200, loads(body, what="backend response") if body.strip() else {}
+        except CodecError as exc:
+            raise BadGateway(f"invalid answer from backend to {what}: {exc}") from None
+
+    async def _status(self, path: str, what: str) -> int:
+        with self._mapped(what):
+            async with self.session.get(self.base_url + path) as resp:
+                await resp.read()
+                return resp.status
+
+    # ------------------------------------------------------------------ structured calls
+
+    async def server_live(self) -> bool:
+        return await self._status("/v2/health/live", "health/live") == 200
+
+    async def server_ready(self) -> bool:
+        return await self._status("/v2/health/ready", "health/ready") == 200
+
+    async def server_metadata(self) -> dict[str, Any]:
+        status, obj = await self._get_json("/v2", "server metadata")
+        if status != 200 or not isinstance(obj, dict):
+            raise BackendError(str(obj), status if status != 200 else 502)
+        return obj
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        status, obj = await self._get_json(_model_path(model, version), "model metadata")
+        return self._model_answer(status, obj, model)
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        status, obj = await self._get_json(_model_path(model, version) + "/config", "model config")
+        return self._model_answer(status, obj, model)
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        status = await self._status(_model_path(model, version) + "/ready", "model ready")
+        if status == 404:
+            raise self._unknown(model, "")
+        return status == 200
+
+    def _model_answer(self, status: int, obj: Any, model: str) -> dict[str, Any]:
+        if status == 404:
+            raise self._unknown(model, str(obj))
+        if status != 200 or not isinstance(obj, dict):
+            raise BackendError(str(obj), status if status != 200 else 502)
+        return obj
+
+    @staticmethod
+    def _unknown(model: str, detail: str) -> NotFound:
+        msg = f"Request for unknown model: '{model}' is not found"
+        if detail and not detail.startswith("Request for unknown model"):
+            msg += f" (backend: {detail})"
+        return NotFound(detail if detail.startswith("Request for unknown model") else msg)
+
+    async def uses_binary(self) -> bool:
+        """Whether requests go binary: fixed by configuration, or asked of the backend once."""
+        if self._binary is None:
+            meta = await self.server_metadata()
+            ext = meta.get("extensions")
+            self._binary = isinstance(ext, list) and "binary_tensor_data" in ext
+            log.info("backend %s binary tensors: %s", self.base_url, self._binary)
+        return self._binary
+
+    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+        binary = await self.uses_binary()
+        try:
+            chunks, ihcl = binc.encode_request(request, binary=binary)
+        except CodecError as exc:
+            # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
+            raise CodecError(f"cannot send the request to a JSON-only backend: {exc}") from None
+        out_headers = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        if ihcl is None:
+            content_type = "application/json"
+        else:
+            content_type = "application/octet-stream"
+            out_headers[binc.IHCL_HEADER] = str(ihcl)
+        url = self.base_url + _model_path(request.model_name, request.model_version) + "/infer"
+        with self._mapped("inference"):
+            async with self.session.post(
+                url, data=BuffersPayload(chunks, content_type), headers=out_headers
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    message = _error_message(body, resp.status)
+                    if resp.status == 404:
+                        raise self._unknown(request.model_name, message)
+                    raise BackendError(message, resp.status)
+                resp_ihcl = resp.headers.get(binc.IHCL_HEADER)
+        try:
+            return binc.decode_response(body, int(resp_ihcl) if resp_ihcl else None)
+        except (CodecError, ValueError) as exc:
+            raise BadGateway(f"invalid inference response from backend: {exc}") from None
+
+    async def forward(
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+    ) -> ForwardResponse:
+        with self._mapped(f"{method} {path_qs.split('?', 1)[0]}"):
+            resp = await self.session.request(
+                method,
+                self.base_url + path_qs,
+                data=body if body else None,
+                headers=end_to_end(headers),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self._timeout.sock_connect, sock_read=None
+                ),
+            )
+
+        async def stream() -> AsyncIterator[bytes]:
+            with self._mapped("streaming the answer"):
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+
+        async def release() -> None:
+            resp.release()
+
+        return ForwardResponse(
+            resp.status, end_to_end(list(resp.headers.items())), stream(), release
+        )

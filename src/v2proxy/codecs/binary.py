@@ -1,0 +1,115 @@
+"""The binary-tensor extension framing (reference §1.1, §1.6, §1.7).
+
+A body is a JSON header of ``Inference-Header-Content-Length`` (IHCL) bytes followed by a binary
+section holding, in order, the bytes of every tensor that declares ``binary_data_size``. Tensors
+decoded here are views into the body (no copies); encoders return a list of buffers to be
+written with ``writelines`` plus the JSON length for the IHCL header (None when the body is
+plain JSON).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from v2proxy.codecs import json as jsonc
+from v2proxy.errors import CodecError, PayloadTooLarge
+from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
+
+IHCL_HEADER = "Inference-Header-Content-Length"
+INT32_MAX = 2**31 - 1
+
+
+def parse_ihcl(value: str | None, body_length: int) -> int | None:
+    """The JSON header length from an IHCL header value; None when the header is absent.
+    0 means a raw binary request (reference §2)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit():
+        raise CodecError(f"Unable to parse Inference-Header-Content-Length, got: {value}")
+    n = int(text)
+    if n > body_length:
+        raise CodecError(
+            f"inference header size should be in range (0, {body_length}), got: {value}"
+        )
+    return n
+
+
+def _split(body: Buffer, ihcl: int | None, max_json: int) -> tuple[memoryview, memoryview | None]:
+    mv = memoryview(body).cast("B")
+    header = mv if ihcl is None else mv[:ihcl]
+    if len(header) > max_json:
+        raise PayloadTooLarge(
+            f"request JSON size of {len(header)} bytes exceeds the maximum allowed input size of"
+            f" {max_json} bytes. Raise --max-request-size to increase the limit."
+        )
+    return header, (None if ihcl is None else mv[ihcl:])
+
+
+def decode_request(
+    body: Buffer,
+    ihcl: int | None,
+    model_name: str,
+    model_version: str = "",
+    max_input_size: int = jsonc.DEFAULT_MAX_INPUT_SIZE,
+) -> InferRequest:
+    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
+    if ihcl == 0:
+        raise ValueError("raw requests are decoded by codecs.raw")
+    header, section = _split(body, ihcl, max_input_size)
+    if len(header) == 0:
+        raise CodecError("failed to parse the request JSON buffer: the request body is empty")
+    obj = jsonc.loads(header)
+    reader = None if section is None else jsonc.BinaryReader(section)
+    return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
+
+
+def encode_request(req: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
+    """A request body for a backend: all tensors binary, or all JSON (and outputs likewise)."""
+    obj = jsonc.request_to_obj(req, binary_inputs=binary, binary_outputs=binary)
+    head = jsonc.dumps_tree(obj)
+    if not binary:
+        return [head], None
+    chunks: list[Buffer] = [head]
+    chunks.extend(t.data for t in req.inputs if memoryview(t.data).nbytes)
+    return chunks, len(head)
+
+
+def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
+    """Decode a backend's JSON or binary-framed response body."""
+    mv = memoryview(body).cast("B")
+    if ihcl is not None and not 0 < ihcl <= len(mv):
+        raise CodecError(
+            f"invalid response from backend: Inference-Header-Content-Length {ihcl} is not"
+            f" within the body of {len(mv)} bytes"
+        )
+    header = mv if ihcl is None else mv[:ihcl]
+    obj = jsonc.loads(header, what="response")
+    reader = None if ihcl is None else jsonc.BinaryReader(mv[ihcl:])
+    return jsonc.response_from_obj(obj, reader)
+
+
+def encode_response(
+    resp: InferResponse, is_binary: Callable[[Tensor], bool]
+) -> tuple[list[Buffer], int | None]:
+    """A response body for a client. IHCL (second item) is set only when at least one binary
+    output has bytes, as Triton does (reference §1.2)."""
+    obj = jsonc.response_to_obj(resp, is_binary)
+    head = jsonc.dumps_tree(obj)
+    blobs = [t.data for t in resp.outputs if is_binary(t) and memoryview(t.data).nbytes]
+    if not blobs:
+        return [head], None
+    return [head, *blobs], len(head)
+
+
+def binary_output_rule(req: InferRequest) -> Callable[[Tensor], bool]:
+    """Which response outputs go binary, exactly per reference §1.6: an output listed in
+    ``outputs`` follows its own ``binary_data`` (default false); when ``outputs`` is absent,
+    the request's ``binary_data_output`` decides for all."""
+    if req.outputs is None:
+        flag = req.parameters.get("binary_data_output") is True
+        return lambda _t: flag
+    listed = {o.name: o.parameters.get("binary_data") is True for o in req.outputs}
+    return lambda t: listed.get(t.name, False)

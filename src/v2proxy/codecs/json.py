@@ -1,0 +1,544 @@
+"""v2 JSON <-> the internal model (reference §1.3, §1.5, §1.7).
+
+- ``loads`` parses a JSON document (orjson; NaN/Infinity literals accepted as Triton does).
+- ``data_to_buffer`` turns a JSON ``data`` array (flat, nested or ragged: only the leaf count
+  matters) into the binary wire layout, with strict per-datatype checks. FP16 and BF16 are
+  accepted as JSON numbers and rounded to nearest (Triton refuses them; see README).
+- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (numpy arrays are
+  serialized by orjson directly; FP32 is widened to double like Triton's writer).
+- ``request_from_obj`` / ``response_from_obj`` build the model from a parsed JSON header; inputs
+  or outputs that carry ``binary_data_size`` take their bytes from a :class:`BinaryReader`.
+- ``request_to_obj`` / ``response_to_obj`` build JSON headers; tensors marked binary are left
+  for the binary codec to append.
+
+Pure: no I/O. Errors are CodecError naming the field at fault.
+"""
+
+from __future__ import annotations
+
+import json as _stdjson
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from v2proxy.codecs.dtypes import (
+    NUMPY_DTYPE,
+    byte_view,
+    deserialize_bytes,
+    parse_datatype,
+    parse_shape,
+    serialize_bytes,
+)
+from v2proxy.errors import CodecError, PayloadTooLarge
+from v2proxy.model import (
+    Datatype,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+)
+
+MAX_NESTING = 100
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+
+_INT_TYPES = {
+    Datatype.UINT8,
+    Datatype.UINT16,
+    Datatype.UINT32,
+    Datatype.UINT64,
+    Datatype.INT8,
+    Datatype.INT16,
+    Datatype.INT32,
+    Datatype.INT64,
+}
+_FLOAT_TYPES = {Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16}
+_DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class BinaryReader:
+    """Hands out consecutive slices of a binary section (views, no copies)."""
+
+    __slots__ = ("_mv", "_pos")
+
+    def __init__(self, section: memoryview) -> None:
+        self._mv = section
+        self._pos = 0
+
+    def take(self, size: int, name: str, model: str) -> memoryview:
+        remaining = len(self._mv) - self._pos
+        if size > remaining:
+            raise CodecError(
+                f"unexpected size for input '{name}', expecting {size - remaining} additional"
+                f" bytes for model '{model}'"
+            )
+        view = self._mv[self._pos : self._pos + size]
+        self._pos += size
+        return view
+
+    def finish(self, model: str) -> None:
+        if self._pos != len(self._mv):
+            raise CodecError(f"unexpected additional input data for model '{model}'")
+
+
+def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
+    """Parse a JSON document; CodecError with the parser's message if it is not JSON."""
+    try:
+        return orjson.loads(buf)
+    except orjson.JSONDecodeError as exc:
+        first = str(exc)
+    # orjson refuses NaN/Infinity literals, which Triton accepts; the stdlib parser takes them.
+    try:
+        text = bytes(buf).decode("utf-8")
+        return _stdjson.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise CodecError(f"failed to parse the {what} JSON buffer: {first}") from None
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON; numpy arrays are serialized natively."""
+    try:
+        return orjson.dumps(obj, option=_DUMPS_OPTS)
+    except orjson.JSONEncodeError as exc:  # pragma: no cover - guarded by callers
+        raise CodecError(f"unable to encode JSON: {exc}") from None
+
+
+# --------------------------------------------------------------------------- data arrays
+
+
+def _flatten(data: list[Any], where: str) -> list[Any]:
+    out: list[Any] = []
+
+    def walk(node: list[Any], depth: int) -> None:
+        if depth >= MAX_NESTING:
+            raise CodecError(
+                f"Unable to parse 'data' for {where}: JSON nesting depth exceeds maximum allowed"
+                f" limit ({MAX_NESTING})"
+            )
+        for x in node:
+            if type(x) is list:
+                walk(x, depth + 1)
+            else:
+                out.append(x)
+
+    walk(data, 1)
+    return out
+
+
+def _leaves(data: Any, where: str) -> list[Any]:
+    if type(data) is not list:
+        raise CodecError(f"Unable to parse 'data' for {where}: expected a JSON array")
+    if data and (type(data[0]) is list or type(data[-1]) is list):
+        return _flatten(data, where)
+    return data
+
+
+def _type_error(where: str, datatype: Datatype, expected: str) -> CodecError:
+    return CodecError(
+        f"Unable to parse 'data' for {where}: {datatype.value} elements must be {expected}"
+    )
+
+
+def _as_array(leaves: list[Any], where: str) -> tuple[np.ndarray, list[Any]]:
+    """numpy's view of the leaves; ragged nesting deeper inside the array is flattened."""
+    try:
+        arr = np.array(leaves)
+        if arr.ndim == 1 and arr.dtype != np.dtype(object):
+            return arr, leaves
+    except (ValueError, TypeError, OverflowError):
+        pass
+    flat = _flatten(leaves, where)
+    try:
+        arr = np.array(flat)
+    except (ValueError, TypeError, OverflowError):
+        arr = np.array(flat, dtype=object)
+    return arr, flat
+
+
+def _check_kind(arr: np.ndarray, leaves: list[Any], datatype: Datatype, where: str) -> np.ndarray:
+    kind = arr.dtype.kind
+    if datatype is Datatype.BOOL:
+        if kind != "b":
+            raise _type_error(where, datatype, "true or false")
+        return arr
+    if datatype in _INT_TYPES:
+        if kind in "fO" and all(type(x) is int for x in leaves):
+            # Very large integers (beyond int64) make numpy fall back to float or object.
+            try:
+                arr = np.array(leaves, dtype=np.uint64)
+            except OverflowError:
+                raise _range_error(where, datatype) from None
+        elif kind not in "iu":
+            raise _type_error(where, datatype, "integers")
+        info = np.iinfo(NUMPY_DTYPE[datatype])  # type: ignore[type-var]
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise _range_error(where, datatype)
+        return arr
+    if kind not in "iuf":
+        raise _type_error(where, datatype, "numbers")
+    return arr
+
+
+def _range_error(where: str, datatype: Datatype) -> CodecError:
+    return CodecError(
+        f"Unable to parse 'data' for {where}: value out of range for {datatype.value}"
+    )
+
+
+def _count_error(where: str, expected: int | None, got: int | None) -> CodecError:
+    detail = "" if expected is None else f": expected {expected} elements, got {got}"
+    return CodecError(
+        f"Unable to parse 'data' for {where}: shape does not match true shape of 'data' field"
+        f"{detail}"
+    )
+
+
+def data_to_buffer(
+    data: Any,
+    datatype: Datatype,
+    shape: tuple[int, ...],
+    where: str,
+    max_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> bytes | memoryview:
+    """A JSON ``data`` value -> the tensor's bytes in wire layout. ``where`` names the tensor
+    in messages (e.g. "input 'INPUT0'")."""
+    count = element_count(shape)
+    if count == 0:
+        # Triton does not parse 'data' of a zero-element tensor.
+        return b""
+    leaves = _leaves(data, where)
+    if datatype is Datatype.BYTES:
+        if any(type(x) is list for x in leaves):
+            leaves = _flatten(leaves, where)
+        if len(leaves) != count:
+            raise _count_error(where, count, len(leaves))
+        elems: list[bytes] = []
+        for x in leaves:
+            if type(x) is not str:
+                raise _type_error(where, datatype, "strings")
+            elems.append(x.encode("utf-8", "surrogatepass"))
+        buf = serialize_bytes(elems)
+        if len(buf) > max_size:
+            raise _too_large(where, len(buf), max_size)
+        return buf
+    npdt = NUMPY_DTYPE[datatype]
+    if count * npdt.itemsize > max_size:
+        raise _too_large(where, count * npdt.itemsize, max_size)
+    arr, leaves = _as_array(leaves, where)
+    if len(leaves) != count:
+        raise _count_error(where, count, len(leaves))
+    arr = _check_kind(arr, leaves, datatype, where)
+    return byte_view(np.ascontiguousarray(arr, dtype=npdt))
+
+
+def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"JSON {where} has a byte_size ({size} bytes) that exceeds the maximum allowed value of"
+        f" {limit} bytes"
+    )
+
+
+def tensor_data_json(tensor: Tensor) -> Any:
+    """The flat JSON ``data`` value of a tensor (a numpy array or a list for orjson)."""
+    where = f"output '{tensor.name}'"
+    if tensor.datatype is Datatype.BYTES:
+        out: list[str] = []
+        for e in deserialize_bytes(tensor.data, where):
+            try:
+                out.append(e.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CodecError(
+                    f"{where} holds BYTES that are not valid UTF-8 and cannot be sent as JSON;"
+                    " request it with 'binary_data': true"
+                ) from None
+        return out
+    arr = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])
+    if tensor.datatype in _FLOAT_TYPES:
+        arr = arr.astype(np.float64)  # Triton widens to double; BF16/FP16 become numbers
+        if not np.isfinite(arr).all():
+            return _RawJSON([_float_literal(float(v)) for v in arr])
+    return arr
+
+
+class _RawJSON(list[str]):
+    """A list of float literals (NaN, Infinity) that orjson cannot write; see ``dumps_tree``."""
+
+
+def _float_literal(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return orjson.dumps(v).decode()
+
+
+# --------------------------------------------------------------------------- params
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if type(params) is not dict:
+        raise CodecError(f"Unable to parse 'parameters' for {where}: expected a JSON object")
+    return params
+
+
+def _bool_param(params: dict[str, Any], key: str, where: str) -> bool:
+    value = params.get(key, False)
+    if type(value) is not bool:
+        raise CodecError(f"Unable to parse '{key}' for {where}: expected a boolean")
+    return value
+
+
+def _uint_param(params: dict[str, Any], key: str, where: str) -> int:
+    value = params[key]
+    if type(value) is not int or value < 0:
+        raise CodecError(f"Unable to parse '{key}' for {where}: expected a non-negative integer")
+    return value
+
+
+# --------------------------------------------------------------------------- request
+
+
+def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tuple[int, ...]]:
+    if type(obj) is not dict:
+        raise CodecError(f"Unable to parse '{kind}s[{index}]': expected a JSON object")
+    name = obj.get("name")
+    if type(name) is not str:
+        raise CodecError(f"Unable to parse 'name' of {kind}s[{index}]: expected a string")
+    where = f"{kind} '{name}'"
+    datatype = parse_datatype(obj.get("datatype"), where)
+    if "shape" not in obj:
+        raise CodecError(f"Unable to parse 'shape' for {where}: field is missing")
+    shape = parse_shape(obj["shape"], where)
+    return name, datatype, shape
+
+
+_SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
+
+
+def request_from_obj(
+    obj: Any,
+    model_name: str,
+    model_version: str,
+    binary: BinaryReader | None,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> InferRequest:
+    """Build an InferRequest from a parsed v2 JSON request header."""
+    if type(obj) is not dict:
+        raise CodecError("Unable to parse the request: expected a JSON object")
+    req_id = obj.get("id")
+    if req_id is not None and type(req_id) is not str:
+        raise CodecError("Unable to parse 'id': expected a string")
+    params = _parameters(obj, "the request")
+    _bool_param(params, "binary_data_output", "the request")
+    for key in params:
+        if key.startswith("triton_"):
+            raise CodecError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should"
+                " not be specified."
+            )
+    raw_inputs = obj.get("inputs")
+    if type(raw_inputs) is not list:
+        raise CodecError("Unable to parse 'inputs': expected a JSON array of input tensors")
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw_inputs):
+        name, datatype, shape = _tensor_header(item, "input", i)
+        where = f"input '{name}'"
+        if name in seen:
+            raise CodecError(f"input '{name}' already exists in request")
+        seen.add(name)
+        tparams = dict(_parameters(item, where))
+        present = [k for k in _SOURCE_KEYS if (item if k == "data" else tparams).get(k) is not None]
+        if len(present) != 1:
+            detail = (
+                " no field is set" if not present else " set " + " ".join(f"'{k}'" for k in present)
+            )
+            raise CodecError(
+                f"Input must set only one of the following fields: 'data', 'binary_data_size' in"
+                f" 'parameters', 'shared_memory_region' in 'parameters'. But{detail} for {where}"
+            )
+        source = present[0]
+        data: bytes | memoryview
+        if source == "data":
+            data = data_to_buffer(item["data"], datatype, shape, where, max_input_size)
+        elif source == "binary_data_size":
+            size = _uint_param(tparams, "binary_data_size", where)
+            del tparams["binary_data_size"]
+            if binary is None:
+                raise CodecError(
+                    f"{where} sets 'binary_data_size' but the request has no binary section"
+                    " (missing Inference-Header-Content-Length header)"
+                )
+            data = binary.take(size, name, model_name)
+        else:
+            data = b""  # shared memory: resolved by the pipeline
+        inputs.append(Tensor(name, datatype, shape, data, tparams))
+    outputs = _requested_outputs(obj.get("outputs"))
+    if binary is not None:
+        binary.finish(model_name)
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=req_id,
+        parameters=params,
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if type(raw) is not list:
+        raise CodecError("Unable to parse 'outputs': expected a JSON array")
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        if type(item) is not dict or type(item.get("name")) is not str:
+            raise CodecError(f"Unable to parse 'outputs[{i}]': expected an object with a 'name'")
+        name = item["name"]
+        if name in seen:
+            raise CodecError(f"output '{name}' already exists in request")
+        seen.add(name)
+        params = _parameters(item, f"output '{name}'")
+        _bool_param(params, "binary_data", f"output '{name}'")
+        outputs.append(RequestedOutput(name, dict(params)))
+    return outputs
+
+
+def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool) -> dict[str, Any]:
+    """The JSON header for sending ``req`` to a backend. With ``binary_inputs`` every input is
+    described with ``binary_data_size`` (the caller appends the bytes in order)."""
+    obj: dict[str, Any] = {}
+    if req.id:
+        obj["id"] = req.id
+    params = dict(req.parameters)
+    params.pop("binary_data_output", None)
+    if req.outputs is None and binary_outputs:
+        params["binary_data_output"] = True
+    if params:
+        obj["parameters"] = params
+    inputs = []
+    for t in req.inputs:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        tparams = dict(t.parameters)
+        if binary_inputs:
+            tparams["binary_data_size"] = memoryview(t.data).nbytes
+        else:
+            entry["data"] = tensor_data_json(t)
+        if tparams:
+            entry["parameters"] = tparams
+        inputs.append(entry)
+    obj["inputs"] = inputs
+    if req.outputs is not None:
+        obj["outputs"] = [
+            {"name": o.name, "parameters": {**o.parameters, "binary_data": binary_outputs}}
+            for o in req.outputs
+        ]
+    return obj
+
+
+# --------------------------------------------------------------------------- response
+
+
+def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
+    """Build an InferResponse from a backend's parsed v2 JSON response header."""
+    if type(obj) is not dict:
+        raise CodecError("invalid response from backend: expected a JSON object")
+    raw_outputs = obj.get("outputs", [])
+    if type(raw_outputs) is not list:
+        raise CodecError("invalid response from backend: 'outputs' is not an array")
+    outputs: list[Tensor] = []
+    model = str(obj.get("model_name", ""))
+    for i, item in enumerate(raw_outputs):
+        name, datatype, shape = _tensor_header(item, "output", i)
+        where = f"output '{name}'"
+        tparams = dict(_parameters(item, where))
+        data: bytes | memoryview
+        if tparams.get("binary_data_size") is not None:
+            size = _uint_param(tparams, "binary_data_size", where)
+            del tparams["binary_data_size"]
+            if binary is None:
+                raise CodecError(
+                    f"invalid response from backend: {where} is binary but the"
+                    " response has no binary section"
+                )
+            data = binary.take(size, name, model)
+        elif "data" in item:
+            data = data_to_buffer(item["data"], datatype, shape, where, max_size=2**62)
+        else:
+            data = b""  # written to shared memory by the backend
+        outputs.append(Tensor(name, datatype, shape, data, tparams))
+    if binary is not None:
+        binary.finish(model)
+    version = obj.get("model_version")
+    req_id = obj.get("id")
+    return InferResponse(
+        model_name=model,
+        model_version="" if version is None else str(version),
+        id=req_id if isinstance(req_id, str) and req_id else None,
+        parameters=_parameters(obj, "the response"),
+        outputs=outputs,
+    )
+
+
+def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) -> dict[str, Any]:
+    """The JSON header of a response, in Triton's key order. Outputs for which ``is_binary`` is
+    true get ``binary_data_size`` (the caller appends their bytes in the same order)."""
+    obj: dict[str, Any] = {}
+    if resp.id:
+        obj["id"] = resp.id
+    obj["model_name"] = resp.model_name
+    obj["model_version"] = resp.model_version
+    if resp.parameters:
+        obj["parameters"] = resp.parameters
+    outputs = []
+    for t in resp.outputs:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        if is_binary(t):
+            entry["parameters"] = {**t.parameters, "binary_data_size": memoryview(t.data).nbytes}
+        else:
+            if t.parameters:
+                entry["parameters"] = t.parameters
+            entry["data"] = tensor_data_json(t)
+        outputs.append(entry)
+    obj["outputs"] = outputs
+    return obj
+
+
+def dumps_tree(obj: dict[str, Any]) -> bytes:
+    """Serialize a request/response header, writing NaN/Infinity literals like Triton."""
+    literals: list[_RawJSON] = []
+
+    def default(value: Any) -> Any:
+        raise TypeError  # pragma: no cover
+
+    def swap(node: Any) -> Any:
+        if isinstance(node, _RawJSON):
+            literals.append(node)
+            return f"\x00V2PROXY{len(literals) - 1}\x00"
+        return node
+
+    has_literals = any(
+        isinstance(o.get("data"), _RawJSON)
+        for key in ("inputs", "outputs")
+        for o in obj.get(key, ())
+    )
+    if not has_literals:
+        return dumps(obj)
+    for key in ("inputs", "outputs"):
+        for o in obj.get(key, ()):
+            if "data" in o:
+                o["data"] = swap(o["data"])
+    text = orjson.dumps(obj, option=_DUMPS_OPTS, default=default)
+    for i, lit in enumerate(literals):
+        text = text.replace(
+            orjson.dumps(f"\x00V2PROXY{i}\x00"), ("[" + ",".join(lit) + "]").encode()
+        )
+    return text

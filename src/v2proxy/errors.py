@@ -1,0 +1,111 @@
+"""The one error tree of v2proxy.
+
+Every error a request can meet is a :class:`ProxyError`. Each class carries the HTTP status and
+the gRPC status-code *name* (``"INVALID_ARGUMENT"``; this module is pure and does not import grpc)
+that a frontend answers with. Frontends translate these in exactly one place each; foreign
+exceptions (aiohttp, grpc, OS errors) are mapped to this tree at the boundary where they occur.
+
+Status choices follow Triton (reference §0, §1.11) except where Triton is plainly wrong for a
+proxy: malformed JSON and JSON type errors are client errors here (400, not 500).
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Base of every error v2proxy answers with. ``message`` is what the client sees."""
+
+    http_status: int = 500
+    grpc_code: str = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidRequest(ProxyError):
+    """The request is malformed or inconsistent (a field at fault is named in the message)."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class CodecError(InvalidRequest):
+    """Raised by the pure codecs: the bytes do not decode to a valid request or response."""
+
+
+class PayloadTooLarge(InvalidRequest):
+    """A body, header or decoded tensor exceeds the configured size limit (Triton answers 400)."""
+
+
+class BodyTooLarge(ProxyError):
+    """The HTTP body exceeds the hard cap on any body (``--max-body-size``)."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class NotFound(ProxyError):
+    """Unknown model, version, region or route."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class Unsupported(ProxyError):
+    """The request asks for something this server or backend does not provide."""
+
+    http_status = 501
+    grpc_code = "UNIMPLEMENTED"
+
+
+class BackendError(ProxyError):
+    """The backend answered with an error of its own; status and message are passed on."""
+
+    grpc_code = "UNKNOWN"
+
+    def __init__(self, message: str, http_status: int = 500, grpc_code: str | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.grpc_code = grpc_code or _GRPC_BY_HTTP.get(http_status, "UNKNOWN")
+
+
+class BadGateway(ProxyError):
+    """The backend could not be reached or answered with something that is not v2."""
+
+    http_status = 502
+    grpc_code = "UNAVAILABLE"
+
+
+class BackendUnavailable(ProxyError):
+    """The backend refused the connection or said it is not ready."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
+class GatewayTimeout(ProxyError):
+    """The backend did not answer in time."""
+
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+_GRPC_BY_HTTP = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    413: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}

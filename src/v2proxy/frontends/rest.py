@@ -1,0 +1,219 @@
+"""The REST frontend (aiohttp): every v2 endpoint of reference §5.1.
+
+Terminated here: health, server/model metadata, model ready and config, and ``/infer`` in all
+its wire forms (JSON, binary tensors, raw binary, gzip/deflate both ways). Everything else
+(statistics, repository, trace, logging, generate, generate_stream, unknown paths) is passed
+through to the backend untouched and streamed back without buffering.
+
+Routing is one table of (path pattern, {method: handler}); a known path with the wrong method is
+405. Every ProxyError becomes ``{"error": message}`` with its status in exactly one place
+(:meth:`RestFrontend.dispatch`); nothing a client sends yields a traceback or a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from v2proxy.backends.base import end_to_end
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs import compression
+from v2proxy.codecs.json import dumps
+from v2proxy.errors import BodyTooLarge, ProxyError, Unsupported
+from v2proxy.model import Buffer
+from v2proxy.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["RestFrontend", web.Request, "re.Match[str]"], Awaitable[web.StreamResponse]]
+
+REQUEST_ID = "x-request-id"
+#: Client headers that are not passed on to the backend with an inference request.
+_INFER_DROP = frozenset(
+    {"content-type", "content-encoding", "accept-encoding", "inference-header-content-length"}
+)
+#: Bodies up to this size are joined and sent in one write; larger ones are streamed buffer by
+#: buffer so that tensor data is never copied into a new body.
+_JOIN_LIMIT = 256 * 1024
+
+
+def _json_response(status: int, obj: Any) -> web.Response:
+    return web.Response(status=status, body=dumps(obj), content_type="application/json")
+
+
+def error_response(exc: ProxyError) -> web.Response:
+    """The one translator from the error tree to HTTP."""
+    resp = _json_response(exc.http_status, {"error": exc.message})
+    if isinstance(exc, Unsupported) and "compression" in exc.message:
+        resp.headers["Accept-Encoding"] = "gzip, deflate"
+    return resp
+
+
+def _model(m: re.Match[str]) -> tuple[str, str]:
+    return m.group("model"), m.group("version") or ""
+
+
+class RestFrontend:
+    """Serves the v2 REST API on top of a :class:`Pipeline`."""
+
+    def __init__(self, pipeline: Pipeline, max_input_size: int, max_body_size: int) -> None:
+        self.pipeline = pipeline
+        self.max_input_size = max_input_size
+        self.max_body_size = max_body_size
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_size, handler_args=None)
+        app.router.add_route("*", "/{path:.*}", self.dispatch)
+        return app
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        try:
+            response = await self._route(request)
+        except ProxyError as exc:
+            response = error_response(exc)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            log.exception("unexpected error serving %s %s", request.method, request.path)
+            response = _json_response(500, {"error": f"internal error: {type(exc).__name__}"})
+        rid = request.headers.get(REQUEST_ID)
+        if rid is not None and not response.prepared:
+            response.headers[REQUEST_ID] = rid
+        return response
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        for pattern, methods in ROUTES:
+            m = pattern.fullmatch(path)
+            if m is not None:
+                handler = methods.get(request.method)
+                if handler is None:
+                    return _json_response(405, {"error": "Method Not Allowed"})
+                return await handler(self, request, m)
+        return await self.passthrough(request)
+
+    async def read_body(self, request: web.Request) -> bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(
+                f"request body exceeds the maximum body size of {self.max_body_size} bytes"
+                " (--max-body-size)"
+            ) from None
+
+    # ------------------------------------------------------------------ terminated endpoints
+
+    async def live(self, _request: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def ready(self, _request: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+        ok = await self.pipeline.backend.server_ready()
+        return web.Response(status=200 if ok else 400)
+
+    async def server_metadata(self, _r: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+        return _json_response(200, await self.pipeline.server_metadata())
+
+    async def model_metadata(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+        return _json_response(200, await self.pipeline.backend.model_metadata(*_model(m)))
+
+    async def model_config(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+        return _json_response(200, await self.pipeline.backend.model_config(*_model(m)))
+
+    async def model_ready(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+        if await self.pipeline.backend.model_ready(*_model(m)):
+            return web.Response(status=200)
+        return _json_response(400, {"error": "Model version not ready"})
+
+    async def infer(self, request: web.Request, m: re.Match[str]) -> web.StreamResponse:
+        model, version = _model(m)
+        body: Buffer = await self.read_body(request)
+        headers = request.headers
+        body = compression.decompress(body, headers.get("Content-Encoding"), self.max_input_size)
+        ihcl = binc.parse_ihcl(headers.get(binc.IHCL_HEADER), len(body))
+        if ihcl == 0:
+            infer_request = await self.pipeline.decode_raw(body, model, version)
+        else:
+            infer_request = binc.decode_request(body, ihcl, model, version, self.max_input_size)
+        forwarded = dict(end_to_end(list(headers.items()), _INFER_DROP))
+        response = await self.pipeline.infer(infer_request, forwarded)
+        chunks, json_length = binc.encode_response(response, binc.binary_output_rule(infer_request))
+        out = web.StreamResponse(status=200)
+        if json_length is None:
+            out.content_type = "application/json"
+        else:
+            out.content_type = "application/octet-stream"
+            out.headers[binc.IHCL_HEADER] = str(json_length)
+        encoding = compression.choose_encoding(headers.get("Accept-Encoding"))
+        if encoding is not None:
+            chunks = [compression.compress(chunks, encoding)]
+            out.headers["Content-Encoding"] = encoding
+        return await self._send(request, out, chunks)
+
+    async def _send(
+        self, request: web.Request, out: web.StreamResponse, chunks: list[Buffer]
+    ) -> web.StreamResponse:
+        total = sum(memoryview(c).nbytes for c in chunks)
+        rid = request.headers.get(REQUEST_ID)
+        if rid is not None:
+            out.headers[REQUEST_ID] = rid
+        if total <= _JOIN_LIMIT or (len(chunks) == 1 and isinstance(chunks[0], bytes)):
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return web.Response(status=out.status, body=bytes(body), headers=out.headers)
+        out.content_length = total
+        await out.prepare(request)
+        for chunk in chunks:
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+    # ------------------------------------------------------------------ pass-through
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        body = await self.read_body(request)
+        forwarded = await self.pipeline.backend.forward(
+            request.method, request.raw_path, list(request.headers.items()), body
+        )
+        if request.path.startswith("/v2/repository/"):
+            self.pipeline.invalidate()
+        try:
+            out = web.StreamResponse(status=forwarded.status)
+            for k, v in forwarded.headers:
+                out.headers.add(k, v)
+            rid = request.headers.get(REQUEST_ID)
+            if rid is not None and REQUEST_ID not in out.headers:
+                out.headers[REQUEST_ID] = rid
+            await out.prepare(request)
+            try:
+                async for chunk in forwarded.body:
+                    await out.write(chunk)
+            except ProxyError as exc:
+                # The status line is sent already: cut the connection so that the client sees
+                # a broken stream rather than a complete-looking short body.
+                log.warning("pass-through of %s broke off: %s", request.path, exc.message)
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            await out.write_eof()
+            return out
+        finally:
+            await forwarded.release()
+
+
+_M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
+
+ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
+    (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}),
+    (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}),
+    (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}),
+    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}),
+    (re.compile(_M + "/ready"), {"GET": RestFrontend.model_ready}),
+    (re.compile(_M + "/config"), {"GET": RestFrontend.model_config}),
+    (
+        re.compile(r"/v2/models/(?!stats$)(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"),
+        {"GET": RestFrontend.model_metadata},
+    ),
+]

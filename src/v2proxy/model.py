@@ -1,0 +1,89 @@
+"""The internal model every frontend decodes into and every backend encodes from.
+
+A :class:`Tensor` holds its elements as one buffer in the v2 binary wire layout (reference §1.4):
+little-endian, row-major, no padding; BOOL one byte per element; BYTES as a sequence of elements
+each prefixed by its 4-byte little-endian length. Tensors decoded from a binary body keep a
+``memoryview`` into that body (no copy). Python lists of numbers never live here: they exist only
+inside the JSON codec.
+
+This module is pure: no I/O, no asyncio, no third-party imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Datatype(StrEnum):
+    """The 14 v2 tensor datatypes (13 fixed-size types plus BYTES)."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BF16 = "BF16"
+    BYTES = "BYTES"
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    """Number of elements of a tensor of ``shape`` (1 for a scalar shape ``()``)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass(slots=True)
+class Tensor:
+    """One named tensor. ``data`` is in the binary wire layout (see module docstring)."""
+
+    name: str
+    datatype: Datatype
+    shape: tuple[int, ...]
+    data: Buffer
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An entry of the request's ``outputs`` list: a name and its parameters
+    (``binary_data``, ``classification``, shared-memory parameters, anything else)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """An inference request. ``outputs`` is None when the client listed no outputs (all model
+    outputs are returned); ``model_version`` is "" when none was given."""
+
+    model_name: str
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None = None
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    model_version: str = ""
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """An inference response; outputs keep the order the backend produced them in."""
+
+    model_name: str
+    outputs: list[Tensor]
+    model_version: str = ""
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,120 @@
+"""The one shared core every frontend calls (in the manner of MLServer's DataPlane).
+
+It owns the port to the model server (:class:`Backend`, implemented in ``v2proxy.backends``),
+resolves what a request needs before the backend sees it (raw-request shape deduction from model
+metadata) and finishes the response (request id). Later stages (shared memory, classification,
+metrics) plug in here, so that REST and gRPC frontends behave the same.
+
+Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from v2proxy.codecs.raw import decode_raw_request
+from v2proxy.errors import ProxyError
+from v2proxy.model import Buffer, InferRequest, InferResponse
+
+METADATA_TTL_S = 30.0
+
+
+async def _noop() -> None:
+    return None
+
+
+@dataclass(slots=True)
+class ForwardResponse:
+    """A passed-through HTTP answer: status, end-to-end headers and a body stream."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: AsyncIterator[bytes]
+    release: Callable[[], Awaitable[None]] = field(default=_noop)
+
+
+class Backend(Protocol):
+    """What the pipeline and the frontends need from a model server. Every failure is raised as
+    a ProxyError; foreign exceptions are mapped inside the backend that meets them."""
+
+    name: str
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def server_live(self) -> bool: ...
+    async def server_ready(self) -> bool: ...
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
+    async def model_config(self, model: str, version: str) -> dict[str, Any]: ...
+    async def model_ready(self, model: str, version: str) -> bool: ...
+    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse: ...
+    async def forward(
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+    ) -> ForwardResponse: ...
+
+
+#: The extensions v2proxy provides to clients whatever the backend has.
+PROXY_EXTENSIONS = ("binary_tensor_data",)
+
+
+class Pipeline:
+    """Runs requests through the stages and the backend."""
+
+    def __init__(self, backend: Backend, max_input_size: int) -> None:
+        self.backend = backend
+        self.max_input_size = max_input_size
+        self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
+
+    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+        response = await self.backend.infer(request, headers)
+        if request.id and not response.id:
+            response.id = request.id
+        if not response.model_name:
+            response.model_name = request.model_name
+        return response
+
+    async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
+        """The request a raw binary body (IHCL 0) stands for (reference §2)."""
+        metadata, max_batch_size = await self._model_shape_info(model, version)
+        return decode_raw_request(
+            body, model, version, metadata, max_batch_size, self.max_input_size
+        )
+
+    async def server_metadata(self) -> dict[str, Any]:
+        """The backend's metadata with the extensions v2proxy adds."""
+        meta = dict(await self.backend.server_metadata())
+        ext = meta.get("extensions")
+        # Some servers (MindIE) send an object here; the spec says a list of strings.
+        extensions = [e for e in ext if isinstance(e, str)] if isinstance(ext, list) else []
+        for e in PROXY_EXTENSIONS:
+            if e not in extensions:
+                extensions.append(e)
+        meta["extensions"] = extensions
+        return meta
+
+    def invalidate(self) -> None:
+        """Forget cached model metadata (after repository load/unload)."""
+        self._metadata.clear()
+
+    async def _model_shape_info(
+        self, model: str, version: str
+    ) -> tuple[dict[str, Any], int | None]:
+        key = (model, version)
+        now = time.monotonic()
+        hit = self._metadata.get(key)
+        if hit is not None and now - hit[0] < METADATA_TTL_S:
+            return hit[1], hit[2]
+        metadata = await self.backend.model_metadata(model, version)
+        max_batch_size: int | None = None
+        try:
+            config = await self.backend.model_config(model, version)
+        except ProxyError:
+            config = {}
+        mbs = config.get("max_batch_size") if isinstance(config, dict) else None
+        if isinstance(mbs, int) and not isinstance(mbs, bool):
+            max_batch_size = mbs
+        self._metadata[key] = (now, metadata, max_batch_size)
+        return metadata, max_batch_size

@@ -1,0 +1,177 @@
+"""The builtin reference models: their metadata, configuration and compute functions.
+
+Names and tensors are part of the product contract:
+
+- ``simple``: INT32 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference
+- ``simple_string``: the same on BYTES elements holding decimal integers
+- ``simple_identity``: BYTES INPUT0 [-1], max_batch_size 8 -> OUTPUT0 identical, bytes exact
+- ``identity_fp32``: FP32 INPUT0 [-1] -> OUTPUT0 identical
+- ``classifier``: FP32 INPUT0 [10], max_batch_size 8 -> FP32 SCORES [10]
+  (SCORES = 2 * INPUT0 + 0.125 * index), labels in ``config/labels/classifier.txt``
+
+Compute functions take numpy views of validated inputs and return output tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from v2proxy.codecs.dtypes import as_numpy, from_numpy, serialize_bytes
+from v2proxy.errors import InvalidRequest
+from v2proxy.model import Datatype, Tensor
+
+PLATFORM = "v2proxy_builtin"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: Datatype
+    dims: tuple[int, ...]
+    label_filename: str | None = None
+
+
+Compute = Callable[[dict[str, Tensor]], list[Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    compute: Compute
+
+    def metadata(self) -> dict[str, Any]:
+        batch = [-1] if self.max_batch_size > 0 else []
+        return {
+            "name": self.name,
+            "versions": ["1"],
+            "platform": PLATFORM,
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype.value, "shape": [*batch, *t.dims]}
+                for t in self.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype.value, "shape": [*batch, *t.dims]}
+                for t in self.outputs
+            ],
+        }
+
+    def config(self) -> dict[str, Any]:
+        def entry(t: TensorSpec) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "name": t.name,
+                "data_type": "TYPE_STRING"
+                if t.datatype is Datatype.BYTES
+                else f"TYPE_{t.datatype.value}",
+                "dims": list(t.dims),
+            }
+            if t.label_filename:
+                out["label_filename"] = t.label_filename
+            return out
+
+        return {
+            "name": self.name,
+            "platform": PLATFORM,
+            "backend": "v2proxy",
+            "max_batch_size": self.max_batch_size,
+            "input": [entry(t) for t in self.inputs],
+            "output": [entry(t) for t in self.outputs],
+        }
+
+
+def _simple(inputs: dict[str, Tensor]) -> list[Tensor]:
+    a, b = as_numpy(inputs["INPUT0"]), as_numpy(inputs["INPUT1"])
+    return [
+        from_numpy("OUTPUT0", Datatype.INT32, (a + b).astype("<i4")),
+        from_numpy("OUTPUT1", Datatype.INT32, (a - b).astype("<i4")),
+    ]
+
+
+def _decimal(values: np.ndarray, name: str) -> np.ndarray:
+    try:
+        return np.array([int(v) for v in values.reshape(-1)], dtype=np.int64).reshape(values.shape)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest(
+            f"input '{name}' of model 'simple_string' must hold decimal integers"
+        ) from None
+
+
+def _simple_string(inputs: dict[str, Tensor]) -> list[Tensor]:
+    a = _decimal(as_numpy(inputs["INPUT0"]), "INPUT0")
+    b = _decimal(as_numpy(inputs["INPUT1"]), "INPUT1")
+    shape = inputs["INPUT0"].shape
+
+    def strings(values: np.ndarray) -> bytes:
+        return serialize_bytes([str(int(v)).encode() for v in values.reshape(-1)])
+
+    return [
+        Tensor("OUTPUT0", Datatype.BYTES, shape, strings(a + b)),
+        Tensor("OUTPUT1", Datatype.BYTES, shape, strings(a - b)),
+    ]
+
+
+def _identity(inputs: dict[str, Tensor]) -> list[Tensor]:
+    t = inputs["INPUT0"]
+    return [Tensor("OUTPUT0", t.datatype, t.shape, t.data)]
+
+
+_WEIGHTS = np.float32(2.0)
+_BIAS = (np.arange(10, dtype=np.float32) * np.float32(0.125)).astype(np.float32)
+
+
+def _classifier(inputs: dict[str, Tensor]) -> list[Tensor]:
+    x = as_numpy(inputs["INPUT0"])
+    scores = (x * _WEIGHTS + _BIAS).astype("<f4")
+    return [from_numpy("SCORES", Datatype.FP32, scores)]
+
+
+def _spec(name: str, datatype: Datatype, *dims: int, label: str | None = None) -> TensorSpec:
+    return TensorSpec(name, datatype, tuple(dims), label)
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec(
+            "simple",
+            (_spec("INPUT0", Datatype.INT32, 16), _spec("INPUT1", Datatype.INT32, 16)),
+            (_spec("OUTPUT0", Datatype.INT32, 16), _spec("OUTPUT1", Datatype.INT32, 16)),
+            8,
+            _simple,
+        ),
+        ModelSpec(
+            "simple_string",
+            (_spec("INPUT0", Datatype.BYTES, 16), _spec("INPUT1", Datatype.BYTES, 16)),
+            (_spec("OUTPUT0", Datatype.BYTES, 16), _spec("OUTPUT1", Datatype.BYTES, 16)),
+            8,
+            _simple_string,
+        ),
+        ModelSpec(
+            "simple_identity",
+            (_spec("INPUT0", Datatype.BYTES, -1),),
+            (_spec("OUTPUT0", Datatype.BYTES, -1),),
+            8,
+            _identity,
+        ),
+        ModelSpec(
+            "identity_fp32",
+            (_spec("INPUT0", Datatype.FP32, -1),),
+            (_spec("OUTPUT0", Datatype.FP32, -1),),
+            0,
+            _identity,
+        ),
+        ModelSpec(
+            "classifier",
+            (_spec("INPUT0", Datatype.FP32, 10),),
+            (_spec("SCORES", Datatype.FP32, 10, label="classifier.txt"),),
+            8,
+            _classifier,
+        ),
+    )
+}

@@ -1,0 +1,202 @@
+"""Real KServe ModelServer peer for the v2proxy interop tests.
+
+Run with the python of the kserve venv made by setup_peers.sh:
+
+    .cache/peers/kserve/bin/python tests/interop/peers/kserve_server.py \
+        --http-port 8080 --grpc-port 8081
+
+Hosts three tiny v2 models written against KServe's own v2 API
+(kserve.Model + InferRequest / InferResponse / InferOutput), so REST
+/v2/models/{m}/infer and the gRPC GRPCInferenceService both go through
+KServe's native encoding (binary vs JSON outputs, requested outputs, ...):
+
+    simple           INT32 INPUT0, INPUT1 [N,16] or [16] -> OUTPUT0 = a+b, OUTPUT1 = a-b
+    simple_identity  BYTES INPUT0 [-1]                  -> OUTPUT0 (same bytes)
+    identity_fp32    FP32  INPUT0 [-1]                  -> OUTPUT0 (same values)
+
+Everything is logged to stderr (stdout is redirected onto stderr).
+KServe 0.21 hard-codes its listen addresses (HTTP 0.0.0.0, gRPC [::]);
+with --host (default 127.0.0.1) this script narrows both to loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--http-port", type=int, required=True)
+    p.add_argument("--grpc-port", type=int, required=True)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; '' keeps KServe's own "
+        "0.0.0.0 / [::] defaults)",
+    )
+    return p.parse_args(argv)
+
+
+ARGS = _parse_args(sys.argv[1:])
+# kserve.model_server runs argparse over sys.argv at import time; give it a
+# clean argv so it only ever sees its own defaults.
+sys.argv = sys.argv[:1]
+# "Log to stderr only": uvicorn's access log handler writes to stdout.
+sys.stdout.flush()
+os.dup2(2, 1)
+
+import numpy as np  # noqa: E402
+
+import kserve  # noqa: E402
+from kserve import InferOutput, InferRequest, InferResponse  # noqa: E402
+from kserve.errors import InvalidInput  # noqa: E402
+from kserve.utils.utils import generate_uuid  # noqa: E402
+
+
+def _restrict_listen_host(host: str) -> None:
+    """Make KServe's REST (uvicorn) and gRPC servers bind ``host``.
+
+    KServe exposes no option for this, so wrap the two places that decide the
+    address. If KServe's internals move, warn and keep its defaults.
+    """
+    try:
+        from kserve.protocol.grpc import server as grpc_server_mod
+        from kserve.protocol.rest import server as rest_server_mod
+
+        orig_rest_init = rest_server_mod.RESTServer.__init__
+
+        def rest_init(self, *a, **kw):
+            orig_rest_init(self, *a, **kw)
+            self.config.host = host  # uvicorn.Server reads it at startup
+
+        rest_server_mod.RESTServer.__init__ = rest_init
+
+        real_aio = grpc_server_mod.aio
+
+        class _AioShim:
+            def __getattr__(self, name):
+                return getattr(real_aio, name)
+
+            @staticmethod
+            def server(*a, **kw):
+                srv = real_aio.server(*a, **kw)
+                orig_add = srv.add_insecure_port
+
+                def add_insecure_port(address: str) -> int:
+                    port = address.rsplit(":", 1)[-1]
+                    return orig_add(f"{host}:{port}")
+
+                srv.add_insecure_port = add_insecure_port
+                return srv
+
+        grpc_server_mod.aio = _AioShim()
+    except Exception as exc:  # pragma: no cover - depends on kserve internals
+        print(f"kserve_server: cannot restrict listen host: {exc!r}", file=sys.stderr)
+
+
+def _response(model: kserve.Model, request: InferRequest, outputs: list[InferOutput]) -> InferResponse:
+    # The standard way: KServe's to_rest()/to_grpc() then decide binary vs JSON
+    # (binary_data_output / per-output binary_data / raw gRPC inputs) and apply
+    # the request's requested outputs. Echo the request id, else a fresh uuid
+    # (what KServe's own custom-model examples do).
+    return InferResponse(
+        response_id=request.id or generate_uuid(),
+        model_name=model.name,
+        infer_outputs=outputs,
+        use_binary_outputs=request.use_binary_outputs,
+        requested_outputs=request.request_outputs,
+    )
+
+
+def _input(request: InferRequest, name: str, datatype: str) -> np.ndarray:
+    inp = request.get_input_by_name(name)
+    if inp is None:
+        raise InvalidInput(f"missing input '{name}'")
+    if inp.datatype != datatype:
+        raise InvalidInput(f"input '{name}' must be {datatype}, got {inp.datatype}")
+    return inp.as_numpy()
+
+
+class SimpleModel(kserve.Model):
+    """INT32 add/sub, the classic Triton 'simple' example model."""
+
+    def __init__(self, name: str = "simple"):
+        super().__init__(name)
+        self.load()
+
+    def get_input_types(self):
+        return [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ]
+
+    def get_output_types(self):
+        return [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ]
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        a = _input(payload, "INPUT0", "INT32")
+        b = _input(payload, "INPUT1", "INT32")
+        if a.shape != b.shape or a.shape[-1:] != (16,) or a.ndim not in (1, 2):
+            raise InvalidInput(f"INPUT0/INPUT1 must both be [N,16] or [16], got {list(a.shape)} and {list(b.shape)}")
+        out0 = (a + b).astype(np.int32)
+        out1 = (a - b).astype(np.int32)
+        return _response(
+            self,
+            payload,
+            [
+                InferOutput("OUTPUT0", list(out0.shape), "INT32", data=out0),
+                InferOutput("OUTPUT1", list(out1.shape), "INT32", data=out1),
+            ],
+        )
+
+
+class IdentityModel(kserve.Model):
+    """Returns INPUT0 unchanged as OUTPUT0 for one datatype."""
+
+    def __init__(self, name: str, datatype: str):
+        super().__init__(name)
+        self.datatype = datatype
+        self.load()
+
+    def get_input_types(self):
+        return [{"name": "INPUT0", "datatype": self.datatype, "shape": [-1]}]
+
+    def get_output_types(self):
+        return [{"name": "OUTPUT0", "datatype": self.datatype, "shape": [-1]}]
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        x = _input(payload, "INPUT0", self.datatype)
+        return _response(
+            self,
+            payload,
+            [InferOutput("OUTPUT0", list(x.shape), self.datatype, data=x)],
+        )
+
+
+def main() -> None:
+    if ARGS.host:
+        _restrict_listen_host(ARGS.host)
+    models = [
+        SimpleModel("simple"),
+        IdentityModel("simple_identity", "BYTES"),
+        IdentityModel("identity_fp32", "FP32"),
+    ]
+    kserve.ModelServer(
+        http_port=ARGS.http_port,
+        grpc_port=ARGS.grpc_port,
+        enable_grpc=True,
+        workers=1,
+        max_threads=2,
+        max_asyncio_workers=2,
+        enable_latency_logging=False,
+        grace_period=2,
+    ).start(models)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Create the virtual environments of the real peer model servers used by the
+# v2proxy interop tests:
+#
+#   bash tests/interop/peers/setup_peers.sh [DIR]
+#
+#   DIR/kserve    <- requirements-kserve.txt   (KServe ModelServer)
+#   DIR/mlserver  <- requirements-mlserver.txt (MLServer)
+#
+# DIR defaults to .cache/peers under the repository root (also read from
+# $V2PROXY_PEERS_DIR); a relative DIR argument is taken from the current
+# directory. The two packages pin conflicting dependencies, hence two venvs.
+#
+# Idempotent: each venv holds a stamp with the sha256 of its requirements
+# file; a venv whose stamp matches (and whose python still runs) is left
+# alone, otherwise it is rebuilt from scratch. Both venvs are built in
+# parallel, with pip's output in DIR/NAME.install.log. Prints one line per
+# venv; exits non-zero if any install fails. $PYTHON picks the interpreter
+# (default python3).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../../.." && pwd)"
+PY="${PYTHON:-python3}"
+
+DIR="${1:-${V2PROXY_PEERS_DIR:-$ROOT/.cache/peers}}"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+
+if ! command -v "$PY" >/dev/null 2>&1; then
+    echo "setup_peers: $PY not found" >&2
+    exit 1
+fi
+
+# Serialise concurrent runs on the same DIR (e.g. two test sessions).
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$DIR/.setup.lock"
+    flock 9
+fi
+
+sha256_of() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum "$1" | cut -d' ' -f1
+    else
+        "$PY" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$1"
+    fi
+}
+
+# build NAME: (re)create DIR/NAME from requirements-NAME.txt unless its stamp
+# matches. Writes a one-line summary to DIR/NAME.result; returns non-zero on
+# failure.
+build() {
+    local name="$1"
+    local req="$HERE/requirements-$name.txt"
+    local venv="$DIR/$name"
+    local stamp="$venv/.v2proxy-peer-stamp"
+    local log="$DIR/$name.install.log"
+    local result="$DIR/$name.result"
+    local want
+    want="$(sha256_of "$req")"
+
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
+        && "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        echo "$name: up to date ($venv, $("$venv/bin/python" -V 2>&1), requirements sha256 ${want:0:12})" >"$result"
+        return 0
+    fi
+
+    local start=$SECONDS
+    rm -rf "$venv"
+    if ! {
+        "$PY" -m venv "$venv" &&
+            "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+                -r "$req"
+    } >"$log" 2>&1; then
+        echo "$name: FAILED after $((SECONDS - start))s, see $log" >"$result"
+        tail -n 25 "$log" | sed "s/^/  [$name] /" >>"$result"
+        return 1
+    fi
+    echo "$want" >"$stamp"
+    local top
+    top="$(grep -m1 -E '^[A-Za-z]' "$req" || true)"
+    echo "$name: installed $top in $((SECONDS - start))s ($venv, $("$venv/bin/python" -V 2>&1))" >"$result"
+}
+
+names=(kserve mlserver)
+pids=()
+for n in "${names[@]}"; do
+    rm -f "$DIR/$n.result"
+    build "$n" &
+    pids+=("$!")
+done
+
+rc=0
+for i in "${!names[@]}"; do
+    if ! wait "${pids[$i]}"; then
+        rc=1
+    fi
+    n="${names[$i]}"
+    if [[ -f "$DIR/$n.result" ]]; then
+        cat "$DIR/$n.result"
+        rm -f "$DIR/$n.result"
+    else
+        echo "$n: FAILED (no result)"
+        rc=1
+    fi
+done
+exit $rc
