@@ -109,7 +109,7 @@ class RestBackend:
             connector=connector,
             timeout=self._timeout,
             auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
             read_bufsize=2**20,
         )
 
@@ -218,8 +218,11 @@ class RestBackend:
             chunks, ihcl = binc.encode_request(request, binary=binary)
         except CodecError as exc:
             # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
-            raise CodecError(f"cannot send the request to a JSON-only backend: {exc}") from None
+            raise CodecError(
+                f"cannot send the request to this backend, which takes JSON only: {exc}"
+            ) from None
         out_headers = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        out_headers["Accept-Encoding"] = "identity"  # bodies are decoded here, uncompressed
         if ihcl is None:
             content_type = "application/json"
         else:

@@ -243,7 +243,7 @@ def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
 
 def tensor_data_json(tensor: Tensor) -> Any:
     """The flat JSON ``data`` value of a tensor (a numpy array or a list for orjson)."""
-    where = f"output '{tensor.name}'"
+    where = f"tensor '{tensor.name}'"
     if tensor.datatype is Datatype.BYTES:
         out: list[str] = []
         for e in deserialize_bytes(tensor.data, where):
@@ -251,8 +251,8 @@ def tensor_data_json(tensor: Tensor) -> Any:
                 out.append(e.decode("utf-8"))
             except UnicodeDecodeError:
                 raise CodecError(
-                    f"{where} holds BYTES that are not valid UTF-8 and cannot be sent as JSON;"
-                    " request it with 'binary_data': true"
+                    f"{where} holds BYTES that are not valid UTF-8, which JSON cannot carry;"
+                    " use binary data ('binary_data': true)"
                 ) from None
         return out
     arr = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])

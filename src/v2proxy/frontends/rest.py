@@ -66,7 +66,10 @@ class RestFrontend:
         self.max_body_size = max_body_size
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_size, handler_args=None)
+        # Bodies are decompressed here, bounded by --max-input-size; pass-through keeps them as is.
+        app = web.Application(
+            client_max_size=self.max_body_size, handler_args={"auto_decompress": False}
+        )
         app.router.add_route("*", "/{path:.*}", self.dispatch)
         return app
 

@@ -110,6 +110,17 @@ def _response(model: kserve.Model, request: InferRequest, outputs: list[InferOut
     )
 
 
+def _output(name: str, datatype: str, arr: np.ndarray) -> InferOutput:
+    # Data is handed over as a flat Python list, not the ndarray: KServe 0.21's
+    # InferResponse.to_grpc() evaluates `infer_output.data and ...`, which
+    # raises "truth value of an array ... is ambiguous" (-> gRPC INTERNAL) for
+    # any ndarray output of more than one element whenever the request used
+    # raw_input_contents (i.e. every tritonclient.grpc request). With a list,
+    # to_rest()/to_grpc() convert it themselves: raw/binary when the request
+    # asks for it, typed JSON `data` / gRPC `contents` otherwise.
+    return InferOutput(name, list(arr.shape), datatype, data=arr.flatten().tolist())
+
+
 def _input(request: InferRequest, name: str, datatype: str) -> np.ndarray:
     inp = request.get_input_by_name(name)
     if inp is None:
@@ -148,10 +159,7 @@ class SimpleModel(kserve.Model):
         return _response(
             self,
             payload,
-            [
-                InferOutput("OUTPUT0", list(out0.shape), "INT32", data=out0),
-                InferOutput("OUTPUT1", list(out1.shape), "INT32", data=out1),
-            ],
+            [_output("OUTPUT0", "INT32", out0), _output("OUTPUT1", "INT32", out1)],
         )
 
 
@@ -174,7 +182,7 @@ class IdentityModel(kserve.Model):
         return _response(
             self,
             payload,
-            [InferOutput("OUTPUT0", list(x.shape), self.datatype, data=x)],
+            [_output("OUTPUT0", self.datatype, x)],
         )
 
 

@@ -1,0 +1,43 @@
+# v2proxy — `make run` serves the demo, `make test` runs every check CI runs.
+PYTHON ?= python3
+VENV ?= .venv
+PEERS_DIR ?= .cache/peers
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck layers pytest peers clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	@echo "v2proxy on http://localhost:9000 in front of the builtin reference models. Try:"
+	@echo "  curl -s localhost:9000/v2/models/simple/infer -d '{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"INT32\",\"shape\":[1,16],\"data\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]},{\"name\":\"INPUT1\",\"datatype\":\"INT32\",\"shape\":[1,16],\"data\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}'"
+	@echo "  $(BIN)/python examples/tritonclient_http.py --url localhost:9000"
+	$(BIN)/v2proxy serve --http-port 9000
+
+peers:
+	bash tests/interop/peers/setup_peers.sh $(PEERS_DIR)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+layers: $(STAMP)
+	$(BIN)/python tools/check_layers.py
+
+pytest: $(STAMP) peers
+	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/pytest
+
+test: lint typecheck layers pytest
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis

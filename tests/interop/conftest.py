@@ -1,0 +1,93 @@
+"""Fixtures for interop tests: real clients (tritonclient) against v2proxy processes in front of
+real servers: the builtin models, ``v2proxy reference-server``, KServe ModelServer and MLServer
+(each in its own venv, made by tests/interop/peers/setup_peers.sh; `make test` runs it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers import launch  # noqa: E402
+from procs import Proc, v2proxy  # noqa: E402
+
+BACKENDS = ["builtin", "reference", "kserve", "mlserver"]
+LOOP_NAMES = ["uvloop", "asyncio"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "interop" in str(item.path):
+            item.add_marker(pytest.mark.interop)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def servers(stack: contextlib.ExitStack) -> dict[str, str]:
+    """Base URLs of the backends, started lazily once per session."""
+    return {}
+
+
+def _backend_url(name: str, stack: contextlib.ExitStack, cache: dict[str, str]) -> str:
+    if name in cache:
+        return cache[name]
+    if name == "builtin":
+        url = "builtin"
+    elif name == "reference":
+        url = stack.enter_context(v2proxy("reference-server", name="reference")).base_url
+    else:
+        peers = Path(os.environ.get("V2PROXY_PEERS_DIR") or launch.peers_dir())
+        start = launch.kserve_server if name == "kserve" else launch.mlserver_server
+        url = stack.enter_context(start(peers)).base_url
+    cache[name] = url
+    return url
+
+
+@pytest.fixture(scope="session")
+def proxies(stack: contextlib.ExitStack, servers: dict[str, str]) -> dict[tuple[str, str], Proc]:
+    return {}
+
+
+@pytest.fixture(params=[(b, loop) for b in BACKENDS for loop in LOOP_NAMES],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def proxy(
+    request: pytest.FixtureRequest,
+    stack: contextlib.ExitStack,
+    servers: dict[str, str],
+    proxies: dict[tuple[str, str], Proc],
+) -> Proc:
+    """A v2proxy process (per backend and event loop) shared by the whole session."""
+    key: tuple[str, str] = request.param
+    if key not in proxies:
+        backend, loop = key
+        url = _backend_url(backend, stack, servers)
+        proxies[key] = stack.enter_context(
+            v2proxy("serve", "--backend", url, "--event-loop", loop, name=f"proxy-{backend}")
+        )
+    return proxies[key]
+
+
+def backend_of(proxy_fixture_request: pytest.FixtureRequest) -> str:
+    return str(proxy_fixture_request.node.callspec.params["proxy"][0])
+
+
+@pytest.fixture
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return backend_of(request)
+
+
+@pytest.fixture(scope="session")
+def backend_urls(stack: contextlib.ExitStack, servers: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Direct access to a backend (for comparing with the proxied path)."""
+    return lambda name: _backend_url(name, stack, servers)

@@ -1,0 +1,282 @@
+"""Start the real peer model servers (KServe, MLServer) for interop tests.
+
+Standard library only: this module is imported from the main test
+environment and never imports kserve or mlserver itself. Each server runs as
+a subprocess with the python of its own venv (made by ``setup_peers.sh``)::
+
+    from tests.interop.peers import launch   # or however the tests import it
+
+    with launch.kserve_server(launch.peers_dir()) as peer:
+        peer.http_url   # "127.0.0.1:PORT"  (no scheme, tritonclient style)
+        peer.grpc_url   # "127.0.0.1:PORT"
+        peer.pid
+
+Both servers listen on 127.0.0.1 only, on free ports picked here, and log
+into a temporary file (kept, and its tail shown, when start-up fails). On
+exit the server's whole process group gets SIGTERM, then SIGKILL.
+
+Environment:
+    V2PROXY_PEERS_DIR            where the venvs live (default <repo>/.cache/peers)
+    V2PROXY_PEER_START_TIMEOUT   seconds to wait for readiness (default 90)
+    V2PROXY_PEER_LOG_DIR         keep server logs in this folder instead of a
+                                 temporary one that is removed on exit
+
+``python launch.py kserve|mlserver`` starts one server and keeps it running
+until Ctrl-C (handy for poking at it with curl).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[2]
+SETUP_SCRIPT = HERE / "setup_peers.sh"
+
+DEFAULT_START_TIMEOUT = 90.0
+STOP_GRACE_S = 5.0
+READY_MODEL = "simple"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer's venv is missing: run setup_peers.sh (tests may skip on this)."""
+
+
+class PeerStartError(RuntimeError):
+    """The peer server died or did not become ready in time."""
+
+
+def peers_dir() -> Path:
+    """Folder holding the peer venvs: $V2PROXY_PEERS_DIR or <repo>/.cache/peers."""
+    env = os.environ.get("V2PROXY_PEERS_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    return REPO_ROOT / ".cache" / "peers"
+
+
+def ensure_peers(directory: Optional[PathLike] = None) -> Path:
+    """Run setup_peers.sh for ``directory`` (quick no-op when up to date)."""
+    d = Path(directory) if directory is not None else peers_dir()
+    proc = subprocess.run(
+        ["bash", str(SETUP_SCRIPT), str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise PeerUnavailable(f"setup_peers.sh failed (rc={proc.returncode}):\n{proc.stdout}")
+    return d.resolve()
+
+
+@dataclass
+class PeerServer:
+    name: str
+    http_port: int
+    grpc_port: int
+    pid: int
+    log_path: Path
+    startup_s: float = 0.0
+    process: Optional[subprocess.Popen] = field(default=None, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.http_url}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held together while picking)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# Never route loopback probes through an http(s)_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http_status(url: str, timeout: float = 2.0) -> Optional[int]:
+    try:
+        with _OPENER.open(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    # The peer venv must not see the main test venv's paths.
+    for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"):
+        env.pop(k, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group led by proc.pid, SIGKILL it after ``grace``."""
+    pgid = proc.pid  # started with start_new_session=True: pgid == pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        # poll() reaps the leader, so an empty group means everything is gone.
+        if proc.poll() is not None and not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike], timeout: Optional[float]) -> Iterator[PeerServer]:
+    d = Path(directory) if directory is not None else peers_dir()
+    python = Path(d) / venv_name / "bin" / "python"
+    if not python.exists():
+        raise PeerUnavailable(
+            f"{name}: no venv at {python.parent.parent}; run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
+        )
+    if timeout is None:
+        timeout = float(os.environ.get("V2PROXY_PEER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+
+    keep_dir = os.environ.get("V2PROXY_PEER_LOG_DIR")
+    work = Path(tempfile.mkdtemp(prefix=f"v2proxy-{name}-"))
+    if keep_dir:
+        Path(keep_dir).mkdir(parents=True, exist_ok=True)
+        log_path = Path(keep_dir) / f"{name}-{os.getpid()}-{int(time.time() * 1000)}.log"
+    else:
+        log_path = work / f"{name}.log"
+
+    http_port, grpc_port = _free_ports(2)
+    cmd = [str(python), str(HERE / script), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(work),  # MLServer reads .env / writes scratch in cwd
+            env=_child_env(),
+            start_new_session=True,
+        )
+    server = PeerServer(name, http_port, grpc_port, proc.pid, log_path, process=proc)
+    failed = True
+    try:
+        base = server.base_url
+        deadline = started + timeout
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise PeerStartError(
+                    f"{name} exited with rc={rc} during start-up; log {log_path}:\n{server.log_tail()}"
+                )
+            if (
+                _http_status(f"{base}/v2/health/ready") == 200
+                and _http_status(f"{base}/v2/models/{READY_MODEL}/ready") == 200
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise PeerStartError(
+                    f"{name} not ready after {timeout:.0f}s (pid {proc.pid}); log {log_path}:\n{server.log_tail()}"
+                )
+            time.sleep(0.2)
+        server.startup_s = time.monotonic() - started
+        yield server
+        failed = False
+    finally:
+        _stop(proc)
+        if keep_dir:
+            shutil.rmtree(work, ignore_errors=True)
+        elif not failed:
+            shutil.rmtree(work, ignore_errors=True)
+        # else: keep the temp dir so the log path in the error stays valid.
+
+
+def kserve_server(peers_dir: Optional[PathLike] = None, timeout: Optional[float] = None):
+    """Context manager: a KServe ModelServer with simple, simple_identity, identity_fp32."""
+    return _peer("kserve", "kserve", "kserve_server.py", peers_dir, timeout)
+
+
+def mlserver_server(peers_dir: Optional[PathLike] = None, timeout: Optional[float] = None):
+    """Context manager: an MLServer with simple, simple_identity, identity_fp32."""
+    return _peer("mlserver", "mlserver", "mlserver_server.py", peers_dir, timeout)
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in ("kserve", "mlserver"):
+        print("usage: python launch.py kserve|mlserver", file=sys.stderr)
+        return 2
+    cm = kserve_server if argv[0] == "kserve" else mlserver_server
+    with cm(peers_dir()) as peer:
+        print(
+            f"{peer.name}: http {peer.http_url} grpc {peer.grpc_url} pid {peer.pid} "
+            f"ready in {peer.startup_s:.1f}s, log {peer.log_path} (Ctrl-C stops)",
+            flush=True,
+        )
+        try:
+            while peer.process.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""Start v2proxy processes (``v2proxy serve`` / ``reference-server``) for interop tests, the way
+a user does: as a separate process on loopback, stopped by its pid afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from peers.launch import _free_ports, _http_status, _stop
+
+
+@dataclass
+class Proc:
+    name: str
+    port: int
+    pid: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        """tritonclient style: host:port without scheme."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterator[Proc]:
+    """Run ``python -m v2proxy ARGS --host 127.0.0.1 --http-port <free>`` until the block ends."""
+    (port,) = _free_ports(1)
+    log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+    cmd = [sys.executable, "-m", "v2proxy", *args, "--host", "127.0.0.1", "--http-port", str(port)]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while _http_status(f"http://127.0.0.1:{port}/v2/health/live") != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start ({cmd}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        yield Proc(name, port, proc.pid, log)
+    finally:
+        _stop(proc)
+        assert proc.poll() is not None
+        log.unlink(missing_ok=True)
