@@ -14,8 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import launch  # noqa: E402
-from procs import Proc, v2proxy  # noqa: E402
+from peers import launch
+from procs import Proc, v2proxy
 
 BACKENDS = ["builtin", "reference", "kserve", "mlserver"]
 LOOP_NAMES = ["uvloop", "asyncio"]

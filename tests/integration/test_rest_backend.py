@@ -1,0 +1,221 @@
+"""v2proxy in front of another v2 REST server over loopback HTTP: encodings, headers,
+pass-through streaming, and backend failures mapped to 502/503/504."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from tests.integration.conftest import Factory, proxy_to
+from tests.integration.test_rest_errors import BIN_HEADER, BLOB, framed, simple_json
+
+Recorded = tuple[TestClient[Any, Any], list[web.Request]]
+
+
+def url_of(client: TestClient[Any, Any]) -> str:
+    return str(client.make_url("")).rstrip("/")
+
+
+@pytest.mark.parametrize("encoding", ["json", "binary", "auto"])
+async def test_json_client_any_backend_encoding(
+    make_client: Factory, recorded: Recorded, encoding: str
+) -> None:
+    backend, seen = recorded
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding=encoding)
+    resp = await proxy.post("/v2/models/simple/infer", data=simple_json(list(range(16))))
+    assert resp.status == 200, await resp.text()
+    assert resp.content_type == "application/json"
+    out = {o["name"]: o["data"] for o in (await resp.json())["outputs"]}
+    assert out["OUTPUT0"] == [i + 1 for i in range(16)]
+    assert out["OUTPUT1"] == [i - 1 for i in range(16)]
+    infer = [r for r in seen if r.path.endswith("/infer")][-1]
+    binary = encoding in ("binary", "auto")  # the reference server advertises binary tensors
+    assert infer.headers["Content-Type"] == (
+        "application/octet-stream" if binary else "application/json"
+    )
+    assert ("Inference-Header-Content-Length" in infer.headers) is binary
+
+
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+async def test_binary_client_any_backend_encoding(
+    make_client: Factory, recorded: Recorded, encoding: str
+) -> None:
+    backend, _ = recorded
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding=encoding)
+    header = {**BIN_HEADER, "outputs": [
+        {"name": "OUTPUT0", "parameters": {"binary_data": True}},
+        {"name": "OUTPUT1", "parameters": {"binary_data": False}},
+    ]}
+    body, headers = framed(header, BLOB + BLOB)
+    resp = await proxy.post("/v2/models/simple/infer", data=body, headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert resp.content_type == "application/octet-stream"
+    payload = await resp.read()
+    ihcl = int(resp.headers["Inference-Header-Content-Length"])
+    head = json.loads(payload[:ihcl])
+    out = {o["name"]: o for o in head["outputs"]}
+    assert out["OUTPUT0"]["parameters"] == {"binary_data_size": 64}
+    assert struct.unpack("<16i", payload[ihcl:]) == tuple(2 * i for i in range(16))
+    assert out["OUTPUT1"]["data"] == [0] * 16
+
+
+@pytest.mark.parametrize("dt", ["FP16", "BF16"])
+async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> None:
+    """Triton and KServe refuse FP16/BF16 in JSON; v2proxy converts JSON numbers (round to
+    nearest) to the binary form the backend gets, and binary outputs back to numbers."""
+    received: list[bytes] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        # Echoes its binary input as a binary output, recording the exact bytes.
+        body = await request.read()
+        ihcl = int(request.headers["Inference-Header-Content-Length"])
+        (inp,) = json.loads(body[:ihcl])["inputs"]
+        received.append(body[ihcl:])
+        head = json.dumps({"model_name": "echo", "model_version": "1", "outputs": [
+            {"name": "OUT", "datatype": inp["datatype"], "shape": inp["shape"],
+             "parameters": {"binary_data_size": len(body) - ihcl}}]}).encode()
+        return web.Response(body=head + body[ihcl:], headers={
+            "Inference-Header-Content-Length": str(len(head)),
+            "Content-Type": "application/octet-stream"})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/echo/infer", echo)
+    backend = await make_client(app)
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
+    values = [1.0, 2.5, 1.0000001, -3.25, 0.1]
+    body = json.dumps({"inputs": [
+        {"name": "IN", "datatype": dt, "shape": [5], "data": values}]}).encode()
+    resp = await proxy.post("/v2/models/echo/infer", data=body)
+    assert resp.status == 200, await resp.text()
+    np_dt = np.float16 if dt == "FP16" else ml_dtypes.bfloat16
+    expected = np.array(values, dtype=np.float64).astype(np_dt)
+    assert received == [expected.tobytes()]
+    (out,) = (await resp.json())["outputs"]
+    assert out["datatype"] == dt
+    assert out["data"] == expected.astype(np.float64).tolist()
+    assert out["data"][2] == 1.0  # rounded to nearest
+
+
+async def test_request_id_and_headers_forwarded(make_client: Factory, recorded: Recorded) -> None:
+    backend, seen = recorded
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="json")
+    resp = await proxy.post(
+        "/v2/models/simple/infer",
+        data=simple_json(),
+        headers={"x-request-id": "abc-123", "traceparent": "00-1-2-01", "Connection": "close",
+                 "Accept-Encoding": "gzip"},
+    )
+    assert resp.status == 200
+    assert resp.headers["x-request-id"] == "abc-123"
+    infer = [r for r in seen if r.path.endswith("/infer")][-1]
+    assert infer.headers["x-request-id"] == "abc-123"
+    assert infer.headers["traceparent"] == "00-1-2-01"
+    assert infer.headers["Content-Type"] == "application/json"
+    assert infer.headers.get("Accept-Encoding") == "identity"
+    # the client's gzip wish is served by the proxy itself
+    assert resp.headers["Content-Encoding"] == "gzip"
+
+
+async def test_passthrough_of_other_endpoints(make_client: Factory, recorded: Recorded) -> None:
+    backend, seen = recorded
+    proxy = await proxy_to(make_client, url_of(backend))
+    await proxy.post("/v2/models/simple/infer", data=simple_json())
+    resp = await proxy.get("/v2/models/simple/stats?x=1")
+    assert resp.status == 200
+    stats = (await resp.json())["model_stats"]
+    assert len(stats) == 1 and stats[0]["name"] == "simple" and stats[0]["inference_count"] >= 1
+    assert seen[-1].path_qs == "/v2/models/simple/stats?x=1"
+    resp = await proxy.post("/v2/repository/index", data=b'{"ready": "yes"}')
+    assert resp.status == 400
+    assert (await resp.json()) == {"error": "Invalid value for 'ready': expected a boolean"}
+    resp = await proxy.get("/v2/models/nope/config")
+    assert resp.status == 404
+    assert (await resp.json())["error"].startswith("Request for unknown model: 'nope'")
+    meta = await (await proxy.get("/v2")).json()
+    assert meta["name"] == "reference"
+    assert "binary_tensor_data" in meta["extensions"]
+
+
+async def test_generate_stream_is_not_buffered(make_client: Factory) -> None:
+    """Server-sent events reach the client while the backend is still streaming."""
+    release = asyncio.Event()
+
+    async def generate_stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"text_output": "a"}\n\n')
+        await asyncio.wait_for(release.wait(), 10)
+        await resp.write(b'data: {"text_output": "b"}\n\n')
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v2/models/llm/generate_stream", generate_stream)
+    backend = await make_client(app)
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="json")
+    resp = await proxy.post("/v2/models/llm/generate_stream", data=b'{"text_input": "x"}')
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+    assert first == b'data: {"text_output": "a"}\n\n'
+    release.set()
+    assert await resp.content.read() == b'data: {"text_output": "b"}\n\n'
+
+
+async def test_backend_timeout_is_504(make_client: Factory) -> None:
+    async def slow(_request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v2/models/simple/infer", slow)
+    backend = await make_client(app)
+    proxy = await proxy_to(
+        make_client, url_of(backend), backend_encoding="json", backend_timeout=0.3
+    )
+    resp = await proxy.post("/v2/models/simple/infer", data=simple_json())
+    assert resp.status == 504
+    assert "did not answer inference in time" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "expect_status", "expect"),
+    [
+        (200, b"this is not json", {}, 502, "invalid inference response from backend"),
+        (200, b'{"outputs": [{"name": "O", "datatype": "INT32", "shape": [2], "data": [1]}]}',
+         {}, 502, "invalid inference response from backend"),
+        (200, b'{"outputs": []}', {"Inference-Header-Content-Length": "999"}, 502,
+         "Inference-Header-Content-Length 999"),
+        (500, b'{"error": "model crashed"}', {}, 500, "model crashed"),
+        (422, b'{"detail": [{"msg": "bad"}]}', {}, 422, "bad"),
+        (404, b'{"error": "Model simple not found"}', {}, 404,
+         "Request for unknown model: 'simple' is not found (backend: Model simple not found)"),
+    ],
+    ids=["garbage", "bad-count", "bad-ihcl", "backend-500", "backend-422", "backend-404"],
+)
+async def test_backend_answers_mapped(
+    make_client: Factory,
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+    expect_status: int,
+    expect: str,
+) -> None:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(status=status, body=body, headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/v2/models/simple/infer", answer)
+    backend = await make_client(app)
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="json")
+    resp = await proxy.post("/v2/models/simple/infer", data=simple_json())
+    assert resp.status == expect_status
+    assert expect in (await resp.json())["error"]
