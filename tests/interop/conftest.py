@@ -59,8 +59,9 @@ def proxies(stack: contextlib.ExitStack, servers: dict[str, str]) -> dict[tuple[
     return {}
 
 
-@pytest.fixture(params=[(b, loop) for b in BACKENDS for loop in LOOP_NAMES],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(b, loop) for b in BACKENDS for loop in LOOP_NAMES], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def proxy(
     request: pytest.FixtureRequest,
     stack: contextlib.ExitStack,

@@ -40,7 +40,10 @@ def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterato
     cmd = [sys.executable, "-m", "v2proxy", *args, "--host", "127.0.0.1", "--http-port", str(port)]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:

@@ -101,7 +101,8 @@ def test_unknown_model(proxy: Proc) -> None:
 def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
     body = (
         b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":[1,2,3]},'
-        b'{"name":"INPUT1","datatype":"INT32","shape":[1,16],"data":[' + b",".join([b"1"] * 16)
+        b'{"name":"INPUT1","datatype":"INT32","shape":[1,16],"data":['
+        + b",".join([b"1"] * 16)
         + b"]}]}"
     )
     req = urllib.request.Request(
@@ -115,12 +116,14 @@ def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
     assert_simple(client(proxy).infer("simple", simple_inputs(True, True)))
 
 
+#: backends reached over REST JSON only (no binary_tensor_data in their /v2 extensions)
+JSON_ONLY = {"kserve", "mlserver"}
+
+
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_bytes_identity(proxy: Proc, binary: bool) -> None:
-    if binary:
-        values = [b"he\x00llo", b"\x00\x01\x02\x03", b"\xff\xfe non-utf8", b""]
-    else:
-        values = [b"he\x00llo", "ünïcode".encode(), b"plain"]
+def test_bytes_identity(proxy: Proc, backend_name: str, binary: bool) -> None:
+    """BYTES are carried exactly: NUL bytes in JSON and binary, arbitrary bytes in binary."""
+    values = [b"he\x00llo", "ünïcode".encode(), b"", b"\x00\x01\x02\x03"]
     data = np.array([values], dtype=np.object_)
     inp = httpclient.InferInput("INPUT0", list(data.shape), "BYTES")
     inp.set_data_from_numpy(data, binary_data=binary)
@@ -131,6 +134,27 @@ def test_bytes_identity(proxy: Proc, binary: bool) -> None:
     assert got.shape == data.shape
     # tritonclient hands back JSON BYTES elements as str, binary ones as bytes
     assert [x.encode() if isinstance(x, str) else bytes(x) for x in got.reshape(-1)] == values
+
+
+def test_non_utf8_bytes(proxy: Proc, backend_name: str) -> None:
+    """Non-UTF-8 BYTES need binary data end to end. A backend that takes JSON only cannot get
+    them: the proxy says so clearly (400) instead of corrupting them."""
+    values = [b"\xff\xfe not utf-8", b"\x80"]
+    data = np.array([values], dtype=np.object_)
+    inp = httpclient.InferInput("INPUT0", [1, 2], "BYTES")
+    inp.set_data_from_numpy(data, binary_data=True)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+    if backend_name in JSON_ONLY:
+        with pytest.raises(InferenceServerException) as info:
+            client(proxy).infer("simple_identity", [inp], outputs=[out])
+        assert info.value.status() == "400"
+        assert "tensor 'INPUT0' holds BYTES that are not valid UTF-8" in info.value.message()
+        assert "takes JSON only" in info.value.message()
+        return
+    result = client(proxy).infer("simple_identity", [inp], outputs=[out])
+    got = result.as_numpy("OUTPUT0")
+    assert got is not None
+    assert [bytes(x) for x in got.reshape(-1)] == values
 
 
 def test_health_and_metadata(proxy: Proc) -> None:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -47,12 +50,29 @@ sys.argv = sys.argv[:1]
 sys.stdout.flush()
 os.dup2(2, 1)
 
-import numpy as np  # noqa: E402
-
 import kserve  # noqa: E402
+import numpy as np  # noqa: E402
 from kserve import InferOutput, InferRequest, InferResponse  # noqa: E402
 from kserve.errors import InvalidInput  # noqa: E402
 from kserve.utils.utils import generate_uuid  # noqa: E402
+
+
+def _exit_with_parent() -> None:
+    """Stop this server if the process that launched it dies (e.g. a SIGKILLed
+    pytest): launch.py passes its pid in V2PROXY_PEER_PARENT_PID."""
+    expected = os.environ.get("V2PROXY_PEER_PARENT_PID")
+    if not expected or not expected.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(expected):
+            time.sleep(1.0)
+        print("parent process gone, shutting down", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _restrict_listen_host(host: str) -> None:
@@ -96,7 +116,9 @@ def _restrict_listen_host(host: str) -> None:
         print(f"kserve_server: cannot restrict listen host: {exc!r}", file=sys.stderr)
 
 
-def _response(model: kserve.Model, request: InferRequest, outputs: list[InferOutput]) -> InferResponse:
+def _response(
+    model: kserve.Model, request: InferRequest, outputs: list[InferOutput]
+) -> InferResponse:
     # The standard way: KServe's to_rest()/to_grpc() then decide binary vs JSON
     # (binary_data_output / per-output binary_data / raw gRPC inputs) and apply
     # the request's requested outputs. Echo the request id, else a fresh uuid
@@ -149,11 +171,16 @@ class SimpleModel(kserve.Model):
             {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
         ]
 
-    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+    async def predict(
+        self, payload: InferRequest, headers=None, response_headers=None
+    ) -> InferResponse:
         a = _input(payload, "INPUT0", "INT32")
         b = _input(payload, "INPUT1", "INT32")
         if a.shape != b.shape or a.shape[-1:] != (16,) or a.ndim not in (1, 2):
-            raise InvalidInput(f"INPUT0/INPUT1 must both be [N,16] or [16], got {list(a.shape)} and {list(b.shape)}")
+            raise InvalidInput(
+                "INPUT0/INPUT1 must both be [N,16] or [16], "
+                f"got {list(a.shape)} and {list(b.shape)}"
+            )
         out0 = (a + b).astype(np.int32)
         out1 = (a - b).astype(np.int32)
         return _response(
@@ -177,7 +204,9 @@ class IdentityModel(kserve.Model):
     def get_output_types(self):
         return [{"name": "OUTPUT0", "datatype": self.datatype, "shape": [-1]}]
 
-    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+    async def predict(
+        self, payload: InferRequest, headers=None, response_headers=None
+    ) -> InferResponse:
         x = _input(payload, "INPUT0", self.datatype)
         return _response(
             self,
@@ -187,6 +216,7 @@ class IdentityModel(kserve.Model):
 
 
 def main() -> None:
+    _exit_with_parent()
     if ARGS.host:
         _restrict_listen_host(ARGS.host)
     models = [

@@ -38,13 +38,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Union
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[2]
 SETUP_SCRIPT = HERE / "setup_peers.sh"
+STAMP_NAME = ".v2proxy-peer-stamp"  # written by setup_peers.sh
 
 DEFAULT_START_TIMEOUT = 90.0
 STOP_GRACE_S = 5.0
@@ -69,11 +71,12 @@ def peers_dir() -> Path:
     return REPO_ROOT / ".cache" / "peers"
 
 
-def ensure_peers(directory: Optional[PathLike] = None) -> Path:
+def ensure_peers(directory: PathLike | None = None) -> Path:
     """Run setup_peers.sh for ``directory`` (quick no-op when up to date)."""
     d = Path(directory) if directory is not None else peers_dir()
     proc = subprocess.run(
         ["bash", str(SETUP_SCRIPT), str(d)],
+        check=False,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -91,7 +94,7 @@ class PeerServer:
     pid: int
     log_path: Path
     startup_s: float = 0.0
-    process: Optional[subprocess.Popen] = field(default=None, repr=False)
+    process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def http_url(self) -> str:
@@ -138,7 +141,7 @@ def _free_ports(n: int) -> list[int]:
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _http_status(url: str, timeout: float = 2.0) -> Optional[int]:
+def _http_status(url: str, timeout: float = 2.0) -> int | None:
     try:
         with _OPENER.open(url, timeout=timeout) as resp:
             return resp.status
@@ -153,6 +156,7 @@ def _child_env() -> dict:
     # The peer venv must not see the main test venv's paths.
     for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"):
         env.pop(k, None)
+    env["V2PROXY_PEER_PARENT_PID"] = str(os.getpid())  # servers exit when we die
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
@@ -185,12 +189,17 @@ def _stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
 
 
 @contextlib.contextmanager
-def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike], timeout: Optional[float]) -> Iterator[PeerServer]:
+def _peer(
+    name: str, venv_name: str, script: str, directory: PathLike | None, timeout: float | None
+) -> Iterator[PeerServer]:
     d = Path(directory) if directory is not None else peers_dir()
-    python = Path(d) / venv_name / "bin" / "python"
-    if not python.exists():
+    venv = Path(d) / venv_name
+    python = venv / "bin" / "python"
+    # setup_peers.sh writes the stamp only after a successful install.
+    if not (python.exists() and (venv / STAMP_NAME).is_file()):
         raise PeerUnavailable(
-            f"{name}: no venv at {python.parent.parent}; run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
+            f"{name}: no complete venv at {venv}; "
+            f"run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
         )
     if timeout is None:
         timeout = float(os.environ.get("V2PROXY_PEER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
@@ -204,7 +213,14 @@ def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike],
         log_path = work / f"{name}.log"
 
     http_port, grpc_port = _free_ports(2)
-    cmd = [str(python), str(HERE / script), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    cmd = [
+        str(python),
+        str(HERE / script),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
     started = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -217,7 +233,7 @@ def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike],
             start_new_session=True,
         )
     server = PeerServer(name, http_port, grpc_port, proc.pid, log_path, process=proc)
-    failed = True
+    up = False
     try:
         base = server.base_url
         deadline = started + timeout
@@ -225,7 +241,8 @@ def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike],
             rc = proc.poll()
             if rc is not None:
                 raise PeerStartError(
-                    f"{name} exited with rc={rc} during start-up; log {log_path}:\n{server.log_tail()}"
+                    f"{name} exited with rc={rc} during start-up; "
+                    f"log {log_path}:\n{server.log_tail()}"
                 )
             if (
                 _http_status(f"{base}/v2/health/ready") == 200
@@ -234,27 +251,26 @@ def _peer(name: str, venv_name: str, script: str, directory: Optional[PathLike],
                 break
             if time.monotonic() > deadline:
                 raise PeerStartError(
-                    f"{name} not ready after {timeout:.0f}s (pid {proc.pid}); log {log_path}:\n{server.log_tail()}"
+                    f"{name} not ready after {timeout:.1f}s (pid {proc.pid}); "
+                    f"log {log_path}:\n{server.log_tail()}"
                 )
             time.sleep(0.2)
         server.startup_s = time.monotonic() - started
+        up = True
         yield server
-        failed = False
     finally:
         _stop(proc)
-        if keep_dir:
+        # A failed start keeps its temp dir, so the log path in the error stays valid.
+        if keep_dir or up:
             shutil.rmtree(work, ignore_errors=True)
-        elif not failed:
-            shutil.rmtree(work, ignore_errors=True)
-        # else: keep the temp dir so the log path in the error stays valid.
 
 
-def kserve_server(peers_dir: Optional[PathLike] = None, timeout: Optional[float] = None):
+def kserve_server(peers_dir: PathLike | None = None, timeout: float | None = None):
     """Context manager: a KServe ModelServer with simple, simple_identity, identity_fp32."""
     return _peer("kserve", "kserve", "kserve_server.py", peers_dir, timeout)
 
 
-def mlserver_server(peers_dir: Optional[PathLike] = None, timeout: Optional[float] = None):
+def mlserver_server(peers_dir: PathLike | None = None, timeout: float | None = None):
     """Context manager: an MLServer with simple, simple_identity, identity_fp32."""
     return _peer("mlserver", "mlserver", "mlserver_server.py", peers_dir, timeout)
 

@@ -23,8 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
+import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS_DIR = os.path.join(HERE, "mlserver_models")
@@ -40,7 +43,25 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve(args: argparse.Namespace, scratch: str) -> None:
+def _exit_with_parent() -> None:
+    """Stop this server if the process that launched it dies (e.g. a SIGKILLed
+    pytest): launch.py passes its pid in V2PROXY_PEER_PARENT_PID."""
+    expected = os.environ.get("V2PROXY_PEER_PARENT_PID")
+    if not expected or not expected.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(expected):
+            time.sleep(1.0)
+        print("parent process gone, shutting down", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+async def _serve(args: argparse.Namespace, scratch: str, models_dir: str) -> None:
     from mlserver import MLServer
     from mlserver.repository.factory import ModelRepositoryFactory
     from mlserver.settings import Settings
@@ -54,26 +75,30 @@ async def _serve(args: argparse.Namespace, scratch: str) -> None:
         metrics_endpoint=None,
         metrics_dir=os.path.join(scratch, "metrics"),
         environments_dir=os.path.join(scratch, "envs"),
-        model_repository_root=os.path.abspath(args.models_dir),
+        model_repository_root=models_dir,
         load_models_at_startup=True,
     )
     repository = ModelRepositoryFactory.resolve_model_repository(settings)
     models = await repository.list()
     if not models:
-        raise SystemExit(f"mlserver_server: no model-settings.json under {settings.model_repository_root}")
+        raise SystemExit(
+            f"mlserver_server: no model-settings.json under {settings.model_repository_root}"
+        )
     server = MLServer(settings)
     await server.start(models)
 
 
 def main() -> None:
     args = _parse_args(sys.argv[1:])
+    _exit_with_parent()
     sys.stdout.flush()
     os.dup2(2, 1)
     # runtime.py lives next to this script; MLServer imports "runtime.X".
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
-    with tempfile.TemporaryDirectory(prefix="v2proxy-mlserver-") as scratch:
-        asyncio.run(_serve(args, scratch))
+    models_dir = os.path.abspath(args.models_dir)
+    with tempfile.TemporaryDirectory(prefix="mlserver-scratch-") as scratch:
+        asyncio.run(_serve(args, scratch, models_dir))
 
 
 if __name__ == "__main__":

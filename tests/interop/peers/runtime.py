@@ -16,10 +16,7 @@ the runtime, so they are filtered here by name.
 
 from __future__ import annotations
 
-from typing import List
-
 import numpy as np
-
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.errors import InferenceError
@@ -37,7 +34,7 @@ def _datatype(t) -> str:
     return getattr(t.datatype, "value", t.datatype)
 
 
-def _select(payload: InferenceRequest, outputs: List[ResponseOutput]) -> List[ResponseOutput]:
+def _select(payload: InferenceRequest, outputs: list[ResponseOutput]) -> list[ResponseOutput]:
     if not payload.outputs:
         return outputs
     by_name = {o.name: o for o in outputs}
@@ -62,11 +59,12 @@ class SimpleModel(MLModel):
         a, b = (NumpyCodec.decode_input(i).astype(np.int32) for i in ins)
         if a.shape != b.shape or a.shape[-1:] != (16,) or a.ndim not in (1, 2):
             raise InferenceError(
-                f"INPUT0/INPUT1 must both be [N,16] or [16], got {list(a.shape)} and {list(b.shape)}"
+                "INPUT0/INPUT1 must both be [N,16] or [16], "
+                f"got {list(a.shape)} and {list(b.shape)}"
             )
         outs = []
-        for name, arr in (("OUTPUT0", a + b), ("OUTPUT1", a - b)):
-            arr = arr.astype(np.int32)
+        for name, result in (("OUTPUT0", a + b), ("OUTPUT1", a - b)):
+            arr = result.astype(np.int32)
             outs.append(
                 ResponseOutput(
                     name=name,
