@@ -50,10 +50,13 @@ async def test_binary_client_any_backend_encoding(
 ) -> None:
     backend, _ = recorded
     proxy = await proxy_to(make_client, url_of(backend), backend_encoding=encoding)
-    header = {**BIN_HEADER, "outputs": [
-        {"name": "OUTPUT0", "parameters": {"binary_data": True}},
-        {"name": "OUTPUT1", "parameters": {"binary_data": False}},
-    ]}
+    header = {
+        **BIN_HEADER,
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"binary_data": True}},
+            {"name": "OUTPUT1", "parameters": {"binary_data": False}},
+        ],
+    }
     body, headers = framed(header, BLOB + BLOB)
     resp = await proxy.post("/v2/models/simple/infer", data=body, headers=headers)
     assert resp.status == 200, await resp.text()
@@ -79,20 +82,36 @@ async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> N
         ihcl = int(request.headers["Inference-Header-Content-Length"])
         (inp,) = json.loads(body[:ihcl])["inputs"]
         received.append(body[ihcl:])
-        head = json.dumps({"model_name": "echo", "model_version": "1", "outputs": [
-            {"name": "OUT", "datatype": inp["datatype"], "shape": inp["shape"],
-             "parameters": {"binary_data_size": len(body) - ihcl}}]}).encode()
-        return web.Response(body=head + body[ihcl:], headers={
-            "Inference-Header-Content-Length": str(len(head)),
-            "Content-Type": "application/octet-stream"})
+        head = json.dumps(
+            {
+                "model_name": "echo",
+                "model_version": "1",
+                "outputs": [
+                    {
+                        "name": "OUT",
+                        "datatype": inp["datatype"],
+                        "shape": inp["shape"],
+                        "parameters": {"binary_data_size": len(body) - ihcl},
+                    }
+                ],
+            }
+        ).encode()
+        return web.Response(
+            body=head + body[ihcl:],
+            headers={
+                "Inference-Header-Content-Length": str(len(head)),
+                "Content-Type": "application/octet-stream",
+            },
+        )
 
     app = web.Application()
     app.router.add_post("/v2/models/echo/infer", echo)
     backend = await make_client(app)
     proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
     values = [1.0, 2.5, 1.0000001, -3.25, 0.1]
-    body = json.dumps({"inputs": [
-        {"name": "IN", "datatype": dt, "shape": [5], "data": values}]}).encode()
+    body = json.dumps(
+        {"inputs": [{"name": "IN", "datatype": dt, "shape": [5], "data": values}]}
+    ).encode()
     resp = await proxy.post("/v2/models/echo/infer", data=body)
     assert resp.status == 200, await resp.text()
     np_dt = np.float16 if dt == "FP16" else ml_dtypes.bfloat16
@@ -110,8 +129,12 @@ async def test_request_id_and_headers_forwarded(make_client: Factory, recorded: 
     resp = await proxy.post(
         "/v2/models/simple/infer",
         data=simple_json(),
-        headers={"x-request-id": "abc-123", "traceparent": "00-1-2-01", "Connection": "close",
-                 "Accept-Encoding": "gzip"},
+        headers={
+            "x-request-id": "abc-123",
+            "traceparent": "00-1-2-01",
+            "Connection": "close",
+            "Accept-Encoding": "gzip",
+        },
     )
     assert resp.status == 200
     assert resp.headers["x-request-id"] == "abc-123"
@@ -190,14 +213,29 @@ async def test_backend_timeout_is_504(make_client: Factory) -> None:
     ("status", "body", "headers", "expect_status", "expect"),
     [
         (200, b"this is not json", {}, 502, "invalid inference response from backend"),
-        (200, b'{"outputs": [{"name": "O", "datatype": "INT32", "shape": [2], "data": [1]}]}',
-         {}, 502, "invalid inference response from backend"),
-        (200, b'{"outputs": []}', {"Inference-Header-Content-Length": "999"}, 502,
-         "Inference-Header-Content-Length 999"),
+        (
+            200,
+            b'{"outputs": [{"name": "O", "datatype": "INT32", "shape": [2], "data": [1]}]}',
+            {},
+            502,
+            "invalid inference response from backend",
+        ),
+        (
+            200,
+            b'{"outputs": []}',
+            {"Inference-Header-Content-Length": "999"},
+            502,
+            "Inference-Header-Content-Length 999",
+        ),
         (500, b'{"error": "model crashed"}', {}, 500, "model crashed"),
         (422, b'{"detail": [{"msg": "bad"}]}', {}, 422, "bad"),
-        (404, b'{"error": "Model simple not found"}', {}, 404,
-         "Request for unknown model: 'simple' is not found (backend: Model simple not found)"),
+        (
+            404,
+            b'{"error": "Model simple not found"}',
+            {},
+            404,
+            "Request for unknown model: 'simple' is not found (backend: Model simple not found)",
+        ),
     ],
     ids=["garbage", "bad-count", "bad-ihcl", "backend-500", "backend-422", "backend-404"],
 )

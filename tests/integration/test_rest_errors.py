@@ -36,63 +36,194 @@ def framed(header: dict[str, Any], blob: bytes) -> tuple[bytes, dict[str, str]]:
 
 BIN_HEADER = {
     "inputs": [
-        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16],
-         "parameters": {"binary_data_size": 64}},
-        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16],
-         "parameters": {"binary_data_size": 64}},
+        {
+            "name": "INPUT0",
+            "datatype": "INT32",
+            "shape": [1, 16],
+            "parameters": {"binary_data_size": 64},
+        },
+        {
+            "name": "INPUT1",
+            "datatype": "INT32",
+            "shape": [1, 16],
+            "parameters": {"binary_data_size": 64},
+        },
     ]
 }
 BLOB = struct.pack("<16i", *range(16))
 
 # (id, path, body, headers, status, message substring)
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
-    ("ihcl-not-a-number", "simple", b"{}", {"Inference-Header-Content-Length": "abc"}, 400,
-     "Unable to parse Inference-Header-Content-Length, got: abc"),
-    ("ihcl-trailing-garbage", "simple", b"{}", {"Inference-Header-Content-Length": "2x"}, 400,
-     "Unable to parse Inference-Header-Content-Length"),
-    ("ihcl-beyond-body", "simple", b"{}", {"Inference-Header-Content-Length": "3"}, 400,
-     "inference header size should be in range (0, 2), got: 3"),
-    ("ihcl-out-of-range", "simple", b"{}",
-     {"Inference-Header-Content-Length": "99999999999"}, 400, "should be in range"),
-    ("missing-binary-bytes", "simple", *framed(BIN_HEADER, BLOB + BLOB[:10]), 400,
-     "unexpected size for input 'INPUT1', expecting 54 additional bytes for model 'simple'"),
-    ("extra-binary-bytes", "simple", *framed(BIN_HEADER, BLOB * 2 + b"x"), 400,
-     "unexpected additional input data for model 'simple'"),
-    ("binary-without-ihcl", "simple", json.dumps(BIN_HEADER).encode(), {}, 400,
-     "missing Inference-Header-Content-Length"),
-    ("malformed-json", "simple", b'{"inputs": [', {}, 400,
-     "failed to parse the request JSON buffer"),
+    (
+        "ihcl-not-a-number",
+        "simple",
+        b"{}",
+        {"Inference-Header-Content-Length": "abc"},
+        400,
+        "Unable to parse Inference-Header-Content-Length, got: abc",
+    ),
+    (
+        "ihcl-trailing-garbage",
+        "simple",
+        b"{}",
+        {"Inference-Header-Content-Length": "2x"},
+        400,
+        "Unable to parse Inference-Header-Content-Length",
+    ),
+    (
+        "ihcl-beyond-body",
+        "simple",
+        b"{}",
+        {"Inference-Header-Content-Length": "3"},
+        400,
+        "inference header size should be in range (0, 2), got: 3",
+    ),
+    (
+        "ihcl-out-of-range",
+        "simple",
+        b"{}",
+        {"Inference-Header-Content-Length": "99999999999"},
+        400,
+        "should be in range",
+    ),
+    (
+        "missing-binary-bytes",
+        "simple",
+        *framed(BIN_HEADER, BLOB + BLOB[:10]),
+        400,
+        "unexpected size for input 'INPUT1', expecting 54 additional bytes for model 'simple'",
+    ),
+    (
+        "extra-binary-bytes",
+        "simple",
+        *framed(BIN_HEADER, BLOB * 2 + b"x"),
+        400,
+        "unexpected additional input data for model 'simple'",
+    ),
+    (
+        "binary-without-ihcl",
+        "simple",
+        json.dumps(BIN_HEADER).encode(),
+        {},
+        400,
+        "missing Inference-Header-Content-Length",
+    ),
+    (
+        "malformed-json",
+        "simple",
+        b'{"inputs": [',
+        {},
+        400,
+        "failed to parse the request JSON buffer",
+    ),
     ("empty-body", "simple", b"", {}, 400, "the request body is empty"),
-    ("unknown-datatype", "simple", simple_json(dt="INT33"), {}, 400,
-     "invalid datatype 'INT33' for input 'INPUT0'"),
-    ("too-few-elements", "simple", simple_json([1] * 15), {}, 400,
-     "input 'INPUT0': shape does not match true shape of 'data' field: expected 16"),
+    (
+        "unknown-datatype",
+        "simple",
+        simple_json(dt="INT33"),
+        {},
+        400,
+        "invalid datatype 'INT33' for input 'INPUT0'",
+    ),
+    (
+        "too-few-elements",
+        "simple",
+        simple_json([1] * 15),
+        {},
+        400,
+        "input 'INPUT0': shape does not match true shape of 'data' field: expected 16",
+    ),
     ("too-many-elements", "simple", simple_json([1] * 18), {}, 400, "got 18"),
-    ("string-for-number", "simple", simple_json(["1"] * 16), {}, 400,
-     "input 'INPUT0': INT32 elements must be integers"),
+    (
+        "string-for-number",
+        "simple",
+        simple_json(["1"] * 16),
+        {},
+        400,
+        "input 'INPUT0': INT32 elements must be integers",
+    ),
     ("null-for-number", "simple", simple_json([None] * 16), {}, 400, "INPUT0"),
-    ("negative-dim", "simple", simple_json(shape=[-1, 16]), {}, 400,
-     "Unable to parse 'shape' for input 'INPUT0'"),
-    ("wrong-datatype-for-model", "simple", simple_json([1.5] * 16, dt="FP32"), {}, 400,
-     "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"),
-    ("wrong-shape-for-model", "simple", simple_json([1] * 15, shape=[1, 15]), {}, 400,
-     "unexpected shape for input 'INPUT0' for model 'simple'"),
-    ("unknown-output", "simple",
-     json.dumps({**json.loads(simple_json()), "outputs": [{"name": "DUMMY"}]}).encode(), {},
-     400, "unexpected inference output 'DUMMY' for model 'simple'"),
+    (
+        "negative-dim",
+        "simple",
+        simple_json(shape=[-1, 16]),
+        {},
+        400,
+        "Unable to parse 'shape' for input 'INPUT0'",
+    ),
+    (
+        "wrong-datatype-for-model",
+        "simple",
+        simple_json([1.5] * 16, dt="FP32"),
+        {},
+        400,
+        "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+    ),
+    (
+        "wrong-shape-for-model",
+        "simple",
+        simple_json([1] * 15, shape=[1, 15]),
+        {},
+        400,
+        "unexpected shape for input 'INPUT0' for model 'simple'",
+    ),
+    (
+        "unknown-output",
+        "simple",
+        json.dumps({**json.loads(simple_json()), "outputs": [{"name": "DUMMY"}]}).encode(),
+        {},
+        400,
+        "unexpected inference output 'DUMMY' for model 'simple'",
+    ),
     ("unknown-model", "nope", simple_json(), {}, 404, "Request for unknown model: 'nope'"),
-    ("invalid-gzip", "simple", b"not gzip at all", {"Content-Encoding": "gzip"}, 400,
-     "failed to decompress the gzip request body"),
-    ("truncated-gzip", "simple", gzip.compress(simple_json())[:-12],
-     {"Content-Encoding": "gzip"}, 400, "failed to decompress"),
-    ("unsupported-encoding", "simple", simple_json(), {"Content-Encoding": "br"}, 501,
-     "Unsupported compression type"),
-    ("raw-to-two-input-model", "simple", BLOB, {"Inference-Header-Content-Length": "0"}, 400,
-     "Raw request must only have 1 input"),
-    ("raw-size-remainder", "simple_identity", b"abc", {"Inference-Header-Content-Length": "0"},
-     200, ""),
-    ("raw-bad-size", "classifier", b"\0" * 12, {"Inference-Header-Content-Length": "0"}, 400,
-     "input byte size mismatch for input 'INPUT0' for model 'classifier'. Expected 40, got 12"),
+    (
+        "invalid-gzip",
+        "simple",
+        b"not gzip at all",
+        {"Content-Encoding": "gzip"},
+        400,
+        "failed to decompress the gzip request body",
+    ),
+    (
+        "truncated-gzip",
+        "simple",
+        gzip.compress(simple_json())[:-12],
+        {"Content-Encoding": "gzip"},
+        400,
+        "failed to decompress",
+    ),
+    (
+        "unsupported-encoding",
+        "simple",
+        simple_json(),
+        {"Content-Encoding": "br"},
+        501,
+        "Unsupported compression type",
+    ),
+    (
+        "raw-to-two-input-model",
+        "simple",
+        BLOB,
+        {"Inference-Header-Content-Length": "0"},
+        400,
+        "Raw request must only have 1 input",
+    ),
+    (
+        "raw-size-remainder",
+        "simple_identity",
+        b"abc",
+        {"Inference-Header-Content-Length": "0"},
+        200,
+        "",
+    ),
+    (
+        "raw-bad-size",
+        "classifier",
+        b"\0" * 12,
+        {"Inference-Header-Content-Length": "0"},
+        400,
+        "input byte size mismatch for input 'INPUT0' for model 'classifier'. Expected 40, got 12",
+    ),
 ]
 
 
@@ -144,19 +275,22 @@ async def test_input_size_limits(make_client: Factory) -> None:
     assert resp.status == 400
     assert "request JSON size of" in (await resp.json())["error"]
     resp = await client.post(
-        "/v2/models/identity_fp32/infer", data=b"\0" * 1004,
+        "/v2/models/identity_fp32/infer",
+        data=b"\0" * 1004,
         headers={"Inference-Header-Content-Length": "0"},
     )
     assert resp.status == 400
     assert "Raw input has a byte_size (1004 bytes)" in (await resp.json())["error"]
     resp = await client.post(
-        "/v2/models/simple/infer", data=gzip.compress(big_json),
+        "/v2/models/simple/infer",
+        data=gzip.compress(big_json),
         headers={"Content-Encoding": "gzip"},
     )
     assert resp.status == 400
-    assert "Decompressed data size exceeds the maximum allowed value of 1000 bytes" in (
-        await resp.json()
-    )["error"]
+    assert (
+        "Decompressed data size exceeds the maximum allowed value of 1000 bytes"
+        in (await resp.json())["error"]
+    )
     resp = await client.post("/v2/models/simple/infer", data=b"x" * 5000)
     assert resp.status == 413
     assert "maximum body size of 4000 bytes" in (await resp.json())["error"]

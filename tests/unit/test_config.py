@@ -66,7 +66,10 @@ def test_bad_file(tmp_path: Path) -> None:
 def test_cli_rejects_bad_config_with_exit_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "v2proxy", "serve", "--backend", "ftp://nowhere"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("v2proxy: invalid value 'ftp://nowhere' for 'backend'")
