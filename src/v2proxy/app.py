@@ -13,11 +13,14 @@ import signal
 import sys
 from collections.abc import Callable
 
+import grpc
 from aiohttp import web
 
 from v2proxy.backends.builtin import BuiltinBackend
+from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.config import Settings
+from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.pipeline import Backend, Pipeline
 
@@ -30,6 +33,12 @@ def build_backend(settings: Settings) -> Backend:
     target = settings.backend
     if target.kind == "builtin":
         return BuiltinBackend(server_name=settings.server_name)
+    if target.kind == "grpc":
+        return GrpcBackend(
+            target.url,
+            timeout=settings.backend_timeout,
+            max_message_size=settings.grpc_max_message_size,
+        )
     return RestBackend(
         target.url,
         encoding=settings.backend_encoding,
@@ -41,8 +50,11 @@ def build_backend(settings: Settings) -> Backend:
 
 def build_app(settings: Settings, backend: Backend) -> web.Application:
     """The aiohttp application serving the v2 REST API in front of ``backend``."""
-    pipeline = Pipeline(backend, settings.max_input_size)
-    frontend = RestFrontend(pipeline, settings.max_input_size, settings.max_body_size)
+    frontend = RestFrontend(
+        Pipeline(backend, settings.max_input_size),
+        settings.max_input_size,
+        settings.max_body_size,
+    )
     app = frontend.app()
 
     async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]
@@ -54,26 +66,61 @@ def build_app(settings: Settings, backend: Backend) -> web.Application:
     return app
 
 
-async def serve(settings: Settings, on_ready: Callable[[int], None] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT."""
+def build_grpc_server(settings: Settings, backend: Backend) -> grpc.aio.Server:
+    """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
+    size = settings.grpc_max_message_size
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            # gRPC sets SO_REUSEPORT by default: a second server would silently share the port.
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    frontend = GrpcFrontend(Pipeline(backend, settings.max_input_size))
+    server.add_generic_rpc_handlers(frontend.handlers())
+    return server
+
+
+class StartError(Exception):
+    """A listener could not be started (port in use, bad address)."""
+
+
+async def serve(settings: Settings, on_ready: Callable[[int, int], None] | None = None) -> None:
+    """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     backend = build_backend(settings)
     app = build_app(settings, backend)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.http_port, backlog=2048)
-    await site.start()
-    port = settings.http_port
+    grpc_server = build_grpc_server(settings, backend)
+    try:
+        site = web.TCPSite(runner, settings.host, settings.http_port, backlog=2048)
+        await site.start()
+        address = f"[{settings.host}]" if ":" in settings.host else settings.host
+        grpc_port = grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
+        if grpc_port == 0:
+            raise StartError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
+        await grpc_server.start()
+    except (OSError, RuntimeError) as exc:
+        await runner.cleanup()
+        raise StartError(f"cannot start listening: {exc}") from None
+    except StartError:
+        await runner.cleanup()
+        raise
+    http_port = settings.http_port
     server = getattr(site, "_server", None)
     if server is not None and server.sockets:
-        port = server.sockets[0].getsockname()[1]
+        http_port = server.sockets[0].getsockname()[1]
     log.info(
-        "v2proxy listening on http://%s:%d (backend: %s)",
+        "v2proxy listening on http://%s:%d and grpc %s:%d (backend: %s)",
         settings.host,
-        port,
+        http_port,
+        settings.host,
+        grpc_port,
         settings.backend.url or settings.backend.kind,
     )
     if on_ready is not None:
-        on_ready(port)
+        on_ready(http_port, grpc_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -82,6 +129,7 @@ async def serve(settings: Settings, on_ready: Callable[[int], None] | None = Non
         await stop.wait()
     finally:
         log.info("v2proxy shutting down")
+        await grpc_server.stop(SHUTDOWN_GRACE_S)
         await runner.cleanup()
 
 
@@ -92,9 +140,13 @@ def run(settings: Settings) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if settings.event_loop == "uvloop":
-        import uvloop
+    try:
+        if settings.event_loop == "uvloop":
+            import uvloop
 
-        uvloop.run(serve(settings))
-    else:
-        asyncio.run(serve(settings))
+            uvloop.run(serve(settings))
+        else:
+            asyncio.run(serve(settings))
+    except StartError as exc:
+        log.error("%s", exc)
+        raise SystemExit(1) from None

@@ -16,6 +16,12 @@ from v2proxy.config import ConfigError, load_settings
 
 def _common(p: argparse.ArgumentParser, http_default: int) -> None:
     p.add_argument("--http-port", type=int, help=f"HTTP port (default {http_default})")
+    p.add_argument("--grpc-port", type=int, help=f"gRPC port (default {http_default + 1})")
+    p.add_argument(
+        "--grpc-max-message-size",
+        type=int,
+        help="largest gRPC message in bytes, both ways (default 2 GiB - 1)",
+    )
     p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     p.add_argument(
         "--max-input-size",
@@ -40,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the proxy in front of a model server")
     serve.add_argument(
         "--backend",
-        help="'builtin' (default: the reference models in-process) or http://host:port",
+        help="'builtin' (default: the reference models in-process), http://host:port (a v2 REST"
+        " server) or grpc://host:port (a v2 gRPC server)",
     )
     serve.add_argument(
         "--backend-encoding",

@@ -25,7 +25,8 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
-    """Where the model server is: ``kind`` is builtin, http or https."""
+    """Where the model server is: ``kind`` is builtin, http, https or grpc (``url`` is then
+    host:port)."""
 
     kind: str
     url: str = ""
@@ -38,7 +39,9 @@ class Settings:
     backend: BackendTarget = BackendTarget("builtin")
     backend_encoding: str = "auto"
     http_port: int = 9000
+    grpc_port: int = 9001
     host: str = "0.0.0.0"
+    grpc_max_message_size: int = 2**31 - 1
     max_input_size: int = 64 * MiB
     max_body_size: int = 2048 * MiB - 1
     backend_timeout: float = 60.0
@@ -93,10 +96,12 @@ def parse_backend(v: Any) -> BackendTarget:
     if text == "builtin":
         return BackendTarget("builtin")
     parts = urlsplit(text)
+    if parts.scheme not in ("http", "https", "grpc") or not parts.hostname or not parts.port:
+        raise ValueError(
+            "must be 'builtin', http://host:port (a v2 REST server) or grpc://host:port"
+        )
     if parts.scheme == "grpc":
-        raise ValueError("gRPC backends (grpc://) are not supported by this version yet")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be 'builtin' or a URL like http://127.0.0.1:8080")
+        return BackendTarget("grpc", parts.netloc)
     return BackendTarget(parts.scheme, text.rstrip("/"))
 
 
@@ -104,7 +109,9 @@ PARSERS: dict[str, Any] = {
     "backend": parse_backend,
     "backend_encoding": _choice("auto", "json", "binary"),
     "http_port": _port,
+    "grpc_port": _port,
     "host": str,
+    "grpc_max_message_size": _positive_int,
     "max_input_size": _positive_int,
     "max_body_size": _positive_int,
     "backend_timeout": _positive_float,

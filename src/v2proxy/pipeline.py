@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from v2proxy.codecs.json import dumps, loads
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import ProxyError
+from v2proxy.errors import BackendError, BadGateway, CodecError, NotFound, ProxyError
 from v2proxy.model import Buffer, InferRequest, InferResponse
 
 METADATA_TTL_S = 30.0
@@ -51,6 +52,12 @@ class Backend(Protocol):
     async def model_config(self, model: str, version: str) -> dict[str, Any]: ...
     async def model_ready(self, model: str, version: str) -> bool: ...
     async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse: ...
+    def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        """One or more responses (several for decoupled models)."""
+        ...
+
     async def forward(
         self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
     ) -> ForwardResponse: ...
@@ -69,12 +76,66 @@ class Pipeline:
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
 
     async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
-        response = await self.backend.infer(request, headers)
+        self._check(request)
+        return self._finish(request, await self.backend.infer(request, headers))
+
+    async def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        """Every response of a (possibly decoupled) model to one request."""
+        self._check(request)
+        async for response in self.backend.stream_infer(request, headers):
+            yield self._finish(request, response)
+
+    @staticmethod
+    def _check(request: InferRequest) -> None:
+        # No shared-memory region can be registered with this version: every reference to one
+        # names a region that does not exist (rather than being passed on to the backend).
+        for t in request.inputs:
+            region = t.parameters.get("shared_memory_region")
+            if region is not None:
+                raise NotFound(f"Unable to find shared memory region: '{region}'")
+        for o in request.outputs or ():
+            region = o.parameters.get("shared_memory_region")
+            if region is not None:
+                raise NotFound(f"Unable to find shared memory region: '{region}'")
+
+    @staticmethod
+    def _finish(request: InferRequest, response: InferResponse) -> InferResponse:
         if request.id and not response.id:
             response.id = request.id
         if not response.model_name:
             response.model_name = request.model_name
+        if request.outputs is not None:
+            # Some backends (KServe over gRPC) return every output whatever was asked for.
+            wanted = {o.name for o in request.outputs}
+            if any(t.name not in wanted for t in response.outputs):
+                response.outputs = [t for t in response.outputs if t.name in wanted]
         return response
+
+    async def side_request(self, method: str, path: str, body: Any = None) -> Any:
+        """A side endpoint (statistics, repository, trace, logging) in its canonical v2 REST JSON
+        form, whatever the backend speaks; non-200 answers are raised as errors."""
+        payload = b"" if body is None else dumps(body)
+        headers = [("Content-Type", "application/json")] if payload else []
+        answer = await self.backend.forward(method, path, headers, payload)
+        try:
+            chunks = [chunk async for chunk in answer.body]
+        finally:
+            await answer.release()
+        raw = b"".join(chunks)
+        try:
+            obj = loads(raw, what="backend answer") if raw.strip() else {}
+        except CodecError as exc:
+            if answer.status == 200:
+                raise BadGateway(f"invalid answer from backend to {path}: {exc}") from None
+            obj = {"error": raw.decode("utf-8", "replace")}
+        if answer.status != 200:
+            message = obj.get("error") if isinstance(obj, dict) else None
+            raise BackendError(str(message or obj), answer.status)
+        if path.startswith("/v2/repository/"):
+            self.invalidate()
+        return obj
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
         """The request a raw binary body (IHCL 0) stands for (reference §2)."""

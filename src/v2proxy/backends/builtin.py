@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,12 @@ class BuiltinBackend:
         return InferResponse(
             model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
         )
+
+    async def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        """Models here are not decoupled: one response per request."""
+        yield await self.infer(request, headers)
 
     # ------------------------------------------------------------------ side endpoints
 

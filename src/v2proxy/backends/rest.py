@@ -245,6 +245,12 @@ class RestBackend:
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
+    async def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        """Models here are not decoupled: one response per request."""
+        yield await self.infer(request, headers)
+
     async def forward(
         self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
     ) -> ForwardResponse:

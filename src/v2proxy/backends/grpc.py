@@ -1,0 +1,311 @@
+"""The gRPC backend (``--backend grpc://host:port``): one grpc.aio channel (HTTP/2 multiplexes
+every request over it) to a v2 gRPC model server.
+
+- Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
+  with it the call in flight.
+- gRPC status codes are mapped to the error tree here (UNAVAILABLE -> 503, DEADLINE_EXCEEDED ->
+  504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...).
+- ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
+- ``forward`` serves the REST side endpoints (statistics, repository, trace, logging) through
+  the matching RPCs, in the canonical REST JSON form; other REST-only paths answer 501.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+
+from v2proxy._proto import grpc_service_pb2 as pb
+from v2proxy.backends.base import single_chunk
+from v2proxy.codecs import grpc as grpcc
+from v2proxy.codecs import grpc_side
+from v2proxy.codecs.json import dumps, loads
+from v2proxy.errors import (
+    BackendError,
+    BackendUnavailable,
+    BadGateway,
+    CodecError,
+    GatewayTimeout,
+    NotFound,
+    ProxyError,
+    Unsupported,
+)
+from v2proxy.model import InferRequest, InferResponse
+from v2proxy.pipeline import ForwardResponse
+
+SERVICE = "/inference.GRPCInferenceService/"
+
+_HTTP_BY_CODE = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "ALREADY_EXISTS": 409,
+    "ABORTED": 409,
+    "RESOURCE_EXHAUSTED": 429,
+}
+
+
+def _metadata(headers: dict[str, str]) -> list[tuple[str, str]]:
+    return [(k.lower(), v) for k, v in headers.items() if k.lower() not in ("host", "connection")]
+
+
+class GrpcBackend:
+    """Talks to a v2 gRPC model server at ``target`` (host:port)."""
+
+    name = "grpc"
+
+    def __init__(self, target: str, timeout: float = 60.0, max_message_size: int = 2**31 - 1):
+        self.target = target
+        self._timeout = timeout
+        self._options = [
+            ("grpc.max_send_message_length", max_message_size),
+            ("grpc.max_receive_message_length", max_message_size),
+        ]
+        self._channel: grpc.aio.Channel | None = None
+        self._calls: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        for name, (req, resp) in _RPCS.items():
+            self._calls[name] = self._channel.unary_unary(
+                SERVICE + name,
+                request_serializer=req.SerializeToString,
+                response_deserializer=resp.FromString,
+            )
+        self._calls["ModelStreamInfer"] = self._channel.stream_stream(
+            SERVICE + "ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+
+    @contextmanager
+    def _mapped(self, what: str, model: str = "") -> Iterator[None]:
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, what, model) from None
+        except ProxyError:
+            raise
+
+    def _error(self, exc: grpc.aio.AioRpcError, what: str, model: str) -> ProxyError:
+        code = exc.code().name
+        details = exc.details() or code
+        if code == "UNAVAILABLE":
+            return BackendUnavailable(
+                f"backend at {self.target} is unavailable for {what}: {details}"
+            )
+        if code == "DEADLINE_EXCEEDED":
+            return GatewayTimeout(f"backend at {self.target} did not answer {what} in time")
+        if code == "NOT_FOUND" and model:
+            if details.startswith("Request for unknown model"):
+                return NotFound(details)
+            return NotFound(
+                f"Request for unknown model: '{model}' is not found (backend: {details})"
+            )
+        if code == "NOT_FOUND":
+            return NotFound(details)
+        if code == "UNIMPLEMENTED":
+            return Unsupported(details)
+        return BackendError(details, _HTTP_BY_CODE.get(code, 500), code)
+
+    async def _call(
+        self,
+        name: str,
+        request: Any,
+        what: str,
+        model: str = "",
+        metadata: list[tuple[str, str]] | None = None,
+    ) -> Any:
+        if self._channel is None:
+            raise BackendUnavailable("the gRPC backend is not started")
+        with self._mapped(what, model):
+            return await self._calls[name](request, timeout=self._timeout, metadata=metadata)
+
+    # ------------------------------------------------------------------ structured calls
+
+    async def server_live(self) -> bool:
+        resp = await self._call("ServerLive", pb.ServerLiveRequest(), "ServerLive")
+        return bool(resp.live)
+
+    async def server_ready(self) -> bool:
+        resp = await self._call("ServerReady", pb.ServerReadyRequest(), "ServerReady")
+        return bool(resp.ready)
+
+    async def server_metadata(self) -> dict[str, Any]:
+        resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "ServerMetadata")
+        return grpcc.message_to_dict(resp) | {"extensions": list(resp.extensions)}
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        req = pb.ModelMetadataRequest(name=model, version=version)
+        resp = await self._call("ModelMetadata", req, "ModelMetadata", model)
+        out = grpcc.message_to_dict(resp)
+        for key in ("inputs", "outputs"):
+            for t in out.setdefault(key, []):
+                t.setdefault("shape", [])
+        return out
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        req = pb.ModelConfigRequest(name=model, version=version)
+        resp = await self._call("ModelConfig", req, "ModelConfig", model)
+        return grpcc.message_to_dict(resp.config)
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        req = pb.ModelReadyRequest(name=model, version=version)
+        resp = await self._call("ModelReady", req, "ModelReady", model)
+        return bool(resp.ready)
+
+    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+        msg = grpcc.request_to_proto(request)
+        resp = await self._call(
+            "ModelInfer", msg, "inference", request.model_name, _metadata(headers)
+        )
+        return self._decode(resp)
+
+    @staticmethod
+    def _decode(resp: pb.ModelInferResponse) -> InferResponse:
+        try:
+            return grpcc.response_from_proto(resp)
+        except CodecError as exc:
+            raise BadGateway(f"invalid inference response from backend: {exc}") from None
+
+    async def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        if self._channel is None:
+            raise BackendUnavailable("the gRPC backend is not started")
+        msg = grpcc.request_to_proto(request)
+        msg.parameters["triton_enable_empty_final_response"].bool_param = True
+        call = self._calls["ModelStreamInfer"](
+            iter([msg]), timeout=self._timeout, metadata=_metadata(headers)
+        )
+        try:
+            with self._mapped("streaming inference", request.model_name):
+                async for item in call:
+                    if item.error_message:
+                        raise BackendError(item.error_message, 400, "INVALID_ARGUMENT")
+                    resp = item.infer_response
+                    final = resp.parameters.get("triton_final_response")
+                    is_final = final is None or final.bool_param
+                    if resp.outputs or not is_final:
+                        resp.parameters.pop("triton_final_response", None)
+                        yield self._decode(resp)
+                    if is_final:
+                        break
+        finally:
+            call.cancel()
+
+    # ------------------------------------------------------------------ REST side paths
+
+    async def forward(
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+    ) -> ForwardResponse:
+        path = path_qs.split("?", 1)[0]
+        try:
+            obj = loads(body) if body.strip() else {}
+        except CodecError as exc:
+            return _json(400, {"error": str(exc)})
+        for pattern, methods in _SIDE:
+            m = pattern.fullmatch(path)
+            if m is None:
+                continue
+            handler = methods.get(method)
+            if handler is None:
+                return _json(405, {"error": "Method Not Allowed"})
+            try:
+                return _json(200, await handler(self, m, obj))
+            except ProxyError as exc:
+                return _json(exc.http_status, {"error": exc.message})
+        if path.startswith("/v2/"):
+            return _json(501, {"error": f"{method} {path} is not available through a gRPC backend"})
+        return _json(404, {"error": "Not Found"})
+
+    async def _stats(self, m: re.Match[str], _obj: Any) -> Any:
+        req = pb.ModelStatisticsRequest(
+            name=m.group("model") or "", version=m.group("version") or ""
+        )
+        resp = await self._call("ModelStatistics", req, "ModelStatistics", req.name)
+        return grpc_side.statistics_to_json(resp)
+
+    async def _index(self, _m: re.Match[str], obj: Any) -> Any:
+        ready = obj.get("ready", False) if isinstance(obj, dict) else False
+        if not isinstance(ready, bool):
+            raise CodecError("Invalid value for 'ready': expected a boolean")
+        resp = await self._call(
+            "RepositoryIndex", pb.RepositoryIndexRequest(ready=ready), "RepositoryIndex"
+        )
+        return grpc_side.index_to_json(resp)
+
+    async def _load(self, m: re.Match[str], obj: Any) -> Any:
+        name = "RepositoryModelLoad" if m.group("action") == "load" else "RepositoryModelUnload"
+        req: Any = (
+            pb.RepositoryModelLoadRequest
+            if name == "RepositoryModelLoad"
+            else pb.RepositoryModelUnloadRequest
+        )(model_name=m.group("model"))
+        grpc_side.repository_params_to_proto(obj, req.parameters)
+        await self._call(name, req, name)
+        return {}
+
+    async def _trace(self, m: re.Match[str], obj: Any) -> Any:
+        req = pb.TraceSettingRequest(model_name=m.group("model") or "")
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                values = value if isinstance(value, list) else [value]
+                req.settings[key].value.extend(str(v) for v in values if v is not None)
+        resp = await self._call("TraceSetting", req, "TraceSetting")
+        return grpc_side.trace_settings_to_json(resp.settings)
+
+    async def _logging(self, _m: re.Match[str], obj: Any) -> Any:
+        req = pb.LogSettingsRequest()
+        req.settings.MergeFrom(grpc_side.log_settings_to_proto(obj).settings)  # type: ignore[arg-type]
+        resp = await self._call("LogSettings", req, "LogSettings")
+        return grpc_side.log_settings_to_json(resp.settings)
+
+
+def _json(status: int, obj: Any) -> ForwardResponse:
+    return ForwardResponse(status, [("Content-Type", "application/json")], single_chunk(dumps(obj)))
+
+
+_Side = Callable[[GrpcBackend, re.Match[str], Any], Any]
+_MV = r"(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
+_SIDE: list[tuple[re.Pattern[str], dict[str, _Side]]] = [
+    (re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"), {"GET": GrpcBackend._stats}),
+    (re.compile(rf"/v2/models/{_MV}/stats"), {"GET": GrpcBackend._stats}),
+    (re.compile(r"/v2/repository/index"), {"POST": GrpcBackend._index}),
+    (
+        re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)"),
+        {"POST": GrpcBackend._load},
+    ),
+    (
+        re.compile(r"/v2/(?:models/(?P<model>[^/]+)/)?trace/setting"),
+        {"GET": GrpcBackend._trace, "POST": GrpcBackend._trace},
+    ),
+    (re.compile(r"/v2/logging"), {"GET": GrpcBackend._logging, "POST": GrpcBackend._logging}),
+]
+
+_RPCS: dict[str, tuple[Any, Any]] = {
+    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
+    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
+    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
+    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
+}

@@ -1,0 +1,327 @@
+"""gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (reference §5.2).
+
+Requests: per input, shared-memory parameters first, then typed ``contents``, else the next
+unused ``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in
+order). ``contents`` together with raw contents, missing data, and contents of the wrong type are
+errors with Triton's texts. Responses always carry every output in ``raw_output_contents`` (an
+empty entry for shared-memory outputs), never typed contents. Responses read from a backend may
+mix typed contents and raw entries (KServe 0.21 does): both are accepted.
+
+Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
+model config, statistics) to and from their messages.
+
+Pure: protobuf messages only; no grpc channels or servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from v2proxy._proto import grpc_service_pb2 as pb
+from v2proxy.codecs.dtypes import NUMPY_DTYPE, parse_datatype, serialize_bytes
+from v2proxy.errors import CodecError
+from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+
+#: datatype -> the typed-contents field that may carry it and that field's element dtype
+CONTENTS: dict[Datatype, tuple[str, str]] = {
+    Datatype.BOOL: ("bool_contents", "?"),
+    Datatype.UINT8: ("uint_contents", "<u4"),
+    Datatype.UINT16: ("uint_contents", "<u4"),
+    Datatype.UINT32: ("uint_contents", "<u4"),
+    Datatype.UINT64: ("uint64_contents", "<u8"),
+    Datatype.INT8: ("int_contents", "<i4"),
+    Datatype.INT16: ("int_contents", "<i4"),
+    Datatype.INT32: ("int_contents", "<i4"),
+    Datatype.INT64: ("int64_contents", "<i8"),
+    Datatype.FP32: ("fp32_contents", "<f4"),
+    Datatype.FP64: ("fp64_contents", "<f8"),
+    Datatype.BYTES: ("bytes_contents", ""),
+}
+#: the datatype a typed-contents field stands for, in messages
+_FIELD_TYPE = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
+#: tensor parameters that describe one wire form only and never cross to another
+_WIRE_PARAMS = frozenset({"binary_data_size", "binary_data"})
+_INT64_MAX = 2**63 - 1
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def params_from_proto(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = getattr(p, which) if which else None
+    return out
+
+
+def params_to_proto(
+    params: Mapping[str, Any], target: MutableMapping[str, pb.InferParameter]
+) -> None:
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            if -_INT64_MAX - 1 <= value <= _INT64_MAX:
+                p.int64_param = value
+            elif 0 <= value < 2**64:
+                p.uint64_param = value
+            else:
+                raise CodecError(f"parameter '{key}' is out of the range of int64 and uint64")
+        elif isinstance(value, float):
+            p.double_param = value
+        elif isinstance(value, str):
+            p.string_param = value
+        else:
+            raise CodecError(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool',"
+                " 'double', or 'string'."
+            )
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def _shape(dims: Iterable[int], where: str) -> tuple[int, ...]:
+    shape = tuple(dims)
+    if any(d < 0 for d in shape):
+        raise CodecError(f"invalid shape {list(shape)} for {where}: dimensions must be >= 0")
+    return shape
+
+
+def _contents_fields(contents: pb.InferTensorContents) -> list[str]:
+    return [fd.name for fd, _ in contents.ListFields()]
+
+
+def contents_to_bytes(
+    contents: pb.InferTensorContents, datatype: Datatype, shape: tuple[int, ...], where: str
+) -> bytes:
+    """Typed contents -> the tensor's bytes in wire layout."""
+    fields = _contents_fields(contents)
+    expected = CONTENTS.get(datatype)
+    if expected is None:
+        raise CodecError(
+            f"{datatype.value} data for {where} can only be sent in raw_input_contents"
+        )
+    field, field_dtype = expected
+    if fields != [field]:
+        got = _FIELD_TYPE.get(fields[0], fields[0]) if fields else "none"
+        raise CodecError(
+            f"unexpected explicit tensor data for {where} of type '{got}', expected datatype"
+            f" '{datatype.value}'"
+        )
+    values = getattr(contents, field)
+    count = 1
+    for d in shape:
+        count *= d
+    if len(values) != count:
+        raise CodecError(
+            f"unexpected number of elements in the contents of {where}: expected {count},"
+            f" got {len(values)}"
+        )
+    if datatype is Datatype.BYTES:
+        return serialize_bytes(list(values))
+    arr = np.array(values, dtype=field_dtype)
+    return arr.astype(NUMPY_DTYPE[datatype]).tobytes()
+
+
+def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
+    """Decode a ModelInferRequest (raw slots in order, typed contents, shm references)."""
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    next_raw = 0
+    inputs: list[Tensor] = []
+    for inp in msg.inputs:
+        where = f"input tensor '{inp.name}' for model '{model}'"
+        datatype = parse_datatype(inp.datatype, where)
+        shape = _shape(inp.shape, where)
+        params = params_from_proto(inp.parameters)
+        has_contents = inp.HasField("contents") and bool(_contents_fields(inp.contents))
+        data: bytes
+        if "shared_memory_region" in params:
+            if has_contents:
+                raise CodecError(
+                    f"unexpected 'content' provided when using shared memory for {where}"
+                )
+            data = b""
+        elif has_contents:
+            if len(raw):
+                raise CodecError(
+                    f"contents field must not be specified when using raw_input_contents for"
+                    f" '{inp.name}' for model '{model}'"
+                )
+            data = contents_to_bytes(inp.contents, datatype, shape, where)
+        else:
+            if next_raw >= len(raw):
+                raise CodecError(f"unable to find data for {where} in request.")
+            data = raw[next_raw]
+            next_raw += 1
+        inputs.append(Tensor(inp.name, datatype, shape, data, params))
+    outputs = [RequestedOutput(o.name, params_from_proto(o.parameters)) for o in msg.outputs]
+    return InferRequest(
+        model_name=model,
+        model_version=msg.model_version,
+        id=msg.id or None,
+        parameters=params_from_proto(msg.parameters),
+        inputs=inputs,
+        outputs=outputs or None,
+    )
+
+
+def request_to_proto(req: InferRequest) -> pb.ModelInferRequest:
+    """Encode a request for a gRPC backend: every input's bytes in raw_input_contents."""
+    msg = pb.ModelInferRequest(
+        model_name=req.model_name, model_version=req.model_version, id=req.id or ""
+    )
+    params = {k: v for k, v in req.parameters.items() if k != "binary_data_output"}
+    params_to_proto(params, msg.parameters)
+    for t in req.inputs:
+        inp = msg.inputs.add(name=t.name, datatype=t.datatype.value, shape=t.shape)
+        params_to_proto(
+            {k: v for k, v in t.parameters.items() if k not in _WIRE_PARAMS}, inp.parameters
+        )
+        if "shared_memory_region" not in t.parameters:
+            msg.raw_input_contents.append(bytes(t.data))
+    for o in req.outputs or ():
+        out = msg.outputs.add(name=o.name)
+        params_to_proto(
+            {k: v for k, v in o.parameters.items() if k not in _WIRE_PARAMS}, out.parameters
+        )
+    return msg
+
+
+def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
+    """Encode a response for a gRPC client: every output in raw_output_contents."""
+    msg = pb.ModelInferResponse(
+        model_name=resp.model_name, model_version=resp.model_version, id=resp.id or ""
+    )
+    params_to_proto(resp.parameters, msg.parameters)
+    for t in resp.outputs:
+        msg.outputs.add(name=t.name, datatype=t.datatype.value, shape=t.shape)
+        msg.raw_output_contents.append(bytes(t.data))
+    return msg
+
+
+def response_from_proto(msg: pb.ModelInferResponse) -> InferResponse:
+    """Decode a backend's ModelInferResponse; outputs may be raw, typed, or a mix of both."""
+    raw = msg.raw_output_contents
+    aligned = len(raw) == len(msg.outputs)
+    next_raw = 0
+    outputs: list[Tensor] = []
+    for i, out in enumerate(msg.outputs):
+        where = f"output '{out.name}' of the backend's response"
+        datatype = parse_datatype(out.datatype, where)
+        shape = _shape(out.shape, where)
+        params = {
+            k: v for k, v in params_from_proto(out.parameters).items() if k not in _WIRE_PARAMS
+        }
+        has_contents = out.HasField("contents") and bool(_contents_fields(out.contents))
+        data: bytes
+        if has_contents:
+            data = contents_to_bytes(out.contents, datatype, shape, where)
+        elif aligned:
+            data = raw[i]
+        else:
+            if next_raw >= len(raw):
+                raise CodecError(f"no data for {where}")
+            data = raw[next_raw]
+            next_raw += 1
+        outputs.append(Tensor(out.name, datatype, shape, data, params))
+    return InferResponse(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id or None,
+        parameters=params_from_proto(msg.parameters),
+        outputs=outputs,
+    )
+
+
+# --------------------------------------------------------------------------- REST-side dicts
+
+
+def message_to_dict(msg: Message) -> dict[str, Any]:
+    """A message as the v2 REST JSON shows it: proto field names, integers as numbers (protobuf's
+    JSON mapping would write 64-bit integers as strings), enums by name."""
+    out: dict[str, Any] = {}
+    for fd, value in msg.ListFields():
+        out[fd.name] = _value_to_json(fd, value)
+    return out
+
+
+def _scalar_to_json(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        return message_to_dict(value)
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        return fd.enum_type.values_by_number[value].name if fd.enum_type else value
+    if fd.type == FieldDescriptor.TYPE_BYTES:
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def _value_to_json(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        vfd = fd.message_type.fields_by_name["value"]
+        return {k: _scalar_to_json(vfd, v) for k, v in value.items()}
+    if fd.is_repeated:
+        return [_scalar_to_json(fd, v) for v in value]
+    return _scalar_to_json(fd, value)
+
+
+def dict_to_message(obj: Any, message: Message, what: str) -> None:
+    """Fill ``message`` from a REST-side JSON dict, ignoring fields it does not know."""
+    try:
+        json_format.ParseDict(obj, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise CodecError(f"cannot convert the {what} to gRPC: {exc}") from None
+
+
+def _tensor_metadata(entries: Any) -> list[dict[str, Any]]:
+    if not isinstance(entries, list):
+        return []
+    return [
+        {"name": e.get("name", ""), "datatype": e.get("datatype", ""), "shape": e.get("shape", [])}
+        for e in entries
+        if isinstance(e, dict)
+    ]
+
+
+def server_metadata_to_proto(meta: Mapping[str, Any]) -> pb.ServerMetadataResponse:
+    ext = meta.get("extensions")
+    return pb.ServerMetadataResponse(
+        name=str(meta.get("name", "")),
+        version=str(meta.get("version", "")),
+        extensions=[e for e in ext if isinstance(e, str)] if isinstance(ext, list) else [],
+    )
+
+
+def model_metadata_to_proto(meta: Mapping[str, Any]) -> pb.ModelMetadataResponse:
+    msg = pb.ModelMetadataResponse()
+    versions = meta.get("versions") or []
+    dict_to_message(
+        {
+            "name": str(meta.get("name", "")),
+            "versions": [str(v) for v in versions] if isinstance(versions, list) else [],
+            "platform": str(meta.get("platform") or ""),
+            "inputs": _tensor_metadata(meta.get("inputs")),
+            "outputs": _tensor_metadata(meta.get("outputs")),
+        },
+        msg,
+        "model metadata",
+    )
+    return msg
