@@ -17,7 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import launch
 from procs import Proc, v2proxy
 
-BACKENDS = ["builtin", "reference", "kserve", "mlserver"]
+#: every backend v2proxy is tested in front of; "-grpc" means over the server's gRPC port
+BACKENDS = [
+    "builtin",
+    "reference",
+    "reference-grpc",
+    "kserve",
+    "kserve-grpc",
+    "mlserver",
+    "mlserver-grpc",
+]
+#: the backend servers, each started once per session: name -> (REST base URL, gRPC host:port)
+Servers = dict[str, tuple[str, str]]
 LOOP_NAMES = ["uvloop", "asyncio"]
 
 
@@ -34,28 +45,35 @@ def stack() -> Iterator[contextlib.ExitStack]:
 
 
 @pytest.fixture(scope="session")
-def servers(stack: contextlib.ExitStack) -> dict[str, str]:
-    """Base URLs of the backends, started lazily once per session."""
+def servers(stack: contextlib.ExitStack) -> Servers:
+    """The backend servers, started lazily once per session."""
     return {}
 
 
-def _backend_url(name: str, stack: contextlib.ExitStack, cache: dict[str, str]) -> str:
-    if name in cache:
-        return cache[name]
-    if name == "builtin":
-        url = "builtin"
-    elif name == "reference":
-        url = stack.enter_context(v2proxy("reference-server", name="reference")).base_url
-    else:
-        peers = Path(os.environ.get("V2PROXY_PEERS_DIR") or launch.peers_dir())
-        start = launch.kserve_server if name == "kserve" else launch.mlserver_server
-        url = stack.enter_context(start(peers)).base_url
-    cache[name] = url
-    return url
+def _server(name: str, stack: contextlib.ExitStack, cache: Servers) -> tuple[str, str]:
+    if name not in cache:
+        if name == "reference":
+            p = stack.enter_context(v2proxy("reference-server", name="reference"))
+            cache[name] = (p.base_url, p.grpc_url)
+        else:
+            peers = Path(os.environ.get("V2PROXY_PEERS_DIR") or launch.peers_dir())
+            start = launch.kserve_server if name == "kserve" else launch.mlserver_server
+            peer = stack.enter_context(start(peers))
+            cache[name] = (peer.base_url, peer.grpc_url)
+    return cache[name]
+
+
+def _backend_url(backend: str, stack: contextlib.ExitStack, cache: Servers) -> str:
+    """The --backend value for a BACKENDS entry."""
+    if backend == "builtin":
+        return "builtin"
+    server, _, proto = backend.partition("-")
+    rest, grpc = _server(server, stack, cache)
+    return f"grpc://{grpc}" if proto == "grpc" else rest
 
 
 @pytest.fixture(scope="session")
-def proxies(stack: contextlib.ExitStack, servers: dict[str, str]) -> dict[tuple[str, str], Proc]:
+def proxies(stack: contextlib.ExitStack, servers: Servers) -> dict[tuple[str, str], Proc]:
     return {}
 
 
@@ -65,7 +83,7 @@ def proxies(stack: contextlib.ExitStack, servers: dict[str, str]) -> dict[tuple[
 def proxy(
     request: pytest.FixtureRequest,
     stack: contextlib.ExitStack,
-    servers: dict[str, str],
+    servers: Servers,
     proxies: dict[tuple[str, str], Proc],
 ) -> Proc:
     """A v2proxy process (per backend and event loop) shared by the whole session."""
@@ -89,6 +107,6 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def backend_urls(stack: contextlib.ExitStack, servers: dict[str, str]):  # type: ignore[no-untyped-def]
-    """Direct access to a backend (for comparing with the proxied path)."""
-    return lambda name: _backend_url(name, stack, servers)
+def backend_urls(stack: contextlib.ExitStack, servers: Servers):  # type: ignore[no-untyped-def]
+    """Direct access to a backend server: name -> (REST base URL, gRPC host:port)."""
+    return lambda name: _server(name, stack, servers)

@@ -19,6 +19,7 @@ from peers.launch import _free_ports, _http_status, _stop
 class Proc:
     name: str
     port: int
+    grpc_port: int
     pid: int
     log: Path
 
@@ -31,13 +32,29 @@ class Proc:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
 
 @contextlib.contextmanager
 def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterator[Proc]:
-    """Run ``python -m v2proxy ARGS --host 127.0.0.1 --http-port <free>`` until the block ends."""
-    (port,) = _free_ports(1)
+    """Run ``python -m v2proxy ARGS --host 127.0.0.1 --http-port P --grpc-port G`` (free ports)
+    until the block ends."""
+    port, grpc_port = _free_ports(2)
     log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "v2proxy", *args, "--host", "127.0.0.1", "--http-port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "v2proxy",
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             cmd,
@@ -52,7 +69,7 @@ def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterato
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start ({cmd}):\n{log.read_text()[-3000:]}")
             time.sleep(0.05)
-        yield Proc(name, port, proc.pid, log)
+        yield Proc(name, port, grpc_port, proc.pid, log)
     finally:
         _stop(proc)
         assert proc.poll() is not None

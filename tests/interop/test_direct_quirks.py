@@ -29,7 +29,7 @@ def _inputs(binary: bool) -> list[httpclient.InferInput]:
 def test_tritonclient_direct_fails(
     backend_urls, backend: str, binary: bool, status: str, message: str
 ) -> None:  # type: ignore[no-untyped-def]
-    url = backend_urls(backend).removeprefix("http://")
+    url = backend_urls(backend)[0].removeprefix("http://")
     client = httpclient.InferenceServerClient(url)
     outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
     with pytest.raises(InferenceServerException) as info:

@@ -34,13 +34,16 @@ def test_precedence(tmp_path: Path) -> None:
     assert s.models["densenet"]["outputs"]["fc6_1"]["labels"] == "config/labels/x.txt"
     s = load_settings({}, str(cfg), env=env)
     assert s.http_port == 9200  # env beats file
+    s = load_settings({"backend": "grpc://127.0.0.1:8001"}, None, env={})
+    assert s.backend == BackendTarget("grpc", "127.0.0.1:8001")
+    assert (s.grpc_port, s.grpc_max_message_size) == (9001, 2**31 - 1)
 
 
 @pytest.mark.parametrize(
     ("cli", "message"),
     [
         ({"backend": "ftp://x"}, "invalid value 'ftp://x' for 'backend'"),
-        ({"backend": "grpc://127.0.0.1:8001"}, "not supported by this version yet"),
+        ({"backend": "grpc://127.0.0.1"}, "grpc://host:port"),
         ({"http_port": 70000}, "for 'http_port': must be a port number"),
         ({"backend_encoding": "xml"}, "must be one of auto, json, binary"),
         ({"max_input_size": 0}, "must be a positive integer"),

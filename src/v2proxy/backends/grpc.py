@@ -38,6 +38,7 @@ from v2proxy.model import InferRequest, InferResponse
 from v2proxy.pipeline import ForwardResponse
 
 SERVICE = "/inference.GRPCInferenceService/"
+_NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
 
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
@@ -69,6 +70,7 @@ class GrpcBackend:
         ]
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[str, Any] = {}
+        self._decoupled: dict[tuple[str, str], bool] = {}
 
     async def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
@@ -107,7 +109,8 @@ class GrpcBackend:
             )
         if code == "DEADLINE_EXCEEDED":
             return GatewayTimeout(f"backend at {self.target} did not answer {what} in time")
-        if code == "NOT_FOUND" and model:
+        # MLServer answers UNKNOWN ("ModelNotFound ... not found") where others say NOT_FOUND.
+        if model and (code == "NOT_FOUND" or _NOT_FOUND_TEXT.search(details)):
             if details.startswith("Request for unknown model"):
                 return NotFound(details)
             return NotFound(
@@ -179,11 +182,26 @@ class GrpcBackend:
         except CodecError as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
+    async def is_decoupled(self, model: str, version: str) -> bool:
+        """Whether the model's config says decoupled (asked once per model; servers without
+        ModelConfig, such as KServe and MLServer, have no decoupled models)."""
+        key = (model, version)
+        if key not in self._decoupled:
+            try:
+                config = await self.model_config(model, version)
+            except (Unsupported, BackendError):
+                config = {}
+            policy = config.get("model_transaction_policy", {})
+            self._decoupled[key] = isinstance(policy, dict) and policy.get("decoupled") is True
+        return self._decoupled[key]
+
     async def stream_infer(
         self, request: InferRequest, headers: dict[str, str]
     ) -> AsyncIterator[InferResponse]:
-        if self._channel is None:
-            raise BackendUnavailable("the gRPC backend is not started")
+        """ModelStreamInfer for decoupled models (all their responses), ModelInfer otherwise."""
+        if not await self.is_decoupled(request.model_name, request.model_version):
+            yield await self.infer(request, headers)
+            return
         msg = grpcc.request_to_proto(request)
         msg.parameters["triton_enable_empty_final_response"].bool_param = True
         call = self._calls["ModelStreamInfer"](

@@ -171,15 +171,20 @@ def _check_kind(arr: np.ndarray, leaves: list[Any], datatype: Datatype, where: s
                 arr = np.array(leaves, dtype=np.uint64)
             except OverflowError:
                 raise _range_error(where, datatype) from None
-        elif kind not in "iu":
+        elif kind not in "iu" or _has_bool(arr, leaves):
             raise _type_error(where, datatype, "integers")
         info = np.iinfo(NUMPY_DTYPE[datatype])  # type: ignore[type-var]
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise _range_error(where, datatype)
         return arr
-    if kind not in "iuf":
+    if kind not in "iuf" or _has_bool(arr, leaves):
         raise _type_error(where, datatype, "numbers")
     return arr
+
+
+def _has_bool(arr: np.ndarray, leaves: list[Any]) -> bool:
+    """Whether JSON true/false hide among numbers (numpy turns them into 0/1 silently)."""
+    return bool(((arr == 0) | (arr == 1)).any()) and bool in set(map(type, leaves))
 
 
 def _range_error(where: str, datatype: Datatype) -> CodecError:
@@ -231,7 +236,8 @@ def data_to_buffer(
     if len(leaves) != count:
         raise _count_error(where, count, len(leaves))
     arr = _check_kind(arr, leaves, datatype, where)
-    return byte_view(np.ascontiguousarray(arr, dtype=npdt))
+    with np.errstate(over="ignore"):  # out-of-range floats become infinities, as in Triton
+        return byte_view(np.ascontiguousarray(arr, dtype=npdt))
 
 
 def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
@@ -255,7 +261,11 @@ def tensor_data_json(tensor: Tensor) -> Any:
                     " use binary data ('binary_data': true)"
                 ) from None
         return out
-    arr = np.frombuffer(tensor.data, dtype=NUMPY_DTYPE[tensor.datatype])
+    npdt = NUMPY_DTYPE[tensor.datatype]
+    nbytes, expected = memoryview(tensor.data).nbytes, element_count(tensor.shape) * npdt.itemsize
+    if nbytes != expected:
+        raise CodecError(f"input byte size mismatch for {where}. Expected {expected}, got {nbytes}")
+    arr = np.frombuffer(tensor.data, dtype=npdt)
     if tensor.datatype in _FLOAT_TYPES:
         arr = arr.astype(np.float64)  # Triton widens to double; BF16/FP16 become numbers
         if not np.isfinite(arr).all():
@@ -370,12 +380,15 @@ def request_from_obj(
         elif source == "binary_data_size":
             size = _uint_param(tparams, "binary_data_size", where)
             del tparams["binary_data_size"]
-            if binary is None:
+            if binary is not None:
+                data = binary.take(size, name, model_name)
+            elif size == 0:
+                data = b""  # nothing to read: Triton accepts this without IHCL
+            else:
                 raise CodecError(
                     f"{where} sets 'binary_data_size' but the request has no binary section"
                     " (missing Inference-Header-Content-Length header)"
                 )
-            data = binary.take(size, name, model_name)
         else:
             data = b""  # shared memory: resolved by the pipeline
         inputs.append(Tensor(name, datatype, shape, data, tparams))
@@ -464,12 +477,15 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
         if tparams.get("binary_data_size") is not None:
             size = _uint_param(tparams, "binary_data_size", where)
             del tparams["binary_data_size"]
-            if binary is None:
+            if binary is not None:
+                data = binary.take(size, name, model)
+            elif size == 0:
+                data = b""  # zero-byte binary outputs come without IHCL (reference §1.2)
+            else:
                 raise CodecError(
                     f"invalid response from backend: {where} is binary but the"
                     " response has no binary section"
                 )
-            data = binary.take(size, name, model)
         elif "data" in item:
             data = data_to_buffer(item["data"], datatype, shape, where, max_size=2**62)
         else:
@@ -514,31 +530,10 @@ def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) ->
 
 def dumps_tree(obj: dict[str, Any]) -> bytes:
     """Serialize a request/response header, writing NaN/Infinity literals like Triton."""
-    literals: list[_RawJSON] = []
-
-    def default(value: Any) -> Any:
-        raise TypeError  # pragma: no cover
-
-    def swap(node: Any) -> Any:
-        if isinstance(node, _RawJSON):
-            literals.append(node)
-            return f"\x00V2PROXY{len(literals) - 1}\x00"
-        return node
-
-    has_literals = any(
-        isinstance(o.get("data"), _RawJSON)
-        for key in ("inputs", "outputs")
-        for o in obj.get(key, ())
-    )
-    if not has_literals:
-        return dumps(obj)
     for key in ("inputs", "outputs"):
         for o in obj.get(key, ()):
-            if "data" in o:
-                o["data"] = swap(o["data"])
-    text = orjson.dumps(obj, option=_DUMPS_OPTS, default=default)
-    for i, lit in enumerate(literals):
-        text = text.replace(
-            orjson.dumps(f"\x00V2PROXY{i}\x00"), ("[" + ",".join(lit) + "]").encode()
-        )
-    return text
+            data = o.get("data")
+            if isinstance(data, _RawJSON):
+                # orjson cannot write these literals: splice the finished text in verbatim.
+                o["data"] = orjson.Fragment(("[" + ",".join(data) + "]").encode())
+    return dumps(obj)

@@ -28,13 +28,17 @@ def _metadata_input(metadata: dict[str, Any], model: str) -> tuple[str, Datatype
             f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)}"
             f" inputs in '{model}' model configuration"
         )
-    spec = inputs[0]
+    spec = inputs[0] if isinstance(inputs[0], dict) else {}
     name = spec.get("name")
     shape = spec.get("shape")
-    if not isinstance(name, str) or not isinstance(shape, list):
+    if (
+        not isinstance(name, str)
+        or not isinstance(shape, list)
+        or not all(type(d) is int and d >= -1 for d in shape)
+    ):
         raise CodecError(f"model metadata of '{model}' has no usable input name and shape")
     datatype = parse_datatype(spec.get("datatype"), f"input '{name}' of model '{model}'")
-    return name, datatype, [int(d) for d in shape]
+    return name, datatype, list(shape)
 
 
 def deduce_shape(

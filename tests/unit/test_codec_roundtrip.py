@@ -1,0 +1,154 @@
+"""Hypothesis round trips through the codecs for every datatype, random shapes (0-d and
+zero-sized included) and random values (every bit pattern for the float types).
+
+- Tensor -> JSON (``request_to_obj`` + ``dumps_tree``) -> ``decode_request`` gives the same bytes;
+  floats compare NaN-aware (NaN payloads and signs are not carried by JSON), everything else
+  bit exact, FP16/BF16 included (they travel as float64 and come back exactly).
+- Tensor -> binary framing -> decode gives identical bytes, NaN payloads included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs import json as jsonc
+from v2proxy.codecs.dtypes import from_numpy
+from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
+
+# Datatypes drawn directly; float types are drawn as raw bit patterns of the same width.
+DIRECT = {
+    Datatype.BOOL: np.dtype("?"),
+    Datatype.UINT8: np.dtype("u1"),
+    Datatype.UINT16: np.dtype("<u2"),
+    Datatype.UINT32: np.dtype("<u4"),
+    Datatype.UINT64: np.dtype("<u8"),
+    Datatype.INT8: np.dtype("i1"),
+    Datatype.INT16: np.dtype("<i2"),
+    Datatype.INT32: np.dtype("<i4"),
+    Datatype.INT64: np.dtype("<i8"),
+}
+FLOATS: dict[Datatype, tuple[np.dtype[Any], Any]] = {
+    Datatype.FP16: (np.dtype("<u2"), np.dtype("<f2")),
+    Datatype.FP32: (np.dtype("<u4"), np.dtype("<f4")),
+    Datatype.FP64: (np.dtype("<u8"), np.dtype("<f8")),
+    Datatype.BF16: (np.dtype("<u2"), np.dtype(ml_dtypes.bfloat16)),
+}
+FIXED = [*DIRECT, *FLOATS]
+
+JSON_TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=12)
+
+
+@st.composite
+def tensors(draw: st.DrawFn, datatype: Datatype, json_safe: bool, name: str = "T") -> Tensor:
+    shape = draw(SHAPES)
+    if datatype is Datatype.BYTES:
+        elements = JSON_TEXT.map(str.encode) if json_safe else st.binary(max_size=12)
+        array = draw(hnp.arrays(np.dtype(object), shape, elements=elements))
+    elif datatype in FLOATS:
+        bits, dtype = FLOATS[datatype]
+        array = draw(hnp.arrays(bits, shape)).view(dtype)
+    else:
+        array = draw(hnp.arrays(DIRECT[datatype], shape))
+    return from_numpy(name, datatype, array)
+
+
+def _join(chunks: list[Buffer]) -> bytes:
+    return b"".join(bytes(c) for c in chunks)
+
+
+def _assert_json_equal(got: Tensor, want: Tensor) -> None:
+    """Bit equality, except that any NaN matches any NaN."""
+    assert (got.name, got.datatype, got.shape) == (want.name, want.datatype, want.shape)
+    if want.datatype not in FLOATS:
+        assert bytes(got.data) == bytes(want.data)
+        return
+    bits, dtype = FLOATS[want.datatype]
+    g = np.frombuffer(got.data, dtype=dtype)
+    w = np.frombuffer(want.data, dtype=dtype)
+    nan = np.isnan(w.astype(np.float64))
+    assert np.isnan(g.astype(np.float64))[nan].all()
+    assert np.array_equal(g.view(bits)[~nan], w.view(bits)[~nan])
+
+
+def _assert_identical(got: Tensor, want: Tensor) -> None:
+    assert (got.name, got.datatype, got.shape) == (want.name, want.datatype, want.shape)
+    assert bytes(got.data) == bytes(want.data)
+
+
+@st.composite
+def requests(draw: st.DrawFn, json_safe: bool) -> InferRequest:
+    datatypes = draw(st.lists(st.sampled_from(list(Datatype)), min_size=1, max_size=4))
+    inputs = [draw(tensors(dt, json_safe, f"IN{i}")) for i, dt in enumerate(datatypes)]
+    outputs = draw(
+        st.none()
+        | st.lists(st.sampled_from(["A", "B", "C"]), unique=True).map(
+            lambda names: [RequestedOutput(n) for n in names]
+        )
+    )
+    request_id = draw(st.none() | JSON_TEXT.filter(bool))
+    return InferRequest("M", inputs, outputs=outputs, id=request_id)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_every_datatype_through_json(data: st.DataObject) -> None:
+    for datatype in Datatype:
+        t = data.draw(tensors(datatype, json_safe=True), label=datatype.value)
+        body = jsonc.dumps_tree(jsonc.request_to_obj(InferRequest("M", [t]), False, False))
+        (back,) = binc.decode_request(body, None, "M").inputs
+        _assert_json_equal(back, t)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_every_datatype_through_binary_framing(data: st.DataObject) -> None:
+    for datatype in Datatype:
+        t = data.draw(tensors(datatype, json_safe=False), label=datatype.value)
+        chunks, ihcl = binc.encode_request(InferRequest("M", [t]), binary=True)
+        assert ihcl is not None
+        (back,) = binc.decode_request(_join(chunks), ihcl, "M").inputs
+        _assert_identical(back, t)
+
+
+@SETTINGS
+@given(req=requests(json_safe=True), binary=st.booleans())
+def test_requests_round_trip(req: InferRequest, binary: bool) -> None:
+    chunks, ihcl = binc.encode_request(req, binary=binary)
+    back = binc.decode_request(_join(chunks), ihcl, "M")
+    assert back.id == (req.id or None)
+    assert [o.name for o in back.outputs or []] == [o.name for o in req.outputs or []]
+    assert len(back.inputs) == len(req.inputs)
+    for got, want in zip(back.inputs, req.inputs, strict=True):
+        (_assert_identical if binary else _assert_json_equal)(got, want)
+
+
+@SETTINGS
+@given(
+    datatypes=st.lists(st.sampled_from(list(Datatype)), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_responses_round_trip(datatypes: list[Datatype], data: st.DataObject) -> None:
+    outputs = [
+        data.draw(tensors(dt, json_safe=True, name=f"OUT{i}")) for i, dt in enumerate(datatypes)
+    ]
+    flags = data.draw(st.lists(st.booleans(), min_size=len(outputs), max_size=len(outputs)))
+    binary = {t.name: f for t, f in zip(outputs, flags, strict=True)}
+    resp = InferResponse("M", outputs, "1")
+    chunks, ihcl = binc.encode_response(resp, lambda t: binary[t.name])
+    has_blob = any(binary[t.name] and len(bytes(t.data)) for t in outputs)
+    assert (ihcl is not None) == has_blob
+    back = binc.decode_response(_join(chunks), ihcl)
+    assert (back.model_name, back.model_version) == ("M", "1")
+    for got, want in zip(back.outputs, outputs, strict=True):
+        (_assert_identical if binary[want.name] else _assert_json_equal)(got, want)
