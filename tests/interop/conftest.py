@@ -77,6 +77,21 @@ def proxies(stack: contextlib.ExitStack, servers: Servers) -> dict[tuple[str, st
     return {}
 
 
+def _proxy(
+    key: tuple[str, str],
+    stack: contextlib.ExitStack,
+    servers: Servers,
+    proxies: dict[tuple[str, str], Proc],
+) -> Proc:
+    if key not in proxies:
+        backend, loop = key
+        url = _backend_url(backend, stack, servers)
+        proxies[key] = stack.enter_context(
+            v2proxy("serve", "--backend", url, "--event-loop", loop, name=f"proxy-{backend}")
+        )
+    return proxies[key]
+
+
 @pytest.fixture(
     params=[(b, loop) for b in BACKENDS for loop in LOOP_NAMES], ids=lambda p: f"{p[0]}-{p[1]}"
 )
@@ -87,14 +102,25 @@ def proxy(
     proxies: dict[tuple[str, str], Proc],
 ) -> Proc:
     """A v2proxy process (per backend and event loop) shared by the whole session."""
-    key: tuple[str, str] = request.param
-    if key not in proxies:
-        backend, loop = key
-        url = _backend_url(backend, stack, servers)
-        proxies[key] = stack.enter_context(
-            v2proxy("serve", "--backend", url, "--event-loop", loop, name=f"proxy-{backend}")
-        )
-    return proxies[key]
+    return _proxy(request.param, stack, servers, proxies)
+
+
+#: the backends hosting the decoupled builtin `llm`, reached so that it stays decoupled
+DECOUPLED_BACKENDS = ["builtin", "reference-grpc"]
+
+
+@pytest.fixture(
+    params=[(b, loop) for b in DECOUPLED_BACKENDS for loop in LOOP_NAMES],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def llm_proxy(
+    request: pytest.FixtureRequest,
+    stack: contextlib.ExitStack,
+    servers: Servers,
+    proxies: dict[tuple[str, str], Proc],
+) -> Proc:
+    """A v2proxy process in front of a backend with the decoupled `llm` model."""
+    return _proxy(request.param, stack, servers, proxies)
 
 
 def backend_of(proxy_fixture_request: pytest.FixtureRequest) -> str:

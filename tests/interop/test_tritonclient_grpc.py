@@ -306,3 +306,49 @@ def test_kserve_grpc_client(proxy: Proc) -> None:
     assert got["id"] == "kserve-1"
     assert got["outputs"]["OUTPUT0"] == (IN0 + 2).tolist()
     assert got["outputs"]["OUTPUT1"] == (IN0 - 2).tolist()
+
+
+def _llm_inputs(prompt: str, max_tokens: int, stream: bool) -> list[grpcclient.InferInput]:
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    tokens = grpcclient.InferInput("max_tokens", [1], "INT32")
+    tokens.set_data_from_numpy(np.array([max_tokens], dtype=np.int32))
+    flag = grpcclient.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream]))
+    return [text, tokens, flag]
+
+
+def test_decoupled_model_streams_several_responses(llm_proxy: Proc) -> None:
+    """One request to a decoupled model, one response per token, then the final flag."""
+    results: queue.Queue[Any] = queue.Queue()
+    c = client(llm_proxy)
+    c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    try:
+        c.async_stream_infer(
+            "llm",
+            _llm_inputs("the quick fox", 5, True),
+            request_id="gen",
+            enable_empty_final_response=True,
+        )
+        pieces: list[str] = []
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            assert response.id == "gen"
+            final = response.parameters["triton_final_response"].bool_param
+            if response.outputs:
+                pieces.append(result.as_numpy("text_output")[0].decode())
+            if final:
+                break
+    finally:
+        c.stop_stream()
+    assert pieces == ["the", " quick", " fox", " the", " quick"]
+
+
+def test_decoupled_model_unary_without_streaming(llm_proxy: Proc) -> None:
+    result = client(llm_proxy).infer("llm", _llm_inputs("a b", 3, False))
+    assert result.as_numpy("text_output").tolist() == [b"a b a b a"]
+    with pytest.raises(InferenceServerException) as info:
+        client(llm_proxy).infer("llm", _llm_inputs("a b", 3, True))
+    assert "ModelStreamInfer" in info.value.message()

@@ -59,12 +59,14 @@ def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 def validate_inputs(spec: ModelSpec, request: InferRequest) -> dict[str, Tensor]:
     """The request's inputs by name, checked against the model's configuration."""
     model = spec.name
-    if len(request.inputs) != len(spec.inputs):
+    specs = {t.name: t for t in spec.inputs}
+    required = [t.name for t in spec.inputs if not t.optional]
+    given = {t.name for t in request.inputs}
+    if any(name not in given for name in required) or len(given) != len(request.inputs):
         raise InvalidRequest(
-            f"expected {len(spec.inputs)} inputs but got {len(request.inputs)} inputs for model"
+            f"expected {len(required)} inputs but got {len(request.inputs)} inputs for model"
             f" '{model}'"
         )
-    specs = {t.name: t for t in spec.inputs}
     by_name: dict[str, Tensor] = {}
     for t in request.inputs:
         ts = specs.get(t.name)
@@ -158,12 +160,25 @@ class BuiltinBackend:
         return True
 
     async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+        responses = [r async for r in self.stream_infer(request, headers)]
+        if len(responses) != 1:
+            raise InvalidRequest(
+                f"model '{request.model_name}' answers this request with {len(responses)}"
+                " responses: ask with streaming (gRPC ModelStreamInfer) or set 'stream' to"
+                " false"
+            )
+        return responses[0]
+
+    async def stream_infer(
+        self, request: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[InferResponse]:
+        """Every response of the model to the request (several for the streaming llm)."""
         spec = self.spec(request.model_name, request.model_version)
         stats = self._stats[spec.name]
         start = time.perf_counter_ns()
         try:
             inputs = validate_inputs(spec, request)
-            outputs = select_outputs(spec, request, spec.compute(inputs))
+            results = [select_outputs(spec, request, out) for out in spec.compute(inputs)]
         except ProxyError:
             stats.failure += 1
             stats.failure_ns += time.perf_counter_ns() - start
@@ -171,15 +186,10 @@ class BuiltinBackend:
         stats.success += 1
         stats.success_ns += time.perf_counter_ns() - start
         stats.last_inference_ms = int(time.time() * 1000)
-        return InferResponse(
-            model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
-        )
-
-    async def stream_infer(
-        self, request: InferRequest, headers: dict[str, str]
-    ) -> AsyncIterator[InferResponse]:
-        """Models here are not decoupled: one response per request."""
-        yield await self.infer(request, headers)
+        for outputs in results:
+            yield InferResponse(
+                model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
+            )
 
     # ------------------------------------------------------------------ side endpoints
 

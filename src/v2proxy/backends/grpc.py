@@ -110,7 +110,9 @@ class GrpcBackend:
         if code == "DEADLINE_EXCEEDED":
             return GatewayTimeout(f"backend at {self.target} did not answer {what} in time")
         # MLServer answers UNKNOWN ("ModelNotFound ... not found") where others say NOT_FOUND.
-        if model and (code == "NOT_FOUND" or _NOT_FOUND_TEXT.search(details)):
+        if model and (
+            code == "NOT_FOUND" or (code == "UNKNOWN" and _NOT_FOUND_TEXT.search(details))
+        ):
             if details.startswith("Request for unknown model"):
                 return NotFound(details)
             return NotFound(

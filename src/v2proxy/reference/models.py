@@ -8,13 +8,18 @@ Names and tensors are part of the product contract:
 - ``identity_fp32``: FP32 INPUT0 [-1] -> OUTPUT0 identical
 - ``classifier``: FP32 INPUT0 [10], max_batch_size 8 -> FP32 SCORES [10]
   (SCORES = 2 * INPUT0 + 0.125 * index), labels in ``config/labels/classifier.txt``
+- ``llm``: a deterministic toy LLM shaped like the TensorRT-LLM ``ensemble``: BYTES
+  ``text_input`` [1] (+ optional ``max_tokens``, ``stream``, ``exclude_input_in_output`` and
+  sampling knobs) -> BYTES ``text_output``; decoupled: one response per token when streaming.
+  It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16).
 
-Compute functions take numpy views of validated inputs and return output tensors.
+Compute functions take numpy views of validated inputs and return the outputs of each response
+(one list for ordinary models, one per token for the streaming llm).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +38,10 @@ class TensorSpec:
     datatype: Datatype
     dims: tuple[int, ...]
     label_filename: str | None = None
+    optional: bool = False
 
 
-Compute = Callable[[dict[str, Tensor]], list[Tensor]]
+Compute = Callable[[dict[str, Tensor]], Iterator[list[Tensor]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,7 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
     compute: Compute
+    decoupled: bool = False
 
     def metadata(self) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -73,9 +80,11 @@ class ModelSpec:
             }
             if t.label_filename:
                 out["label_filename"] = t.label_filename
+            if t.optional:
+                out["optional"] = True
             return out
 
-        return {
+        config: dict[str, Any] = {
             "name": self.name,
             "platform": PLATFORM,
             "backend": "v2proxy",
@@ -83,11 +92,14 @@ class ModelSpec:
             "input": [entry(t) for t in self.inputs],
             "output": [entry(t) for t in self.outputs],
         }
+        if self.decoupled:
+            config["model_transaction_policy"] = {"decoupled": True}
+        return config
 
 
-def _simple(inputs: dict[str, Tensor]) -> list[Tensor]:
+def _simple(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     a, b = as_numpy(inputs["INPUT0"]), as_numpy(inputs["INPUT1"])
-    return [
+    yield [
         from_numpy("OUTPUT0", Datatype.INT32, (a + b).astype("<i4")),
         from_numpy("OUTPUT1", Datatype.INT32, (a - b).astype("<i4")),
     ]
@@ -102,7 +114,7 @@ def _decimal(values: np.ndarray, name: str) -> np.ndarray:
         ) from None
 
 
-def _simple_string(inputs: dict[str, Tensor]) -> list[Tensor]:
+def _simple_string(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     a = _decimal(as_numpy(inputs["INPUT0"]), "INPUT0")
     b = _decimal(as_numpy(inputs["INPUT1"]), "INPUT1")
     shape = inputs["INPUT0"].shape
@@ -110,29 +122,71 @@ def _simple_string(inputs: dict[str, Tensor]) -> list[Tensor]:
     def strings(values: np.ndarray) -> bytes:
         return serialize_bytes([str(int(v)).encode() for v in values.reshape(-1)])
 
-    return [
+    yield [
         Tensor("OUTPUT0", Datatype.BYTES, shape, strings(a + b)),
         Tensor("OUTPUT1", Datatype.BYTES, shape, strings(a - b)),
     ]
 
 
-def _identity(inputs: dict[str, Tensor]) -> list[Tensor]:
+def _identity(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     t = inputs["INPUT0"]
-    return [Tensor("OUTPUT0", t.datatype, t.shape, t.data)]
+    yield [Tensor("OUTPUT0", t.datatype, t.shape, t.data)]
 
 
 _WEIGHTS = np.float32(2.0)
 _BIAS = (np.arange(10, dtype=np.float32) * np.float32(0.125)).astype(np.float32)
 
 
-def _classifier(inputs: dict[str, Tensor]) -> list[Tensor]:
+def _classifier(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     x = as_numpy(inputs["INPUT0"])
     scores = (x * _WEIGHTS + _BIAS).astype("<f4")
-    return [from_numpy("SCORES", Datatype.FP32, scores)]
+    yield [from_numpy("SCORES", Datatype.FP32, scores)]
 
 
-def _spec(name: str, datatype: Datatype, *dims: int, label: str | None = None) -> TensorSpec:
-    return TensorSpec(name, datatype, tuple(dims), label)
+LLM_DEFAULT_MAX_TOKENS = 16
+
+
+def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
+    t = inputs.get(name)
+    if t is None:
+        return default
+    values = as_numpy(t).reshape(-1)
+    if values.size != 1:
+        raise InvalidRequest(f"input '{name}' of model 'llm' must hold one element")
+    return values[0].item() if hasattr(values[0], "item") else values[0]
+
+
+def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
+    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces."""
+    words = prompt.split() or ["token"]
+    return [("" if i == 0 else " ") + words[i % len(words)] for i in range(max_tokens)]
+
+
+def _llm(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+    raw = _scalar(inputs, "text_input", b"")
+    prompt = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    max_tokens = int(_scalar(inputs, "max_tokens", LLM_DEFAULT_MAX_TOKENS))
+    if max_tokens < 1:
+        raise InvalidRequest("input 'max_tokens' of model 'llm' must be at least 1")
+    stream = bool(_scalar(inputs, "stream", False))
+    exclude_input = bool(_scalar(inputs, "exclude_input_in_output", stream))
+    tokens = llm_tokens(prompt, max_tokens)
+
+    def text(value: str) -> list[Tensor]:
+        return [Tensor("text_output", Datatype.BYTES, (1,), serialize_bytes([value.encode()]))]
+
+    if stream:
+        for token in tokens:
+            yield text(token)
+    else:
+        generated = "".join(tokens)
+        yield text(generated if exclude_input else f"{prompt} {generated}")
+
+
+def _spec(
+    name: str, datatype: Datatype, *dims: int, label: str | None = None, optional: bool = False
+) -> TensorSpec:
+    return TensorSpec(name, datatype, tuple(dims), label, optional)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -172,6 +226,23 @@ MODELS: dict[str, ModelSpec] = {
             (_spec("SCORES", Datatype.FP32, 10, label="classifier.txt"),),
             8,
             _classifier,
+        ),
+        ModelSpec(
+            "llm",
+            (
+                _spec("text_input", Datatype.BYTES, 1),
+                _spec("max_tokens", Datatype.INT32, 1, optional=True),
+                _spec("stream", Datatype.BOOL, 1, optional=True),
+                _spec("exclude_input_in_output", Datatype.BOOL, 1, optional=True),
+                _spec("temperature", Datatype.FP32, 1, optional=True),
+                _spec("top_k", Datatype.INT32, 1, optional=True),
+                _spec("top_p", Datatype.FP32, 1, optional=True),
+                _spec("seed", Datatype.UINT64, 1, optional=True),
+            ),
+            (_spec("text_output", Datatype.BYTES, -1),),
+            0,
+            _llm,
+            decoupled=True,
         ),
     )
 }
