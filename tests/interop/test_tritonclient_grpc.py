@@ -352,3 +352,18 @@ def test_decoupled_model_unary_without_streaming(llm_proxy: Proc) -> None:
     with pytest.raises(InferenceServerException) as info:
         client(llm_proxy).infer("llm", _llm_inputs("a b", 3, True))
     assert "ModelStreamInfer" in info.value.message()
+
+
+def test_stream_error_closes_stream_with_triton_grpc_error(proxy: Proc) -> None:
+    """With the `triton_grpc_error: true` header an error ends the stream with a status."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(proxy.grpc_url))
+    bad = service_pb2.ModelInferRequest(model_name="nope")
+    bad.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    bad.raw_input_contents.append(IN0.tobytes())
+    stream = stub.ModelStreamInfer(
+        iter([bad]), metadata=[("triton_grpc_error", "true")], timeout=30
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "Request for unknown model: 'nope'" in info.value.details()
