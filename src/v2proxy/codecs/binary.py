@@ -61,7 +61,7 @@ def decode_request(
     header, section = _split(body, ihcl, max_input_size)
     if len(header) == 0:
         raise CodecError("failed to parse the request JSON buffer: the request body is empty")
-    obj = jsonc.loads(header)
+    obj = jsonc.parse_header(header)
     reader = None if section is None else jsonc.BinaryReader(section)
     return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
 
@@ -86,7 +86,7 @@ def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
             f" within the body of {len(mv)} bytes"
         )
     header = mv if ihcl is None else mv[:ihcl]
-    obj = jsonc.loads(header, what="response")
+    obj = jsonc.parse_header(header, what="response")
     reader = None if ihcl is None else jsonc.BinaryReader(mv[ihcl:])
     return jsonc.response_from_obj(obj, reader)
 

@@ -1,6 +1,9 @@
 """v2 JSON <-> the internal model (reference §1.3, §1.5, §1.7).
 
-- ``loads`` parses a JSON document (orjson; NaN/Infinity literals accepted as Triton does).
+- ``parse_header`` parses a request or response header with simdjson, leaving each tensor's
+  ``data`` array unconverted so that ``data_to_buffer`` can decode numbers straight into numpy
+  (no Python float objects); anything it cannot take falls back to ``loads`` (orjson, then the
+  standard library for NaN/Infinity literals, which Triton accepts), which owns the messages.
 - ``data_to_buffer`` turns a JSON ``data`` array (flat, nested or ragged: only the leaf count
   matters) into the binary wire layout, with strict per-datatype checks. FP16 and BF16 are
   accepted as JSON numbers and rounded to nearest (Triton refuses them; see README).
@@ -23,8 +26,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 
 from v2proxy.codecs.dtypes import (
+    ITEM_SIZE,
     NUMPY_DTYPE,
     byte_view,
     deserialize_bytes,
@@ -96,6 +101,104 @@ def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
         return _stdjson.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise CodecError(f"failed to parse the {what} JSON buffer: {first}") from None
+
+
+#: Parsers kept for reuse. Decoding is synchronous, so one is in use at a time per thread; a
+#: parser keeps its scratch buffers between documents (fresh ones cost page faults on every big
+#: request), but only for documents up to REUSE_LIMIT so that one huge request does not pin
+#: its buffers for the life of the process.
+_PARSERS: list[simdjson.Parser] = []
+REUSE_LIMIT = 32 * 1024 * 1024
+
+
+def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
+    """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays. The
+    result must be consumed (``request_from_obj``/``response_from_obj``) and dropped before the
+    next call (the binary codec does)."""
+    data = bytes(buf) if isinstance(buf, memoryview) else buf
+    parser = _PARSERS.pop() if _PARSERS else simdjson.Parser()
+    try:
+        doc = parser.parse(data)
+    except RuntimeError:  # still referenced by an earlier document: use a new one
+        parser = simdjson.Parser()
+        try:
+            doc = parser.parse(data)
+        except (ValueError, RuntimeError, TypeError):
+            return loads(buf, what)
+    except (ValueError, TypeError):
+        _PARSERS.append(parser)
+        return loads(buf, what)  # not plain JSON (NaN literals) or not JSON: precise messages
+    if len(data) <= REUSE_LIMIT:
+        _PARSERS.append(parser)
+    if not isinstance(doc, simdjson.Object):
+        return _plain(doc)
+    # Objects are walked by key: simdjson's items() would convert every value eagerly.
+    out: dict[str, Any] = {}
+    for key in doc.keys():  # noqa: SIM118 - a simdjson Object, not a dict
+        value = doc[key]
+        if key in ("inputs", "outputs") and isinstance(value, simdjson.Array):
+            out[key] = [_lazy_tensor(value[i]) for i in range(len(value))]
+        else:
+            out[key] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
+
+
+def _lazy_tensor(item: Any) -> Any:
+    if not isinstance(item, simdjson.Object):
+        return _plain(item)
+    out: dict[str, Any] = {}
+    for key in item.keys():  # noqa: SIM118 - a simdjson Object, not a dict
+        value = item[key]
+        out[key] = value if key == "data" and isinstance(value, simdjson.Array) else _plain(value)
+    return out
+
+
+#: simdjson buffer type and the numpy dtype it yields, per datatype family
+_BUFFER_TYPES: dict[Datatype, tuple[str, str]] = {
+    **{dt: ("d", "<f8") for dt in (Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16)},
+    **{dt: ("i", "<i8") for dt in (Datatype.INT8, Datatype.INT16, Datatype.INT32, Datatype.INT64)},
+    **{
+        dt: ("u", "<u8")
+        for dt in (Datatype.UINT8, Datatype.UINT16, Datatype.UINT32, Datatype.UINT64)
+    },
+}
+
+
+def _fast_numbers(
+    data: Any, datatype: Datatype, count: int, where: str
+) -> bytes | memoryview | None:
+    """Numbers of a lazy simdjson array straight into the wire layout; None when the array
+    holds anything else (the slow path then names the problem)."""
+    kind = _BUFFER_TYPES.get(datatype)
+    if kind is None:
+        return None
+    node, depth = data, 1
+    while isinstance(node, simdjson.Array) and len(node):
+        node, depth = node[0], depth + 1
+        if depth > MAX_NESTING:
+            return None
+    try:
+        buf = data.as_buffer(of_type=kind[0])
+    except (TypeError, ValueError):
+        return None
+    arr = np.frombuffer(buf, dtype=kind[1])
+    if arr.size != count:
+        raise _count_error(where, count, int(arr.size))
+    npdt = NUMPY_DTYPE[datatype]
+    if kind[0] != "d":
+        info = np.iinfo(npdt)  # type: ignore[type-var]
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise _range_error(where, datatype)
+    with np.errstate(over="ignore"):  # out-of-range floats become infinities, as in Triton
+        return byte_view(arr.astype(npdt))
 
 
 def dumps(obj: Any) -> bytes:
@@ -214,6 +317,14 @@ def data_to_buffer(
     if count == 0:
         # Triton does not parse 'data' of a zero-element tensor.
         return b""
+    if isinstance(data, simdjson.Array):
+        itemsize = ITEM_SIZE.get(datatype)
+        if itemsize is not None and count * itemsize > max_size:
+            raise _too_large(where, count * itemsize, max_size)
+        fast = _fast_numbers(data, datatype, count, where)
+        if fast is not None:
+            return fast
+        data = data.as_list()
     leaves = _leaves(data, where)
     if datatype is Datatype.BYTES:
         if any(type(x) is list for x in leaves):
