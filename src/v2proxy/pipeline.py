@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from v2proxy.codecs.json import dumps, loads
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import BackendError, BadGateway, CodecError, NotFound, ProxyError
-from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
 
 METADATA_TTL_S = 30.0
 
@@ -59,12 +59,24 @@ class Backend(Protocol):
         ...
 
     async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse: ...
+    async def can_relay(self, binary: bool) -> bool:
+        """Whether an /infer body of this form (binary-framed or JSON) can be sent unchanged."""
+        ...
+
+    async def relay_infer(
+        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+    ) -> ForwardResponse:
+        """Send an /infer body unchanged; the answer comes back unchanged (errors raised)."""
+        ...
 
 
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data",)
+
+#: Tensor parameters that mean a stage of the proxy applies to the request.
+_STAGE_PARAMS = ("shared_memory_region", "classification")
 
 
 class Pipeline:
@@ -136,6 +148,40 @@ class Pipeline:
         if path.startswith("/v2/repository/"):
             self.invalidate()
         return obj
+
+    async def relay(
+        self,
+        request: InferRequest,
+        body: bytes | bytearray,
+        ihcl: int | None,
+        headers: dict[str, str],
+    ) -> ForwardResponse | None:
+        """Pass the client's /infer body through untouched (Envoy's pass-through) when no stage
+        applies and the backend takes that wire form; None when the request must be re-encoded.
+        The request was decoded (validated) already; the body is what is sent."""
+        binary = ihcl is not None
+        if not self._nothing_to_do(request, binary):
+            return None
+        if not await self.backend.can_relay(binary):
+            return None
+        return await self.backend.relay_infer(
+            request.model_name, request.model_version, body, ihcl, headers
+        )
+
+    @staticmethod
+    def _nothing_to_do(request: InferRequest, binary: bool) -> bool:
+        tensors = [*request.inputs, *(request.outputs or ())]
+        if any(key in t.parameters for t in tensors for key in _STAGE_PARAMS):
+            return False
+        if binary:
+            return True
+        # A JSON body relays only if its answer may be JSON too, and holds no FP16/BF16 numbers
+        # (which v2proxy accepts in JSON but binary backends such as Triton refuse).
+        if request.parameters.get("binary_data_output") is True:
+            return False
+        if any(o.parameters.get("binary_data") is True for o in request.outputs or ()):
+            return False
+        return not any(t.datatype in (Datatype.FP16, Datatype.BF16) for t in request.inputs)
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
         """The request a raw binary body (IHCL 0) stands for (reference §2)."""

@@ -24,24 +24,70 @@ def url_of(client: TestClient[Any, Any]) -> str:
     return str(client.make_url("")).rstrip("/")
 
 
-@pytest.mark.parametrize("encoding", ["json", "binary", "auto"])
+@pytest.mark.parametrize(
+    ("encoding", "accept", "sent_binary"),
+    [
+        ("json", None, False),  # relayed untouched
+        ("auto", None, False),  # relayed untouched: nothing to change
+        ("binary", None, True),  # binary tensors always, as configured
+        ("auto", "gzip", True),  # the proxy compresses the answer itself: transcoded
+        ("json", "gzip", False),
+    ],
+)
 async def test_json_client_any_backend_encoding(
-    make_client: Factory, recorded: Recorded, encoding: str
+    make_client: Factory, recorded: Recorded, encoding: str, accept: str | None, sent_binary: bool
 ) -> None:
     backend, seen = recorded
     proxy = await proxy_to(make_client, url_of(backend), backend_encoding=encoding)
-    resp = await proxy.post("/v2/models/simple/infer", data=simple_json(list(range(16))))
+    body = simple_json(list(range(16)))
+    headers = {"Accept-Encoding": accept} if accept else {}
+    resp = await proxy.post(
+        "/v2/models/simple/infer",
+        data=body,
+        headers=headers,
+        skip_auto_headers=["Accept-Encoding"],
+    )
     assert resp.status == 200, await resp.text()
     assert resp.content_type == "application/json"
     out = {o["name"]: o["data"] for o in (await resp.json())["outputs"]}
     assert out["OUTPUT0"] == [i + 1 for i in range(16)]
     assert out["OUTPUT1"] == [i - 1 for i in range(16)]
     infer = [r for r in seen if r.path.endswith("/infer")][-1]
-    binary = encoding in ("binary", "auto")  # the reference server advertises binary tensors
     assert infer.headers["Content-Type"] == (
-        "application/octet-stream" if binary else "application/json"
+        "application/octet-stream" if sent_binary else "application/json"
     )
-    assert ("Inference-Header-Content-Length" in infer.headers) is binary
+    assert ("Inference-Header-Content-Length" in infer.headers) is sent_binary
+
+
+async def test_relay_sends_the_clients_bytes(make_client: Factory) -> None:
+    """Nothing to change: the body reaches the backend byte for byte and the answer comes back
+    byte for byte (Envoy's pass-through); the request is still validated first."""
+    got: list[bytes] = []
+    answer = b'{"model_name":"simple","outputs":[]}'
+
+    async def infer(request: web.Request) -> web.Response:
+        got.append(await request.read())
+        return web.Response(body=answer, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v2/models/simple/infer", infer)
+    backend = await make_client(app)
+    proxy = await proxy_to(make_client, url_of(backend))
+    body = b'{"inputs": [ {"name":"INPUT0","datatype":"INT32","shape":[2],"data":[1, 2]} ] }'
+    resp = await proxy.post(
+        "/v2/models/simple/infer", data=body, skip_auto_headers=["Accept-Encoding"]
+    )
+    assert resp.status == 200
+    assert await resp.read() == answer
+    assert got == [body]
+    bad = await proxy.post(
+        "/v2/models/simple/infer",
+        data=body.replace(b"[1, 2]", b"[1]"),
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert bad.status == 400
+    assert "expected 2 elements, got 1" in (await bad.json())["error"]
+    assert len(got) == 1  # the malformed request never reached the backend
 
 
 @pytest.mark.parametrize("encoding", ["json", "binary"])

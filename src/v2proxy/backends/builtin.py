@@ -17,8 +17,8 @@ from v2proxy import __version__
 from v2proxy.backends.base import single_chunk
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.codecs.json import dumps, loads
-from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
-from v2proxy.model import InferRequest, InferResponse, Tensor
+from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError, Unsupported
+from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
 from v2proxy.pipeline import ForwardResponse
 from v2proxy.reference.models import MODELS, ModelSpec
 
@@ -111,7 +111,7 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
     return [t for t in outputs if t.name in wanted]
 
 
-_Route = Callable[["BuiltinBackend", str, re.Match[str], bytes], Any]
+_Route = Callable[["BuiltinBackend", str, re.Match[str], bytes | bytearray], Any]
 
 
 class BuiltinBackend:
@@ -191,10 +191,18 @@ class BuiltinBackend:
                 model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
             )
 
+    async def can_relay(self, binary: bool) -> bool:
+        return False  # requests are always decoded here
+
+    async def relay_infer(
+        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+    ) -> ForwardResponse:
+        raise Unsupported("this backend takes decoded requests only")
+
     # ------------------------------------------------------------------ side endpoints
 
     async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse:
         path = path_qs.split("?", 1)[0]
         for pattern, methods in _ROUTES:
@@ -210,7 +218,7 @@ class BuiltinBackend:
                 return _json(exc.http_status, {"error": exc.message})
         return _json(404, {"error": "Not Found"})
 
-    def _stats_of(self, _method: str, m: re.Match[str], _body: bytes) -> Any:
+    def _stats_of(self, _method: str, m: re.Match[str], _body: bytes | bytearray) -> Any:
         model = m.group("model")
         if not model:
             names = sorted(n for n in MODELS if n not in self._unloaded)
@@ -218,7 +226,7 @@ class BuiltinBackend:
             names = [self.spec(model, m.group("version") or "").name]
         return {"model_stats": [self._stats[n].as_json(n) for n in names]}
 
-    def _index(self, _method: str, _m: re.Match[str], body: bytes) -> Any:
+    def _index(self, _method: str, _m: re.Match[str], body: bytes | bytearray) -> Any:
         ready_only = False
         if body.strip():
             obj = loads(body)
@@ -241,7 +249,7 @@ class BuiltinBackend:
             )
         return entries
 
-    def _load(self, _method: str, m: re.Match[str], _body: bytes) -> Any:
+    def _load(self, _method: str, m: re.Match[str], _body: bytes | bytearray) -> Any:
         name = m.group("model")
         if name not in MODELS:
             raise InvalidRequest(f"failed to load '{name}', failed to poll from model repository")
@@ -251,7 +259,7 @@ class BuiltinBackend:
             self._unloaded.add(name)
         return {}
 
-    def _settings(self, method: str, m: re.Match[str], body: bytes) -> Any:
+    def _settings(self, method: str, m: re.Match[str], body: bytes | bytearray) -> Any:
         target = self._log if m.group(0).endswith("logging") else self._trace
         if method == "POST" and body.strip():
             obj = loads(body)

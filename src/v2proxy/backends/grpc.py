@@ -34,7 +34,7 @@ from v2proxy.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.model import InferRequest, InferResponse
+from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.pipeline import ForwardResponse
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -225,10 +225,18 @@ class GrpcBackend:
         finally:
             call.cancel()
 
+    async def can_relay(self, binary: bool) -> bool:
+        return False  # requests are always decoded here
+
+    async def relay_infer(
+        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+    ) -> ForwardResponse:
+        raise Unsupported("this backend takes decoded requests only")
+
     # ------------------------------------------------------------------ REST side paths
 
     async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse:
         path = path_qs.split("?", 1)[0]
         try:

@@ -20,7 +20,6 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 
-from v2proxy.backends.base import end_to_end
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import loads
 from v2proxy.errors import (
@@ -32,6 +31,7 @@ from v2proxy.errors import (
     NotFound,
     ProxyError,
 )
+from v2proxy.http_io import ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.pipeline import ForwardResponse
 
@@ -139,7 +139,7 @@ class RestBackend:
             raise BackendUnavailable(
                 f"backend at {self.base_url} is unavailable for {what}: {exc.os_error or exc}"
             ) from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, ShortBody) as exc:
             raise BadGateway(
                 f"backend at {self.base_url} failed during {what}: {type(exc).__name__}: {exc}"
             ) from None
@@ -233,26 +233,82 @@ class RestBackend:
             async with self.session.post(
                 url, data=BuffersPayload(chunks, content_type), headers=out_headers
             ) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    message = _error_message(body, resp.status)
-                    if resp.status == 404:
-                        raise self._unknown(request.model_name, message)
-                    raise BackendError(message, resp.status)
+                body = await self._read(resp)
+                self._raise_for_status(resp.status, body, request.model_name)
                 resp_ihcl = resp.headers.get(binc.IHCL_HEADER)
         try:
             return binc.decode_response(body, int(resp_ihcl) if resp_ihcl else None)
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
+    @staticmethod
+    async def _read(resp: aiohttp.ClientResponse) -> bytes | bytearray:
+        length = resp.content_length
+        if length is None:
+            return await resp.read()
+        return await read_exactly(resp.content, length)
+
+    def _raise_for_status(self, status: int, body: bytes | bytearray, model: str) -> None:
+        if status == 200:
+            return
+        message = _error_message(bytes(body), status)
+        if status == 404:
+            raise self._unknown(model, message)
+        raise BackendError(message, status)
+
     async def stream_infer(
         self, request: InferRequest, headers: dict[str, str]
     ) -> AsyncIterator[InferResponse]:
-        """Models here are not decoupled: one response per request."""
+        """One response per request: v2 REST /infer has no decoupled answers."""
         yield await self.infer(request, headers)
 
+    async def can_relay(self, binary: bool) -> bool:
+        """Binary bodies go unchanged to backends that take binary tensors; JSON ones to any
+        backend, unless ``--backend-encoding binary`` asked for binary tensors always."""
+        if binary:
+            return await self.uses_binary()
+        return self._encoding != "binary"
+
+    async def relay_infer(
+        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+    ) -> ForwardResponse:
+        """Send a client's /infer body unchanged and stream the answer back unchanged."""
+        out_headers = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        out_headers["Accept-Encoding"] = "identity"
+        if ihcl is None:
+            content_type = "application/json"
+        else:
+            content_type = "application/octet-stream"
+            out_headers[binc.IHCL_HEADER] = str(ihcl)
+        url = self.base_url + _model_path(model, version) + "/infer"
+        with self._mapped("inference"):
+            resp = await self.session.post(
+                url, data=BuffersPayload([body], content_type), headers=out_headers
+            )
+            if resp.status != 200:
+                try:
+                    error_body = await resp.read()
+                finally:
+                    resp.release()
+                self._raise_for_status(resp.status, error_body, model)
+        relayed = [
+            (k, v)
+            for k, v in resp.headers.items()
+            if k.lower() in ("content-type", binc.IHCL_HEADER.lower(), "content-length")
+        ]
+
+        async def stream() -> AsyncIterator[bytes]:
+            with self._mapped("inference"):
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+
+        async def release() -> None:
+            resp.release()
+
+        return ForwardResponse(200, relayed, stream(), release)
+
     async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse:
         with self._mapped(f"{method} {path_qs.split('?', 1)[0]}"):
             resp = await self.session.request(

@@ -19,13 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
-from v2proxy.backends.base import end_to_end
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BodyTooLarge, ProxyError, Unsupported
+from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
+from v2proxy.http_io import ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer
-from v2proxy.pipeline import Pipeline
+from v2proxy.pipeline import ForwardResponse, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +99,26 @@ class RestFrontend:
                 return await handler(self, request, m)
         return await self.passthrough(request)
 
-    async def read_body(self, request: web.Request) -> bytes:
+    async def read_body(self, request: web.Request) -> bytes | bytearray:
+        """The whole request body, bounded by --max-body-size (one copy when its length is
+        known)."""
+        length = request.content_length
+        if length is not None and length > self.max_body_size:
+            raise BodyTooLarge(
+                f"request body of {length} bytes exceeds the maximum body size of"
+                f" {self.max_body_size} bytes (--max-body-size)"
+            )
         try:
+            if length is not None:
+                return await read_exactly(request.content, length)
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(
                 f"request body exceeds the maximum body size of {self.max_body_size} bytes"
                 " (--max-body-size)"
             ) from None
+        except ShortBody as exc:
+            raise InvalidRequest(f"incomplete request body: {exc}") from None
 
     # ------------------------------------------------------------------ terminated endpoints
 
@@ -135,13 +147,19 @@ class RestFrontend:
         model, version = _model(m)
         body: Buffer = await self.read_body(request)
         headers = request.headers
-        body = compression.decompress(body, headers.get("Content-Encoding"), self.max_input_size)
+        encoding = compression.choose_encoding(headers.get("Accept-Encoding"))
+        content_encoding = headers.get("Content-Encoding")
+        body = compression.decompress(body, content_encoding, self.max_input_size)
         ihcl = binc.parse_ihcl(headers.get(binc.IHCL_HEADER), len(body))
+        forwarded = dict(end_to_end(list(headers.items()), _INFER_DROP))
         if ihcl == 0:
             infer_request = await self.pipeline.decode_raw(body, model, version)
         else:
             infer_request = binc.decode_request(body, ihcl, model, version, self.max_input_size)
-        forwarded = dict(end_to_end(list(headers.items()), _INFER_DROP))
+            if encoding is None and isinstance(body, bytes | bytearray):
+                relayed = await self.pipeline.relay(infer_request, body, ihcl, forwarded)
+                if relayed is not None:
+                    return await self._relay(request, relayed)
         response = await self.pipeline.infer(infer_request, forwarded)
         chunks, json_length = binc.encode_response(response, binc.binary_output_rule(infer_request))
         out = web.StreamResponse(status=200)
@@ -150,11 +168,36 @@ class RestFrontend:
         else:
             out.content_type = "application/octet-stream"
             out.headers[binc.IHCL_HEADER] = str(json_length)
-        encoding = compression.choose_encoding(headers.get("Accept-Encoding"))
         if encoding is not None:
             chunks = [compression.compress(chunks, encoding)]
             out.headers["Content-Encoding"] = encoding
         return await self._send(request, out, chunks)
+
+    async def _relay(self, request: web.Request, relayed: ForwardResponse) -> web.StreamResponse:
+        """Write a relayed backend answer through, streaming it."""
+        try:
+            out = web.StreamResponse(status=relayed.status)
+            for k, v in relayed.headers:
+                if k.lower() == "content-length":
+                    out.content_length = int(v)
+                else:
+                    out.headers[k] = v
+            rid = request.headers.get(REQUEST_ID)
+            if rid is not None:
+                out.headers[REQUEST_ID] = rid
+            await out.prepare(request)
+            try:
+                async for chunk in relayed.body:
+                    await out.write(chunk)
+            except ProxyError as exc:
+                log.warning("relayed answer broke off: %s", exc.message)
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            await out.write_eof()
+            return out
+        finally:
+            await relayed.release()
 
     async def _send(
         self, request: web.Request, out: web.StreamResponse, chunks: list[Buffer]
