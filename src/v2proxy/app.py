@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import multiprocessing.process
+import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 import grpc
@@ -66,7 +70,9 @@ def build_app(settings: Settings, backend: Backend) -> web.Application:
     return app
 
 
-def build_grpc_server(settings: Settings, backend: Backend) -> grpc.aio.Server:
+def build_grpc_server(
+    settings: Settings, backend: Backend, reuse_port: bool = False
+) -> grpc.aio.Server:
     """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
     size = settings.grpc_max_message_size
     server = grpc.aio.server(
@@ -74,7 +80,8 @@ def build_grpc_server(settings: Settings, backend: Backend) -> grpc.aio.Server:
             ("grpc.max_send_message_length", size),
             ("grpc.max_receive_message_length", size),
             # gRPC sets SO_REUSEPORT by default: a second server would silently share the port.
-            ("grpc.so_reuseport", 0),
+            # Only several workers of ours share it on purpose.
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     frontend = GrpcFrontend(Pipeline(backend, settings.max_input_size))
@@ -86,15 +93,21 @@ class StartError(Exception):
     """A listener could not be started (port in use, bad address)."""
 
 
-async def serve(settings: Settings, on_ready: Callable[[int, int], None] | None = None) -> None:
+async def serve(
+    settings: Settings,
+    on_ready: Callable[[int, int], None] | None = None,
+    reuse_port: bool = False,
+) -> None:
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     backend = build_backend(settings)
     app = build_app(settings, backend)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    grpc_server = build_grpc_server(settings, backend)
+    grpc_server = build_grpc_server(settings, backend, reuse_port)
     try:
-        site = web.TCPSite(runner, settings.host, settings.http_port, backlog=2048)
+        site = web.TCPSite(
+            runner, settings.host, settings.http_port, backlog=2048, reuse_port=reuse_port
+        )
         await site.start()
         address = f"[{settings.host}]" if ":" in settings.host else settings.host
         grpc_port = grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
@@ -133,20 +146,67 @@ async def serve(settings: Settings, on_ready: Callable[[int, int], None] | None 
         await runner.cleanup()
 
 
-def run(settings: Settings) -> None:
-    """Run ``serve`` on the configured event loop."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _run_one(settings: Settings, reuse_port: bool) -> None:
     try:
         if settings.event_loop == "uvloop":
             import uvloop
 
-            uvloop.run(serve(settings))
+            uvloop.run(serve(settings, reuse_port=reuse_port))
         else:
-            asyncio.run(serve(settings))
+            asyncio.run(serve(settings, reuse_port=reuse_port))
     except StartError as exc:
         log.error("%s", exc)
         raise SystemExit(1) from None
+
+
+def run(settings: Settings) -> None:
+    """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
+    if settings.workers == 1:
+        _run_one(settings, reuse_port=False)
+    else:
+        _supervise(settings)
+
+
+def _supervise(settings: Settings) -> None:
+    """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let
+    them share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on
+    SIGTERM/SIGINT."""
+    ctx = multiprocessing.get_context("fork")
+    stopping = False
+
+    def start(i: int) -> multiprocessing.process.BaseProcess:
+        proc = ctx.Process(target=_run_one, args=(settings, True), name=f"v2proxy-worker-{i}")
+        proc.start()
+        return proc
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    workers = [start(i) for i in range(settings.workers)]
+    log.info("v2proxy supervising %d workers", len(workers))
+    while not stopping:
+        time.sleep(0.2)
+        for i, proc in enumerate(workers):
+            if not proc.is_alive() and not stopping:
+                if proc.exitcode == 1:  # could not listen: respawning would not help
+                    stopping = True
+                    break
+                log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.exitcode)
+                workers[i] = start(i)
+    for proc in workers:
+        if proc.is_alive() and proc.pid is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S + 5
+    for proc in workers:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

@@ -35,6 +35,11 @@ def _common(p: argparse.ArgumentParser, http_default: int) -> None:
         help="hard cap on any HTTP request body in bytes (default 2 GiB - 1)",
     )
     p.add_argument("--event-loop", choices=("uvloop", "asyncio"), help="default uvloop")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the same ports (SO_REUSEPORT); default 1",
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
 
 

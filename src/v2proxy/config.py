@@ -48,6 +48,7 @@ class Settings:
     backend_connect_timeout: float = 5.0
     backend_connections: int = 100
     event_loop: str = "uvloop"
+    workers: int = 1
     log_level: str = "info"
     server_name: str = "v2proxy"
     models: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -118,6 +119,7 @@ PARSERS: dict[str, Any] = {
     "backend_connect_timeout": _positive_float,
     "backend_connections": _positive_int,
     "event_loop": _choice("uvloop", "asyncio"),
+    "workers": _positive_int,
     "log_level": _choice("debug", "info", "warning", "error"),
 }
 
@@ -152,6 +154,10 @@ def load_settings(
             parsed[key] = PARSERS[key](value) if key in PARSERS else value
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid value {value!r} for '{key}': {exc}") from None
+    if parsed.get("workers", 1) > 1 and 0 in (parsed.get("http_port"), parsed.get("grpc_port")):
+        raise ConfigError(
+            "several workers need fixed ports: 'http_port'/'grpc_port' 0 is not allowed"
+        )
     known = {f.name for f in fields(Settings)}
     return Settings(
         **{k: v for k, v in parsed.items() if k in known},
