@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import single_chunk
+from v2proxy.backends.base import DecodedOnly, single_chunk
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.codecs.json import dumps, loads
-from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError, Unsupported
-from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
+from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.model import InferRequest, InferResponse, Tensor
 from v2proxy.pipeline import ForwardResponse
 from v2proxy.reference.models import MODELS, ModelSpec
 
@@ -114,7 +114,7 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
 _Route = Callable[["BuiltinBackend", str, re.Match[str], bytes | bytearray], Any]
 
 
-class BuiltinBackend:
+class BuiltinBackend(DecodedOnly):
     """Serves the reference models in-process."""
 
     name = "builtin"
@@ -190,14 +190,6 @@ class BuiltinBackend:
             yield InferResponse(
                 model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
             )
-
-    async def can_relay(self, binary: bool) -> bool:
-        return False  # requests are always decoded here
-
-    async def relay_infer(
-        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
-    ) -> ForwardResponse:
-        raise Unsupported("this backend takes decoded requests only")
 
     # ------------------------------------------------------------------ side endpoints
 

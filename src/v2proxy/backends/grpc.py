@@ -20,7 +20,8 @@ from typing import Any
 import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.backends.base import single_chunk
+from v2proxy._proto.service import SERVICE, UNARY_RPCS
+from v2proxy.backends.base import DecodedOnly, single_chunk
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.codecs.json import dumps, loads
@@ -34,10 +35,9 @@ from v2proxy.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.model import InferRequest, InferResponse
 from v2proxy.pipeline import ForwardResponse
 
-SERVICE = "/inference.GRPCInferenceService/"
 _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
 
 _HTTP_BY_CODE = {
@@ -56,7 +56,7 @@ def _metadata(headers: dict[str, str]) -> list[tuple[str, str]]:
     return [(k.lower(), v) for k, v in headers.items() if k.lower() not in ("host", "connection")]
 
 
-class GrpcBackend:
+class GrpcBackend(DecodedOnly):
     """Talks to a v2 gRPC model server at ``target`` (host:port)."""
 
     name = "grpc"
@@ -74,14 +74,14 @@ class GrpcBackend:
 
     async def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
-        for name, (req, resp) in _RPCS.items():
+        for name, (req, resp) in UNARY_RPCS.items():
             self._calls[name] = self._channel.unary_unary(
-                SERVICE + name,
+                f"/{SERVICE}/{name}",
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
             )
         self._calls["ModelStreamInfer"] = self._channel.stream_stream(
-            SERVICE + "ModelStreamInfer",
+            f"/{SERVICE}/ModelStreamInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,
             response_deserializer=pb.ModelStreamInferResponse.FromString,
         )
@@ -225,14 +225,6 @@ class GrpcBackend:
         finally:
             call.cancel()
 
-    async def can_relay(self, binary: bool) -> bool:
-        return False  # requests are always decoded here
-
-    async def relay_infer(
-        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
-    ) -> ForwardResponse:
-        raise Unsupported("this backend takes decoded requests only")
-
     # ------------------------------------------------------------------ REST side paths
 
     async def forward(
@@ -321,19 +313,3 @@ _SIDE: list[tuple[re.Pattern[str], dict[str, _Side]]] = [
     ),
     (re.compile(r"/v2/logging"), {"GET": GrpcBackend._logging, "POST": GrpcBackend._logging}),
 ]
-
-_RPCS: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
-    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
-    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
-    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
-    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
-}

@@ -22,6 +22,7 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto import health_pb2
+from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
@@ -29,7 +30,6 @@ from v2proxy.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
-SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 #: request metadata that is about this gRPC hop and never forwarded
 _HOP_METADATA = frozenset(
@@ -101,7 +101,7 @@ class GrpcFrontend:
                 request_deserializer=req.FromString,
                 response_serializer=resp.SerializeToString,
             )
-            for name, (req, resp) in UNARY.items()
+            for name, (req, resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.ModelStreamInfer,
@@ -341,41 +341,3 @@ class GrpcFrontend:
                 yield health_pb2.HealthCheckResponse(status=status)  # type: ignore[arg-type]
                 last = status
             await asyncio.sleep(1.0)
-
-
-UNARY: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
-    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
-    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
-    "SystemSharedMemoryStatus": (
-        pb.SystemSharedMemoryStatusRequest,
-        pb.SystemSharedMemoryStatusResponse,
-    ),
-    "SystemSharedMemoryRegister": (
-        pb.SystemSharedMemoryRegisterRequest,
-        pb.SystemSharedMemoryRegisterResponse,
-    ),
-    "SystemSharedMemoryUnregister": (
-        pb.SystemSharedMemoryUnregisterRequest,
-        pb.SystemSharedMemoryUnregisterResponse,
-    ),
-    "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
-    "CudaSharedMemoryRegister": (
-        pb.CudaSharedMemoryRegisterRequest,
-        pb.CudaSharedMemoryRegisterResponse,
-    ),
-    "CudaSharedMemoryUnregister": (
-        pb.CudaSharedMemoryUnregisterRequest,
-        pb.CudaSharedMemoryUnregisterResponse,
-    ),
-    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
-    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
-}
