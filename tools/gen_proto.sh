@@ -10,7 +10,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 proto="$root/src/v2proxy/_proto"
 out="${1:-$proto}"
 python="${PYTHON:-$root/.venv/bin/python}"
+# absolute paths, since the script changes directory (symlinks kept: a venv's python is one)
+case "$python" in */*) python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")" ;; esac
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 cd "$proto"
 "$python" -m grpc_tools.protoc -I. --python_out="$out" --pyi_out="$out" \
   grpc_service.proto health.proto

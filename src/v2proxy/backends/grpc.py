@@ -163,7 +163,10 @@ class GrpcBackend(DecodedOnly):
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelConfigRequest(name=model, version=version)
         resp = await self._call("ModelConfig", req, "ModelConfig", model)
-        return grpcc.message_to_dict(resp.config)
+        config = grpcc.message_to_dict(resp.config)
+        # proto3 does not carry zeros: REST shows max_batch_size 0 (no batching) explicitly.
+        config.setdefault("max_batch_size", 0)
+        return config
 
     async def model_ready(self, model: str, version: str) -> bool:
         req = pb.ModelReadyRequest(name=model, version=version)

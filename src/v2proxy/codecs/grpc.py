@@ -115,18 +115,20 @@ def contents_to_bytes(
     """Typed contents -> the tensor's bytes in wire layout."""
     fields = _contents_fields(contents)
     expected = CONTENTS.get(datatype)
-    if expected is None:
-        raise CodecError(
-            f"{datatype.value} data for {where} can only be sent in raw_input_contents"
+    field, field_dtype = expected if expected is not None else ("", "")
+    wrong = [f for f in fields if f != field]
+    if wrong:
+        got = _FIELD_TYPE[wrong[0]]
+        raw_only = (
+            f" ({datatype.value} data can only be sent in raw_input_contents)"
+            if expected is None
+            else ""
         )
-    field, field_dtype = expected
-    if fields != [field]:
-        got = _FIELD_TYPE.get(fields[0], fields[0]) if fields else "none"
         raise CodecError(
             f"unexpected explicit tensor data for {where} of type '{got}', expected datatype"
-            f" '{datatype.value}'"
+            f" '{datatype.value}'{raw_only}"
         )
-    values = getattr(contents, field)
+    values = getattr(contents, field) if fields else ()  # no field: zero elements
     count = 1
     for d in shape:
         count *= d
@@ -135,6 +137,8 @@ def contents_to_bytes(
             f"unexpected number of elements in the contents of {where}: expected {count},"
             f" got {len(values)}"
         )
+    if not values:
+        return b""
     if datatype is Datatype.BYTES:
         return serialize_bytes(list(values))
     arr = np.array(values, dtype=field_dtype)
@@ -152,7 +156,11 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
         datatype = parse_datatype(inp.datatype, where)
         shape = _shape(inp.shape, where)
         params = params_from_proto(inp.parameters)
-        has_contents = inp.HasField("contents") and bool(_contents_fields(inp.contents))
+        # empty contents are data (zero elements) only where no raw data can be meant: MLServer
+        # sends an empty ``contents`` beside raw data
+        has_contents = inp.HasField("contents") and (
+            bool(_contents_fields(inp.contents)) or not raw
+        )
         data: bytes
         if "shared_memory_region" in params:
             if has_contents:
@@ -231,7 +239,9 @@ def response_from_proto(msg: pb.ModelInferResponse) -> InferResponse:
         params = {
             k: v for k, v in params_from_proto(out.parameters).items() if k not in _WIRE_PARAMS
         }
-        has_contents = out.HasField("contents") and bool(_contents_fields(out.contents))
+        has_contents = out.HasField("contents") and (
+            bool(_contents_fields(out.contents)) or not aligned
+        )
         data: bytes
         if has_contents:
             data = contents_to_bytes(out.contents, datatype, shape, where)
@@ -267,8 +277,9 @@ def message_to_dict(msg: Message) -> dict[str, Any]:
 def _scalar_to_json(fd: FieldDescriptor, value: Any) -> Any:
     if fd.type == FieldDescriptor.TYPE_MESSAGE:
         return message_to_dict(value)
-    if fd.type == FieldDescriptor.TYPE_ENUM:
-        return fd.enum_type.values_by_number[value].name if fd.enum_type else value
+    if fd.type == FieldDescriptor.TYPE_ENUM:  # an unknown number stays a number, as in JSON
+        known = fd.enum_type.values_by_number.get(value) if fd.enum_type else None
+        return known.name if known is not None else value
     if fd.type == FieldDescriptor.TYPE_BYTES:
         return value.decode("utf-8", "replace")
     return value

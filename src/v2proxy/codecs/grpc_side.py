@@ -11,6 +11,8 @@ import base64
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from google.protobuf.message import Message
+
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs.grpc import dict_to_message, message_to_dict
 from v2proxy.errors import CodecError
@@ -23,7 +25,24 @@ def statistics_to_proto(obj: Any) -> pb.ModelStatisticsResponse:
 
 
 def statistics_to_json(msg: pb.ModelStatisticsResponse) -> dict[str, Any]:
-    return {"model_stats": [message_to_dict(s) for s in msg.model_stats]}
+    return {"model_stats": [_all_fields(s) for s in msg.model_stats]}
+
+
+def _all_fields(msg: Message) -> dict[str, Any]:
+    """Every field of a statistics message, zero counters included (Triton's REST statistics
+    always show them; proto3 drops them), 64-bit integers as numbers."""
+    out: dict[str, Any] = {}
+    for fd in msg.DESCRIPTOR.fields:
+        value = getattr(msg, fd.name)
+        if fd.message_type is None:
+            out[fd.name] = list(value) if fd.is_repeated else value
+        elif fd.message_type.GetOptions().map_entry:
+            out[fd.name] = {k: _all_fields(v) for k, v in value.items()}
+        elif fd.is_repeated:
+            out[fd.name] = [_all_fields(v) for v in value]
+        else:
+            out[fd.name] = _all_fields(value)
+    return out
 
 
 def index_to_proto(obj: Any) -> pb.RepositoryIndexResponse:
@@ -61,6 +80,8 @@ def repository_params_to_proto(
         if isinstance(value, bool):
             p.bool_param = value
         elif isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise CodecError(f"parameter '{key}' is out of the range of int64")
             p.int64_param = value
         elif isinstance(value, str):
             if key.startswith("file:"):
@@ -104,6 +125,8 @@ def log_settings_to_proto(obj: Any) -> pb.LogSettingsResponse:
     msg = pb.LogSettingsResponse()
     if isinstance(obj, dict):
         for key, value in obj.items():
+            if value is None:
+                continue
             s = msg.settings[key]
             if isinstance(value, bool):
                 s.bool_param = value
