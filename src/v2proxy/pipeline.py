@@ -35,6 +35,8 @@ class ForwardResponse:
     headers: list[tuple[str, str]]
     body: AsyncIterator[bytes]
     release: Callable[[], Awaitable[None]] = field(default=_noop)
+    #: the whole body when it was small enough to read at once (``body`` is then empty)
+    content: bytes | None = None
 
 
 class Backend(Protocol):

@@ -43,6 +43,15 @@ _OWN_HEADERS = frozenset(
 )
 
 
+#: relayed answers up to this size are read whole and written in one piece
+_READ_WHOLE = 256 * 1024
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator
+
+
 class BuffersPayload(aiohttp.payload.Payload):
     """A request body made of several buffers, written one by one (zero copy)."""
 
@@ -296,6 +305,14 @@ class RestBackend:
             for k, v in resp.headers.items()
             if k.lower() in ("content-type", binc.IHCL_HEADER.lower(), "content-length")
         ]
+        length = resp.content_length
+        if length is not None and length <= _READ_WHOLE:
+            with self._mapped("inference"):
+                try:
+                    content = await resp.read()
+                finally:
+                    resp.release()
+            return ForwardResponse(200, relayed, _no_chunks(), content=content)
 
         async def stream() -> AsyncIterator[bytes]:
             with self._mapped("inference"):

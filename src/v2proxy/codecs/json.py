@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json as _stdjson
 import math
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -109,12 +110,19 @@ def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
 #: its buffers for the life of the process.
 _PARSERS: list[simdjson.Parser] = []
 REUSE_LIMIT = 32 * 1024 * 1024
+#: documents up to this size are parsed by orjson into Python objects
+SMALL_DOCUMENT = 16 * 1024
+#: arrays up to this many elements are checked and packed in plain Python (numpy's per-call
+#: overhead dominates below that)
+SMALL_ARRAY = 256
 
 
 def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
     """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays. The
     result must be consumed (``request_from_obj``/``response_from_obj``) and dropped before the
     next call (the binary codec does)."""
+    if len(buf) <= SMALL_DOCUMENT:
+        return loads(buf, what)  # small: orjson's Python objects are cheaper than lazy arrays
     data = bytes(buf) if isinstance(buf, memoryview) else buf
     parser = _PARSERS.pop() if _PARSERS else simdjson.Parser()
     try:
@@ -239,6 +247,50 @@ def _leaves(data: Any, where: str) -> list[Any]:
     return data
 
 
+#: struct codes of the datatypes the small-array path packs, and integer ranges
+_STRUCT_CODES = {
+    Datatype.BOOL: "?",
+    Datatype.UINT8: "B",
+    Datatype.UINT16: "H",
+    Datatype.UINT32: "I",
+    Datatype.UINT64: "Q",
+    Datatype.INT8: "b",
+    Datatype.INT16: "h",
+    Datatype.INT32: "i",
+    Datatype.INT64: "q",
+    Datatype.FP16: "e",
+    Datatype.FP32: "f",
+    Datatype.FP64: "d",
+}
+_INT_RANGES = {
+    dt: (int(np.iinfo(NUMPY_DTYPE[dt]).min), int(np.iinfo(NUMPY_DTYPE[dt]).max))  # type: ignore[type-var]
+    for dt in _INT_TYPES
+}
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _small_numbers(leaves: list[Any], datatype: Datatype) -> bytes | None:
+    """A short flat list packed with struct when every element is of the right kind and in
+    range; None otherwise (the numpy path then decides, and names any problem)."""
+    code = _STRUCT_CODES.get(datatype)
+    if code is None or not leaves:
+        return None
+    kinds = set(map(type, leaves))
+    if datatype is Datatype.BOOL:
+        if kinds != {bool}:
+            return None
+    elif datatype in _INT_TYPES:
+        lo, hi = _INT_RANGES[datatype]
+        if kinds != {int} or min(leaves) < lo or max(leaves) > hi:
+            return None
+    elif not kinds <= _NUMBER_TYPES:
+        return None
+    try:
+        return struct.pack(f"<{len(leaves)}{code}", *leaves)
+    except (struct.error, OverflowError):
+        return None  # e.g. a float beyond FP32: numpy turns it into infinity
+
+
 def _type_error(where: str, datatype: Datatype, expected: str) -> CodecError:
     return CodecError(
         f"Unable to parse 'data' for {where}: {datatype.value} elements must be {expected}"
@@ -343,6 +395,10 @@ def data_to_buffer(
     npdt = NUMPY_DTYPE[datatype]
     if count * npdt.itemsize > max_size:
         raise _too_large(where, count * npdt.itemsize, max_size)
+    if count <= SMALL_ARRAY and len(leaves) == count:
+        packed = _small_numbers(leaves, datatype)
+        if packed is not None:
+            return packed
     arr, leaves = _as_array(leaves, where)
     if len(leaves) != count:
         raise _count_error(where, count, len(leaves))

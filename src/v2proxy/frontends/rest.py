@@ -80,6 +80,10 @@ class RestFrontend:
             response = error_response(exc)
         except web.HTTPException:
             raise
+        except ConnectionResetError:
+            # The client went away while its answer was written: nothing left to tell it.
+            log.debug("client closed the connection during %s %s", request.method, request.path)
+            raise
         except Exception as exc:
             log.exception("unexpected error serving %s %s", request.method, request.path)
             response = _json_response(500, {"error": f"internal error: {type(exc).__name__}"})
@@ -174,7 +178,13 @@ class RestFrontend:
         return await self._send(request, out, chunks)
 
     async def _relay(self, request: web.Request, relayed: ForwardResponse) -> web.StreamResponse:
-        """Write a relayed backend answer through, streaming it."""
+        """Write a relayed backend answer through: small ones in one piece, others streamed."""
+        if relayed.content is not None:
+            headers = {k: v for k, v in relayed.headers if k.lower() != "content-length"}
+            rid = request.headers.get(REQUEST_ID)
+            if rid is not None:
+                headers[REQUEST_ID] = rid
+            return web.Response(status=relayed.status, body=relayed.content, headers=headers)
         try:
             out = web.StreamResponse(status=relayed.status)
             for k, v in relayed.headers:
