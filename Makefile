@@ -41,3 +41,10 @@ test: lint typecheck layers pytest
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Benchmarks (never part of `make test`): every compared system in one run, on loopback.
+# `make bench QUICK=1` for a short run. Installs nginx-light, wrk and nghttp2-client (apt) when
+# missing; results in benchmarks/results/latest.{json,md}. See benchmarks/README.md.
+.PHONY: bench
+bench: $(STAMP) peers
+	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/python benchmarks/run.py $(if $(QUICK),--quick,)

@@ -69,3 +69,23 @@ async def test_rest_only_paths_through_grpc_backend_are_501(
     resp = await proxy.post("/v2/models/llm/generate", data=b'{"text_input": "x"}')
     assert resp.status == 501
     assert "not available through a gRPC backend" in (await resp.json())["error"]
+
+
+def test_grpc_metadata_forwarding_drops_framing_headers() -> None:
+    """h2load and nghttp send `content-length` as gRPC metadata; passed on to a REST backend it
+    would break the backend's framing."""
+    from v2proxy.frontends.grpc import forwarded_headers
+
+    class Context:
+        def invocation_metadata(self) -> list[tuple[str, str]]:
+            return [
+                ("content-length", "123"),
+                ("te", "trailers"),
+                ("content-type", "application/grpc"),
+                ("grpc-accept-encoding", "gzip"),
+                ("x-request-id", "r1"),
+                ("authorization", "Bearer t"),
+                ("trace-bin", "\x00"),
+            ]
+
+    assert forwarded_headers(Context()) == {"x-request-id": "r1", "authorization": "Bearer t"}

@@ -31,7 +31,7 @@ from v2proxy.errors import (
     NotFound,
     ProxyError,
 )
-from v2proxy.http_io import ShortBody, end_to_end, read_exactly
+from v2proxy.http_io import HOP_BY_HOP, ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.pipeline import ForwardResponse
 
@@ -71,6 +71,16 @@ class BuffersPayload(aiohttp.payload.Payload):
         self, writer: AbstractStreamWriter, content_length: int | None
     ) -> None:
         await self.write(writer)
+
+
+def _request_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The client's end-to-end headers, less those this backend sets itself (framing and
+    hop-by-hop ones included: gRPC clients such as h2load send content-length)."""
+    return {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in _OWN_HEADERS and k.lower() not in HOP_BY_HOP
+    }
 
 
 def _model_path(model: str, version: str) -> str:
@@ -230,7 +240,7 @@ class RestBackend:
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
-        out_headers = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        out_headers = _request_headers(headers)
         out_headers["Accept-Encoding"] = "identity"  # bodies are decoded here, uncompressed
         if ihcl is None:
             content_type = "application/json"
@@ -282,7 +292,7 @@ class RestBackend:
         self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged and stream the answer back unchanged."""
-        out_headers = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        out_headers = _request_headers(headers)
         out_headers["Accept-Encoding"] = "identity"
         if ihcl is None:
             content_type = "application/json"

@@ -26,6 +26,7 @@ from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
+from v2proxy.http_io import HOP_BY_HOP
 from v2proxy.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,12 @@ def forwarded_headers(context: Context) -> dict[str, str]:
     """End-to-end request metadata, passed on to the backend like HTTP headers."""
     out: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
-        if key.startswith((":", "grpc-")) or key in _HOP_METADATA or key.endswith("-bin"):
+        if (
+            key.startswith((":", "grpc-"))
+            or key in _HOP_METADATA
+            or key in HOP_BY_HOP
+            or key.endswith("-bin")
+        ):
             continue
         out[key] = value if isinstance(value, str) else value.decode("latin-1")
     return out

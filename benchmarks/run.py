@@ -1,0 +1,1118 @@
+"""The v2proxy benchmark: every compared system, started here on loopback, in one run.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--only a,c,...] [--v2proxy-args "--workers 2"]
+
+(``make bench`` / ``make bench QUICK=1``.) Starts the v2proxy reference server (the backend),
+MLServer (the JSON-only backend of scenario d), nginx (the anchor: a reverse proxy that does no
+work) and v2proxy in each configuration of ``V2PROXY_CONFIGS``; sends every request once with
+Python and checks the answer (the correctness gate), then loads each (scenario, system) pair with
+wrk (REST) or h2load (gRPC); runs the codec micro-benchmarks; prints a table and the targets and
+writes ``benchmarks/results/latest.json`` and ``latest.md``. See benchmarks/README.md.
+
+A system that fails to start or to answer correctly is reported as "error: ..." and the run goes
+on. Every process started here is stopped again (its process group), also on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+import bodies as bodies_mod
+import loadgen
+import procs
+import shm
+from procs import HOST, Server
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS_DIR = HERE / "results"
+NGINX_TEMPLATE = HERE / "nginx.conf.tmpl"
+LAUNCH_PY = REPO / "tests" / "interop" / "peers" / "launch.py"
+
+# --------------------------------------------------------------------------- what is compared
+
+#: v2proxy configurations: name -> `v2proxy serve` arguments. Placeholders: {reference_http},
+#: {reference_grpc} (the reference server's ports as host:port), {mlserver_http}. Every one also
+#: gets V2PROXY_COMMON, its own --http-port/--grpc-port, and --v2proxy-args from the command line.
+V2PROXY_CONFIGS: dict[str, list[str]] = {
+    "v2proxy-json": ["--backend", "http://{reference_http}", "--backend-encoding", "json"],
+    "v2proxy-binary": ["--backend", "http://{reference_http}", "--backend-encoding", "binary"],
+    "v2proxy-grpc": ["--backend", "grpc://{reference_grpc}"],
+    "v2proxy-mlserver": ["--backend", "http://{mlserver_http}", "--backend-encoding", "auto"],
+    "v2proxy-builtin": ["--backend", "builtin"],  # (g) only: shared memory needs no backend hop
+}
+V2PROXY_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
+REFERENCE_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
+
+#: the fixed concurrency (--concurrency): requests in flight. wrk keeps that many connections
+#: open; h2load opens concurrency / GRPC_STREAMS connections with GRPC_STREAMS streams each.
+#: Scenarios and targets name it FIXED; the other level measured is 1.
+DEFAULT_CONCURRENCY = 16
+FIXED = 0
+GRPC_STREAMS = 4
+WRK_THREADS = 1
+
+
+@dataclass
+class Scenario:
+    id: str
+    title: str
+    body: str
+    #: (label in the table, endpoint key)
+    systems: list[tuple[str, str]]
+    concurrency: tuple[int, ...]
+    protocol: str = "http"
+    big: bool = False
+    #: scenario whose nginx and direct rows are this one's anchors (default: itself)
+    anchor: str | None = None
+
+
+SMALL = (FIXED, 1)
+SCENARIOS = [
+    Scenario(
+        "a",
+        "small JSON -> JSON",
+        "simple_json",
+        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-json", "v2proxy-json")],
+        SMALL,
+    ),
+    Scenario(
+        "b",
+        "small JSON client -> binary backend",
+        "simple_json",
+        [("v2proxy-binary", "v2proxy-binary")],
+        SMALL,
+        anchor="a",
+    ),
+    Scenario(
+        "c",
+        "small binary -> binary",
+        "simple_binary",
+        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-binary", "v2proxy-binary")],
+        SMALL,
+    ),
+    Scenario(
+        "d-mlserver",
+        "1M FP32 JSON -> JSON-only backend (MLServer)",
+        "fp32_1m_json",
+        [
+            ("direct", "direct-mlserver"),
+            ("nginx", "nginx-mlserver"),
+            ("v2proxy-mlserver", "v2proxy-mlserver"),
+        ],
+        (1,),
+        big=True,
+    ),
+    Scenario(
+        "d-binary",
+        "1M FP32 JSON client -> binary backend",
+        "fp32_1m_json",
+        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-binary", "v2proxy-binary")],
+        (1,),
+        big=True,
+    ),
+    Scenario(
+        "e",
+        "64 MiB FP32 binary pass-through",
+        "fp32_64mib_binary",
+        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-binary", "v2proxy-binary")],
+        (1,),
+        big=True,
+    ),
+    Scenario(
+        "f-grpc",
+        "gRPC client -> REST binary backend",
+        "simple_grpc",
+        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-binary", "v2proxy-binary")],
+        SMALL,
+        protocol="grpc",
+    ),
+    Scenario(
+        "f-rest",
+        "REST JSON client -> gRPC backend",
+        "simple_json",
+        [("v2proxy-grpc", "v2proxy-grpc")],
+        SMALL,
+        anchor="a",
+    ),
+]
+
+
+@dataclass
+class Target:
+    id: str
+    text: str
+    #: ("rps"|"p50"|"mean", (scenario, label, conc), (scenario, label, conc)) or ("micro", name)
+    #: or ("shm",)
+    metric: tuple[Any, ...]
+    op: str  # ">=" or "<="
+    threshold: float
+
+
+TARGETS = [
+    Target(
+        "a-throughput",
+        "(a) small JSON->JSON: throughput at c={c} >= 0.8 x nginx",
+        ("rps", ("a", "v2proxy-json", FIXED), ("a", "nginx", FIXED)),
+        ">=",
+        0.8,
+    ),
+    Target(
+        "a-latency",
+        "(a) small JSON->JSON: p50 at c=1 <= 1.25 x nginx",
+        ("p50", ("a", "v2proxy-json", 1), ("a", "nginx", 1)),
+        "<=",
+        1.25,
+    ),
+    Target(
+        "b-throughput",
+        "(b) small JSON client -> binary backend: throughput at c={c} >= 0.7 x nginx JSON (a)",
+        ("rps", ("b", "v2proxy-binary", FIXED), ("a", "nginx", FIXED)),
+        ">=",
+        0.7,
+    ),
+    Target(
+        "c-throughput",
+        "(c) small binary pass-through: throughput at c={c} >= 0.8 x nginx",
+        ("rps", ("c", "v2proxy-binary", FIXED), ("c", "nginx", FIXED)),
+        ">=",
+        0.8,
+    ),
+    Target(
+        "e-throughput",
+        "(e) 64 MiB binary pass-through: throughput at c=1 >= 0.8 x nginx",
+        ("rps", ("e", "v2proxy-binary", 1), ("e", "nginx", 1)),
+        ">=",
+        0.8,
+    ),
+    Target(
+        "d-time",
+        "(d) 1M FP32 JSON to MLServer: mean time per request <= 1.1 x direct",
+        ("mean", ("d-mlserver", "v2proxy-mlserver", 1), ("d-mlserver", "direct", 1)),
+        "<=",
+        1.1,
+    ),
+    Target(
+        "f-throughput",
+        "(f) gRPC client -> REST binary backend: throughput at c={c} >= 0.7 x nginx grpc_pass",
+        ("rps", ("f-grpc", "v2proxy-binary", FIXED), ("f-grpc", "nginx", FIXED)),
+        ">=",
+        0.7,
+    ),
+    Target(
+        "codec-decode",
+        "codec: JSON decode of 1M FP32 >= 2 x faster than orjson.loads + numpy.array",
+        ("micro", "JSON decode 1M FP32"),
+        ">=",
+        2.0,
+    ),
+    Target(
+        "codec-encode",
+        "codec: JSON encode of 1M FP32 no slower than orjson.dumps of the array",
+        ("micro", "JSON encode 1M FP32"),
+        ">=",
+        1.0,
+    ),
+    Target(
+        "g-shm",
+        "(g) 64 MiB through shared memory >= 5 x faster than the binary HTTP body",
+        ("shm",),
+        ">=",
+        5.0,
+    ),
+]
+
+
+@dataclass
+class Durations:
+    small: float
+    big: float
+    warmup: float
+    micro_quick: bool
+    shm: float
+
+
+FULL = Durations(small=10.0, big=10.0, warmup=1.0, micro_quick=False, shm=5.0)
+QUICK = Durations(small=2.0, big=3.0, warmup=1.0, micro_quick=True, shm=2.0)
+
+# --------------------------------------------------------------------------- systems
+
+
+@dataclass
+class Endpoint:
+    """Where one compared system listens; ``error`` says why it cannot be measured."""
+
+    key: str
+    http_port: int | None = None
+    grpc_port: int | None = None
+    server: Server | None = None
+    cmd: list[str] = field(default_factory=list)
+    error: str | None = None
+    #: process groups whose CPU time is reported per run (None: not part of this system)
+    proxy_pgid: int | None = None
+    backend_pgid: int | None = None
+
+    def usable(self) -> str | None:
+        if self.error:
+            return self.error
+        if self.server is not None and not self.server.alive():
+            return f"{self.key} is no longer running: {self.server.log_tail()}"
+        return None
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _import_launch() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("v2proxy_bench_peer_launch", LAUNCH_PY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def _python_server(
+    name: str, args: list[str], workdir: Path, http_port: int, grpc_port: int
+) -> Server:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return Server(
+        name=name,
+        cmd=[sys.executable, "-m", "v2proxy", *args],
+        log_path=workdir / f"{name}.log",
+        ready_urls=[f"http://{HOST}:{http_port}/v2/health/ready"],
+        ready_ports=[grpc_port],
+        env=env,
+    )
+
+
+def _start(server: Server, stack: contextlib.ExitStack) -> None:
+    stack.callback(server.stop)
+    server.start()
+
+
+class Systems:
+    """Starts and holds every compared system; stopped by the ExitStack it is given."""
+
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack, args: argparse.Namespace):
+        self.workdir = workdir
+        self.stack = stack
+        self.args = args
+        self.endpoints: dict[str, Endpoint] = {}
+        self.tools: dict[str, str] = {}
+
+    def start_all(self, tools: dict[str, str], need_mlserver: bool, timeout: float) -> None:
+        self.tools = tools
+        ref_http, ref_grpc = procs.free_ports(2)
+        ref = _python_server(
+            "reference-server",
+            [
+                "reference-server",
+                *REFERENCE_COMMON,
+                "--http-port",
+                str(ref_http),
+                "--grpc-port",
+                str(ref_grpc),
+                *shlex.split(self.args.reference_args),
+            ],
+            self.workdir,
+            ref_http,
+            ref_grpc,
+        )
+        ref.ready_urls.append(f"http://{HOST}:{ref_http}/v2/models/simple/ready")
+        direct = Endpoint("direct", ref_http, ref_grpc, ref, ref.cmd)
+        self.endpoints["direct"] = direct
+        _start(ref, self.stack)
+        direct.backend_pgid = ref.proc.pid if ref.proc else None
+        if not ref.wait_ready(timeout):
+            direct.error = f"error: reference server did not start: {ref.error}"
+            log(direct.error)
+
+        # MLServer (its own venv, started by the interop tests' launcher)
+        mls = Endpoint("direct-mlserver")
+        self.endpoints["direct-mlserver"] = mls
+        if need_mlserver:
+            try:
+                launch = _import_launch()
+                peer = self.stack.enter_context(launch.mlserver_server(launch.peers_dir()))
+                mls.http_port, mls.grpc_port = peer.http_port, peer.grpc_port
+                mls.backend_pgid = peer.pid  # started in its own session
+                mls.cmd = ["mlserver (tests/interop/peers/mlserver_server.py)", peer.base_url]
+                log(f"MLServer ready on {peer.http_url} in {peer.startup_s:.1f}s")
+            except Exception as exc:
+                mls.error = loadgen.one_line(
+                    f"error: MLServer not available ({type(exc).__name__}): {exc}", 400
+                )
+                log(mls.error + " (run `make peers`)")
+        else:
+            mls.error = "not measured in this run"
+
+        values = {
+            "reference_http": f"{HOST}:{ref_http}",
+            "reference_grpc": f"{HOST}:{ref_grpc}",
+            "mlserver_http": f"{HOST}:{mls.http_port}",
+        }
+        proxies: list[tuple[Endpoint, Server]] = []
+        for name, template in V2PROXY_CONFIGS.items():
+            ep = Endpoint(name)
+            self.endpoints[name] = ep
+            needs = "mlserver_http" if "{mlserver_http}" in " ".join(template) else None
+            if needs and mls.error:
+                ep.error = f"error: needs MLServer: {_bare(mls.error)}"
+                continue
+            if not needs and "{reference" in " ".join(template) and direct.error:
+                ep.error = f"error: needs the reference server: {_bare(direct.error)}"
+                continue
+            http_port, grpc_port = procs.free_ports(2)
+            args = [
+                "serve",
+                *(a.format(**values) for a in template),
+                *V2PROXY_COMMON,
+                "--http-port",
+                str(http_port),
+                "--grpc-port",
+                str(grpc_port),
+                *shlex.split(self.args.v2proxy_args),
+            ]
+            server = _python_server(name, args, self.workdir, http_port, grpc_port)
+            ep.http_port, ep.grpc_port, ep.server, ep.cmd = http_port, grpc_port, server, server.cmd
+            _start(server, self.stack)
+            ep.proxy_pgid = server.proc.pid if server.proc else None
+            ep.backend_pgid = (
+                mls.backend_pgid
+                if needs
+                else direct.backend_pgid
+                if "{reference" in " ".join(template)
+                else None
+            )
+            proxies.append((ep, server))
+
+        self._start_nginx(direct, mls, timeout)
+
+        for ep, server in proxies:
+            if not server.wait_ready(timeout):
+                ep.error = loadgen.one_line(f"error: did not start: {server.error}", 400)
+                log(f"{ep.key}: {ep.error}")
+
+    def _start_nginx(self, direct: Endpoint, mls: Endpoint, timeout: float) -> None:
+        ngx_dir = self.workdir / "nginx"
+        ngx_dir.mkdir()
+        # workers run as "nobody" when the master is root: let them into the folder
+        for d in (self.workdir, ngx_dir):
+            d.chmod(0o755)
+        http_port, grpc_port, mls_port, dead_port = procs.free_ports(4)
+        conf = NGINX_TEMPLATE.read_text()
+        for key, value in {
+            "DIR": str(ngx_dir),
+            "WORKERS": str(self.args.nginx_workers),
+            "REFERENCE_HTTP": str(direct.http_port or dead_port),
+            "REFERENCE_GRPC": str(direct.grpc_port or dead_port),
+            "MLSERVER_HTTP": str(mls.http_port or dead_port),
+            "NGINX_REFERENCE_HTTP": str(http_port),
+            "NGINX_REFERENCE_GRPC": str(grpc_port),
+            "NGINX_MLSERVER_HTTP": str(mls_port),
+        }.items():
+            conf = conf.replace(f"@@{key}@@", value)
+        conf_path = ngx_dir / "nginx.conf"
+        conf_path.write_text(conf)
+        cmd = [
+            self.tools["nginx"],
+            "-e",
+            str(ngx_dir / "error.log"),
+            "-p",
+            str(ngx_dir),
+            "-c",
+            str(conf_path),
+        ]
+        server = Server("nginx", cmd, ngx_dir / "stdout.log", ready_ports=[http_port, grpc_port])
+        if not direct.error:
+            server.ready_urls.append(f"http://{HOST}:{http_port}/v2/health/ready")
+        nginx = Endpoint("nginx", http_port, grpc_port, server, cmd)
+        nginx_mls = Endpoint("nginx-mlserver", mls_port, None, server, cmd)
+        self.endpoints["nginx"] = nginx
+        self.endpoints["nginx-mlserver"] = nginx_mls
+        _start(server, self.stack)
+        nginx.proxy_pgid = nginx_mls.proxy_pgid = server.proc.pid if server.proc else None
+        nginx.backend_pgid, nginx_mls.backend_pgid = direct.backend_pgid, mls.backend_pgid
+        if not server.wait_ready(timeout):
+            err = (ngx_dir / "error.log").read_text(errors="replace")[-400:] if ngx_dir else ""
+            nginx.error = loadgen.one_line(f"error: nginx did not start: {server.error} {err}", 400)
+            log(nginx.error)
+        if direct.error:
+            nginx.error = nginx.error or f"error: no backend: {_bare(direct.error)}"
+        nginx_mls.error = nginx.error or (mls.error and f"error: no backend: {_bare(mls.error)}")
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Row:
+    scenario: str
+    title: str
+    system: str
+    endpoint: str
+    protocol: str
+    concurrency: int
+    measurement: loadgen.Measurement | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.measurement is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.measurement
+        return {
+            "scenario": self.scenario,
+            "title": self.title,
+            "system": self.system,
+            "endpoint": self.endpoint,
+            "protocol": self.protocol,
+            "concurrency": self.concurrency,
+            "status": "ok" if self.ok else self.error,
+            **(m.as_dict() if m else {}),
+        }
+
+
+def grpc_shape(c: int) -> tuple[int, int]:
+    """h2load connections x streams per connection for ``c`` requests in flight."""
+    streams = min(c, GRPC_STREAMS)
+    return max(1, c // streams), streams
+
+
+def _concurrency_label(sc: Scenario, c: int) -> str:
+    if sc.protocol == "grpc" and c > 1:
+        clients, streams = grpc_shape(c)
+        return f"{clients}x{streams}"
+    return str(c)
+
+
+class Runner:
+    def __init__(
+        self,
+        systems: Systems,
+        rest: dict[str, bodies_mod.Body],
+        grpc: dict[str, bodies_mod.GrpcBody],
+        durations: Durations,
+        workdir: Path,
+        fixed: int,
+    ):
+        self.fixed = fixed
+        self.systems = systems
+        self.rest = rest
+        self.grpc = grpc
+        self.d = durations
+        self.workdir = workdir
+        self.rows: list[Row] = []
+
+    def run(self, scenarios: list[Scenario]) -> None:
+        for sc in scenarios:
+            for label, key in sc.systems:
+                self._pair(sc, label, key)
+
+    def _pair(self, sc: Scenario, label: str, key: str) -> None:
+        ep = self.systems.endpoints[key]
+        rows = [
+            Row(sc.id, sc.title, label, key, sc.protocol, self.fixed if c == FIXED else c)
+            for c in sc.concurrency
+        ]
+        self.rows.extend(rows)
+        problem = ep.usable()
+        if problem is None:
+            problem = self._gate(sc, ep)
+            if problem is not None:
+                problem = f"error: correctness gate: {loadgen.one_line(problem)}"
+        if problem is not None:
+            log(f"({sc.id}) {label}: {problem}")
+            for r in rows:
+                r.error = problem
+            return
+        for i, row in enumerate(rows):
+            duration = self.d.big if sc.big else self.d.small
+            if not sc.big and i == 0 and self.d.warmup:
+                self._load(sc, ep, row.concurrency, self.d.warmup)
+            m = self._load(sc, ep, row.concurrency, duration)
+            row.measurement = m
+            if m.error:
+                row.error = f"error: {m.error}"
+            if (gone := ep.usable()) is not None:
+                row.error = f"error: {loadgen.one_line(gone)}"
+            log(
+                f"({sc.id}) {label} c={_concurrency_label(sc, row.concurrency)}: "
+                + (
+                    row.error
+                    or f"{m.rps:.1f} req/s, p50 {_ms(m.p50_ms)} ms, p99 {_ms(m.p99_ms)} ms"
+                )
+            )
+
+    def _gate(self, sc: Scenario, ep: Endpoint) -> str | None:
+        if sc.protocol == "grpc":
+            if ep.grpc_port is None:
+                return "no gRPC port"
+            return bodies_mod.gate_grpc(
+                ep.grpc_port, self.grpc[sc.body], self.systems.tools.get("nghttp")
+            )
+        assert ep.http_port is not None
+        return bodies_mod.gate_rest(ep.http_port, self.rest[sc.body])
+
+    def _load(self, sc: Scenario, ep: Endpoint, c: int, duration: float) -> loadgen.Measurement:
+        """One load run, with the CPU used meanwhile by the load generator, the proxy and the
+        backend (percent of one core over the run's wall time)."""
+        groups = {"proxy": ep.proxy_pgid, "backend": ep.backend_pgid}
+        before = {k: procs.group_cpu_seconds(g) for k, g in groups.items() if g}
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.monotonic()
+        m = self._load_tool(sc, ep, c, duration)
+        wall = time.monotonic() - start
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        gen = (ru2.ru_utime + ru2.ru_stime) - (ru.ru_utime + ru.ru_stime)
+        m.cpu_pct = {"loadgen": round(100 * gen / wall, 1)}
+        for k, g in groups.items():
+            if g and k in before:
+                m.cpu_pct[k] = round(100 * (procs.group_cpu_seconds(g) - before[k]) / wall, 1)
+        return m
+
+    def _load_tool(
+        self, sc: Scenario, ep: Endpoint, c: int, duration: float
+    ) -> loadgen.Measurement:
+        tools = self.systems.tools
+        if sc.protocol == "grpc":
+            body = self.grpc[sc.body]
+            clients, streams = grpc_shape(c)
+            assert ep.grpc_port is not None
+            return loadgen.h2load(
+                tools["h2load"],
+                ep.grpc_port,
+                bodies_mod.GRPC_INFER_PATH,
+                body.path,
+                body.headers,
+                clients,
+                streams,
+                duration,
+                self.d.warmup,
+                self.workdir / "h2load.log",
+            )
+        rest = self.rest[sc.body]
+        assert ep.http_port is not None
+        return loadgen.wrk(
+            tools["wrk"],
+            ep.http_port,
+            rest.url_path,
+            rest.path,
+            rest.headers,
+            c,
+            duration,
+            threads=WRK_THREADS,
+        )
+
+    def find(self, scenario: str, system: str, conc: int) -> Row | None:
+        conc = self.fixed if conc == FIXED else conc
+        for r in self.rows:
+            if (r.scenario, r.system, r.concurrency) == (scenario, system, conc):
+                return r
+        return None
+
+
+def _short(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _metric(row: Row | None, kind: str) -> float | None:
+    if row is None or not row.ok or row.measurement is None:
+        return None
+    m = row.measurement
+    return {"rps": m.rps, "p50": m.p50_ms, "mean": m.mean_ms}[kind]
+
+
+def evaluate_targets(
+    runner: Runner, micro: dict[str, Any] | None, shm_result: dict[str, Any]
+) -> list[dict[str, Any]]:
+    out = []
+    for t in TARGETS:
+        value: float | None = None
+        detail = ""
+        kind = t.metric[0]
+        if kind in ("rps", "p50", "mean"):
+            ours, anchor = (runner.find(*k) for k in t.metric[1:])
+            a, b = _metric(ours, kind), _metric(anchor, kind)
+            if a is not None and b:
+                value = a / b
+                unit = {"rps": "req/s", "p50": "ms p50", "mean": "ms mean"}[kind]
+                detail = f"{a:.2f} / {b:.2f} {unit}"
+            else:
+                broken = [r for r in (ours, anchor) if r is None or not r.ok]
+                detail = "; ".join(
+                    f"{k[1]} ({k[0]}): {r.error if r else 'not measured'}"
+                    for k, r in zip(t.metric[1:], (ours, anchor), strict=True)
+                    if r in broken
+                )
+        elif kind == "micro":
+            case = next(
+                (c for c in (micro or {}).get("cases", []) if c["name"].startswith(t.metric[1])),
+                None,
+            )
+            if case and case.get("speedup"):
+                value = case["speedup"]
+                detail = (
+                    f"{case['alternative_ms']:.2f} ms alternative / {case['v2proxy_ms']:.2f} ms"
+                )
+            else:
+                detail = (case or {}).get("error") or "micro-benchmark not run"
+        elif kind == "shm":
+            if shm_result.get("speedup"):
+                value = shm_result["speedup"]
+                detail = (
+                    f"{shm_result['body_mean_ms']:.1f} ms body / {shm_result['shm_mean_ms']:.1f}"
+                    " ms shared memory"
+                )
+            else:
+                detail = shm_result.get("status", "not measured")
+        holds: bool | None = None
+        if value is not None:
+            holds = value >= t.threshold if t.op == ">=" else value <= t.threshold
+        verdict = "HOLDS" if holds else ("DOES NOT HOLD" if holds is False else "NOT MEASURED")
+        if kind == "shm" and value is None and "not available" in detail:
+            verdict = "NOT AVAILABLE"
+        out.append(
+            {
+                "id": t.id,
+                "target": t.text.format(c=runner.fixed),
+                "threshold": f"{t.op} {t.threshold}",
+                "measured": value,
+                "holds": holds,
+                "verdict": verdict,
+                "detail": detail,
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+COLUMNS = (
+    "scenario",
+    "system",
+    "conc",
+    "req/s",
+    "p50 ms",
+    "p99 ms",
+    "mean ms",
+    "rps/nginx",
+    "p50/nginx",
+    "rps/direct",
+    "CPU% gen/proxy/backend",
+)
+
+
+def table_rows(runner: Runner, scenarios: dict[str, Scenario]) -> list[list[str]]:
+    lines = []
+    for r in runner.rows:
+        sc = scenarios[r.scenario]
+        anchor_sc = sc.anchor or sc.id
+        conc = _concurrency_label(sc, r.concurrency)
+        if not r.ok:
+            lines.append([r.scenario, r.system, conc, _short(r.error or "error"), *[""] * 7])
+            continue
+        m = r.measurement
+        assert m is not None
+
+        def ratio(system: str, kind: str, r: Row = r, anchor_sc: str = anchor_sc) -> str:
+            if system == r.system and anchor_sc == r.scenario:
+                return ""
+            a, b = _metric(r, kind), _metric(runner.find(anchor_sc, system, r.concurrency), kind)
+            return "" if a is None or not b else f"{a / b:.2f}"
+
+        lines.append(
+            [
+                r.scenario,
+                r.system,
+                conc,
+                f"{m.rps:.1f}",
+                _ms(m.p50_ms),
+                _ms(m.p99_ms),
+                _ms(m.mean_ms),
+                ratio("nginx", "rps"),
+                ratio("nginx", "p50"),
+                ratio("direct", "rps"),
+                "/".join(
+                    f"{m.cpu_pct[k]:.0f}" if k in m.cpu_pct else "-"
+                    for k in ("loadgen", "proxy", "backend")
+                ),
+            ]
+        )
+    return lines
+
+
+def format_text_table(
+    header: tuple[str, ...] | list[str], rows: list[list[str]], align: str = "lll"
+) -> str:
+    """A plain-text table; ``align`` gives l or r per column (missing ones: r). A cell holding
+    an error spills over the empty columns after it instead of widening its own."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        spill = any(c.startswith("error") for c in row)
+        for i, cell in enumerate(row):
+            if not (spill and cell.startswith("error")):
+                widths[i] = max(widths[i], len(cell))
+
+    def fmt(row: list[str] | tuple[str, ...]) -> str:
+        cells = []
+        for i, cell in enumerate(row):
+            left = i < len(align) and align[i] == "l"
+            cells.append(cell.ljust(widths[i]) if left else cell.rjust(widths[i]))
+        return "  ".join(cells).rstrip()
+
+    out = [fmt(header), fmt(["-" * w for w in widths])]
+    out += [fmt(r) for r in rows]
+    return "\n".join(out)
+
+
+def md_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def target_rows(targets: list[dict[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            t["target"],
+            "-" if t["measured"] is None else f"{t['measured']:.2f}",
+            t["verdict"],
+            _short(t["detail"]),
+        ]
+        for t in targets
+    ]
+
+
+def micro_rows(micro: dict[str, Any] | None) -> list[list[str]]:
+    rows = []
+    for c in (micro or {}).get("cases", []):
+        rows.append(
+            [
+                c["name"],
+                _ms(c.get("v2proxy_ms")),
+                _ms(c.get("alternative_ms")),
+                "-" if not c.get("speedup") else f"{c['speedup']:.2f}x",
+                c.get("error") or f"{c['v2proxy']} vs {c['alternative']}",
+            ]
+        )
+    return rows
+
+
+def machine_info(tools: dict[str, str]) -> dict[str, Any]:
+    def cmd_out(cmd: list[str]) -> str:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return (p.stdout + p.stderr).strip()
+
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError, IndexError):
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split(":", 1)[1].strip()
+    commit = cmd_out(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    dirty = cmd_out(["git", "-C", str(REPO), "status", "--porcelain", "--", "src"])
+    try:
+        from importlib.metadata import version
+
+        v2 = version("v2proxy")
+    except Exception:
+        v2 = "?"
+    return {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu,
+        "memory": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "src_uncommitted_changes": len(dirty.splitlines()) if dirty else 0,
+        "v2proxy_version": v2,
+        "nginx": cmd_out([tools["nginx"], "-v"]) if "nginx" in tools else "",
+        "wrk": cmd_out([tools["wrk"], "-v"]).splitlines()[0] if "wrk" in tools else "",
+        "h2load": cmd_out([tools["h2load"], "--version"]) if "h2load" in tools else "",
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short runs (about 2 minutes in all)")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated scenario ids to run (a,b,c,d-mlserver,d-binary,e,f-grpc,f-rest,g,"
+        "micro); default all",
+    )
+    p.add_argument(
+        "--v2proxy-args",
+        default=os.environ.get("V2PROXY_BENCH_ARGS", ""),
+        help="extra `v2proxy serve` arguments for every configuration, e.g. '--workers 2'"
+        " (default $V2PROXY_BENCH_ARGS)",
+    )
+    p.add_argument(
+        "--reference-args",
+        default=os.environ.get("V2PROXY_BENCH_REFERENCE_ARGS", ""),
+        help="extra `v2proxy reference-server` arguments (default $V2PROXY_BENCH_REFERENCE_ARGS)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"the fixed concurrency of the small scenarios (default {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument("--nginx-workers", type=int, default=1, help="nginx worker_processes (1)")
+    p.add_argument("--start-timeout", type=float, default=60.0, help="seconds per server start")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS_DIR / "latest.json",
+        help="results JSON (the Markdown table goes next to it as .md)",
+    )
+    return p.parse_args(argv)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run_micro(quick: bool) -> dict[str, Any]:
+    cmd = [sys.executable, str(HERE / "micro.py"), "--json", *(["--quick"] if quick else [])]
+    try:
+        rc, out, err = procs.run_tool(cmd, timeout=300)
+    except OSError as exc:
+        return {"error": str(exc), "cases": []}
+    if rc != 0:
+        return {"error": f"micro.py rc={rc}: {err.strip()[-500:]}", "cases": []}
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if err.strip():
+        result["stderr"] = err.strip()[-2000:]
+    return result
+
+
+def _run_shm(systems: Systems, rest: dict[str, bodies_mod.Body], seconds: float) -> dict[str, Any]:
+    ep = systems.endpoints.get("v2proxy-builtin")
+    if ep is None or ep.usable() is not None or ep.http_port is None:
+        why = ep.usable() if ep else "v2proxy-builtin not configured"
+        return {"status": f"error: {_bare(why or '')}"}
+    why_not = shm.probe(ep.http_port)
+    if why_not is not None:
+        return {"status": f"not available (v2proxy: {why_not})"}
+    try:
+        result: dict[str, Any] = shm.measure(ep.http_port, rest["fp32_64mib_binary"], seconds)
+    except Exception as exc:
+        return {"status": loadgen.one_line(f"error: {type(exc).__name__}: {exc}", 400)}
+    result["status"] = "ok"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    durations = QUICK if args.quick else FULL
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    scenarios = [s for s in SCENARIOS if not only or s.id in only]
+    run_micro = not only or "micro" in only
+    run_shm = not only or "g" in only
+    t0 = time.monotonic()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+
+    try:
+        tools = procs.ensure_tools(log)
+    except RuntimeError as exc:
+        log(f"cannot run the benchmark: {exc}")
+        return 2
+    nghttp = procs.tool_path("nghttp")
+    if nghttp:
+        tools["nghttp"] = nghttp
+
+    with contextlib.ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="v2proxy-bench-"))
+        stack.callback(_rmtree, workdir)
+        log(f"work folder {workdir}; building request bodies")
+        rest = bodies_mod.build_rest_bodies(workdir, args.quick)
+        grpc = bodies_mod.build_grpc_bodies(workdir)
+
+        log("starting the systems")
+        systems = Systems(workdir, stack, args)
+        need_mls = any(
+            k == "direct-mlserver" or "mlserver" in k for s in scenarios for _, k in s.systems
+        )
+        systems.start_all(tools, need_mls, args.start_timeout)
+        for key, ep in systems.endpoints.items():
+            status = ep.error or f"http {ep.http_port}, grpc {ep.grpc_port}"
+            log(f"  {key}: {status}")
+
+        runner = Runner(systems, rest, grpc, durations, workdir, args.concurrency)
+        runner.run(scenarios)
+
+        shm_result: dict[str, Any] = {"status": "not measured in this run"}
+        if run_shm:
+            log("(g) shared memory")
+            shm_result = _run_shm(systems, rest, durations.shm)
+            log(f"(g) {shm_result['status']}")
+        endpoints = {
+            k: {"cmd": ep.cmd, "status": ep.error or "ok"} for k, ep in systems.endpoints.items()
+        }
+    # servers are stopped: the micro-benchmarks get the machine to themselves
+    micro: dict[str, Any] | None = None
+    if run_micro:
+        log("codec micro-benchmarks")
+        micro = _run_micro(durations.micro_quick)
+
+    targets = evaluate_targets(runner, micro, shm_result)
+    elapsed = time.monotonic() - t0
+    info = machine_info(tools)
+    by_id = {s.id: s for s in SCENARIOS}
+    rows = table_rows(runner, by_id)
+    report = {
+        "machine": info,
+        "quick": args.quick,
+        "elapsed_s": round(elapsed, 1),
+        "settings": {
+            "durations_s": vars(durations),
+            "concurrency": args.concurrency,
+            "grpc_clients_x_streams": list(grpc_shape(args.concurrency)),
+            "wrk_threads": WRK_THREADS,
+            "nginx_workers": args.nginx_workers,
+            "v2proxy_args": args.v2proxy_args,
+            "reference_args": args.reference_args,
+        },
+        "systems": endpoints,
+        "bodies": {
+            k: {"bytes": b.size, "model": b.model, "what": b.description}
+            for k, b in {**rest, **grpc}.items()
+        },
+        "results": [r.as_dict() for r in runner.rows],
+        "targets": targets,
+        "micro": micro,
+        "shared_memory": shm_result,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+
+    all_bodies: dict[str, Any] = {**rest, **grpc}
+    legend_header = ["scenario", "what", "request"]
+    legend = [
+        [
+            sc.id,
+            sc.title,
+            f"{all_bodies[sc.body].description} ({_size(all_bodies[sc.body].size)},"
+            f" {'gRPC' if sc.protocol == 'grpc' else 'REST'})",
+        ]
+        for sc in scenarios
+    ]
+    micro_header = ["codec case", "v2proxy ms", "alternative ms", "speedup", "what"]
+    target_header = ["target", "measured", "verdict", "detail"]
+    text = [
+        "",
+        f"v2proxy benchmark ({'quick' if args.quick else 'full'}) on {info['nproc']} x"
+        f" {info['cpu_model']}, commit {info['git_commit'][:10]}"
+        + (
+            f" + {info['src_uncommitted_changes']} uncommitted src files"
+            if info["src_uncommitted_changes"]
+            else ""
+        ),
+        "",
+        format_text_table(legend_header, legend, "lll"),
+        "",
+        format_text_table(COLUMNS, rows),
+        "",
+        format_text_table(micro_header, micro_rows(micro), "lrrrl") if micro else "",
+        "",
+        format_text_table(target_header, target_rows(targets), "lrll"),
+        "",
+        f"finished in {elapsed:.0f} s; results in {args.output}",
+    ]
+    print("\n".join(text))
+
+    md = [
+        f"Benchmark ({'quick' if args.quick else 'full'} run, {info['date']}): {info['nproc']} x"
+        f" {info['cpu_model']}, kernel {info['kernel']}, commit `{info['git_commit'][:10]}`"
+        + (
+            f" with {info['src_uncommitted_changes']} uncommitted src files"
+            if info["src_uncommitted_changes"]
+            else ""
+        )
+        + f"; wrk -t{WRK_THREADS} -c{args.concurrency}, h2load"
+        f" {'x'.join(map(str, grpc_shape(args.concurrency)))} (connections x streams),"
+        f" {durations.small:g} s per small run, {durations.big:g} s per large run.",
+        "",
+        md_table(legend_header, legend),
+        "",
+        md_table(COLUMNS, rows),
+        "",
+        md_table(micro_header, micro_rows(micro)) if micro else "",
+        "",
+        md_table(target_header, target_rows(targets)),
+        "",
+    ]
+    args.output.with_suffix(".md").write_text("\n".join(md))
+    return 0
+
+
+def _bare(error: str) -> str:
+    """An error text without its leading "error: " (when it is wrapped in another)."""
+    return error.removeprefix("error: ")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted; every started process was stopped")
+        sys.exit(130)
