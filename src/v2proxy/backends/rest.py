@@ -11,15 +11,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 
+from v2proxy.backends.http1 import Http1Pool, HTTPProtocolError
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import loads
 from v2proxy.errors import (
@@ -45,6 +47,11 @@ _OWN_HEADERS = frozenset(
 
 #: relayed answers up to this size are read whole and written in one piece
 _READ_WHOLE = 256 * 1024
+_CANONICAL = {
+    "content-type": "Content-Type",
+    "content-length": "Content-Length",
+    "inference-header-content-length": "Inference-Header-Content-Length",
+}
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:
@@ -121,6 +128,17 @@ class RestBackend:
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
+        parts = urlsplit(self.base_url)
+        self._path_prefix = parts.path.rstrip("/")
+        self._total_timeout = timeout
+        self._connect_timeout = connect_timeout
+        # Plain HTTP goes through the lean keep-alive client on the hot calls; https keeps
+        # aiohttp (TLS).
+        self._pool: Http1Pool | None = (
+            Http1Pool(parts.hostname or "127.0.0.1", parts.port or 80, connections)
+            if parts.scheme == "http"
+            else None
+        )
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=30)
@@ -133,6 +151,8 @@ class RestBackend:
         )
 
     async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -158,7 +178,18 @@ class RestBackend:
             raise BackendUnavailable(
                 f"backend at {self.base_url} is unavailable for {what}: {exc.os_error or exc}"
             ) from None
-        except (aiohttp.ClientError, OSError, ShortBody) as exc:
+        except ConnectionRefusedError as exc:
+            raise BackendUnavailable(
+                f"backend at {self.base_url} is unavailable for {what}: {exc}"
+            ) from None
+        except (
+            aiohttp.ClientError,
+            OSError,
+            ShortBody,
+            HTTPProtocolError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ) as exc:
             raise BadGateway(
                 f"backend at {self.base_url} failed during {what}: {type(exc).__name__}: {exc}"
             ) from None
@@ -247,14 +278,25 @@ class RestBackend:
         else:
             content_type = "application/octet-stream"
             out_headers[binc.IHCL_HEADER] = str(ihcl)
-        url = self.base_url + _model_path(request.model_name, request.model_version) + "/infer"
-        with self._mapped("inference"):
-            async with self.session.post(
-                url, data=BuffersPayload(chunks, content_type), headers=out_headers
-            ) as resp:
-                body = await self._read(resp)
-                self._raise_for_status(resp.status, body, request.model_name)
-                resp_ihcl = resp.headers.get(binc.IHCL_HEADER)
+        path = _model_path(request.model_name, request.model_version) + "/infer"
+        out_headers["Content-Type"] = content_type
+        if self._pool is not None:
+            with self._mapped("inference"):
+                async with asyncio.timeout(self._total_timeout):
+                    lean = await self._pool.post(self._path_prefix + path, out_headers, chunks)
+                    body: bytes | bytearray = await lean.read()
+                self._raise_for_status(lean.status, body, request.model_name)
+                resp_ihcl = lean.headers.get("inference-header-content-length")
+        else:
+            with self._mapped("inference"):
+                async with self.session.post(
+                    self.base_url + path,
+                    data=BuffersPayload(chunks, content_type),
+                    headers=out_headers,
+                ) as resp:
+                    body = await self._read(resp)
+                    self._raise_for_status(resp.status, body, request.model_name)
+                    resp_ihcl = resp.headers.get(binc.IHCL_HEADER)
         try:
             return binc.decode_response(body, int(resp_ihcl) if resp_ihcl else None)
         except (CodecError, ValueError) as exc:
@@ -299,6 +341,13 @@ class RestBackend:
         else:
             content_type = "application/octet-stream"
             out_headers[binc.IHCL_HEADER] = str(ihcl)
+        if self._pool is not None:
+            return await self._relay_lean(
+                self._path_prefix + _model_path(model, version) + "/infer",
+                model,
+                {**out_headers, "Content-Type": content_type},
+                body,
+            )
         url = self.base_url + _model_path(model, version) + "/infer"
         with self._mapped("inference"):
             resp = await self.session.post(
@@ -331,6 +380,35 @@ class RestBackend:
 
         async def release() -> None:
             resp.release()
+
+        return ForwardResponse(200, relayed, stream(), release)
+
+    async def _relay_lean(
+        self, path: str, model: str, headers: dict[str, str], body: Buffer
+    ) -> ForwardResponse:
+        with self._mapped("inference"):
+            async with asyncio.timeout(self._total_timeout):
+                resp = await self._pool.post(path, headers, [body])  # type: ignore[union-attr]
+                small = resp.content_length is not None and resp.content_length <= _READ_WHOLE
+                if resp.status != 200 or small:
+                    content = await resp.read()
+        if resp.status != 200:
+            self._raise_for_status(resp.status, content, model)
+        relayed = [
+            (_CANONICAL.get(k, k), v)
+            for k, v in resp.headers.items()
+            if k in ("content-type", "inference-header-content-length", "content-length")
+        ]
+        if small:
+            return ForwardResponse(200, relayed, _no_chunks(), content=content)
+
+        async def stream() -> AsyncIterator[bytes]:
+            with self._mapped("inference"):
+                async for chunk in resp.iter_chunks():
+                    yield chunk
+
+        async def release() -> None:
+            resp.close()
 
         return ForwardResponse(200, relayed, stream(), release)
 
