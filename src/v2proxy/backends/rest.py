@@ -90,6 +90,20 @@ def _request_headers(headers: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _infer_headers(headers: dict[str, str], ihcl: int | None) -> tuple[dict[str, str], str]:
+    """Headers of an /infer request to the backend, and its Content-Type: always set (KServe
+    refuses requests without one), uncompressed answers asked for (they are read here)."""
+    out = _request_headers(headers)
+    out["Accept-Encoding"] = "identity"
+    if ihcl is None:
+        content_type = "application/json"
+    else:
+        content_type = "application/octet-stream"
+        out[binc.IHCL_HEADER] = str(ihcl)
+    out["Content-Type"] = content_type
+    return out, content_type
+
+
 def _model_path(model: str, version: str) -> str:
     path = f"/v2/models/{quote(model, safe='')}"
     return f"{path}/versions/{version}" if version else path
@@ -271,15 +285,8 @@ class RestBackend:
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
-        out_headers = _request_headers(headers)
-        out_headers["Accept-Encoding"] = "identity"  # bodies are decoded here, uncompressed
-        if ihcl is None:
-            content_type = "application/json"
-        else:
-            content_type = "application/octet-stream"
-            out_headers[binc.IHCL_HEADER] = str(ihcl)
+        out_headers, content_type = _infer_headers(headers, ihcl)
         path = _model_path(request.model_name, request.model_version) + "/infer"
-        out_headers["Content-Type"] = content_type
         if self._pool is not None:
             with self._mapped("inference"):
                 async with asyncio.timeout(self._total_timeout):
@@ -334,19 +341,10 @@ class RestBackend:
         self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged and stream the answer back unchanged."""
-        out_headers = _request_headers(headers)
-        out_headers["Accept-Encoding"] = "identity"
-        if ihcl is None:
-            content_type = "application/json"
-        else:
-            content_type = "application/octet-stream"
-            out_headers[binc.IHCL_HEADER] = str(ihcl)
+        out_headers, content_type = _infer_headers(headers, ihcl)
         if self._pool is not None:
             return await self._relay_lean(
-                self._path_prefix + _model_path(model, version) + "/infer",
-                model,
-                {**out_headers, "Content-Type": content_type},
-                body,
+                self._path_prefix + _model_path(model, version) + "/infer", model, out_headers, body
             )
         url = self.base_url + _model_path(model, version) + "/infer"
         with self._mapped("inference"):
