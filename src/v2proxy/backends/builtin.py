@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly, single_chunk
+from v2proxy.backends.base import DecodedOnly, SideHandler, answer_side
 from v2proxy.codecs.dtypes import check_tensor_size
-from v2proxy.codecs.json import dumps, loads
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.model import InferRequest, InferResponse, Tensor
 from v2proxy.pipeline import ForwardResponse
@@ -111,7 +110,6 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
     return [t for t in outputs if t.name in wanted]
 
 
-_Route = Callable[["BuiltinBackend", str, re.Match[str], bytes | bytearray], Any]
 
 
 class BuiltinBackend(DecodedOnly):
@@ -196,21 +194,16 @@ class BuiltinBackend(DecodedOnly):
     async def forward(
         self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse:
-        path = path_qs.split("?", 1)[0]
-        for pattern, methods in _ROUTES:
-            m = pattern.fullmatch(path)
-            if m is None:
-                continue
-            handler = methods.get(method)
-            if handler is None:
-                return _json(405, {"error": "Method Not Allowed"})
-            try:
-                return _json(200, handler(self, method, m, body))
-            except ProxyError as exc:
-                return _json(exc.http_status, {"error": exc.message})
-        return _json(404, {"error": "Not Found"})
+        handlers: dict[str, SideHandler] = {
+            "stats": self._stats_of,
+            "index": self._index,
+            "load": self._load,
+            "trace": self._trace_settings,
+            "logging": self._log_settings,
+        }
+        return await answer_side(method, path_qs, body, handlers)
 
-    def _stats_of(self, _method: str, m: re.Match[str], _body: bytes | bytearray) -> Any:
+    async def _stats_of(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
         model = m.group("model")
         if not model:
             names = sorted(n for n in MODELS if n not in self._unloaded)
@@ -218,18 +211,14 @@ class BuiltinBackend(DecodedOnly):
             names = [self.spec(model, m.group("version") or "").name]
         return {"model_stats": [self._stats[n].as_json(n) for n in names]}
 
-    def _index(self, _method: str, _m: re.Match[str], body: bytes | bytearray) -> Any:
-        ready_only = False
-        if body.strip():
-            obj = loads(body)
-            ready = obj.get("ready", False) if isinstance(obj, dict) else None
-            if not isinstance(ready, bool):
-                raise InvalidRequest("Invalid value for 'ready': expected a boolean")
-            ready_only = ready
+    async def _index(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
+        ready = obj.get("ready", False) if isinstance(obj, dict) else None
+        if not isinstance(ready, bool):
+            raise InvalidRequest("Invalid value for 'ready': expected a boolean")
         entries = []
         for name in sorted(MODELS):
             loaded = name not in self._unloaded
-            if ready_only and not loaded:
+            if ready and not loaded:
                 continue
             entries.append(
                 {
@@ -241,7 +230,7 @@ class BuiltinBackend(DecodedOnly):
             )
         return entries
 
-    def _load(self, _method: str, m: re.Match[str], _body: bytes | bytearray) -> Any:
+    async def _load(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
         name = m.group("model")
         if name not in MODELS:
             raise InvalidRequest(f"failed to load '{name}', failed to poll from model repository")
@@ -251,36 +240,16 @@ class BuiltinBackend(DecodedOnly):
             self._unloaded.add(name)
         return {}
 
-    def _settings(self, method: str, m: re.Match[str], body: bytes | bytearray) -> Any:
-        target = self._log if m.group(0).endswith("logging") else self._trace
-        if method == "POST" and body.strip():
-            obj = loads(body)
+    async def _trace_settings(self, method: str, _m: re.Match[str], obj: Any) -> Any:
+        return self._update(self._trace, method, obj)
+
+    async def _log_settings(self, method: str, _m: re.Match[str], obj: Any) -> Any:
+        return self._update(self._log, method, obj)
+
+    @staticmethod
+    def _update(settings: dict[str, Any], method: str, obj: Any) -> Any:
+        if method == "POST" and obj:
             if not isinstance(obj, dict):
                 raise InvalidRequest("settings must be a JSON object")
-            target.update(obj)
-        return target
-
-
-def _json(status: int, obj: Any) -> ForwardResponse:
-    return ForwardResponse(status, [("Content-Type", "application/json")], single_chunk(dumps(obj)))
-
-
-_M = r"(?P<model>[^/]+)"
-_V = r"(?:/versions/(?P<version>[0-9]+))?"
-_ROUTES: list[tuple[re.Pattern[str], dict[str, _Route]]] = [
-    (re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"), {"GET": BuiltinBackend._stats_of}),
-    (re.compile(rf"/v2/models/{_M}{_V}/stats"), {"GET": BuiltinBackend._stats_of}),
-    (re.compile(r"/v2/repository/index"), {"POST": BuiltinBackend._index}),
-    (
-        re.compile(rf"/v2/repository/models/{_M}/(?P<action>load|unload)"),
-        {"POST": BuiltinBackend._load},
-    ),
-    (
-        re.compile(r"/v2/(?:models/[^/]+/)?trace/setting"),
-        {"GET": BuiltinBackend._settings, "POST": BuiltinBackend._settings},
-    ),
-    (
-        re.compile(r"/v2/logging"),
-        {"GET": BuiltinBackend._settings, "POST": BuiltinBackend._settings},
-    ),
-]
+            settings.update(obj)
+        return settings

@@ -13,7 +13,7 @@ every request over it) to a v2 gRPC model server.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,10 +21,9 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.backends.base import DecodedOnly, single_chunk
+from v2proxy.backends.base import DecodedOnly, SideHandler, answer_side
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
-from v2proxy.codecs.json import dumps, loads
 from v2proxy.errors import (
     BackendError,
     BackendUnavailable,
@@ -234,33 +233,24 @@ class GrpcBackend(DecodedOnly):
         self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
     ) -> ForwardResponse:
         path = path_qs.split("?", 1)[0]
-        try:
-            obj = loads(body) if body.strip() else {}
-        except CodecError as exc:
-            return _json(400, {"error": str(exc)})
-        for pattern, methods in _SIDE:
-            m = pattern.fullmatch(path)
-            if m is None:
-                continue
-            handler = methods.get(method)
-            if handler is None:
-                return _json(405, {"error": "Method Not Allowed"})
-            try:
-                return _json(200, await handler(self, m, obj))
-            except ProxyError as exc:
-                return _json(exc.http_status, {"error": exc.message})
-        if path.startswith("/v2/"):
-            return _json(501, {"error": f"{method} {path} is not available through a gRPC backend"})
-        return _json(404, {"error": "Not Found"})
+        handlers: dict[str, SideHandler] = {
+            "stats": self._stats,
+            "index": self._index,
+            "load": self._load,
+            "trace": self._trace,
+            "logging": self._logging,
+        }
+        unavailable = (501, f"{method} {path} is not available through a gRPC backend")
+        return await answer_side(method, path_qs, body, handlers, unavailable)
 
-    async def _stats(self, m: re.Match[str], _obj: Any) -> Any:
+    async def _stats(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
         req = pb.ModelStatisticsRequest(
             name=m.group("model") or "", version=m.group("version") or ""
         )
         resp = await self._call("ModelStatistics", req, "ModelStatistics", req.name)
         return grpc_side.statistics_to_json(resp)
 
-    async def _index(self, _m: re.Match[str], obj: Any) -> Any:
+    async def _index(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
         ready = obj.get("ready", False) if isinstance(obj, dict) else False
         if not isinstance(ready, bool):
             raise CodecError("Invalid value for 'ready': expected a boolean")
@@ -269,7 +259,7 @@ class GrpcBackend(DecodedOnly):
         )
         return grpc_side.index_to_json(resp)
 
-    async def _load(self, m: re.Match[str], obj: Any) -> Any:
+    async def _load(self, _method: str, m: re.Match[str], obj: Any) -> Any:
         name = "RepositoryModelLoad" if m.group("action") == "load" else "RepositoryModelUnload"
         req: Any = (
             pb.RepositoryModelLoadRequest
@@ -280,7 +270,7 @@ class GrpcBackend(DecodedOnly):
         await self._call(name, req, name)
         return {}
 
-    async def _trace(self, m: re.Match[str], obj: Any) -> Any:
+    async def _trace(self, _method: str, m: re.Match[str], obj: Any) -> Any:
         req = pb.TraceSettingRequest(model_name=m.group("model") or "")
         if isinstance(obj, dict):
             for key, value in obj.items():
@@ -289,30 +279,8 @@ class GrpcBackend(DecodedOnly):
         resp = await self._call("TraceSetting", req, "TraceSetting")
         return grpc_side.trace_settings_to_json(resp.settings)
 
-    async def _logging(self, _m: re.Match[str], obj: Any) -> Any:
+    async def _logging(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
         req = pb.LogSettingsRequest()
         req.settings.MergeFrom(grpc_side.log_settings_to_proto(obj).settings)  # type: ignore[arg-type]
         resp = await self._call("LogSettings", req, "LogSettings")
         return grpc_side.log_settings_to_json(resp.settings)
-
-
-def _json(status: int, obj: Any) -> ForwardResponse:
-    return ForwardResponse(status, [("Content-Type", "application/json")], single_chunk(dumps(obj)))
-
-
-_Side = Callable[[GrpcBackend, re.Match[str], Any], Any]
-_MV = r"(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
-_SIDE: list[tuple[re.Pattern[str], dict[str, _Side]]] = [
-    (re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"), {"GET": GrpcBackend._stats}),
-    (re.compile(rf"/v2/models/{_MV}/stats"), {"GET": GrpcBackend._stats}),
-    (re.compile(r"/v2/repository/index"), {"POST": GrpcBackend._index}),
-    (
-        re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)"),
-        {"POST": GrpcBackend._load},
-    ),
-    (
-        re.compile(r"/v2/(?:models/(?P<model>[^/]+)/)?trace/setting"),
-        {"GET": GrpcBackend._trace, "POST": GrpcBackend._trace},
-    ),
-    (re.compile(r"/v2/logging"), {"GET": GrpcBackend._logging, "POST": GrpcBackend._logging}),
-]
