@@ -39,6 +39,17 @@ class ForwardResponse:
     content: bytes | None = None
 
 
+@dataclass(slots=True)
+class StreamedBody:
+    """A request body that is still arriving: ``length`` bytes in ``chunks``."""
+
+    length: int
+    chunks: AsyncIterator[bytes]
+
+
+Body = Buffer | StreamedBody
+
+
 class Backend(Protocol):
     """What the pipeline and the frontends need from a model server. Every failure is raised as
     a ProxyError; foreign exceptions are mapped inside the backend that meets them."""
@@ -68,9 +79,10 @@ class Backend(Protocol):
         ...
 
     async def relay_infer(
-        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: dict[str, str]
     ) -> ForwardResponse:
-        """Send an /infer body unchanged; the answer comes back unchanged (errors raised)."""
+        """Send an /infer body unchanged (it may still be arriving); the answer comes back
+        unchanged (errors raised)."""
         ...
 
 
@@ -154,7 +166,7 @@ class Pipeline:
     async def relay(
         self,
         request: InferRequest,
-        body: bytes | bytearray,
+        body: bytes | bytearray | StreamedBody,
         ihcl: int | None,
         headers: dict[str, str],
     ) -> ForwardResponse | None:

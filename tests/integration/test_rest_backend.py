@@ -4,6 +4,7 @@ pass-through streaming, and backend failures mapped to 502/503/504."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import struct
 from typing import Any
@@ -303,3 +304,116 @@ async def test_backend_answers_mapped(
     resp = await proxy.post("/v2/models/simple/infer", data=simple_json())
     assert resp.status == expect_status
     assert expect in (await resp.json())["error"]
+
+
+def _big_binary(n: int, extra: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str], bytes]:
+    blob = np.arange(n, dtype="<f4").tobytes()
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [n],
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        ],
+        "parameters": {"binary_data_output": True},
+        **(extra or {}),
+    }
+    body, headers = framed(header, blob)
+    return body, headers, blob
+
+
+async def test_large_binary_relay_streams_through(make_client: Factory) -> None:
+    """A 6 MiB binary request is relayed while it arrives: the backend gets the exact bytes and
+    the client gets the backend's exact answer."""
+    got: list[bytes] = []
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        got.append(body)
+        ihcl = int(request.headers["Inference-Header-Content-Length"])
+        (inp,) = json.loads(body[:ihcl])["inputs"]
+        head = json.dumps(
+            {
+                "model_name": "identity_fp32",
+                "outputs": [
+                    {
+                        "name": "OUTPUT0",
+                        "datatype": "FP32",
+                        "shape": inp["shape"],
+                        "parameters": {"binary_data_size": len(body) - ihcl},
+                    }
+                ],
+            }
+        ).encode()
+        return web.Response(
+            body=head + body[ihcl:],
+            headers={
+                "Inference-Header-Content-Length": str(len(head)),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+
+    app = web.Application(client_max_size=2**30)
+    app.router.add_post("/v2/models/identity_fp32/infer", echo)
+
+    async def metadata(_request: web.Request) -> web.Response:
+        return web.json_response({"extensions": ["binary_tensor_data"]})
+
+    app.router.add_get("/v2", metadata)
+    backend = await make_client(app)
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
+    body, headers, blob = _big_binary(1536 * 1024)  # 6 MiB
+    resp = await proxy.post(
+        "/v2/models/identity_fp32/infer",
+        data=io.BytesIO(body),
+        headers=headers,
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert resp.status == 200, await resp.text()
+    payload = await resp.read()
+    assert got == [body]
+    ihcl = int(resp.headers["Inference-Header-Content-Length"])
+    assert payload[ihcl:] == blob
+
+
+async def test_large_binary_request_checked_before_relaying(
+    make_client: Factory, recorded: Recorded
+) -> None:
+    backend, seen = recorded
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
+    body, headers, _ = _big_binary(1536 * 1024)
+    # a header that declares 4 bytes fewer than the body holds
+    bad_body = body.replace(b'"binary_data_size": 6291456', b'"binary_data_size": 6291452')
+    resp = await proxy.post(
+        "/v2/models/identity_fp32/infer",
+        data=io.BytesIO(bad_body),
+        headers=headers,
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert resp.status == 400
+    assert "unexpected additional input data" in (await resp.json())["error"]
+    assert not [r for r in seen if r.path.endswith("/infer")]  # never reached the backend
+
+
+async def test_large_binary_to_json_backend_is_transcoded(
+    make_client: Factory, recorded: Recorded
+) -> None:
+    """A JSON-only backend cannot take the body as it is: after the header the rest is read and
+    the request is transcoded (the streamed relay steps back)."""
+    backend, seen = recorded
+    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="json")
+    body, headers, blob = _big_binary(1536 * 1024)
+    resp = await proxy.post(
+        "/v2/models/identity_fp32/infer",
+        data=io.BytesIO(body),
+        headers=headers,
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert resp.status == 200, await resp.text()
+    payload = await resp.read()
+    ihcl = int(resp.headers["Inference-Header-Content-Length"])
+    assert payload[ihcl:] == blob
+    infer = [r for r in seen if r.path.endswith("/infer")][-1]
+    assert infer.headers["Content-Type"] == "application/json"

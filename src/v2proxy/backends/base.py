@@ -9,8 +9,7 @@ from typing import Any
 
 from v2proxy.codecs.json import dumps, loads
 from v2proxy.errors import ProxyError, Unsupported
-from v2proxy.model import Buffer
-from v2proxy.pipeline import ForwardResponse
+from v2proxy.pipeline import Body, ForwardResponse
 
 #: (method, path match, parsed JSON body) -> the JSON answer
 SideHandler = Callable[[str, "re.Match[str]", Any], Awaitable[Any]]
@@ -48,7 +47,7 @@ class DecodedOnly:
         return False
 
     async def relay_infer(
-        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: dict[str, str]
     ) -> ForwardResponse:
         raise Unsupported("this backend takes decoded requests only")
 

@@ -110,8 +110,6 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
     return [t for t in outputs if t.name in wanted]
 
 
-
-
 class BuiltinBackend(DecodedOnly):
     """Serves the reference models in-process."""
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from v2proxy.model import Buffer
+from v2proxy.pipeline import StreamedBody
 
 #: answers up to this size are read whole; larger ones can be streamed
 READ_WHOLE = 256 * 1024
@@ -136,9 +137,17 @@ class Http1Pool:
             conn.writer.close()
         self._slots.release()
 
-    async def post(self, path: str, headers: dict[str, str], body: list[Buffer]) -> Http1Response:
-        """POST ``body`` (written buffer by buffer) and read the answer's head."""
-        length = sum(memoryview(b).nbytes for b in body)
+    async def post(
+        self, path: str, headers: dict[str, str], body: list[Buffer] | StreamedBody
+    ) -> Http1Response:
+        """POST ``body`` (written buffer by buffer, or piped through as it arrives) and read
+        the answer's head. A streamed body is never retried."""
+        streamed = isinstance(body, StreamedBody)
+        length = (
+            body.length
+            if isinstance(body, StreamedBody)
+            else sum(memoryview(b).nbytes for b in body)
+        )
         lines = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: " + self._host_header]
         lines.extend(f"{k}: {v}".encode("latin-1") for k, v in headers.items())
         lines.append(b"Content-Length: " + str(length).encode())
@@ -146,14 +155,21 @@ class Http1Pool:
         for attempt in (1, 2):
             conn = await self._acquire()
             try:
-                conn.writer.writelines([head, *body])
-                await conn.writer.drain()
+                if isinstance(body, StreamedBody):
+                    conn.writer.write(head)
+                    async for chunk in body.chunks:
+                        conn.writer.write(chunk)
+                        await conn.writer.drain()
+                else:
+                    conn.writer.writelines([head, *body])
+                    await conn.writer.drain()
                 block = await conn.reader.readuntil(b"\r\n\r\n")
                 status, headers_in = _parse_head(block)
             except (asyncio.IncompleteReadError, ConnectionError) as exc:
                 self.release(conn, keep=False)
                 # A pooled connection the server had closed: nothing was answered, try anew.
-                if conn.reused and attempt == 1 and not getattr(exc, "partial", b""):
+                retry = conn.reused and attempt == 1 and not streamed
+                if retry and not getattr(exc, "partial", b""):
                     continue
                 raise
             except BaseException:

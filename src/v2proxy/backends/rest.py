@@ -35,7 +35,7 @@ from v2proxy.errors import (
 )
 from v2proxy.http_io import HOP_BY_HOP, ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.pipeline import ForwardResponse
+from v2proxy.pipeline import Body, ForwardResponse, StreamedBody
 
 log = logging.getLogger(__name__)
 
@@ -338,14 +338,17 @@ class RestBackend:
         return self._encoding != "binary"
 
     async def relay_infer(
-        self, model: str, version: str, body: Buffer, ihcl: int | None, headers: dict[str, str]
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: dict[str, str]
     ) -> ForwardResponse:
-        """Send a client's /infer body unchanged and stream the answer back unchanged."""
+        """Send a client's /infer body unchanged (piped through when it is still arriving) and
+        stream the answer back unchanged."""
         out_headers, content_type = _infer_headers(headers, ihcl)
         if self._pool is not None:
             return await self._relay_lean(
                 self._path_prefix + _model_path(model, version) + "/infer", model, out_headers, body
             )
+        if isinstance(body, StreamedBody):  # https goes through aiohttp: buffered
+            body = b"".join([chunk async for chunk in body.chunks])
         url = self.base_url + _model_path(model, version) + "/infer"
         with self._mapped("inference"):
             resp = await self.session.post(
@@ -382,11 +385,12 @@ class RestBackend:
         return ForwardResponse(200, relayed, stream(), release)
 
     async def _relay_lean(
-        self, path: str, model: str, headers: dict[str, str], body: Buffer
+        self, path: str, model: str, headers: dict[str, str], body: Body
     ) -> ForwardResponse:
+        payload = body if isinstance(body, StreamedBody) else [body]
         with self._mapped("inference"):
             async with asyncio.timeout(self._total_timeout):
-                resp = await self._pool.post(path, headers, [body])  # type: ignore[union-attr]
+                resp = await self._pool.post(path, headers, payload)  # type: ignore[union-attr]
                 small = resp.content_length is not None and resp.content_length <= _READ_WHOLE
                 if resp.status != 200 or small:
                     content = await resp.read()

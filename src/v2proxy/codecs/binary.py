@@ -66,6 +66,24 @@ def decode_request(
     return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
 
 
+def decode_request_header(
+    header: Buffer,
+    section_length: int,
+    model_name: str,
+    model_version: str = "",
+    max_input_size: int = jsonc.DEFAULT_MAX_INPUT_SIZE,
+) -> InferRequest:
+    """Decode and check the JSON header of a binary-framed request whose binary section (of
+    ``section_length`` bytes) is still to come: every check but the tensors' bytes is made;
+    binary inputs carry no data."""
+    head, _ = _split(header, None, max_input_size)
+    if len(head) == 0:
+        raise CodecError("failed to parse the request JSON buffer: the request body is empty")
+    obj = jsonc.parse_header(head)
+    reader = jsonc.SizeOnlyReader(section_length)
+    return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
+
+
 def encode_request(req: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
     """A request body for a backend: all tensors binary, or all JSON (and outputs likewise)."""
     obj = jsonc.request_to_obj(req, binary_inputs=binary, binary_outputs=binary)

@@ -90,6 +90,31 @@ class BinaryReader:
             raise CodecError(f"unexpected additional input data for model '{model}'")
 
 
+class SizeOnlyReader(BinaryReader):
+    """Checks ``binary_data_size`` values against a binary section of known length that is
+    not in memory (its tensors get no data): for requests relayed while their body streams."""
+
+    __slots__ = ("_length",)
+
+    def __init__(self, length: int) -> None:
+        super().__init__(memoryview(b""))
+        self._length = length
+
+    def take(self, size: int, name: str, model: str) -> memoryview:
+        remaining = self._length - self._pos
+        if size > remaining:
+            raise CodecError(
+                f"unexpected size for input '{name}', expecting {size - remaining} additional"
+                f" bytes for model '{model}'"
+            )
+        self._pos += size
+        return self._mv
+
+    def finish(self, model: str) -> None:
+        if self._pos != self._length:
+            raise CodecError(f"unexpected additional input data for model '{model}'")
+
+
 def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
     """Parse a JSON document; CodecError with the parser's message if it is not JSON."""
     try:

@@ -12,9 +12,10 @@ Routing is one table of (path pattern, {method: handler}); a known path with the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +26,7 @@ from v2proxy.codecs.json import dumps
 from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
 from v2proxy.http_io import ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer
-from v2proxy.pipeline import ForwardResponse, Pipeline
+from v2proxy.pipeline import ForwardResponse, Pipeline, StreamedBody
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ _INFER_DROP = frozenset(
 #: Bodies up to this size are joined and sent in one write; larger ones are streamed buffer by
 #: buffer so that tensor data is never copied into a new body.
 _JOIN_LIMIT = 256 * 1024
+#: binary-framed bodies from this size on are relayed while they arrive (when relayed at all)
+STREAM_RELAY_MIN = 4 * 1024 * 1024
+_HEADER_READ = web.RequestKey("v2proxy_header_read", bytearray)
 
 
 def _json_response(status: int, obj: Any) -> web.Response:
@@ -106,6 +110,10 @@ class RestFrontend:
     async def read_body(self, request: web.Request) -> bytes | bytearray:
         """The whole request body, bounded by --max-body-size (one copy when its length is
         known)."""
+        header: bytearray | None = request.get(_HEADER_READ)
+        if header is not None:  # a streamed relay was refused after reading the JSON header
+            rest = await self._read_rest(request, (request.content_length or 0) - len(header))
+            return header + rest
         length = request.content_length
         if length is not None and length > self.max_body_size:
             raise BodyTooLarge(
@@ -121,6 +129,13 @@ class RestFrontend:
                 f"request body exceeds the maximum body size of {self.max_body_size} bytes"
                 " (--max-body-size)"
             ) from None
+        except ShortBody as exc:
+            raise InvalidRequest(f"incomplete request body: {exc}") from None
+
+    @staticmethod
+    async def _read_rest(request: web.Request, length: int) -> bytearray:
+        try:
+            return await read_exactly(request.content, length)
         except ShortBody as exc:
             raise InvalidRequest(f"incomplete request body: {exc}") from None
 
@@ -149,9 +164,12 @@ class RestFrontend:
 
     async def infer(self, request: web.Request, m: re.Match[str]) -> web.StreamResponse:
         model, version = _model(m)
-        body: Buffer = await self.read_body(request)
         headers = request.headers
         encoding = compression.choose_encoding(headers.get("Accept-Encoding"))
+        streamed = await self._stream_relay(request, model, version, encoding)
+        if streamed is not None:
+            return streamed
+        body: Buffer = await self.read_body(request)
         content_encoding = headers.get("Content-Encoding")
         body = compression.decompress(body, content_encoding, self.max_input_size)
         ihcl = binc.parse_ihcl(headers.get(binc.IHCL_HEADER), len(body))
@@ -176,6 +194,56 @@ class RestFrontend:
             chunks = [compression.compress(chunks, encoding)]
             out.headers["Content-Encoding"] = encoding
         return await self._send(request, out, chunks)
+
+    async def _stream_relay(
+        self, request: web.Request, model: str, version: str, encoding: str | None
+    ) -> web.StreamResponse | None:
+        """A large binary-framed body is relayed while it arrives (as nginx streams): only its
+        JSON header is read and checked first. None when this does not apply; the body is then
+        still unread, unless the relay was refused after the header, in which case the header
+        is kept in ``request[_HEADER_READ]`` for :meth:`read_body`."""
+        length = request.content_length
+        ihcl_value = request.headers.get(binc.IHCL_HEADER)
+        if (
+            length is None
+            or length < STREAM_RELAY_MIN
+            or length > self.max_body_size
+            or ihcl_value is None
+            or encoding is not None
+            or request.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+        ):
+            return None
+        ihcl = binc.parse_ihcl(ihcl_value, length)
+        if not ihcl:
+            return None
+        try:
+            header = bytearray(await request.content.readexactly(ihcl))
+        except asyncio.IncompleteReadError as exc:
+            raise InvalidRequest(
+                f"incomplete request body: it ended after {len(exc.partial)} bytes"
+            ) from None
+        request[_HEADER_READ] = header
+        probe = binc.decode_request_header(
+            header, length - ihcl, model, version, self.max_input_size
+        )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield bytes(header)
+            remaining = length - ihcl
+            while remaining:
+                chunk = await request.content.readany()
+                if not chunk or len(chunk) > remaining:
+                    raise InvalidRequest(
+                        f"incomplete request body: its length differs from Content-Length {length}"
+                    )
+                remaining -= len(chunk)
+                yield chunk
+
+        forwarded = dict(end_to_end(list(request.headers.items()), _INFER_DROP))
+        relayed = await self.pipeline.relay(probe, StreamedBody(length, chunks()), ihcl, forwarded)
+        if relayed is None:
+            return None
+        return await self._relay(request, relayed)
 
     async def _relay(self, request: web.Request, relayed: ForwardResponse) -> web.StreamResponse:
         """Write a relayed backend answer through: small ones in one piece, others streamed."""
