@@ -117,32 +117,22 @@ async def test_binary_client_any_backend_encoding(
     assert out["OUTPUT1"]["data"] == [0] * 16
 
 
-@pytest.mark.parametrize("dt", ["FP16", "BF16"])
-async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> None:
-    """Triton and KServe refuse FP16/BF16 in JSON; v2proxy converts JSON numbers (round to
-    nearest) to the binary form the backend gets, and binary outputs back to numbers."""
-    received: list[bytes] = []
+async def echo_backend(make_client: Factory, model: str, received: list[bytes]) -> str:
+    """A binary-only backend for `model` that answers its one binary input as its output,
+    byte for byte, and records every request body it got. Returns its base URL."""
 
     async def echo(request: web.Request) -> web.Response:
-        # Echoes its binary input as a binary output, recording the exact bytes.
         body = await request.read()
+        received.append(body)
         ihcl = int(request.headers["Inference-Header-Content-Length"])
         (inp,) = json.loads(body[:ihcl])["inputs"]
-        received.append(body[ihcl:])
-        head = json.dumps(
-            {
-                "model_name": "echo",
-                "model_version": "1",
-                "outputs": [
-                    {
-                        "name": "OUT",
-                        "datatype": inp["datatype"],
-                        "shape": inp["shape"],
-                        "parameters": {"binary_data_size": len(body) - ihcl},
-                    }
-                ],
-            }
-        ).encode()
+        output = {
+            "name": "OUT",
+            "datatype": inp["datatype"],
+            "shape": inp["shape"],
+            "parameters": {"binary_data_size": len(body) - ihcl},
+        }
+        head = json.dumps({"model_name": model, "model_version": "1", "outputs": [output]}).encode()
         return web.Response(
             body=head + body[ihcl:],
             headers={
@@ -151,10 +141,22 @@ async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> N
             },
         )
 
-    app = web.Application()
-    app.router.add_post("/v2/models/echo/infer", echo)
-    backend = await make_client(app)
-    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
+    async def metadata(_request: web.Request) -> web.Response:
+        return web.json_response({"extensions": ["binary_tensor_data"]})
+
+    app = web.Application(client_max_size=2**30)
+    app.router.add_post(f"/v2/models/{model}/infer", echo)
+    app.router.add_get("/v2", metadata)
+    return url_of(await make_client(app))
+
+
+@pytest.mark.parametrize("dt", ["FP16", "BF16"])
+async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> None:
+    """Triton and KServe refuse FP16/BF16 in JSON; v2proxy converts JSON numbers (round to
+    nearest) to the binary form the backend gets, and binary outputs back to numbers."""
+    received: list[bytes] = []
+    backend = await echo_backend(make_client, "echo", received)
+    proxy = await proxy_to(make_client, backend, backend_encoding="binary")
     values = [1.0, 2.5, 1.0000001, -3.25, 0.1]
     body = json.dumps(
         {"inputs": [{"name": "IN", "datatype": dt, "shape": [5], "data": values}]}
@@ -163,7 +165,10 @@ async def test_fp16_and_bf16_as_json_numbers(make_client: Factory, dt: str) -> N
     assert resp.status == 200, await resp.text()
     np_dt = np.float16 if dt == "FP16" else ml_dtypes.bfloat16
     expected = np.array(values, dtype=np.float64).astype(np_dt)
-    assert received == [expected.tobytes()]
+    (sent,) = received  # the backend got binary FP16/BF16 bytes, rounded to nearest
+    head = json.loads(sent[: len(sent) - expected.nbytes])
+    assert head["inputs"][0]["parameters"]["binary_data_size"] == expected.nbytes
+    assert sent[-expected.nbytes :] == expected.tobytes()
     (out,) = (await resp.json())["outputs"]
     assert out["datatype"] == dt
     assert out["data"] == expected.astype(np.float64).tolist()
@@ -328,42 +333,8 @@ async def test_large_binary_relay_streams_through(make_client: Factory) -> None:
     """A 6 MiB binary request is relayed while it arrives: the backend gets the exact bytes and
     the client gets the backend's exact answer."""
     got: list[bytes] = []
-
-    async def echo(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        got.append(body)
-        ihcl = int(request.headers["Inference-Header-Content-Length"])
-        (inp,) = json.loads(body[:ihcl])["inputs"]
-        head = json.dumps(
-            {
-                "model_name": "identity_fp32",
-                "outputs": [
-                    {
-                        "name": "OUTPUT0",
-                        "datatype": "FP32",
-                        "shape": inp["shape"],
-                        "parameters": {"binary_data_size": len(body) - ihcl},
-                    }
-                ],
-            }
-        ).encode()
-        return web.Response(
-            body=head + body[ihcl:],
-            headers={
-                "Inference-Header-Content-Length": str(len(head)),
-                "Content-Type": "application/octet-stream",
-            },
-        )
-
-    app = web.Application(client_max_size=2**30)
-    app.router.add_post("/v2/models/identity_fp32/infer", echo)
-
-    async def metadata(_request: web.Request) -> web.Response:
-        return web.json_response({"extensions": ["binary_tensor_data"]})
-
-    app.router.add_get("/v2", metadata)
-    backend = await make_client(app)
-    proxy = await proxy_to(make_client, url_of(backend), backend_encoding="binary")
+    backend = await echo_backend(make_client, "identity_fp32", got)
+    proxy = await proxy_to(make_client, backend, backend_encoding="binary")
     body, headers, blob = _big_binary(1536 * 1024)  # 6 MiB
     resp = await proxy.post(
         "/v2/models/identity_fp32/infer",
