@@ -136,9 +136,6 @@ class BuiltinBackend(DecodedOnly):
             raise unknown_model(model, version)
         return spec
 
-    async def server_live(self) -> bool:
-        return True
-
     async def server_ready(self) -> bool:
         return True
 

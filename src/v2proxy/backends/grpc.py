@@ -138,10 +138,6 @@ class GrpcBackend(DecodedOnly):
 
     # ------------------------------------------------------------------ structured calls
 
-    async def server_live(self) -> bool:
-        resp = await self._call("ServerLive", pb.ServerLiveRequest(), "ServerLive")
-        return bool(resp.live)
-
     async def server_ready(self) -> bool:
         resp = await self._call("ServerReady", pb.ServerReadyRequest(), "ServerReady")
         return bool(resp.ready)

@@ -227,9 +227,6 @@ class RestBackend:
 
     # ------------------------------------------------------------------ structured calls
 
-    async def server_live(self) -> bool:
-        return await self._status("/v2/health/live", "health/live") == 200
-
     async def server_ready(self) -> bool:
         return await self._status("/v2/health/ready", "health/ready") == 200
 

@@ -18,7 +18,6 @@ from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
 
 IHCL_HEADER = "Inference-Header-Content-Length"
-INT32_MAX = 2**31 - 1
 
 
 def parse_ihcl(value: str | None, body_length: int) -> int | None:

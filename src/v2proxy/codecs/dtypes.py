@@ -67,11 +67,6 @@ def parse_shape(value: object, where: str) -> tuple[int, ...]:
     return shape
 
 
-def numpy_dtype(datatype: Datatype) -> np.dtype[np.generic]:
-    """The numpy dtype of a fixed-size datatype (BYTES has none)."""
-    return NUMPY_DTYPE[datatype]
-
-
 def serialize_bytes(elements: Sequence[bytes]) -> bytes:
     """BYTES elements -> the length-prefixed wire layout."""
     pack = _LEN.pack

@@ -110,30 +110,27 @@ class RestFrontend:
     async def read_body(self, request: web.Request) -> bytes | bytearray:
         """The whole request body, bounded by --max-body-size (one copy when its length is
         known)."""
+        length = request.content_length
         header: bytearray | None = request.get(_HEADER_READ)
         if header is not None:  # a streamed relay was refused after reading the JSON header
-            rest = await self._read_rest(request, (request.content_length or 0) - len(header))
-            return header + rest
-        length = request.content_length
+            return header + await self._read_exactly(request, (length or 0) - len(header))
         if length is not None and length > self.max_body_size:
             raise BodyTooLarge(
                 f"request body of {length} bytes exceeds the maximum body size of"
                 f" {self.max_body_size} bytes (--max-body-size)"
             )
+        if length is not None:
+            return await self._read_exactly(request, length)
         try:
-            if length is not None:
-                return await read_exactly(request.content, length)
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(
                 f"request body exceeds the maximum body size of {self.max_body_size} bytes"
                 " (--max-body-size)"
             ) from None
-        except ShortBody as exc:
-            raise InvalidRequest(f"incomplete request body: {exc}") from None
 
     @staticmethod
-    async def _read_rest(request: web.Request, length: int) -> bytearray:
+    async def _read_exactly(request: web.Request, length: int) -> bytearray:
         try:
             return await read_exactly(request.content, length)
         except ShortBody as exc:
@@ -181,7 +178,7 @@ class RestFrontend:
             if encoding is None and isinstance(body, bytes | bytearray):
                 relayed = await self.pipeline.relay(infer_request, body, ihcl, forwarded)
                 if relayed is not None:
-                    return await self._relay(request, relayed)
+                    return await self._write_forwarded(request, relayed)
         response = await self.pipeline.infer(infer_request, forwarded)
         chunks, json_length = binc.encode_response(response, binc.binary_output_rule(infer_request))
         out = web.StreamResponse(status=200)
@@ -243,39 +240,43 @@ class RestFrontend:
         relayed = await self.pipeline.relay(probe, StreamedBody(length, chunks()), ihcl, forwarded)
         if relayed is None:
             return None
-        return await self._relay(request, relayed)
+        return await self._write_forwarded(request, relayed)
 
-    async def _relay(self, request: web.Request, relayed: ForwardResponse) -> web.StreamResponse:
-        """Write a relayed backend answer through: small ones in one piece, others streamed."""
-        if relayed.content is not None:
-            headers = {k: v for k, v in relayed.headers if k.lower() != "content-length"}
-            rid = request.headers.get(REQUEST_ID)
+    async def _write_forwarded(
+        self, request: web.Request, answer: ForwardResponse
+    ) -> web.StreamResponse:
+        """Write a backend's answer through unchanged: in one piece when it was read whole,
+        else streamed as it comes (with its Content-Length when it has one)."""
+        rid = request.headers.get(REQUEST_ID)
+        if answer.content is not None:
+            headers = {k: v for k, v in answer.headers if k.lower() != "content-length"}
             if rid is not None:
-                headers[REQUEST_ID] = rid
-            return web.Response(status=relayed.status, body=relayed.content, headers=headers)
+                headers.setdefault(REQUEST_ID, rid)
+            return web.Response(status=answer.status, body=answer.content, headers=headers)
         try:
-            out = web.StreamResponse(status=relayed.status)
-            for k, v in relayed.headers:
+            out = web.StreamResponse(status=answer.status)
+            for k, v in answer.headers:
                 if k.lower() == "content-length":
                     out.content_length = int(v)
                 else:
-                    out.headers[k] = v
-            rid = request.headers.get(REQUEST_ID)
-            if rid is not None:
+                    out.headers.add(k, v)
+            if rid is not None and REQUEST_ID not in out.headers:
                 out.headers[REQUEST_ID] = rid
             await out.prepare(request)
             try:
-                async for chunk in relayed.body:
+                async for chunk in answer.body:
                     await out.write(chunk)
             except ProxyError as exc:
-                log.warning("relayed answer broke off: %s", exc.message)
+                # The status line is sent already: cut the connection so that the client sees
+                # a broken stream rather than a complete-looking short body.
+                log.warning("answer to %s broke off: %s", request.path, exc.message)
                 if request.transport is not None:
                     request.transport.close()
                 return out
             await out.write_eof()
             return out
         finally:
-            await relayed.release()
+            await answer.release()
 
     async def _send(
         self, request: web.Request, out: web.StreamResponse, chunks: list[Buffer]
@@ -303,28 +304,7 @@ class RestFrontend:
         )
         if request.path.startswith("/v2/repository/"):
             self.pipeline.invalidate()
-        try:
-            out = web.StreamResponse(status=forwarded.status)
-            for k, v in forwarded.headers:
-                out.headers.add(k, v)
-            rid = request.headers.get(REQUEST_ID)
-            if rid is not None and REQUEST_ID not in out.headers:
-                out.headers[REQUEST_ID] = rid
-            await out.prepare(request)
-            try:
-                async for chunk in forwarded.body:
-                    await out.write(chunk)
-            except ProxyError as exc:
-                # The status line is sent already: cut the connection so that the client sees
-                # a broken stream rather than a complete-looking short body.
-                log.warning("pass-through of %s broke off: %s", request.path, exc.message)
-                if request.transport is not None:
-                    request.transport.close()
-                return out
-            await out.write_eof()
-            return out
-        finally:
-            await forwarded.release()
+        return await self._write_forwarded(request, forwarded)
 
 
 _M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
