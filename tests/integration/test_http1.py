@@ -142,3 +142,19 @@ async def test_refused() -> None:
     pool = Http1Pool("127.0.0.1", port)
     with pytest.raises(ConnectionRefusedError):
         await pool.post("/", {}, [b"x"])
+
+
+async def test_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--backend-connect-timeout bounds the connection set-up (a connect that never completes
+    stands in for an unreachable host: only loopback may be used here)."""
+
+    async def never(*_args: object, **_kwargs: object) -> None:
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(asyncio, "open_connection", never)
+    pool = Http1Pool("127.0.0.1", 9, connect_timeout=0.05)
+    with pytest.raises(TimeoutError):
+        await pool.post("/", {}, [b"x"])
+    # the slot taken for the attempt was given back
+    monkeypatch.undo()
+    assert pool._slots._value == 100

@@ -108,9 +108,12 @@ class Http1Response:
 class Http1Pool:
     """Idle keep-alive connections to one backend, at most ``limit`` open at once."""
 
-    def __init__(self, host: str, port: int, limit: int = 100) -> None:
+    def __init__(
+        self, host: str, port: int, limit: int = 100, connect_timeout: float | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self._connect_timeout = connect_timeout
         self._idle: deque[_Conn] = deque()
         self._slots = asyncio.Semaphore(limit)
         self._host_header = f"{host}:{port}".encode()
@@ -124,7 +127,8 @@ class Http1Pool:
                 return conn
             conn.writer.close()
         try:
-            reader, writer = await asyncio.open_connection(self.host, self.port)
+            async with asyncio.timeout(self._connect_timeout):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
         except BaseException:
             self._slots.release()
             raise

@@ -145,11 +145,10 @@ class RestBackend:
         parts = urlsplit(self.base_url)
         self._path_prefix = parts.path.rstrip("/")
         self._total_timeout = timeout
-        self._connect_timeout = connect_timeout
         # Plain HTTP goes through the lean keep-alive client on the hot calls; https keeps
         # aiohttp (TLS).
         self._pool: Http1Pool | None = (
-            Http1Pool(parts.hostname or "127.0.0.1", parts.port or 80, connections)
+            Http1Pool(parts.hostname or "127.0.0.1", parts.port or 80, connections, connect_timeout)
             if parts.scheme == "http"
             else None
         )
