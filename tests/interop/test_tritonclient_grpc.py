@@ -367,3 +367,21 @@ def test_stream_error_closes_stream_with_triton_grpc_error(proxy: Proc) -> None:
         list(stream)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert "Request for unknown model: 'nope'" in info.value.details()
+
+
+def test_large_messages(llm_proxy: Proc) -> None:
+    """A 24 MiB tensor each way over gRPC, far past gRPC's 4 MiB default message limit, through
+    v2proxy (and, for reference-grpc, through the backend's gRPC server too)."""
+    data = np.arange(6 * 1024 * 1024, dtype=np.float32)
+    inp = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    c = grpcclient.InferenceServerClient(
+        llm_proxy.grpc_url,
+        channel_args=[
+            ("grpc.max_send_message_length", 2**31 - 1),
+            ("grpc.max_receive_message_length", 2**31 - 1),
+        ],
+    )
+    out = c.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
+    assert out is not None and out.shape == data.shape
+    assert np.array_equal(out, data)
