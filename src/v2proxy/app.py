@@ -52,22 +52,13 @@ def build_backend(settings: Settings) -> Backend:
     )
 
 
-def build_app(settings: Settings, backend: Backend) -> web.Application:
-    """The aiohttp application serving the v2 REST API in front of ``backend``."""
-    frontend = RestFrontend(
+def build_rest(settings: Settings, backend: Backend) -> RestFrontend:
+    """The REST frontend in front of ``backend`` (serve it with :meth:`RestFrontend.server`)."""
+    return RestFrontend(
         Pipeline(backend, settings.max_input_size),
         settings.max_input_size,
         settings.max_body_size,
     )
-    app = frontend.app()
-
-    async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]
-        await backend.start()
-        yield
-        await backend.close()
-
-    app.cleanup_ctx.append(lifecycle)
-    return app
 
 
 def build_grpc_server(
@@ -100,8 +91,10 @@ async def serve(
 ) -> None:
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     backend = build_backend(settings)
-    app = build_app(settings, backend)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await backend.start()
+    runner = web.ServerRunner(
+        build_rest(settings, backend).server(), shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await runner.setup()
     grpc_server = build_grpc_server(settings, backend, reuse_port)
     try:
@@ -116,9 +109,11 @@ async def serve(
         await grpc_server.start()
     except (OSError, RuntimeError) as exc:
         await runner.cleanup()
+        await backend.close()
         raise StartError(f"cannot start listening: {exc}") from None
     except StartError:
         await runner.cleanup()
+        await backend.close()
         raise
     http_port = settings.http_port
     server = getattr(site, "_server", None)
@@ -144,6 +139,7 @@ async def serve(
         log.info("v2proxy shutting down")
         await grpc_server.stop(SHUTDOWN_GRACE_S)
         await runner.cleanup()
+        await backend.close()
 
 
 def _run_one(settings: Settings, reuse_port: bool) -> None:

@@ -48,6 +48,12 @@ class BodyTooLarge(ProxyError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
 
+class ExpectationFailed(InvalidRequest):
+    """An HTTP ``Expect`` header other than ``100-continue`` (RFC 9110 §10.1.1)."""
+
+    http_status = 417
+
+
 class NotFound(ProxyError):
     """Unknown model, version, region or route."""
 

@@ -8,22 +8,46 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
-from v2proxy.app import build_app, build_backend
+from v2proxy.app import build_backend, build_rest
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.config import Settings, load_settings
+from v2proxy.frontends.rest import RestFrontend
 
 Factory = Callable[..., Awaitable[TestClient[Any, Any]]]
 
 
+class FrontendServer(BaseTestServer):
+    """The REST frontend on the same low-level aiohttp server as ``v2proxy serve`` runs, with
+    its backend started and closed around it."""
+
+    def __init__(self, frontend: RestFrontend, **kwargs: Any) -> None:
+        self.frontend = frontend
+        super().__init__(**kwargs)
+
+    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        await self.frontend.pipeline.backend.start()
+        return web.ServerRunner(self.frontend.server())
+
+    async def close(self) -> None:
+        await super().close()
+        await self.frontend.pipeline.backend.close()
+
+
 @pytest.fixture
 async def make_client() -> AsyncIterator[Factory]:
-    """make_client(app) -> a TestClient on a real loopback port; all closed at the end."""
+    """make_client(frontend or aiohttp app) -> a TestClient on a real loopback port; all closed
+    at the end."""
     clients: list[TestClient[Any, Any]] = []
 
-    async def factory(app: web.Application) -> TestClient[Any, Any]:
-        c: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+    async def factory(app: web.Application | RestFrontend) -> TestClient[Any, Any]:
+        server: BaseTestServer = (
+            FrontendServer(app, host="127.0.0.1")
+            if isinstance(app, RestFrontend)
+            else TestServer(app, host="127.0.0.1")
+        )
+        c: TestClient[Any, Any] = TestClient(server)
         await c.start_server()
         clients.append(c)
         return c
@@ -40,24 +64,24 @@ def settings(**overrides: Any) -> Settings:
 @pytest.fixture
 async def builtin(make_client: Factory) -> TestClient[Any, Any]:
     """v2proxy in front of the builtin models."""
-    return await make_client(build_app(settings(), BuiltinBackend()))
+    return await make_client(build_rest(settings(), BuiltinBackend()))
 
 
 @pytest.fixture
 async def recorded(make_client: Factory) -> AsyncIterator[tuple[TestClient[Any, Any], list[Any]]]:
     """A reference server (builtin models over REST) that records every request it gets."""
-    seen: list[web.Request] = []
+    seen: list[web.BaseRequest] = []
+    frontend = build_rest(settings(), BuiltinBackend(server_name="reference"))
+    dispatch = frontend.dispatch
 
-    @web.middleware
-    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def record(request: web.BaseRequest) -> web.StreamResponse:
         seen.append(request)
-        return await handler(request)
+        return await dispatch(request)
 
-    app = build_app(settings(), BuiltinBackend(server_name="reference"))
-    app.middlewares.append(record)
-    yield await make_client(app), seen
+    frontend.dispatch = record  # type: ignore[method-assign]
+    yield await make_client(frontend), seen
 
 
 async def proxy_to(make_client: Factory, url: str, **overrides: Any) -> TestClient[Any, Any]:
     s = settings(backend=url, **overrides)
-    return await make_client(build_app(s, build_backend(s)))
+    return await make_client(build_rest(s, build_backend(s)))

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from tests.integration.conftest import Factory, proxy_to
 from tests.integration.test_rest_errors import BIN_HEADER, BLOB, framed, simple_json
 
-Recorded = tuple[TestClient[Any, Any], list[web.Request]]
+Recorded = tuple[TestClient[Any, Any], list[web.BaseRequest]]
 
 
 def url_of(client: TestClient[Any, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import struct
@@ -11,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.integration.conftest import Factory, proxy_to, settings
-from v2proxy.app import build_app
+from v2proxy.app import build_rest
 from v2proxy.backends.builtin import BuiltinBackend
 
 ONES = [1] * 16
@@ -268,7 +269,7 @@ async def test_input_size_limits(make_client: Factory) -> None:
     """--max-input-size bounds JSON headers, raw bodies and decompressed bodies (Triton's
     messages); --max-body-size bounds any body with 413."""
     client = await make_client(
-        build_app(settings(max_input_size=1000, max_body_size=4000), BuiltinBackend())
+        build_rest(settings(max_input_size=1000, max_body_size=4000), BuiltinBackend())
     )
     big_json = simple_json() + b" " * 1000
     resp = await client.post("/v2/models/simple/infer", data=big_json)
@@ -313,3 +314,52 @@ async def test_backend_refuses_connection(make_client: Factory) -> None:
     assert resp.status == 503
     # liveness is the proxy's own: still alive
     assert (await client.get("/v2/health/live")).status == 200
+
+
+async def _exchange(client: TestClient[Any, Any], head: bytes) -> tuple[bytes, Any, Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(head)
+    await writer.drain()
+    async with asyncio.timeout(5):  # a server that does not answer fails, not hangs
+        return await reader.readuntil(b"\r\n\r\n"), reader, writer
+
+
+async def test_expect_100_continue(builtin: TestClient[Any, Any]) -> None:
+    """A client that sends ``Expect: 100-continue`` gets the interim answer before it sends
+    its body (curl does so for big bodies); any other expectation is refused with 417."""
+    body = simple_json()
+    head = (
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    interim, reader, writer = await _exchange(builtin, head)
+    try:
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        final = await reader.readuntil(b"\r\n\r\n")
+        assert final.startswith(b"HTTP/1.1 200 ")
+        length = int(final.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answer = json.loads(await reader.readexactly(length))
+        assert answer["outputs"][0]["data"] == [2] * 16
+    finally:
+        writer.close()
+    resp = await builtin.post(
+        "/v2/models/simple/infer", data=body, headers={"Expect": "something-else"}
+    )
+    assert resp.status == 417
+    assert (await resp.json()) == {"error": "unsupported Expect header: 'something-else'"}
+
+
+async def test_chunked_body_over_the_limit(make_client: Factory) -> None:
+    """A body without Content-Length is bounded by --max-body-size as it arrives."""
+    client = await make_client(build_rest(settings(max_body_size=4000), BuiltinBackend()))
+
+    async def chunks() -> Any:
+        for _ in range(10):
+            yield b" " * 1000
+
+    resp = await client.post("/v2/models/simple/infer", data=chunks())
+    assert resp.status == 413
+    assert "maximum body size of 4000 bytes" in (await resp.json())["error"]
+    resp = await client.post("/v2/models/simple/infer", data=simple_json())
+    assert resp.status == 200

@@ -23,14 +23,22 @@ from aiohttp import web
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
+from v2proxy.errors import (
+    BodyTooLarge,
+    ExpectationFailed,
+    InvalidRequest,
+    ProxyError,
+    Unsupported,
+)
 from v2proxy.http_io import ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer
 from v2proxy.pipeline import ForwardResponse, Pipeline, StreamedBody
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["RestFrontend", web.Request, "re.Match[str]"], Awaitable[web.StreamResponse]]
+Handler = Callable[
+    ["RestFrontend", web.BaseRequest, "re.Match[str]"], Awaitable[web.StreamResponse]
+]
 
 REQUEST_ID = "x-request-id"
 #: Client headers that are not passed on to the backend with an inference request.
@@ -69,16 +77,32 @@ class RestFrontend:
         self.max_input_size = max_input_size
         self.max_body_size = max_body_size
 
-    def app(self) -> web.Application:
-        # Bodies are decompressed here, bounded by --max-input-size; pass-through keeps them as is.
-        app = web.Application(
-            client_max_size=self.max_body_size, handler_args={"auto_decompress": False}
-        )
-        app.router.add_route("*", "/{path:.*}", self.dispatch)
-        return app
+    def server(self, **kwargs: Any) -> web.Server:
+        """aiohttp's low-level server for this frontend (in a running loop). There is no router
+        or middleware layer: :data:`ROUTES` is the router. Bodies are decompressed here, bounded
+        by --max-input-size; pass-through keeps them as they are."""
+        loop = asyncio.get_running_loop()
+        limit = self.max_body_size
 
-    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        def make_request(
+            message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+        ) -> web.BaseRequest:
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=limit
+            )
+
+        return web.Server(
+            self.dispatch,
+            request_factory=make_request,
+            auto_decompress=False,
+            access_log=None,
+            **kwargs,
+        )
+
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
+            if "Expect" in request.headers:
+                await self._expect(request)
             response = await self._route(request)
         except ProxyError as exc:
             response = error_response(exc)
@@ -96,7 +120,17 @@ class RestFrontend:
             response.headers[REQUEST_ID] = rid
         return response
 
-    async def _route(self, request: web.Request) -> web.StreamResponse:
+    @staticmethod
+    async def _expect(request: web.BaseRequest) -> None:
+        """RFC 9110 §10.1.1: an HTTP/1.1 client that sent ``Expect: 100-continue`` waits for
+        the interim answer before sending its body."""
+        expect = request.headers["Expect"].strip().lower()
+        if expect != "100-continue":
+            raise ExpectationFailed(f"unsupported Expect header: {expect!r}")
+        if request.version >= (1, 1) and request.writer is not None:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         for pattern, methods in ROUTES:
             m = pattern.fullmatch(path)
@@ -107,7 +141,7 @@ class RestFrontend:
                 return await handler(self, request, m)
         return await self.passthrough(request)
 
-    async def read_body(self, request: web.Request) -> bytes | bytearray:
+    async def read_body(self, request: web.BaseRequest) -> bytes | bytearray:
         """The whole request body, bounded by --max-body-size (one copy when its length is
         known)."""
         length = request.content_length
@@ -130,7 +164,7 @@ class RestFrontend:
             ) from None
 
     @staticmethod
-    async def _read_exactly(request: web.Request, length: int) -> bytearray:
+    async def _read_exactly(request: web.BaseRequest, length: int) -> bytearray:
         try:
             return await read_exactly(request.content, length)
         except ShortBody as exc:
@@ -138,28 +172,28 @@ class RestFrontend:
 
     # ------------------------------------------------------------------ terminated endpoints
 
-    async def live(self, _request: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+    async def live(self, _request: web.BaseRequest, _m: re.Match[str]) -> web.StreamResponse:
         return web.Response(status=200)
 
-    async def ready(self, _request: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+    async def ready(self, _request: web.BaseRequest, _m: re.Match[str]) -> web.StreamResponse:
         ok = await self.pipeline.backend.server_ready()
         return web.Response(status=200 if ok else 400)
 
-    async def server_metadata(self, _r: web.Request, _m: re.Match[str]) -> web.StreamResponse:
+    async def server_metadata(self, _r: web.BaseRequest, _m: re.Match[str]) -> web.StreamResponse:
         return _json_response(200, await self.pipeline.server_metadata())
 
-    async def model_metadata(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+    async def model_metadata(self, _r: web.BaseRequest, m: re.Match[str]) -> web.StreamResponse:
         return _json_response(200, await self.pipeline.backend.model_metadata(*_model(m)))
 
-    async def model_config(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+    async def model_config(self, _r: web.BaseRequest, m: re.Match[str]) -> web.StreamResponse:
         return _json_response(200, await self.pipeline.backend.model_config(*_model(m)))
 
-    async def model_ready(self, _r: web.Request, m: re.Match[str]) -> web.StreamResponse:
+    async def model_ready(self, _r: web.BaseRequest, m: re.Match[str]) -> web.StreamResponse:
         if await self.pipeline.backend.model_ready(*_model(m)):
             return web.Response(status=200)
         return _json_response(400, {"error": "Model version not ready"})
 
-    async def infer(self, request: web.Request, m: re.Match[str]) -> web.StreamResponse:
+    async def infer(self, request: web.BaseRequest, m: re.Match[str]) -> web.StreamResponse:
         model, version = _model(m)
         headers = request.headers
         encoding = compression.choose_encoding(headers.get("Accept-Encoding"))
@@ -193,7 +227,7 @@ class RestFrontend:
         return await self._send(request, out, chunks)
 
     async def _stream_relay(
-        self, request: web.Request, model: str, version: str, encoding: str | None
+        self, request: web.BaseRequest, model: str, version: str, encoding: str | None
     ) -> web.StreamResponse | None:
         """A large binary-framed body is relayed while it arrives (as nginx streams): only its
         JSON header is read and checked first. None when this does not apply; the body is then
@@ -243,7 +277,7 @@ class RestFrontend:
         return await self._write_forwarded(request, relayed)
 
     async def _write_forwarded(
-        self, request: web.Request, answer: ForwardResponse
+        self, request: web.BaseRequest, answer: ForwardResponse
     ) -> web.StreamResponse:
         """Write a backend's answer through unchanged: in one piece when it was read whole,
         else streamed as it comes (with its Content-Length when it has one)."""
@@ -279,7 +313,7 @@ class RestFrontend:
             await answer.release()
 
     async def _send(
-        self, request: web.Request, out: web.StreamResponse, chunks: list[Buffer]
+        self, request: web.BaseRequest, out: web.StreamResponse, chunks: list[Buffer]
     ) -> web.StreamResponse:
         total = sum(memoryview(c).nbytes for c in chunks)
         rid = request.headers.get(REQUEST_ID)
@@ -297,7 +331,7 @@ class RestFrontend:
 
     # ------------------------------------------------------------------ pass-through
 
-    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+    async def passthrough(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await self.read_body(request)
         forwarded = await self.pipeline.backend.forward(
             request.method, request.raw_path, list(request.headers.items()), body
