@@ -215,16 +215,14 @@ class RestFrontend:
                     return await self._write_forwarded(request, relayed)
         response = await self.pipeline.infer(infer_request, forwarded)
         chunks, json_length = binc.encode_response(response, binc.binary_output_rule(infer_request))
-        out = web.StreamResponse(status=200)
-        if json_length is None:
-            out.content_type = "application/json"
-        else:
-            out.content_type = "application/octet-stream"
-            out.headers[binc.IHCL_HEADER] = str(json_length)
+        out_headers = {"Content-Type": "application/json"}
+        if json_length is not None:
+            out_headers["Content-Type"] = "application/octet-stream"
+            out_headers[binc.IHCL_HEADER] = str(json_length)
         if encoding is not None:
             chunks = [compression.compress(chunks, encoding)]
-            out.headers["Content-Encoding"] = encoding
-        return await self._send(request, out, chunks)
+            out_headers["Content-Encoding"] = encoding
+        return await self._send(request, out_headers, chunks)
 
     async def _stream_relay(
         self, request: web.BaseRequest, model: str, version: str, encoding: str | None
@@ -313,15 +311,18 @@ class RestFrontend:
             await answer.release()
 
     async def _send(
-        self, request: web.BaseRequest, out: web.StreamResponse, chunks: list[Buffer]
+        self, request: web.BaseRequest, headers: dict[str, str], chunks: list[Buffer]
     ) -> web.StreamResponse:
-        total = sum(memoryview(c).nbytes for c in chunks)
+        """A 200 answer: small bodies in one write, large ones buffer by buffer (no join)."""
         rid = request.headers.get(REQUEST_ID)
         if rid is not None:
-            out.headers[REQUEST_ID] = rid
-        if total <= _JOIN_LIMIT or (len(chunks) == 1 and isinstance(chunks[0], bytes)):
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            return web.Response(status=out.status, body=bytes(body), headers=out.headers)
+            headers[REQUEST_ID] = rid
+        if len(chunks) == 1 and isinstance(chunks[0], bytes):
+            return web.Response(body=chunks[0], headers=headers)
+        total = sum(memoryview(c).nbytes for c in chunks)
+        if total <= _JOIN_LIMIT:
+            return web.Response(body=b"".join(chunks), headers=headers)
+        out = web.StreamResponse(headers=headers)
         out.content_length = total
         await out.prepare(request)
         for chunk in chunks:
@@ -344,10 +345,10 @@ class RestFrontend:
 _M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
 
 ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
+    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}),  # the hot one first
     (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}),
     (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}),
     (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}),
-    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}),
     (re.compile(_M + "/ready"), {"GET": RestFrontend.model_ready}),
     (re.compile(_M + "/config"), {"GET": RestFrontend.model_config}),
     (
