@@ -3,7 +3,9 @@
 It owns the port to the model server (:class:`Backend`, implemented in ``v2proxy.backends``),
 resolves what a request needs before the backend sees it (raw-request shape deduction from model
 metadata) and finishes the response (request id). Later stages (shared memory, classification,
-metrics) plug in here, so that REST and gRPC frontends behave the same.
+metrics) plug in here, so that REST and gRPC frontends behave the same. Requests no stage
+applies to are relayed unchanged (:meth:`Pipeline.relay`), large JSON bodies while they arrive
+(:meth:`Pipeline.relay_json`: checked on the way, their end held back until they passed).
 
 Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
 """
@@ -15,9 +17,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from v2proxy.codecs.json import dumps, loads
+from v2proxy.codecs.binary import decode_request
+from v2proxy.codecs.json import StreamCheck, dumps, loads
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import BackendError, BadGateway, CodecError, NotFound, ProxyError
+from v2proxy.errors import (
+    BackendError,
+    BadGateway,
+    CodecError,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+)
 from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
 
 METADATA_TTL_S = 30.0
@@ -85,11 +95,44 @@ class Backend(Protocol):
         ...
 
 
+class _NotRelayed(ProxyError):
+    """Stops a streamed relay whose request turned out to need the stages (never answered)."""
+
+    def __init__(self, request: InferRequest) -> None:
+        super().__init__("the request is not relayed")
+        self.request = request
+
+
+#: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
+HOLD_BACK = 64 * 1024
+#: buffers that kept such bodies are reused, this many at a time, up to this size (so that one
+#: huge request does not pin its buffer for the life of the process)
+BUFFERS_KEPT = 2
+BUFFER_REUSE_LIMIT = 32 * 1024 * 1024
+
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data",)
 
 #: Tensor parameters that mean a stage of the proxy applies to the request.
 _STAGE_PARAMS = ("shared_memory_region", "classification")
+
+
+async def _kept(body: StreamedBody, view: memoryview) -> AsyncIterator[bytes]:
+    """The chunks of ``body``, each copied into ``view`` (``body.length`` bytes) on the way;
+    failing when they do not add up to exactly that length."""
+    received = 0
+    async for chunk in body.chunks:
+        start, received = received, received + len(chunk)
+        if received > body.length:
+            raise InvalidRequest(
+                f"incomplete request body: its length differs from Content-Length {body.length}"
+            )
+        view[start:received] = chunk
+        yield chunk
+    if received != body.length:
+        raise InvalidRequest(
+            f"incomplete request body: it ended after {received} of {body.length} bytes"
+        )
 
 
 class Pipeline:
@@ -99,6 +142,7 @@ class Pipeline:
         self.backend = backend
         self.max_input_size = max_input_size
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
+        self._buffers: list[bytearray] = []
 
     async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
         self._check(request)
@@ -180,6 +224,81 @@ class Pipeline:
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
         )
+
+    async def relay_json(
+        self, model: str, version: str, body: StreamedBody, headers: dict[str, str]
+    ) -> ForwardResponse | InferRequest:
+        """A JSON /infer body that is still arriving, relayed while it arrives when nothing
+        needs changing (as :meth:`relay` does for whole bodies); the decoded request when it
+        must go through :meth:`infer` instead.
+
+        Each chunk goes on to the backend as it comes and is checked after
+        (:class:`StreamCheck`), but the body's last :data:`HOLD_BACK` bytes are sent only once
+        the whole of it has passed. A malformed body is answered with the error that names the
+        field at fault (CodecError, raised here) and the backend connection is dropped with the
+        request incomplete, so the backend never has it whole; so is one that turns out to need
+        a stage, which is then decoded in full and returned."""
+        length = body.length
+        if length > self.max_input_size:  # refused by the decoder, which names the limit
+            chunks = [chunk async for chunk in body.chunks]
+            return decode_request(b"".join(chunks), None, model, version, self.max_input_size)
+        # The body is kept (for the full decoder, when it must decide) in a buffer reused from
+        # one request to the next: fresh memory for every big body costs more than the copy.
+        kept = self._take_buffer(length)
+        view = memoryview(kept)[:length]
+        try:
+            if not await self.backend.can_relay(False):
+                async for _ in _kept(body, view):
+                    pass
+                return decode_request(view, None, model, version, self.max_input_size)
+            return await self._relay_checked(model, version, body, view, headers)
+        except _NotRelayed as stop:
+            return stop.request
+        finally:
+            self._give_back(kept)
+
+    async def _relay_checked(
+        self,
+        model: str,
+        version: str,
+        body: StreamedBody,
+        view: memoryview,
+        headers: dict[str, str],
+    ) -> ForwardResponse:
+        check = StreamCheck(model, version, self.max_input_size)
+        hold_from = max(body.length - HOLD_BACK, 0)
+
+        async def checked() -> AsyncIterator[bytes]:
+            received = 0
+            async for chunk in _kept(body, view):
+                start, received = received, received + len(chunk)
+                if received <= hold_from:
+                    yield chunk  # to the backend first, checked after: the two overlap
+                elif start < hold_from:
+                    yield chunk[: hold_from - start]
+                check.feed(chunk)
+            request = check.finish()
+            if request is None or not self._nothing_to_do(request, binary=False):
+                # undecided, or the tensors' bytes are needed: the full decoder decides (and
+                # names the field at fault)
+                request = decode_request(view, None, model, version, self.max_input_size)
+                if not self._nothing_to_do(request, binary=False):
+                    raise _NotRelayed(request)
+            yield bytes(view[hold_from:])
+
+        return await self.backend.relay_infer(
+            model, version, StreamedBody(body.length, checked()), None, headers
+        )
+
+    def _take_buffer(self, size: int) -> bytearray:
+        for i, buf in enumerate(self._buffers):
+            if len(buf) >= size:
+                return self._buffers.pop(i)
+        return bytearray(size)
+
+    def _give_back(self, buf: bytearray) -> None:
+        if len(buf) <= BUFFER_REUSE_LIMIT and len(self._buffers) < BUFFERS_KEPT:
+            self._buffers.append(buf)
 
     @staticmethod
     def _nothing_to_do(request: InferRequest, binary: bool) -> bool:

@@ -31,7 +31,7 @@ from v2proxy.errors import (
     Unsupported,
 )
 from v2proxy.http_io import ShortBody, end_to_end, read_exactly
-from v2proxy.model import Buffer
+from v2proxy.model import Buffer, InferRequest
 from v2proxy.pipeline import ForwardResponse, Pipeline, StreamedBody
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ _INFER_DROP = frozenset(
 #: Bodies up to this size are joined and sent in one write; larger ones are streamed buffer by
 #: buffer so that tensor data is never copied into a new body.
 _JOIN_LIMIT = 256 * 1024
-#: binary-framed bodies from this size on are relayed while they arrive (when relayed at all)
+#: bodies (JSON or binary-framed) from this size on are relayed while they arrive, when relayed
 STREAM_RELAY_MIN = 4 * 1024 * 1024
 _HEADER_READ = web.RequestKey("v2proxy_header_read", bytearray)
 
@@ -67,6 +67,20 @@ def error_response(exc: ProxyError) -> web.Response:
 
 def _model(m: re.Match[str]) -> tuple[str, str]:
     return m.group("model"), m.group("version") or ""
+
+
+async def _chunks(request: web.BaseRequest, length: int, start: int = 0) -> AsyncIterator[bytes]:
+    """The request body from byte ``start`` on, as it arrives; failing when it does not end
+    exactly at ``length`` (its Content-Length)."""
+    remaining = length - start
+    while remaining:
+        chunk = await request.content.readany()
+        if not chunk or len(chunk) > remaining:
+            raise InvalidRequest(
+                f"incomplete request body: its length differs from Content-Length {length}"
+            )
+        remaining -= len(chunk)
+        yield chunk
 
 
 class RestFrontend:
@@ -200,11 +214,19 @@ class RestFrontend:
         streamed = await self._stream_relay(request, model, version, encoding)
         if streamed is not None:
             return streamed
+        forwarded = dict(end_to_end(list(headers.items()), _INFER_DROP))
+        if self._streams(request, encoding) and binc.IHCL_HEADER not in headers:
+            length = request.content_length or 0
+            outcome = await self.pipeline.relay_json(
+                model, version, StreamedBody(length, _chunks(request, length)), forwarded
+            )
+            if isinstance(outcome, ForwardResponse):
+                return await self._write_forwarded(request, outcome)
+            return await self._answer(request, outcome, forwarded, encoding)
         body: Buffer = await self.read_body(request)
         content_encoding = headers.get("Content-Encoding")
         body = compression.decompress(body, content_encoding, self.max_input_size)
         ihcl = binc.parse_ihcl(headers.get(binc.IHCL_HEADER), len(body))
-        forwarded = dict(end_to_end(list(headers.items()), _INFER_DROP))
         if ihcl == 0:
             infer_request = await self.pipeline.decode_raw(body, model, version)
         else:
@@ -213,6 +235,17 @@ class RestFrontend:
                 relayed = await self.pipeline.relay(infer_request, body, ihcl, forwarded)
                 if relayed is not None:
                     return await self._write_forwarded(request, relayed)
+        return await self._answer(request, infer_request, forwarded, encoding)
+
+    async def _answer(
+        self,
+        request: web.BaseRequest,
+        infer_request: InferRequest,
+        forwarded: dict[str, str],
+        encoding: str | None,
+    ) -> web.StreamResponse:
+        """Run a decoded request through the pipeline and write the answer in the wire form
+        the client asked for."""
         response = await self.pipeline.infer(infer_request, forwarded)
         chunks, json_length = binc.encode_response(response, binc.binary_output_rule(infer_request))
         out_headers = {"Content-Type": "application/json"}
@@ -233,14 +266,7 @@ class RestFrontend:
         is kept in ``request[_HEADER_READ]`` for :meth:`read_body`."""
         length = request.content_length
         ihcl_value = request.headers.get(binc.IHCL_HEADER)
-        if (
-            length is None
-            or length < STREAM_RELAY_MIN
-            or length > self.max_body_size
-            or ihcl_value is None
-            or encoding is not None
-            or request.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
-        ):
+        if length is None or ihcl_value is None or not self._streams(request, encoding):
             return None
         ihcl = binc.parse_ihcl(ihcl_value, length)
         if not ihcl:
@@ -258,14 +284,7 @@ class RestFrontend:
 
         async def chunks() -> AsyncIterator[bytes]:
             yield bytes(header)
-            remaining = length - ihcl
-            while remaining:
-                chunk = await request.content.readany()
-                if not chunk or len(chunk) > remaining:
-                    raise InvalidRequest(
-                        f"incomplete request body: its length differs from Content-Length {length}"
-                    )
-                remaining -= len(chunk)
+            async for chunk in _chunks(request, length, ihcl):
                 yield chunk
 
         forwarded = dict(end_to_end(list(request.headers.items()), _INFER_DROP))
@@ -273,6 +292,18 @@ class RestFrontend:
         if relayed is None:
             return None
         return await self._write_forwarded(request, relayed)
+
+    def _streams(self, request: web.BaseRequest, encoding: str | None) -> bool:
+        """Whether an /infer body is large enough to be relayed while it arrives (when relayed
+        at all) and comes in a form that allows it: a known length within the limit, no
+        compression either way."""
+        length = request.content_length
+        return (
+            length is not None
+            and STREAM_RELAY_MIN <= length <= self.max_body_size
+            and encoding is None
+            and request.headers.get("Content-Encoding", "identity").strip().lower() == "identity"
+        )
 
     async def _write_forwarded(
         self, request: web.BaseRequest, answer: ForwardResponse
