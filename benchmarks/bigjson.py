@@ -87,6 +87,7 @@ def stages(repeat: int) -> None:
 
     from v2proxy.codecs import binary as binc
     from v2proxy.codecs import json as jsonc
+    from v2proxy.codecs import json_stream
     from v2proxy.pipeline import Pipeline
 
     body = make_body()
@@ -100,7 +101,7 @@ def stages(repeat: int) -> None:
         del doc
 
     def streamed_check() -> None:
-        check = jsonc.StreamCheck(MODEL, "", jsonc.DEFAULT_MAX_INPUT_SIZE)
+        check = json_stream.StreamCheck(MODEL, "", jsonc.DEFAULT_MAX_INPUT_SIZE)
         for piece in pieces:
             check.feed(piece)
         assert check.finish() is not None

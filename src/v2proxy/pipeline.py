@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from v2proxy.codecs.binary import decode_request
-from v2proxy.codecs.json import StreamCheck, dumps, loads
+from v2proxy.codecs.json import dumps, loads
+from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import (
     BackendError,

@@ -1,4 +1,4 @@
-"""codecs.json.StreamCheck: the check of a JSON request body fed in pieces as it arrives.
+"""codecs.json_stream.StreamCheck: the check of a JSON request body fed in pieces as it arrives.
 
 Its one promise: when it says "valid" (``finish`` returns a request), the full decoder
 (``codecs.binary.decode_request``) accepts the same body and reads the same request from it
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs import json as jsonc
+from v2proxy.codecs import json_stream
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Datatype, InferRequest
 
@@ -29,12 +29,12 @@ SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 @pytest.fixture(autouse=True)
 def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pieces of a few bytes, so that small bodies are cut at many commas."""
-    monkeypatch.setattr(jsonc, "PIECE_SIZE", 8)
+    monkeypatch.setattr(json_stream, "PIECE_SIZE", 8)
 
 
 def check(body: bytes, sizes: list[int] | None = None, limit: int = 1 << 26) -> InferRequest | None:
     """Feed ``body`` in slices of the given sizes (cycled), then finish."""
-    sc = jsonc.StreamCheck(MODEL, "", limit)
+    sc = json_stream.StreamCheck(MODEL, "", limit)
     sizes = sizes or [len(body) or 1]
     pos, i = 0, 0
     while pos < len(body):
@@ -219,7 +219,7 @@ def test_size_limits() -> None:
 
 
 def test_oversized_skeleton_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jsonc, "SKELETON_LIMIT", 64)
+    monkeypatch.setattr(json_stream, "SKELETON_LIMIT", 64)
     body = body_of({"parameters": {"x": "y" * 100}, "inputs": [tensor("A", "FP32", [1])]})
     assert agree(body, [5]) is None
 
