@@ -90,7 +90,12 @@ SCENARIOS = [
         "a",
         "small JSON -> JSON",
         "simple_json",
-        [("direct", "direct"), ("nginx", "nginx"), ("v2proxy-json", "v2proxy-json")],
+        [
+            ("direct", "direct"),
+            ("nginx", "nginx"),
+            ("py-relay", "py-relay"),
+            ("v2proxy-json", "v2proxy-json"),
+        ],
         SMALL,
     ),
     Scenario(
@@ -406,6 +411,7 @@ class Systems:
             proxies.append((ep, server))
 
         self._start_nginx(direct, mls, timeout)
+        self._start_pyrelay(direct, timeout)
 
         for ep, server in proxies:
             if not server.wait_ready(timeout):
@@ -459,6 +465,24 @@ class Systems:
         if direct.error:
             nginx.error = nginx.error or f"error: no backend: {_bare(direct.error)}"
         nginx_mls.error = nginx.error or (mls.error and f"error: no backend: {_bare(mls.error)}")
+
+    def _start_pyrelay(self, direct: Endpoint, timeout: float) -> None:
+        """The floor of a Python proxy (``pyrelay.py``: bytes relayed, no HTTP work)."""
+        (port,) = procs.free_ports(1)
+        cmd = [sys.executable, str(HERE / "pyrelay.py"), "--port", str(port)]
+        cmd += ["--backend", f"{HOST}:{direct.http_port}"]
+        server = Server("py-relay", cmd, self.workdir / "py-relay.log", ready_ports=[port])
+        ep = Endpoint("py-relay", port, None, server, cmd)
+        self.endpoints["py-relay"] = ep
+        if direct.error:
+            ep.error = f"error: no backend: {_bare(direct.error)}"
+            return
+        _start(server, self.stack)
+        ep.proxy_pgid = server.proc.pid if server.proc else None
+        ep.backend_pgid = direct.backend_pgid
+        if not server.wait_ready(timeout):
+            ep.error = loadgen.one_line(f"error: py-relay did not start: {server.error}", 400)
+            log(ep.error)
 
 
 # --------------------------------------------------------------------------- measuring
