@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,9 +32,37 @@ class Measurement:
     tool: str = ""
     #: CPU used during the run, percent of one core: loadgen, proxy, backend
     cpu_pct: dict[str, float] = field(default_factory=dict)
+    #: req/s of each round, when this is the median of several runs (:func:`median_of`)
+    round_rps: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def median_of(runs: list[Measurement]) -> Measurement:
+    """Several runs of the same load as one: each figure the median of the runs' (so that one
+    run disturbed by the machine does not decide), counts added up."""
+
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    cpu_keys = {k for m in runs for k in m.cpu_pct}
+    return Measurement(
+        requests=sum(m.requests for m in runs),
+        seconds=sum(m.seconds for m in runs),
+        rps=statistics.median(m.rps for m in runs),
+        p50_ms=med([m.p50_ms for m in runs]),
+        p99_ms=med([m.p99_ms for m in runs]),
+        mean_ms=med([m.mean_ms for m in runs]),
+        errors=sum(m.errors for m in runs),
+        tool=runs[0].tool,
+        cpu_pct={
+            k: round(statistics.median(m.cpu_pct[k] for m in runs if k in m.cpu_pct), 1)
+            for k in sorted(cpu_keys)
+        },
+        round_rps=[round(m.rps, 1) for m in runs],
+    )
 
 
 def _msecs(value: float) -> str:

@@ -247,15 +247,19 @@ TARGETS = [
 
 @dataclass
 class Durations:
+    """``small`` and ``big`` are the seconds of one round; every (system, concurrency) of a
+    scenario is measured ``rounds`` times, the systems taking turns (see Runner.run)."""
+
     small: float
     big: float
     warmup: float
     micro_quick: bool
     shm: float
+    rounds: int
 
 
-FULL = Durations(small=10.0, big=10.0, warmup=1.0, micro_quick=False, shm=5.0)
-QUICK = Durations(small=2.0, big=3.0, warmup=1.0, micro_quick=True, shm=2.0)
+FULL = Durations(small=2.0, big=2.0, warmup=1.0, micro_quick=False, shm=5.0, rounds=5)
+QUICK = Durations(small=1.0, big=2.0, warmup=1.0, micro_quick=True, shm=2.0, rounds=2)
 
 # --------------------------------------------------------------------------- systems
 
@@ -550,43 +554,72 @@ class Runner:
 
     def run(self, scenarios: list[Scenario]) -> None:
         for sc in scenarios:
-            for label, key in sc.systems:
-                self._pair(sc, label, key)
+            self._scenario(sc)
 
-    def _pair(self, sc: Scenario, label: str, key: str) -> None:
-        ep = self.systems.endpoints[key]
-        rows = [
-            Row(sc.id, sc.title, label, key, sc.protocol, self.fixed if c == FIXED else c)
-            for c in sc.concurrency
-        ]
-        self.rows.extend(rows)
-        problem = ep.usable()
-        if problem is None:
-            problem = self._gate(sc, ep)
+    def _scenario(self, sc: Scenario) -> None:
+        """Every system of the scenario passes the correctness gate first; then each (system,
+        concurrency) is measured in ``rounds`` short runs, the systems taking turns and the
+        first of each round rotating, so that a slow spell of the shared machine hits every
+        system alike rather than one. Each row reports the medians of its rounds."""
+        live: list[tuple[str, Endpoint, list[Row]]] = []
+        for label, key in sc.systems:
+            ep = self.systems.endpoints[key]
+            rows = [
+                Row(sc.id, sc.title, label, key, sc.protocol, self.fixed if c == FIXED else c)
+                for c in sc.concurrency
+            ]
+            self.rows.extend(rows)
+            problem = ep.usable()
+            if problem is None:
+                problem = self._gate(sc, ep)
+                if problem is not None:
+                    problem = f"error: correctness gate: {loadgen.one_line(problem)}"
             if problem is not None:
-                problem = f"error: correctness gate: {loadgen.one_line(problem)}"
-        if problem is not None:
-            log(f"({sc.id}) {label}: {problem}")
-            for r in rows:
-                r.error = problem
+                log(f"({sc.id}) {label}: {problem}")
+                for r in rows:
+                    r.error = problem
+                continue
+            live.append((label, ep, rows))
+        if not live:
             return
-        for i, row in enumerate(rows):
-            duration = self.d.big if sc.big else self.d.small
-            if not sc.big and i == 0 and self.d.warmup:
-                self._load(sc, ep, row.concurrency, self.d.warmup)
-            m = self._load(sc, ep, row.concurrency, duration)
-            row.measurement = m
-            if m.error:
-                row.error = f"error: {m.error}"
-            if (gone := ep.usable()) is not None:
-                row.error = f"error: {loadgen.one_line(gone)}"
-            log(
-                f"({sc.id}) {label} c={_concurrency_label(sc, row.concurrency)}: "
-                + (
-                    row.error
-                    or f"{m.rps:.1f} req/s, p50 {_ms(m.p50_ms)} ms, p99 {_ms(m.p99_ms)} ms"
+        duration = self.d.big if sc.big else self.d.small
+        runs: dict[int, list[loadgen.Measurement]] = {
+            id(r): [] for _, _, rows in live for r in rows
+        }
+        for n in range(self.d.rounds):
+            shift = n % len(live)
+            for label, ep, rows in live[shift:] + live[:shift]:
+                for i, row in enumerate(rows):
+                    if row.error:
+                        continue
+                    first = n == 0
+                    if first and not sc.big and i == 0 and self.d.warmup:
+                        self._load(sc, ep, row.concurrency, self.d.warmup, self.d.warmup)
+                    m = self._load(sc, ep, row.concurrency, duration, self.d.warmup if first else 0)
+                    if m.error:
+                        row.error, row.measurement = f"error: {m.error}", m
+                    elif (gone := ep.usable()) is not None:
+                        row.error = f"error: {loadgen.one_line(gone)}"
+                    else:
+                        runs[id(row)].append(m)
+                    log(
+                        f"({sc.id}) {label} c={_concurrency_label(sc, row.concurrency)}"
+                        f" round {n + 1}/{self.d.rounds}: "
+                        + (
+                            row.error
+                            or f"{m.rps:.1f} req/s, p50 {_ms(m.p50_ms)} ms, p99 {_ms(m.p99_ms)} ms"
+                        )
+                    )
+        for label, _, rows in live:
+            for row in rows:
+                if row.error or not runs[id(row)]:
+                    continue
+                row.measurement = m = loadgen.median_of(runs[id(row)])
+                log(
+                    f"({sc.id}) {label} c={_concurrency_label(sc, row.concurrency)}: median"
+                    f" {m.rps:.1f} req/s (rounds {', '.join(f'{v:.0f}' for v in m.round_rps)}),"
+                    f" p50 {_ms(m.p50_ms)} ms"
                 )
-            )
 
     def _gate(self, sc: Scenario, ep: Endpoint) -> str | None:
         if sc.protocol == "grpc":
@@ -598,14 +631,16 @@ class Runner:
         assert ep.http_port is not None
         return bodies_mod.gate_rest(ep.http_port, self.rest[sc.body])
 
-    def _load(self, sc: Scenario, ep: Endpoint, c: int, duration: float) -> loadgen.Measurement:
+    def _load(
+        self, sc: Scenario, ep: Endpoint, c: int, duration: float, warmup: float
+    ) -> loadgen.Measurement:
         """One load run, with the CPU used meanwhile by the load generator, the proxy and the
         backend (percent of one core over the run's wall time)."""
         groups = {"proxy": ep.proxy_pgid, "backend": ep.backend_pgid}
         before = {k: procs.group_cpu_seconds(g) for k, g in groups.items() if g}
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
-        m = self._load_tool(sc, ep, c, duration)
+        m = self._load_tool(sc, ep, c, duration, warmup)
         wall = time.monotonic() - start
         ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
         gen = (ru2.ru_utime + ru2.ru_stime) - (ru.ru_utime + ru.ru_stime)
@@ -616,7 +651,7 @@ class Runner:
         return m
 
     def _load_tool(
-        self, sc: Scenario, ep: Endpoint, c: int, duration: float
+        self, sc: Scenario, ep: Endpoint, c: int, duration: float, warmup: float
     ) -> loadgen.Measurement:
         tools = self.systems.tools
         if sc.protocol == "grpc":
@@ -632,7 +667,7 @@ class Runner:
                 clients,
                 streams,
                 duration,
-                self.d.warmup,
+                warmup,
                 self.workdir / "h2load.log",
             )
         rest = self.rest[sc.body]
@@ -745,6 +780,7 @@ COLUMNS = (
     "system",
     "conc",
     "req/s",
+    "req/s rounds min-max",
     "p50 ms",
     "p99 ms",
     "mean ms",
@@ -762,7 +798,7 @@ def table_rows(runner: Runner, scenarios: dict[str, Scenario]) -> list[list[str]
         anchor_sc = sc.anchor or sc.id
         conc = _concurrency_label(sc, r.concurrency)
         if not r.ok:
-            lines.append([r.scenario, r.system, conc, _short(r.error or "error"), *[""] * 7])
+            lines.append([r.scenario, r.system, conc, _short(r.error or "error"), *[""] * 8])
             continue
         m = r.measurement
         assert m is not None
@@ -779,6 +815,7 @@ def table_rows(runner: Runner, scenarios: dict[str, Scenario]) -> list[list[str]
                 r.system,
                 conc,
                 f"{m.rps:.1f}",
+                f"{min(m.round_rps):.0f}-{max(m.round_rps):.0f}" if m.round_rps else "",
                 _ms(m.p50_ms),
                 _ms(m.p99_ms),
                 _ms(m.mean_ms),
@@ -1101,7 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f"; wrk -t{WRK_THREADS} -c{args.concurrency}, h2load"
         f" {'x'.join(map(str, grpc_shape(args.concurrency)))} (connections x streams),"
-        f" {durations.small:g} s per small run, {durations.big:g} s per large run.",
+        f" every row the median of {durations.rounds} rounds of {durations.small:g} s (small"
+        f" bodies) or {durations.big:g} s (large ones), the systems of a scenario taking turns.",
         "",
         md_table(legend_header, legend),
         "",
