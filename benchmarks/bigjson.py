@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import socket
 import statistics
@@ -52,7 +51,6 @@ sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
 import procs  # noqa: E402
 
-LAUNCH_PY = REPO / "tests" / "interop" / "peers" / "launch.py"
 MODEL = "identity_fp32"
 N = 1_000_000
 
@@ -158,15 +156,6 @@ class _DropBackend:
 # --------------------------------------------------------------------------- end to end
 
 
-def _import_launch() -> Any:
-    spec = importlib.util.spec_from_file_location("v2proxy_peer_launch", LAUNCH_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def _post(port: int, body: bytes) -> tuple[int, bytes]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer",
@@ -195,7 +184,7 @@ def e2e(args: argparse.Namespace) -> None:
     wrk = procs.tool_path("wrk")
     if wrk is None and args.tool == "wrk":
         raise SystemExit("wrk is not installed")
-    launch = _import_launch()
+    launch = procs.import_peer_launch()
     body = make_body()
     systems: dict[str, int] = {}
     pids: dict[str, int] = {}
@@ -219,12 +208,8 @@ def e2e(args: argparse.Namespace) -> None:
             cmd += ["--log-level", "warning"]
             server = procs.Server(name, cmd, work / f"{name}.log", env=env)
             server.ready_urls.append(f"http://{procs.HOST}:{port}/v2/health/ready")
-            server.start()
-            assert server.proc is not None
-            stack.callback(procs.stop_group, server.proc)
-            if not server.wait_ready(60):
-                raise SystemExit(f"{name} did not start: {server.error}")
-            print(f"{name} on {port} (pid {server.proc.pid}, src {src})", flush=True)
+            pid = _started(stack, server, 60)
+            print(f"{name} on {port} (pid {pid}, src {src})", flush=True)
             systems[name] = port
             pids[name] = server.proc.pid
         for name, port in systems.items():
@@ -339,6 +324,16 @@ def _cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _started(stack: contextlib.ExitStack, server: procs.Server, timeout: float) -> int:
+    """Start ``server``, to be stopped with ``stack``; its pid once it is ready."""
+    server.start()
+    assert server.proc is not None
+    stack.callback(procs.stop_group, server.proc)
+    if not server.wait_ready(timeout):
+        raise SystemExit(f"{server.name} did not start: {server.error}")
+    return server.proc.pid
+
+
 def _start_nginx(stack: contextlib.ExitStack, work: Path, mlserver_port: int) -> int:
     nginx = procs.tool_path("nginx")
     if nginx is None:
@@ -363,12 +358,7 @@ def _start_nginx(stack: contextlib.ExitStack, work: Path, mlserver_port: int) ->
     (ngx / "nginx.conf").write_text(conf)
     cmd = [nginx, "-e", str(ngx / "error.log"), "-p", str(ngx), "-c", str(ngx / "nginx.conf")]
     server = procs.Server("nginx", cmd, ngx / "stdout.log", ready_ports=[port])
-    server.start()
-    assert server.proc is not None
-    stack.callback(procs.stop_group, server.proc)
-    if not server.wait_ready(30):
-        raise SystemExit(f"nginx did not start: {server.error}")
-    print(f"nginx on {port} (pid {server.proc.pid})", flush=True)
+    print(f"nginx on {port} (pid {_started(stack, server, 30)})", flush=True)
     return port
 
 

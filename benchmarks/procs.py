@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 HOST = "127.0.0.1"
 DEBIAN_PACKAGES = ("nginx-light", "wrk", "nghttp2-client")
@@ -267,3 +269,18 @@ def group_cpu_seconds(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += int(fields[11]) + int(fields[12])
     return total / _CLK_TCK
+
+
+#: the interop tests' launcher of the peer servers (MLServer, KServe), in their own venvs
+LAUNCH_PY = Path(__file__).resolve().parent.parent / "tests" / "interop" / "peers" / "launch.py"
+
+
+def import_peer_launch() -> ModuleType:
+    """The interop tests' peer launcher, loaded from its file (benchmarks do not import tests
+    as a package)."""
+    spec = importlib.util.spec_from_file_location("v2proxy_bench_peer_launch", LAUNCH_PY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

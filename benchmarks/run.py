@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import importlib.util
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import Any
 
 import bodies as bodies_mod
@@ -44,7 +43,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS_DIR = HERE / "results"
 NGINX_TEMPLATE = HERE / "nginx.conf.tmpl"
-LAUNCH_PY = REPO / "tests" / "interop" / "peers" / "launch.py"
 
 # --------------------------------------------------------------------------- what is compared
 
@@ -290,15 +288,6 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _import_launch() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("v2proxy_bench_peer_launch", LAUNCH_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
 def _python_server(
     name: str, args: list[str], workdir: Path, http_port: int, grpc_port: int
 ) -> Server:
@@ -360,7 +349,7 @@ class Systems:
         self.endpoints["direct-mlserver"] = mls
         if need_mlserver:
             try:
-                launch = _import_launch()
+                launch = procs.import_peer_launch()
                 peer = self.stack.enter_context(launch.mlserver_server(launch.peers_dir()))
                 mls.http_port, mls.grpc_port = peer.http_port, peer.grpc_port
                 mls.backend_pgid = peer.pid  # started in its own session

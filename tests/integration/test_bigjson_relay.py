@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
 
 from tests.integration.conftest import Factory, proxy_to
 from v2proxy.backends.rest import RestBackend
@@ -271,18 +273,23 @@ async def recording() -> AsyncIterator[tuple[RecordingBackend, str]]:
     await backend.close()
 
 
+async def post_json(proxy: TestClient[Any, Any], body: bytes) -> ClientResponse:
+    """POST a JSON /infer body whose length is known, asking for no compressed answer."""
+    return await proxy.post(
+        f"/v2/models/{MODEL}/infer",
+        data=io.BytesIO(body),
+        headers={"Content-Type": "application/json"},
+        skip_auto_headers=["Accept-Encoding"],
+    )
+
+
 async def test_frontend_relays_large_json_unchanged(
     make_client: Factory, recording: tuple[RecordingBackend, str]
 ) -> None:
     backend, url = recording
     proxy = await proxy_to(make_client, url, backend_encoding="auto")
     body = big_body(BIG_N)
-    resp = await proxy.post(
-        f"/v2/models/{MODEL}/infer",
-        data=io.BytesIO(body),
-        headers={"Content-Type": "application/json"},
-        skip_auto_headers=["Accept-Encoding"],
-    )
+    resp = await post_json(proxy, body)
     assert resp.status == 200, await resp.text()
     assert await resp.read() == backend.answer
     assert backend.whole == [body]
@@ -335,12 +342,7 @@ async def test_frontend_refuses_large_malformed_json(
     }[what]
     with pytest.raises(CodecError) as expected:
         binc.decode_request(body, None, MODEL, "", LIMIT)
-    resp = await proxy.post(
-        f"/v2/models/{MODEL}/infer",
-        data=io.BytesIO(body),
-        headers={"Content-Type": "application/json"},
-        skip_auto_headers=["Accept-Encoding"],
-    )
+    resp = await post_json(proxy, body)
     assert resp.status == 400
     assert (await resp.json())["error"] == expected.value.message
     assert backend.whole == []
@@ -353,12 +355,7 @@ async def test_frontend_transcodes_large_json_that_needs_a_stage(
     backend, url = recording
     proxy = await proxy_to(make_client, url, backend_encoding="json")
     body = big_body(BIG_N, parameters={"binary_data_output": True})
-    resp = await proxy.post(
-        f"/v2/models/{MODEL}/infer",
-        data=io.BytesIO(body),
-        headers={"Content-Type": "application/json"},
-        skip_auto_headers=["Accept-Encoding"],
-    )
+    resp = await post_json(proxy, body)
     assert resp.status == 200, await resp.text()
     assert len(backend.whole) == 1
     assert backend.whole[0] != body  # re-encoded, never the client's body relayed whole
