@@ -22,13 +22,16 @@ class FrontendServer(BaseTestServer):
     """The REST frontend on the same low-level aiohttp server as ``v2proxy serve`` runs, with
     its backend started and closed around it."""
 
-    def __init__(self, frontend: RestFrontend, **kwargs: Any) -> None:
+    def __init__(
+        self, frontend: RestFrontend, server_options: dict[str, Any], **kwargs: Any
+    ) -> None:
         self.frontend = frontend
+        self.server_options = server_options
         super().__init__(**kwargs)
 
     async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
         await self.frontend.pipeline.backend.start()
-        return web.ServerRunner(self.frontend.server())
+        return web.ServerRunner(self.frontend.server(**self.server_options))
 
     async def close(self) -> None:
         await super().close()
@@ -37,13 +40,13 @@ class FrontendServer(BaseTestServer):
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[Factory]:
-    """make_client(frontend or aiohttp app) -> a TestClient on a real loopback port; all closed
-    at the end."""
+    """make_client(frontend or aiohttp app, **options of aiohttp's low-level server) -> a
+    TestClient on a real loopback port; all closed at the end."""
     clients: list[TestClient[Any, Any]] = []
 
-    async def factory(app: web.Application | RestFrontend) -> TestClient[Any, Any]:
+    async def factory(app: web.Application | RestFrontend, **options: Any) -> TestClient[Any, Any]:
         server: BaseTestServer = (
-            FrontendServer(app, host="127.0.0.1")
+            FrontendServer(app, options, host="127.0.0.1")
             if isinstance(app, RestFrontend)
             else TestServer(app, host="127.0.0.1")
         )
@@ -82,6 +85,8 @@ async def recorded(make_client: Factory) -> AsyncIterator[tuple[TestClient[Any, 
     yield await make_client(frontend), seen
 
 
-async def proxy_to(make_client: Factory, url: str, **overrides: Any) -> TestClient[Any, Any]:
+async def proxy_to(
+    make_client: Factory, url: str, server_options: dict[str, Any] | None = None, **overrides: Any
+) -> TestClient[Any, Any]:
     s = settings(backend=url, **overrides)
-    return await make_client(build_rest(s, build_backend(s)))
+    return await make_client(build_rest(s, build_backend(s)), **(server_options or {}))

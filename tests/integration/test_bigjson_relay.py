@@ -328,6 +328,95 @@ async def test_frontend_relays_large_json_while_it_arrives(
     assert backend.whole == [body]
 
 
+async def test_slow_upload_is_not_counted_against_the_backend_timeout(
+    make_client: Factory, recording: tuple[RecordingBackend, str]
+) -> None:
+    """--backend-timeout bounds the backend's answer, not the client's upload: a body streamed
+    to the backend more slowly than the timeout still gets its answer."""
+    backend, url = recording
+    proxy = await proxy_to(make_client, url, backend_encoding="auto", backend_timeout=0.3)
+    body = big_body(BIG_N)
+    half = len(body) // 2
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield body[:half]
+        await asyncio.sleep(0.8)
+        yield body[half:]
+
+    resp = await proxy.post(
+        f"/v2/models/{MODEL}/infer",
+        data=slow_body(),
+        headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert resp.status == 200, await resp.text()
+    assert await resp.read() == backend.answer
+    assert backend.whole == [body]
+
+
+async def test_backend_that_stops_reading_a_streamed_body_times_out(make_client: Factory) -> None:
+    """A backend that takes no more of a streamed body (here: reads nothing) gets
+    --backend-timeout like one that does not answer: 504, not a request waiting forever."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_reads(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        # no lingering read of the body left unsent once the answer is out (aiohttp keeps
+        # reading for 10 s by default, even after the client has gone)
+        proxy = await proxy_to(
+            make_client,
+            f"http://127.0.0.1:{port}",
+            server_options={"lingering_time": 0},
+            backend_encoding="binary",
+            backend_timeout=0.5,
+        )
+        n = 12 * 1024 * 1024  # 48 MiB: more than the sockets between them buffer
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "FP32",
+                        "shape": [n],
+                        "parameters": {"binary_data_size": 4 * n},
+                    }
+                ]
+            }
+        ).encode()
+        body = header + bytes(4 * n)
+        head = (
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: test\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            f"{binc.IHCL_HEADER}: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        # a raw client: it sends the whole body at once and drops its connection once it has
+        # the answer
+        assert proxy.server.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.server.port)
+        try:
+            async with asyncio.timeout(20):
+                writer.write(head + body)
+                status_line = await reader.readline()
+                assert status_line.split()[1] == b"504", status_line
+                fields = (await reader.readuntil(b"\r\n\r\n")).decode().lower().split("\r\n")
+                length = next(
+                    int(f.split(":")[1]) for f in fields if f.startswith("content-length")
+                )
+                answer = json.loads(await reader.readexactly(length))
+                assert "did not answer inference in time" in answer["error"]
+        finally:
+            writer.transport.abort()
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 @pytest.mark.parametrize("what", ["count", "string", "unfinished", "garbage after"])
 async def test_frontend_refuses_large_malformed_json(
     make_client: Factory, recording: tuple[RecordingBackend, str], what: str

@@ -383,9 +383,16 @@ class RestBackend:
     async def _relay_lean(
         self, path: str, model: str, headers: dict[str, str], body: Body
     ) -> ForwardResponse:
-        payload = body if isinstance(body, StreamedBody) else [body]
+        payload: StreamedBody | list[Buffer]
+        if isinstance(body, StreamedBody):
+            # The timeout bounds the backend's waits, not a client's slow upload (_then_arm).
+            deadline = asyncio.timeout(None)
+            payload = StreamedBody(body.length, self._then_arm(body, deadline))
+        else:
+            deadline = asyncio.timeout(self._total_timeout)
+            payload = [body]
         with self._mapped("inference"):
-            async with asyncio.timeout(self._total_timeout):
+            async with deadline:
                 resp = await self._pool.post(path, headers, payload)  # type: ignore[union-attr]
                 small = resp.content_length is not None and resp.content_length <= _READ_WHOLE
                 if resp.status != 200 or small:
@@ -409,6 +416,24 @@ class RestBackend:
             resp.close()
 
         return ForwardResponse(200, relayed, stream(), release)
+
+    async def _then_arm(
+        self, body: StreamedBody, deadline: asyncio.Timeout
+    ) -> AsyncIterator[bytes]:
+        """The chunks of ``body``, with ``deadline`` off while the next one is awaited from the
+        client and set to --backend-timeout from each one on: waits on the backend (taking the
+        body, then answering) are bounded, a client's slow upload is not counted."""
+        loop = asyncio.get_running_loop()
+        chunks = aiter(body.chunks)
+        while True:
+            deadline.reschedule(None)
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            deadline.reschedule(loop.time() + self._total_timeout)
+            yield chunk
+        deadline.reschedule(loop.time() + self._total_timeout)
 
     async def forward(
         self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
