@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -283,6 +283,25 @@ async def post_json(proxy: TestClient[Any, Any], body: bytes) -> ClientResponse:
     )
 
 
+async def post_in_halves(
+    proxy: TestClient[Any, Any], body: bytes, pause: Callable[[], Awaitable[None]]
+) -> ClientResponse:
+    """POST a JSON /infer body with its length known, in two halves with ``pause`` between."""
+    half = len(body) // 2
+
+    async def halves() -> AsyncIterator[bytes]:
+        yield body[:half]
+        await pause()
+        yield body[half:]
+
+    return await proxy.post(
+        f"/v2/models/{MODEL}/infer",
+        data=halves(),
+        headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
+        skip_auto_headers=["Accept-Encoding"],
+    )
+
+
 async def test_frontend_relays_large_json_unchanged(
     make_client: Factory, recording: tuple[RecordingBackend, str]
 ) -> None:
@@ -303,25 +322,17 @@ async def test_frontend_relays_large_json_while_it_arrives(
     backend, url = recording
     proxy = await proxy_to(make_client, url, backend_encoding="auto")
     body = big_body(BIG_N)
-    half = len(body) // 2
     seen_early: list[bool] = []
 
-    async def slow_body() -> AsyncIterator[bytes]:
-        yield body[:half]
+    async def until_the_backend_has_the_request() -> None:
         try:
             async with asyncio.timeout(10):
                 await backend.head_seen.wait()
             seen_early.append(True)
         except TimeoutError:
             seen_early.append(False)
-        yield body[half:]
 
-    resp = await proxy.post(
-        f"/v2/models/{MODEL}/infer",
-        data=slow_body(),
-        headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
-        skip_auto_headers=["Accept-Encoding"],
-    )
+    resp = await post_in_halves(proxy, body, until_the_backend_has_the_request)
     assert resp.status == 200, await resp.text()
     assert await resp.read() == backend.answer
     assert seen_early == [True]
@@ -331,24 +342,12 @@ async def test_frontend_relays_large_json_while_it_arrives(
 async def test_slow_upload_is_not_counted_against_the_backend_timeout(
     make_client: Factory, recording: tuple[RecordingBackend, str]
 ) -> None:
-    """--backend-timeout bounds the backend's answer, not the client's upload: a body streamed
-    to the backend more slowly than the timeout still gets its answer."""
+    """--backend-timeout bounds waits on the backend, not on the client's upload: a body
+    streamed to the backend more slowly than the timeout still gets its answer."""
     backend, url = recording
     proxy = await proxy_to(make_client, url, backend_encoding="auto", backend_timeout=0.3)
     body = big_body(BIG_N)
-    half = len(body) // 2
-
-    async def slow_body() -> AsyncIterator[bytes]:
-        yield body[:half]
-        await asyncio.sleep(0.8)
-        yield body[half:]
-
-    resp = await proxy.post(
-        f"/v2/models/{MODEL}/infer",
-        data=slow_body(),
-        headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
-        skip_auto_headers=["Accept-Encoding"],
-    )
+    resp = await post_in_halves(proxy, body, lambda: asyncio.sleep(0.8))
     assert resp.status == 200, await resp.text()
     assert await resp.read() == backend.answer
     assert backend.whole == [body]
