@@ -197,7 +197,7 @@ def _lazy_tensor(item: Any) -> Any:
 
 
 #: simdjson buffer type and the numpy dtype it yields, per datatype family
-_BUFFER_TYPES: dict[Datatype, tuple[str, str]] = {
+BUFFER_TYPES: dict[Datatype, tuple[str, str]] = {
     **{dt: ("d", "<f8") for dt in (Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16)},
     **{dt: ("i", "<i8") for dt in (Datatype.INT8, Datatype.INT16, Datatype.INT32, Datatype.INT64)},
     **{
@@ -212,7 +212,7 @@ def _fast_numbers(
 ) -> bytes | memoryview | None:
     """Numbers of a lazy simdjson array straight into the wire layout; None when the array
     holds anything else (the slow path then names the problem)."""
-    kind = _BUFFER_TYPES.get(datatype)
+    kind = BUFFER_TYPES.get(datatype)
     if kind is None:
         return None
     node, depth = data, 1
@@ -289,7 +289,8 @@ _STRUCT_CODES = {
     Datatype.FP32: "f",
     Datatype.FP64: "d",
 }
-_INT_RANGES = {
+#: the values each integer datatype holds (JSON numbers outside them are refused)
+INT_RANGES = {
     dt: (int(np.iinfo(NUMPY_DTYPE[dt]).min), int(np.iinfo(NUMPY_DTYPE[dt]).max))  # type: ignore[type-var]
     for dt in _INT_TYPES
 }
@@ -307,7 +308,7 @@ def _small_numbers(leaves: list[Any], datatype: Datatype) -> bytes | None:
         if kinds != {bool}:
             return None
     elif datatype in _INT_TYPES:
-        lo, hi = _INT_RANGES[datatype]
+        lo, hi = INT_RANGES[datatype]
         if kinds != {int} or min(leaves) < lo or max(leaves) > hi:
             return None
     elif not kinds <= _NUMBER_TYPES:

@@ -18,7 +18,7 @@ import orjson
 import simdjson
 
 from v2proxy.codecs.dtypes import ITEM_SIZE
-from v2proxy.codecs.json import _BUFFER_TYPES, _INT_RANGES, loads, request_from_obj
+from v2proxy.codecs.json import BUFFER_TYPES, INT_RANGES, loads, request_from_obj
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Datatype, InferRequest
 
@@ -167,7 +167,7 @@ class StreamCheck:
             datatype = Datatype(self._datatypes.get(index, ""))
         except ValueError:
             return self._give_up()
-        kind = _BUFFER_TYPES.get(datatype)
+        kind = BUFFER_TYPES.get(datatype)
         if kind is None or index in self._checked:
             return self._give_up()
         self._input, self._datatype, self._kind, self._count = index, datatype, kind[0], 0
@@ -225,9 +225,9 @@ class StreamCheck:
         count = memoryview(buf).nbytes // 8
         if count == 0 and not (final and self._count == 0):
             return False  # an element is missing next to a comma
-        bounds = _INT_RANGES.get(self._datatype)
+        bounds = INT_RANGES.get(self._datatype)
         if bounds is not None and count and ITEM_SIZE[self._datatype] < 8:
-            arr = np.frombuffer(buf, dtype=_BUFFER_TYPES[self._datatype][1])
+            arr = np.frombuffer(buf, dtype=BUFFER_TYPES[self._datatype][1])
             if arr.min() < bounds[0] or arr.max() > bounds[1]:
                 return False
         self._count += count
