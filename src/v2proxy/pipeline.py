@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from v2proxy.codecs.binary import decode_request
+from v2proxy.codecs.binary import check_json_size, decode_request
 from v2proxy.codecs.json import dumps, loads
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.raw import decode_raw_request
@@ -240,9 +240,7 @@ class Pipeline:
         request incomplete, so the backend never has it whole; so is one that turns out to need
         a stage, which is then decoded in full and returned."""
         length = body.length
-        if length > self.max_input_size:  # refused by the decoder, which names the limit
-            chunks = [chunk async for chunk in body.chunks]
-            return decode_request(b"".join(chunks), None, model, version, self.max_input_size)
+        check_json_size(length, self.max_input_size)  # known from the length: nothing is read
         # The body is kept (for the full decoder, when it must decide) in a buffer reused from
         # one request to the next: fresh memory for every big body costs more than the copy.
         kept = self._take_buffer(length)

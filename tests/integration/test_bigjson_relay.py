@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestClient
 from tests.integration.conftest import Factory, proxy_to
 from v2proxy.backends.rest import RestBackend
 from v2proxy.codecs import binary as binc
-from v2proxy.errors import CodecError, InvalidRequest
+from v2proxy.errors import CodecError, InvalidRequest, PayloadTooLarge
 from v2proxy.model import InferRequest
 from v2proxy.pipeline import HOLD_BACK, ForwardResponse, Pipeline, StreamedBody
 
@@ -243,6 +243,24 @@ async def test_body_needing_a_stage_is_returned_decoded(
     assert backend.whole == []
 
 
+async def test_body_over_the_input_limit_is_refused_unsent(
+    setup: tuple[RecordingBackend, Pipeline],
+) -> None:
+    """A JSON body longer than --max-input-size gets the decoder's 400 and never reaches
+    the backend."""
+    backend, pipeline = setup
+    body = big_body()
+    limit = len(body) - 1
+    with pytest.raises(PayloadTooLarge) as expected:
+        binc.decode_request(body, None, MODEL, "", limit)
+    small = Pipeline(pipeline.backend, limit)
+    with pytest.raises(PayloadTooLarge) as got:
+        await relay(small, body, [65536])
+    assert got.value.message == expected.value.message
+    assert got.value.http_status == 400  # as Triton answers
+    assert backend.whole == [] and backend.broken == []
+
+
 async def test_binary_only_backend_gets_nothing_relayed() -> None:
     backend = RecordingBackend(b"{}")
     url = await backend.start()
@@ -414,6 +432,21 @@ async def test_backend_that_stops_reading_a_streamed_body_times_out(make_client:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_frontend_refuses_json_over_the_input_limit(
+    make_client: Factory, recording: tuple[RecordingBackend, str]
+) -> None:
+    """Refused from its Content-Length, unread: the client still gets the 400 that names
+    the limit, and the backend nothing."""
+    backend, url = recording
+    proxy = await proxy_to(make_client, url, backend_encoding="auto", max_input_size=4 << 20)
+    body = big_body(BIG_N)
+    assert len(body) > 4 << 20
+    resp = await post_json(proxy, body)
+    assert resp.status == 400
+    assert (await resp.json())["error"].startswith(f"request JSON size of {len(body)} bytes")
+    assert backend.whole == [] and backend.broken == []
 
 
 @pytest.mark.parametrize("what", ["count", "string", "unfinished", "garbage after"])

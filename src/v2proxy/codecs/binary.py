@@ -36,14 +36,20 @@ def parse_ihcl(value: str | None, body_length: int) -> int | None:
     return n
 
 
+def check_json_size(size: int, max_json: int) -> None:
+    """Refuse a request whose JSON (the whole body, or the header of a framed one) is longer
+    than --max-input-size: known from its length alone, before any of it is read."""
+    if size > max_json:
+        raise PayloadTooLarge(
+            f"request JSON size of {size} bytes exceeds the maximum allowed input size of"
+            f" {max_json} bytes. Raise --max-request-size to increase the limit."
+        )
+
+
 def _split(body: Buffer, ihcl: int | None, max_json: int) -> tuple[memoryview, memoryview | None]:
     mv = memoryview(body).cast("B")
     header = mv if ihcl is None else mv[:ihcl]
-    if len(header) > max_json:
-        raise PayloadTooLarge(
-            f"request JSON size of {len(header)} bytes exceeds the maximum allowed input size of"
-            f" {max_json} bytes. Raise --max-request-size to increase the limit."
-        )
+    check_json_size(len(header), max_json)
     return header, (None if ihcl is None else mv[ihcl:])
 
 
