@@ -274,14 +274,18 @@ async def test_input_size_limits(make_client: Factory) -> None:
     big_json = simple_json() + b" " * 1000
     resp = await client.post("/v2/models/simple/infer", data=big_json)
     assert resp.status == 400
-    assert "request JSON size of" in (await resp.json())["error"]
+    error = (await resp.json())["error"]
+    assert "request JSON size of" in error
+    assert error.endswith("Use --max-input-size to increase the limit.")  # the option there is
     resp = await client.post(
         "/v2/models/identity_fp32/infer",
         data=b"\0" * 1004,
         headers={"Inference-Header-Content-Length": "0"},
     )
     assert resp.status == 400
-    assert "Raw input has a byte_size (1004 bytes)" in (await resp.json())["error"]
+    error = (await resp.json())["error"]
+    assert "Raw input has a byte_size (1004 bytes)" in error
+    assert error.endswith("Use --max-input-size to increase the limit.")
     resp = await client.post(
         "/v2/models/simple/infer",
         data=gzip.compress(big_json),

@@ -42,7 +42,7 @@ def check_json_size(size: int, max_json: int) -> None:
     if size > max_json:
         raise PayloadTooLarge(
             f"request JSON size of {size} bytes exceeds the maximum allowed input size of"
-            f" {max_json} bytes. Raise --max-request-size to increase the limit."
+            f" {max_json} bytes. Use --max-input-size to increase the limit."
         )
 
 

@@ -87,7 +87,7 @@ def decode_raw_request(
     if nbytes > max_input_size:
         raise PayloadTooLarge(
             f"Raw input has a byte_size ({nbytes} bytes) that exceeds the maximum allowed value"
-            f" of {max_input_size} bytes. Raise --max-request-size to increase the limit."
+            f" of {max_input_size} bytes. Use --max-input-size to increase the limit."
         )
     name, datatype, dims = _metadata_input(metadata, model_name)
     shape = deduce_shape(name, datatype, dims, nbytes, max_batch_size)
