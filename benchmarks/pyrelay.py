@@ -54,10 +54,11 @@ class _Client(_Half):
     def __init__(self, host: str, port: int) -> None:
         super().__init__()
         self._backend = (host, port)
+        self._connecting: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        asyncio.get_running_loop().create_task(self._connect())
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
