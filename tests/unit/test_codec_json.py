@@ -242,6 +242,13 @@ WIRE_TO_JSON = [
         id="BF16",
     ),
     pytest.param(
+        "BF16",
+        # a signalling NaN (bits 0x7F81): numpy warns when it widens one
+        np.frombuffer(np.array([0x7F81, 0x3F80], "<u2").tobytes(), ml_dtypes.bfloat16),
+        "[NaN,1.0]",
+        id="BF16-signalling-NaN",
+    ),
+    pytest.param(
         "BYTES",
         np.array([b"he\x00llo", "é".encode(), b""], dtype=object),
         '["he\\u0000llo","é",""]',

@@ -462,7 +462,10 @@ def tensor_data_json(tensor: Tensor) -> Any:
         raise CodecError(f"input byte size mismatch for {where}. Expected {expected}, got {nbytes}")
     arr = np.frombuffer(tensor.data, dtype=npdt)
     if tensor.datatype in _FLOAT_TYPES:
-        arr = arr.astype(np.float64)  # Triton widens to double; BF16/FP16 become numbers
+        # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
+        # (numpy would warn about it) and is written as the NaN literal below.
+        with np.errstate(invalid="ignore"):
+            arr = arr.astype(np.float64)
         if not np.isfinite(arr).all():
             return _RawJSON([_float_literal(float(v)) for v in arr])
     return arr
