@@ -1,8 +1,8 @@
-"""Start the real peer model servers (KServe, MLServer) for interop tests.
+"""Start the real peer model servers (KServe, MLServer, Triton) for interop tests.
 
 Standard library only: this module is imported from the main test
-environment and never imports kserve or mlserver itself. Each server runs as
-a subprocess with the python of its own venv (made by ``setup_peers.sh``)::
+environment and never imports kserve, mlserver or pytriton itself. Each server
+runs as a subprocess from its own venv (made by ``setup_peers.sh``)::
 
     from tests.interop.peers import launch   # or however the tests import it
 
@@ -11,7 +11,7 @@ a subprocess with the python of its own venv (made by ``setup_peers.sh``)::
         peer.grpc_url   # "127.0.0.1:PORT"
         peer.pid
 
-Both servers listen on 127.0.0.1 only, on free ports picked here, and log
+Every server listens on 127.0.0.1 only, on free ports picked here, and log
 into a temporary file (kept, and its tail shown, when start-up fails). On
 exit the server's whole process group gets SIGTERM, then SIGKILL.
 
@@ -21,7 +21,7 @@ Environment:
     V2PROXY_PEER_LOG_DIR         keep server logs in this folder instead of a
                                  temporary one that is removed on exit
 
-``python launch.py kserve|mlserver`` starts one server and keeps it running
+``python launch.py kserve|mlserver|triton`` starts one server and keeps it running
 until Ctrl-C (handy for poking at it with curl).
 """
 
@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[2]
 SETUP_SCRIPT = HERE / "setup_peers.sh"
 STAMP_NAME = ".v2proxy-peer-stamp"  # written by setup_peers.sh
+TRITON_MODELS = HERE / "triton_models"  # Triton's model repository (python backend)
 
 DEFAULT_START_TIMEOUT = 90.0
 STOP_GRACE_S = 5.0
@@ -188,15 +189,90 @@ def _stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
     proc.wait(timeout=grace)
 
 
+#: builds a server's command line and extra environment: (venv, http port, grpc port)
+Command = Callable[[Path, int, int], tuple[list[str], dict[str, str]]]
+
+
+def _script(script: str) -> Command:
+    """A peer written in Python: ``VENV/bin/python SCRIPT --http-port P --grpc-port G``."""
+
+    def command(venv: Path, http_port: int, grpc_port: int) -> tuple[list[str], dict[str, str]]:
+        return [
+            str(venv / "bin" / "python"),
+            str(HERE / script),
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+        ], {}
+
+    return command
+
+
+def _triton_command(venv: Path, http_port: int, grpc_port: int) -> tuple[list[str], dict[str, str]]:
+    """tritonserver from the tree setup_peers.sh prepared in VENV/tritonserver, serving
+    triton_models/ on loopback, without its metrics port."""
+    tree = venv / "tritonserver"
+    libs = (tree / "LIBS_DIR").read_text().strip()
+    env = {
+        # the bundled shared libraries; the python backend stub runs the models with the
+        # venv's python, found first on PATH
+        "LD_LIBRARY_PATH": os.pathsep.join(
+            p for p in (libs, os.environ.get("LD_LIBRARY_PATH", "")) if p
+        ),
+        "PATH": os.pathsep.join((str(venv / "bin"), os.environ.get("PATH", ""))),
+    }
+    cmd = [
+        str(tree / "bin" / "tritonserver"),
+        f"--model-repository={TRITON_MODELS}",
+        f"--backend-directory={tree / 'backends'}",
+        f"--cache-directory={tree / 'caches'}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http_port}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        "--allow-sagemaker=false",
+        "--allow-vertex-ai=false",
+        "--exit-timeout-secs=3",
+        "--log-verbose=0",
+    ]
+    return cmd, env
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel SIGTERM the child when the launching process dies
+    (Linux prctl PR_SET_PDEATHSIG), looked up before the fork so that the child only makes
+    one libc call. The Python peers watch V2PROXY_PEER_PARENT_PID themselves; tritonserver
+    cannot."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+    return preexec
+
+
 @contextlib.contextmanager
 def _peer(
-    name: str, venv_name: str, script: str, directory: PathLike | None, timeout: float | None
+    name: str,
+    venv_name: str,
+    command: Command,
+    directory: PathLike | None,
+    timeout: float | None,
+    ready_file: str = "bin/python",
+    die_with_parent: bool = False,
 ) -> Iterator[PeerServer]:
     d = Path(directory) if directory is not None else peers_dir()
     venv = Path(d) / venv_name
-    python = venv / "bin" / "python"
     # setup_peers.sh writes the stamp only after a successful install.
-    if not (python.exists() and (venv / STAMP_NAME).is_file()):
+    if not ((venv / ready_file).exists() and (venv / STAMP_NAME).is_file()):
         raise PeerUnavailable(
             f"{name}: no complete venv at {venv}; "
             f"run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
@@ -213,14 +289,7 @@ def _peer(
         log_path = work / f"{name}.log"
 
     http_port, grpc_port = _free_ports(2)
-    cmd = [
-        str(python),
-        str(HERE / script),
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        str(grpc_port),
-    ]
+    cmd, extra_env = command(venv, http_port, grpc_port)
     started = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -229,8 +298,9 @@ def _peer(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=str(work),  # MLServer reads .env / writes scratch in cwd
-            env=_child_env(),
+            env={**_child_env(), **extra_env},
             start_new_session=True,
+            preexec_fn=_parent_death_signal() if die_with_parent else None,  # noqa: PLW1509
         )
     server = PeerServer(name, http_port, grpc_port, proc.pid, log_path, process=proc)
     up = False
@@ -267,19 +337,37 @@ def _peer(
 
 def kserve_server(peers_dir: PathLike | None = None, timeout: float | None = None):
     """Context manager: a KServe ModelServer with simple, simple_identity, identity_fp32."""
-    return _peer("kserve", "kserve", "kserve_server.py", peers_dir, timeout)
+    return _peer("kserve", "kserve", _script("kserve_server.py"), peers_dir, timeout)
 
 
 def mlserver_server(peers_dir: PathLike | None = None, timeout: float | None = None):
     """Context manager: an MLServer with simple, simple_identity, identity_fp32."""
-    return _peer("mlserver", "mlserver", "mlserver_server.py", peers_dir, timeout)
+    return _peer("mlserver", "mlserver", _script("mlserver_server.py"), peers_dir, timeout)
+
+
+def triton_server(peers_dir: PathLike | None = None, timeout: float | None = None):
+    """Context manager: a Triton Inference Server (2.51, python backend) serving triton_models/:
+    the builtin reference models simple, simple_string, simple_identity, identity_fp32,
+    classifier and the decoupled llm."""
+    return _peer(
+        "triton",
+        "triton",
+        _triton_command,
+        peers_dir,
+        timeout,
+        ready_file="tritonserver/backends/python/triton_python_backend_stub",
+        die_with_parent=True,
+    )
+
+
+SERVERS = {"kserve": kserve_server, "mlserver": mlserver_server, "triton": triton_server}
 
 
 def _main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("kserve", "mlserver"):
-        print("usage: python launch.py kserve|mlserver", file=sys.stderr)
+    if len(argv) != 1 or argv[0] not in SERVERS:
+        print(f"usage: python launch.py {'|'.join(SERVERS)}", file=sys.stderr)
         return 2
-    cm = kserve_server if argv[0] == "kserve" else mlserver_server
+    cm = SERVERS[argv[0]]
     with cm(peers_dir()) as peer:
         print(
             f"{peer.name}: http {peer.http_url} grpc {peer.grpc_url} pid {peer.pid} "

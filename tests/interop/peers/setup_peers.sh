@@ -6,14 +6,19 @@
 #
 #   DIR/kserve    <- requirements-kserve.txt   (KServe ModelServer)
 #   DIR/mlserver  <- requirements-mlserver.txt (MLServer)
+#   DIR/triton    <- requirements-triton.txt   (Triton Inference Server, from nvidia-pytriton)
+#
+# For Triton the venv also gets a runnable server tree, DIR/triton/tritonserver: a copy of the
+# wheel's pytriton/tritonserver with the python backend stub for the venv's Python at
+# backends/python/triton_python_backend_stub (see launch.py for how it is started).
 #
 # DIR defaults to .cache/peers under the repository root (also read from
 # $V2PROXY_PEERS_DIR); a relative DIR argument is taken from the current
-# directory. The two packages pin conflicting dependencies, hence two venvs.
+# directory. The packages pin conflicting dependencies, hence one venv each.
 #
 # Idempotent: each venv holds a stamp with the sha256 of its requirements
 # file; a venv whose stamp matches (and whose python still runs) is left
-# alone, otherwise it is rebuilt from scratch. Both venvs are built in
+# alone, otherwise it is rebuilt from scratch. All venvs are built in
 # parallel, with pip's output in DIR/NAME.install.log. Prints one line per
 # venv; exits non-zero if any install fails. $PYTHON picks the interpreter
 # (default python3).
@@ -46,6 +51,49 @@ sha256_of() {
     fi
 }
 
+# complete NAME: true when DIR/NAME holds everything the launcher needs besides the venv.
+complete() {
+    case "$1" in
+        triton)
+            [[ -x "$DIR/triton/tritonserver/bin/tritonserver" &&
+                -x "$DIR/triton/tritonserver/backends/python/triton_python_backend_stub" ]]
+            ;;
+        *) return 0 ;;
+    esac
+}
+
+# prepare_triton VENV: copy the wheel's server tree into VENV/tritonserver and put the python
+# backend stub for the venv's Python where the python backend looks for it.
+prepare_triton() {
+    local venv="$1"
+    local site pyver tree
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    pyver="$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    tree="$venv/tritonserver"
+    if [[ ! -f "$site/pytriton/tritonserver/python_backend_stubs/$pyver/triton_python_backend_stub" ]]; then
+        echo "no python backend stub for Python $pyver in nvidia-pytriton" >&2
+        return 1
+    fi
+    if [[ ! -d "$site/nvidia_pytriton.libs" ]]; then
+        echo "no nvidia_pytriton.libs in $site" >&2
+        return 1
+    fi
+    rm -rf "$tree" &&
+        cp -a "$site/pytriton/tritonserver" "$tree" &&
+        cp "$tree/python_backend_stubs/$pyver/triton_python_backend_stub" \
+            "$tree/backends/python/triton_python_backend_stub" &&
+        chmod +x "$tree/backends/python/triton_python_backend_stub" "$tree/bin/tritonserver" &&
+        rm -rf "$tree/python_backend_stubs" &&
+        echo "$site/nvidia_pytriton.libs" >"$tree/LIBS_DIR" || return 1 # for LD_LIBRARY_PATH
+    # --help exits 1 but lists the options only when the binary finds all its libraries
+    local usage
+    usage="$(LD_LIBRARY_PATH="$site/nvidia_pytriton.libs" "$tree/bin/tritonserver" --help 2>&1 || true)"
+    [[ "$usage" == *--model-repository* ]] || {
+        echo "tritonserver does not run: $tree/bin/tritonserver --help failed" >&2
+        return 1
+    }
+}
+
 # build NAME: (re)create DIR/NAME from requirements-NAME.txt unless its stamp
 # matches. Writes a one-line summary to DIR/NAME.result; returns non-zero on
 # failure.
@@ -60,7 +108,7 @@ build() {
     want="$(sha256_of "$req")"
 
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
-        && "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        && "$venv/bin/python" -c 'import sys' >/dev/null 2>&1 && complete "$name"; then
         echo "$name: up to date ($venv, $("$venv/bin/python" -V 2>&1), requirements sha256 ${want:0:12})" >"$result"
         return 0
     fi
@@ -70,7 +118,8 @@ build() {
     if ! {
         "$PY" -m venv "$venv" &&
             "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
-                -r "$req"
+                -r "$req" &&
+            if [[ "$name" == triton ]]; then prepare_triton "$venv"; fi
     } >"$log" 2>&1; then
         echo "$name: FAILED after $((SECONDS - start))s, see $log" >"$result"
         tail -n 25 "$log" | sed "s/^/  [$name] /" >>"$result"
@@ -82,7 +131,7 @@ build() {
     echo "$name: installed $top in $((SECONDS - start))s ($venv, $("$venv/bin/python" -V 2>&1))" >"$result"
 }
 
-names=(kserve mlserver)
+names=(kserve mlserver triton)
 pids=()
 for n in "${names[@]}"; do
     rm -f "$DIR/$n.result"

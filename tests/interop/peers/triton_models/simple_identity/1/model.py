@@ -1,0 +1,17 @@
+"""`simple_identity` (BYTES) and `identity_fp32` (FP32): OUTPUT0 = INPUT0, exactly."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [
+                    pb_utils.Tensor(
+                        "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    )
+                ]
+            )
+            for r in requests
+        ]
