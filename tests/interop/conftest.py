@@ -1,6 +1,7 @@
 """Fixtures for interop tests: real clients (tritonclient) against v2proxy processes in front of
-real servers: the builtin models, ``v2proxy reference-server``, KServe ModelServer and MLServer
-(each in its own venv, made by tests/interop/peers/setup_peers.sh; `make test` runs it)."""
+real servers: the builtin models, ``v2proxy reference-server``, KServe ModelServer, MLServer and
+Triton Inference Server (each in its own venv, made by tests/interop/peers/setup_peers.sh;
+`make test` runs it)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ BACKENDS = [
     "kserve-grpc",
     "mlserver",
     "mlserver-grpc",
+    "triton",
+    "triton-grpc",
 ]
 #: the backend servers, each started once per session: name -> (REST base URL, gRPC host:port)
 Servers = dict[str, tuple[str, str]]
@@ -57,8 +60,7 @@ def _server(name: str, stack: contextlib.ExitStack, cache: Servers) -> tuple[str
             cache[name] = (p.base_url, p.grpc_url)
         else:
             peers = Path(os.environ.get("V2PROXY_PEERS_DIR") or launch.peers_dir())
-            start = launch.kserve_server if name == "kserve" else launch.mlserver_server
-            peer = stack.enter_context(start(peers))
+            peer = stack.enter_context(launch.SERVERS[name](peers))
             cache[name] = (peer.base_url, peer.grpc_url)
     return cache[name]
 
@@ -106,7 +108,8 @@ def proxy(
 
 
 #: the backends hosting the decoupled builtin `llm`, reached so that it stays decoupled
-DECOUPLED_BACKENDS = ["builtin", "reference-grpc"]
+#: (over gRPC: the REST /infer endpoint has no way to give several responses)
+DECOUPLED_BACKENDS = ["builtin", "reference-grpc", "triton-grpc"]
 
 
 @pytest.fixture(

@@ -1,6 +1,7 @@
 """Why v2proxy is needed: tritonclient.http cannot talk to KServe 0.21 or MLServer 1.7.1
 directly (KServe refuses bodies without a Content-Type, MLServer has no binary tensors). The
-same calls through v2proxy succeed (test_tritonclient_http.py runs them for every backend)."""
+same calls through v2proxy succeed (test_tritonclient_http.py runs them for every backend). The
+control: the same calls straight to Triton, whose protocol tritonclient speaks, succeed."""
 
 from __future__ import annotations
 
@@ -36,3 +37,12 @@ def test_tritonclient_direct_fails(
         client.infer("simple", _inputs(binary), outputs=outputs)
     assert info.value.status() == status
     assert message in str(info.value.message())
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_tritonclient_direct_to_triton_works(backend_urls, binary: bool) -> None:  # type: ignore[no-untyped-def]
+    url = backend_urls("triton")[0].removeprefix("http://")
+    client = httpclient.InferenceServerClient(url)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+    result = client.infer("simple", _inputs(binary), outputs=outputs)
+    assert result.as_numpy("OUTPUT0").tolist() == [[2] * 16]
