@@ -139,3 +139,11 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 def backend_urls(stack: contextlib.ExitStack, servers: Servers):  # type: ignore[no-untyped-def]
     """Direct access to a backend server: name -> (REST base URL, gRPC host:port)."""
     return lambda name: _server(name, stack, servers)
+
+
+@pytest.fixture(scope="session")
+def builtin_proxy(
+    stack: contextlib.ExitStack, servers: Servers, proxies: dict[tuple[str, str], Proc]
+) -> Proc:
+    """v2proxy with the builtin models (uvloop), shared with the `proxy` fixture's own."""
+    return _proxy(("builtin", "uvloop"), stack, servers, proxies)
