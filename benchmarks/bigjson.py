@@ -5,7 +5,7 @@ Modes (run with the project venv from the repository root):
 ``stages``
     Times, in this process, what v2proxy does with the body: the full decode that builds the
     tensor bytes (``codecs.binary.decode_request``, the path of a body read whole), simdjson's
-    parse alone, the streamed check (``codecs.json.StreamCheck`` fed 64 KiB pieces) and
+    parse alone, the streamed check (``codecs.json_stream.StreamCheck`` fed 64 KiB pieces) and
     ``Pipeline.relay_json`` end to end in front of a backend that takes the bytes and answers
     at once (check, kept copy, hold-back: everything but the sockets). Medians.
 
@@ -84,8 +84,8 @@ def stages(repeat: int) -> None:
     import simdjson
 
     from v2proxy.codecs import binary as binc
-    from v2proxy.codecs import json as jsonc
     from v2proxy.codecs import json_stream
+    from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
     from v2proxy.pipeline import Pipeline
 
     body = make_body()
@@ -99,23 +99,23 @@ def stages(repeat: int) -> None:
         del doc
 
     def streamed_check() -> None:
-        check = json_stream.StreamCheck(MODEL, "", jsonc.DEFAULT_MAX_INPUT_SIZE)
+        check = json_stream.StreamCheck(MODEL, "", DEFAULT_MAX_INPUT_SIZE)
         for piece in pieces:
             check.feed(piece)
         assert check.finish() is not None
 
-    pipeline = Pipeline(_DropBackend(), jsonc.DEFAULT_MAX_INPUT_SIZE)  # type: ignore[arg-type]
+    pipeline = Pipeline(_DropBackend(), DEFAULT_MAX_INPUT_SIZE)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
 
     def relay_json() -> None:
-        from v2proxy.pipeline import ForwardResponse, StreamedBody
+        from v2proxy.ports import ForwardResponse, StreamedBody
 
         async def chunks() -> Any:
             for piece in pieces:
                 yield piece
 
         out = loop.run_until_complete(
-            pipeline.relay_json(MODEL, "", StreamedBody(len(body), chunks()), {})
+            pipeline.relay_json(MODEL, "", StreamedBody(len(body), chunks()), [])
         )
         assert isinstance(out, ForwardResponse)
 
@@ -139,9 +139,9 @@ class _DropBackend:
         return not binary
 
     async def relay_infer(
-        self, model: str, version: str, body: Any, ihcl: int | None, headers: dict[str, str]
+        self, model: str, version: str, body: Any, ihcl: int | None, headers: Any
     ) -> Any:
-        from v2proxy.pipeline import ForwardResponse
+        from v2proxy.ports import ForwardResponse
 
         async for _ in body.chunks:
             pass

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs import json as jsonc
 from v2proxy.codecs.compression import choose_encoding, compress, decompress
 from v2proxy.codecs.dtypes import count_bytes_elements, deserialize_bytes
+from v2proxy.codecs.json_data import data_to_buffer
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import ProxyError
 from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
@@ -393,4 +393,4 @@ def test_decode_raw_request_random(
     shape=st.lists(st.integers(0, 4), max_size=3),
 )
 def test_data_to_buffer_random_values(value: Any, datatype: Datatype, shape: list[int]) -> None:
-    survives(jsonc.data_to_buffer, value, datatype, tuple(shape), "input 'X'")
+    survives(data_to_buffer, value, datatype, tuple(shape), "input 'X'")

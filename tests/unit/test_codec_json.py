@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs import json as jsonc
 from v2proxy.codecs.dtypes import from_numpy
+from v2proxy.codecs.json_data import tensor_data_json
+from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj, response_to_obj
 from v2proxy.errors import CodecError, PayloadTooLarge, ProxyError
 from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -184,7 +185,7 @@ def test_bytes_json_strings_become_utf8(text: str, wire: bytes) -> None:
 
 def test_bytes_with_nul_round_trips_through_json() -> None:
     t = from_numpy("T", Datatype.BYTES, np.array([b"he\x00llo", b"x"], dtype=object))
-    body = jsonc.dumps_tree(jsonc.request_to_obj(InferRequest("M", [t]), False, False))
+    body = dumps_tree(request_to_obj(InferRequest("M", [t]), False, False))
     assert b'"data":["he\\u0000llo","x"]' in body
     (back,) = _decode(body).inputs
     assert bytes(back.data) == _bytes_wire(b"he\x00llo", b"x")
@@ -196,7 +197,7 @@ def test_bytes_with_nul_round_trips_through_json() -> None:
 def _response_json(datatype: str, array: np.ndarray, binary: bool = False) -> bytes:
     t = from_numpy("OUT", Datatype(datatype), array)
     resp = InferResponse("m", [t], "1")
-    return jsonc.dumps_tree(jsonc.response_to_obj(resp, lambda _t: binary))
+    return dumps_tree(response_to_obj(resp, lambda _t: binary))
 
 
 WIRE_TO_JSON = [
@@ -269,7 +270,7 @@ def test_wire_to_json_text(datatype: str, array: np.ndarray, data_text: str) -> 
 
 @pytest.mark.parametrize(("datatype", "array", "data_text"), WIRE_TO_JSON)
 def test_tensor_data_json_is_flat(datatype: str, array: np.ndarray, data_text: str) -> None:
-    value = jsonc.tensor_data_json(from_numpy("T", Datatype(datatype), array))
+    value = tensor_data_json(from_numpy("T", Datatype(datatype), array))
     if isinstance(value, np.ndarray):
         assert value.ndim == 1
     assert len(value) == array.size
@@ -282,7 +283,7 @@ def test_triton_key_order_and_output_parameters() -> None:
         Tensor("K", Datatype.BOOL, (1,), b"\x01"),
     ]
     resp = InferResponse("m", outputs, "3", id="req-1", parameters={"seq": 2})
-    text = jsonc.dumps_tree(jsonc.response_to_obj(resp, lambda t: t.name == "B"))
+    text = dumps_tree(response_to_obj(resp, lambda t: t.name == "B"))
     assert text == (
         b'{"id":"req-1","model_name":"m","model_version":"3","parameters":{"seq":2},"outputs":['
         b'{"name":"B","datatype":"INT32","shape":[1],"parameters":{"p":1,"binary_data_size":4}},'
@@ -293,7 +294,7 @@ def test_triton_key_order_and_output_parameters() -> None:
 
 def test_no_id_no_parameters_keys_when_empty() -> None:
     resp = InferResponse("m", [], "", id="", parameters={})
-    assert jsonc.dumps_tree(jsonc.response_to_obj(resp, lambda _t: False)) == (
+    assert dumps_tree(response_to_obj(resp, lambda _t: False)) == (
         b'{"model_name":"m","model_version":"","outputs":[]}'
     )
 
@@ -306,7 +307,7 @@ def test_nonfinite_literals_do_not_collide_with_string_data() -> None:
         from_numpy("F", Datatype.FP32, np.array([np.nan], "<f4")),
     ]
     resp = InferResponse("m", outputs, "1", id=tricky)
-    text = jsonc.dumps_tree(jsonc.response_to_obj(resp, lambda _t: False))
+    text = dumps_tree(response_to_obj(resp, lambda _t: False))
     assert text == (
         b'{"id":"\\u0000V2PROXY0\\u0000","model_name":"m","model_version":"1","outputs":['
         b'{"name":"S","datatype":"BYTES","shape":[1],"data":["\\u0000V2PROXY0\\u0000"]},'
@@ -317,11 +318,11 @@ def test_nonfinite_literals_do_not_collide_with_string_data() -> None:
 def test_non_utf8_bytes_output_as_json_asks_for_binary_data() -> None:
     t = from_numpy("OUT", Datatype.BYTES, np.array([b"\x00\x01\xff"], dtype=object))
     with pytest.raises(CodecError) as info:
-        jsonc.response_to_obj(InferResponse("m", [t], "1"), lambda _t: False)
+        response_to_obj(InferResponse("m", [t], "1"), lambda _t: False)
     assert "tensor 'OUT'" in info.value.message
     assert "binary_data" in info.value.message
     # As binary it is fine and byte exact.
-    obj = jsonc.response_to_obj(InferResponse("m", [t], "1"), lambda _t: True)
+    obj = response_to_obj(InferResponse("m", [t], "1"), lambda _t: True)
     assert obj["outputs"][0]["parameters"] == {"binary_data_size": 7}
 
 
@@ -603,7 +604,7 @@ def test_request_to_obj_json_inputs() -> None:
         id="i",
         parameters={"binary_data_output": True, "k": 1},
     )
-    text = jsonc.dumps_tree(jsonc.request_to_obj(req, False, False))
+    text = dumps_tree(request_to_obj(req, False, False))
     assert text == (
         b'{"id":"i","parameters":{"k":1},"inputs":[{"name":"X","datatype":"FP32","shape":[1,2],'
         b'"data":[3.299999952316284,Infinity]}],'

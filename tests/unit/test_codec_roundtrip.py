@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.unit.strategies import FLOATS, JSON_TEXT, tensors
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs import json as jsonc
+from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,7 +64,7 @@ def requests(draw: st.DrawFn, json_safe: bool) -> InferRequest:
 def test_every_datatype_through_json(data: st.DataObject) -> None:
     for datatype in Datatype:
         t = data.draw(tensors(datatype, json_safe=True), label=datatype.value)
-        body = jsonc.dumps_tree(jsonc.request_to_obj(InferRequest("M", [t]), False, False))
+        body = dumps_tree(request_to_obj(InferRequest("M", [t]), False, False))
         (back,) = binc.decode_request(body, None, "M").inputs
         _assert_json_equal(back, t)
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from v2proxy.codecs import json as jsonc
+from v2proxy.codecs.json import parse_header
+from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
+from v2proxy.codecs.json_v2 import (
+    dumps_tree,
+    request_from_obj,
+    request_to_obj,
+    response_from_obj,
+    response_to_obj,
+)
+from v2proxy.codecs.sections import BinaryReader, SizeOnlyReader
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
 
@@ -58,17 +67,14 @@ def decode_request(
     ihcl: int | None,
     model_name: str,
     model_version: str = "",
-    max_input_size: int = jsonc.DEFAULT_MAX_INPUT_SIZE,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> InferRequest:
     """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
     header, section = _split(body, ihcl, max_input_size)
-    if len(header) == 0:
-        raise CodecError("failed to parse the request JSON buffer: the request body is empty")
-    obj = jsonc.parse_header(header)
-    reader = None if section is None else jsonc.BinaryReader(section)
-    return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
+    reader = None if section is None else BinaryReader(section)
+    return _request(header, reader, model_name, model_version, max_input_size)
 
 
 def decode_request_header(
@@ -76,23 +82,34 @@ def decode_request_header(
     section_length: int,
     model_name: str,
     model_version: str = "",
-    max_input_size: int = jsonc.DEFAULT_MAX_INPUT_SIZE,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> InferRequest:
     """Decode and check the JSON header of a binary-framed request whose binary section (of
     ``section_length`` bytes) is still to come: every check but the tensors' bytes is made;
     binary inputs carry no data."""
     head, _ = _split(header, None, max_input_size)
-    if len(head) == 0:
+    reader = SizeOnlyReader(section_length)
+    return _request(head, reader, model_name, model_version, max_input_size)
+
+
+def _request(
+    header: memoryview,
+    reader: BinaryReader | None,
+    model_name: str,
+    model_version: str,
+    max_input_size: int,
+) -> InferRequest:
+    """The request in a JSON ``header``; ``reader`` hands out its binary section's bytes."""
+    if len(header) == 0:
         raise CodecError("failed to parse the request JSON buffer: the request body is empty")
-    obj = jsonc.parse_header(head)
-    reader = jsonc.SizeOnlyReader(section_length)
-    return jsonc.request_from_obj(obj, model_name, model_version, reader, max_input_size)
+    obj = parse_header(header)
+    return request_from_obj(obj, model_name, model_version, reader, max_input_size)
 
 
 def encode_request(req: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
     """A request body for a backend: all tensors binary, or all JSON (and outputs likewise)."""
-    obj = jsonc.request_to_obj(req, binary_inputs=binary, binary_outputs=binary)
-    head = jsonc.dumps_tree(obj)
+    obj = request_to_obj(req, binary_inputs=binary, binary_outputs=binary)
+    head = dumps_tree(obj)
     if not binary:
         return [head], None
     chunks: list[Buffer] = [head]
@@ -109,9 +126,9 @@ def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
             f" within the body of {len(mv)} bytes"
         )
     header = mv if ihcl is None else mv[:ihcl]
-    obj = jsonc.parse_header(header, what="response")
-    reader = None if ihcl is None else jsonc.BinaryReader(mv[ihcl:])
-    return jsonc.response_from_obj(obj, reader)
+    obj = parse_header(header, what="response")
+    reader = None if ihcl is None else BinaryReader(mv[ihcl:])
+    return response_from_obj(obj, reader)
 
 
 def encode_response(
@@ -119,8 +136,8 @@ def encode_response(
 ) -> tuple[list[Buffer], int | None]:
     """A response body for a client. IHCL (second item) is set only when at least one binary
     output has bytes, as Triton does (reference §1.2)."""
-    obj = jsonc.response_to_obj(resp, is_binary)
-    head = jsonc.dumps_tree(obj)
+    obj = response_to_obj(resp, is_binary)
+    head = dumps_tree(obj)
     blobs = [t.data for t in resp.outputs if is_binary(t) and memoryview(t.data).nbytes]
     if not blobs:
         return [head], None

@@ -2,8 +2,8 @@
 
 Behind relaying a large JSON body while it streams: the big number arrays are parsed in pieces
 by simdjson and only counted, the rest of the document (the skeleton) is checked by
-:func:`v2proxy.codecs.json.request_from_obj` as any request is; anything unusual is left to the
-full decoder, so that this check never calls valid what the full decoder would refuse.
+:func:`v2proxy.codecs.json_v2.request_from_obj` as any request is; anything unusual is left to
+the full decoder, so that this check never calls valid what the full decoder would refuse.
 
 Pure: no I/O. Undecided bodies are None, never an error: the full decoder names the fault.
 """
@@ -18,7 +18,9 @@ import orjson
 import simdjson
 
 from v2proxy.codecs.dtypes import ITEM_SIZE
-from v2proxy.codecs.json import BUFFER_TYPES, INT_RANGES, loads, request_from_obj
+from v2proxy.codecs.json import loads
+from v2proxy.codecs.json_data import BUFFER_TYPES, INT_RANGES
+from v2proxy.codecs.json_v2 import request_from_obj
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Datatype, InferRequest
 
