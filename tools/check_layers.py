@@ -1,5 +1,6 @@
-"""Check DESIGN.md rule 1: the pure layers (model, errors, codecs, postprocess, pipeline) import
-no I/O library and nothing from the outer layers. Exit status 1 names each offending import."""
+"""Check DESIGN.md rule 1: the pure layers (model, errors, restricted, codecs, postprocess,
+pipeline) import no I/O library and nothing from the outer layers. Exit status 1 names each
+offending import."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "v2proxy"
-PURE = ["model.py", "errors.py", "codecs", "postprocess", "pipeline.py"]
+PURE = ["model.py", "errors.py", "restricted.py", "codecs", "postprocess", "pipeline.py"]
 FORBIDDEN = {
     "asyncio",
     "aiohttp",

@@ -12,35 +12,75 @@ from collections.abc import Sequence
 
 from v2proxy import __version__
 from v2proxy.config import ConfigError, load_settings
+from v2proxy.restricted import GROUPS
+
+_LATER = "takes effect with the shared-memory extension"
 
 
-def _common(p: argparse.ArgumentParser, http_default: int) -> None:
-    p.add_argument("--http-port", type=int, help=f"HTTP port (default {http_default})")
-    p.add_argument("--grpc-port", type=int, help=f"gRPC port (default {http_default + 1})")
+def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: str) -> None:
+    p.add_argument(
+        "--http-port", type=int, metavar="PORT", help=f"HTTP port (default {http_default})"
+    )
+    p.add_argument(
+        "--grpc-port", type=int, metavar="PORT", help=f"gRPC port (default {http_default + 1})"
+    )
+    p.add_argument(
+        "--host", metavar="ADDRESS", help="address to listen on, both ports (default 0.0.0.0)"
+    )
     p.add_argument(
         "--grpc-max-message-size",
         type=int,
+        metavar="BYTES",
         help="largest gRPC message in bytes, both ways (default 2 GiB - 1)",
     )
-    p.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     p.add_argument(
         "--max-input-size",
         type=int,
+        metavar="BYTES",
         help="largest JSON header, JSON-decoded input, raw body or decompressed body in bytes"
         " (default 64 MiB, like Triton's --http-max-input-size)",
     )
     p.add_argument(
         "--max-body-size",
         type=int,
-        help="hard cap on any HTTP request body in bytes (default 2 GiB - 1)",
+        metavar="BYTES",
+        help="hard cap on any HTTP request body in bytes, 413 beyond it (default 2 GiB - 1)",
     )
-    p.add_argument("--event-loop", choices=("uvloop", "asyncio"), help="default uvloop")
+    p.add_argument(
+        "--client-shm",
+        choices=("off", "local", "on"),
+        help="who may register shared memory: off, local (default: peers on loopback or a unix"
+        f" socket) or on (anyone); {_LATER}",
+    )
+    p.add_argument(
+        "--restricted-api",
+        metavar="GROUPS",
+        help="comma-separated API groups refused unless the request carries"
+        f" --restricted-api-header, or 'none' (default {restricted_default}; groups:"
+        f" {', '.join(sorted(GROUPS))})",
+    )
+    p.add_argument(
+        "--restricted-api-header",
+        metavar="KEY=VALUE",
+        help="requests carrying header KEY with exactly VALUE may use the restricted groups"
+        " (default unset: restricted groups are refused to everyone); prefer the variable"
+        " V2PROXY_RESTRICTED_API_HEADER, as command lines are visible to other users",
+    )
+    p.add_argument(
+        "--event-loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop)"
+    )
     p.add_argument(
         "--workers",
         type=int,
-        help="processes serving the same ports (SO_REUSEPORT); default 1",
+        metavar="N",
+        help="processes serving the same ports (SO_REUSEPORT), supervised by the parent"
+        " (default 1)",
     )
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help="log level (default info)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,9 +88,16 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"v2proxy {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the proxy in front of a model server")
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy in front of a model server",
+        description="Run the proxy in front of a model server. Every option is also a YAML key"
+        " of --config FILE (http_port: 9000) and an environment variable (V2PROXY_HTTP_PORT);"
+        " command line > environment > file > defaults.",
+    )
     serve.add_argument(
         "--backend",
+        metavar="URL",
         help="'builtin' (default: the reference models in-process), http://host:port (a v2 REST"
         " server) or grpc://host:port (a v2 gRPC server)",
     )
@@ -59,14 +106,46 @@ def parser() -> argparse.ArgumentParser:
         choices=("auto", "json", "binary"),
         help="how tensors are sent to a REST backend (default auto: ask its /v2 extensions)",
     )
-    serve.add_argument("--backend-timeout", type=float, help="seconds per backend request")
-    serve.add_argument("--config", help="YAML file with the same keys and per-model settings")
-    _common(serve, 9000)
+    serve.add_argument(
+        "--backend-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds to wait on the backend per request, 504 beyond it (default 60)",
+    )
+    serve.add_argument(
+        "--backend-connect-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds to connect to the backend, 503 beyond it (default 5)",
+    )
+    serve.add_argument(
+        "--backend-connections",
+        type=int,
+        metavar="N",
+        help="most connections open to a REST backend at once (default 100)",
+    )
+    serve.add_argument(
+        "--backend-shm",
+        choices=("off", "system", "auto"),
+        help="stage large tensors in the backend's own shared memory: off, system (always) or"
+        f" auto (default: when the backend has the extension and shares /dev/shm); {_LATER}",
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file with the same keys (underscores: backend_timeout), plus per-model"
+        " settings (models: NAME: outputs: OUTPUT: labels: FILE) and the mindie: section"
+        " (also V2PROXY_CONFIG)",
+    )
+    _common(serve, 9000, "model-repository,logging,trace,shared-memory")
 
     ref = sub.add_parser(
-        "reference-server", help="serve the builtin reference models as a standalone v2 server"
+        "reference-server",
+        help="serve the builtin reference models as a standalone v2 server",
+        description="Serve the builtin reference models as a standalone v2 server (REST with"
+        " binary tensors, gRPC). Environment variables are not read.",
     )
-    _common(ref, 8000)
+    _common(ref, 8000, "none, like Triton")
     return top
 
 
@@ -82,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 http_port=8000,
                 backend="builtin",
                 server_name="v2proxy-reference",
+                restricted_api="none",
             )
         else:
             settings = load_settings(args, args.get("config"))

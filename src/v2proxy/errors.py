@@ -54,6 +54,14 @@ class ExpectationFailed(InvalidRequest):
     http_status = 417
 
 
+class Forbidden(ProxyError):
+    """The operation belongs to a restricted API group (``--restricted-api``) and the request
+    lacks the header that opens it (Triton answers 403 too)."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+
+
 class NotFound(ProxyError):
     """Unknown model, version, region or route."""
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from v2proxy.config import BackendTarget, ConfigError, load_settings
+from v2proxy.cli import parser
+from v2proxy.config import (
+    PARSERS,
+    BackendTarget,
+    ConfigError,
+    MindieSettings,
+    load_settings,
+)
+from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_the_product_contract() -> None:
@@ -17,12 +28,20 @@ def test_defaults_are_the_product_contract() -> None:
     assert (s.http_port, s.host, s.backend_encoding) == (9000, "0.0.0.0", "auto")
     assert s.max_input_size == 64 * 1024 * 1024
     assert s.event_loop == "uvloop"
+    assert (s.client_shm, s.backend_shm) == ("local", "auto")
+    assert s.restricted == RestrictedPolicy(DEFAULT_GROUPS, None)
+    assert s.restricted.groups == {"model-repository", "logging", "trace", "shared-memory"}
+    assert dict(s.models) == {}
+    assert s.mindie is None
 
 
 def test_precedence(tmp_path: Path) -> None:
+    (tmp_path / "config" / "labels").mkdir(parents=True)
+    (tmp_path / "config" / "labels" / "x.txt").write_text("cat\ndog\n")
     cfg = tmp_path / "v2proxy.yaml"
     cfg.write_text(
         "backend: http://127.0.0.1:8080\nhttp_port: 9100\nbackend-encoding: json\n"
+        "client_shm: off\nrestricted_api: none\n"
         "models:\n  densenet:\n    outputs:\n      fc6_1: {labels: config/labels/x.txt}\n"
     )
     env = {"V2PROXY_HTTP_PORT": "9200", "V2PROXY_HOST": "127.0.0.1"}
@@ -31,9 +50,17 @@ def test_precedence(tmp_path: Path) -> None:
     assert s.host == "127.0.0.1"  # env beats default
     assert s.backend == BackendTarget("http", "http://127.0.0.1:8080")  # file
     assert s.backend_encoding == "json"
-    assert s.models["densenet"]["outputs"]["fc6_1"]["labels"] == "config/labels/x.txt"
+    assert s.client_shm == "off"  # YAML's bare `off` is false: read as "off"
+    assert s.restricted.groups == frozenset()
+    out = s.models["densenet"].outputs["fc6_1"]
+    assert out.labels == ("cat", "dog")
+    assert out.labels_path == str(tmp_path / "config" / "labels" / "x.txt")
+    env["V2PROXY_CLIENT_SHM"] = "on"
     s = load_settings({}, str(cfg), env=env)
     assert s.http_port == 9200  # env beats file
+    assert s.client_shm == "on"
+    s = load_settings({"client_shm": "local"}, str(cfg), env=env)
+    assert s.client_shm == "local"
     s = load_settings({"backend": "grpc://127.0.0.1:8001"}, None, env={})
     assert s.backend == BackendTarget("grpc", "127.0.0.1:8001")
     assert (s.grpc_port, s.grpc_max_message_size) == (9001, 2**31 - 1)
@@ -48,6 +75,11 @@ def test_precedence(tmp_path: Path) -> None:
         ({"backend_encoding": "xml"}, "must be one of auto, json, binary"),
         ({"max_input_size": 0}, "must be a positive integer"),
         ({"event_loop": "trio"}, "must be one of uvloop, asyncio"),
+        ({"backend_timeout": "inf"}, "for 'backend_timeout': must be a positive number"),
+        ({"client_shm": "yes"}, "for 'client_shm': must be one of off, local, on"),
+        ({"backend_shm": "cuda"}, "for 'backend_shm': must be one of off, system, auto"),
+        ({"restricted_api": "logging,admin"}, "unknown API group 'admin' (known: health,"),
+        ({"restricted_api_header": "x-key"}, "for 'restricted_api_header': must be KEY=VALUE"),
     ],
 )
 def test_bad_values_stop_with_one_line(cli: dict[str, object], message: str) -> None:
@@ -57,6 +89,22 @@ def test_bad_values_stop_with_one_line(cli: dict[str, object], message: str) -> 
     assert "\n" not in str(info.value)
 
 
+def test_restricted_settings_from_every_source(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("restricted_api: [logging, TRACE]\nrestricted-api-header: X-Admin=s3cret\n")
+    s = load_settings({}, str(cfg), env={})
+    assert s.restricted == RestrictedPolicy(frozenset({"logging", "trace"}), ("x-admin", "s3cret"))
+    assert "s3cret" not in repr(s)  # settings may be logged
+    env = {"V2PROXY_RESTRICTED_API": "", "V2PROXY_RESTRICTED_API_HEADER": "k=v"}
+    s = load_settings({}, str(cfg), env=env)
+    assert s.restricted == RestrictedPolicy(frozenset(), ("k", "v"))
+    s = load_settings({"restricted_api": "statistics"}, str(cfg), env=env)
+    assert s.restricted.groups == {"statistics"}
+    with pytest.raises(ConfigError) as info:
+        load_settings({"restricted_api_header": "bad name=s3cret"}, None, env={})
+    assert "s3cret" not in str(info.value)
+
+
 def test_bad_file(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("nonsense_key: 1\n")
@@ -64,6 +112,188 @@ def test_bad_file(tmp_path: Path) -> None:
         load_settings({}, str(cfg), env={})
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_settings({}, str(tmp_path / "missing.yaml"), env={})
+
+
+LABELS_OK = "models: {m: {outputs: {o: {labels: l.txt}}}}\n"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("models: [a]\n", "models: must be a mapping of model names, not a list"),
+        (
+            "models:\n  m:\n  outputs: {}\n",
+            "models.m: must be a mapping of model settings, not null",
+        ),
+        ("models: {m: {output: {}}}\n", "models.m.output: unknown key (known: outputs)"),
+        (
+            "models: {m: {outputs: [o]}}\n",
+            "models.m.outputs: must be a mapping of output names, not a list",
+        ),
+        (
+            "models: {m: {outputs: {o: {}}}}\n",
+            "models.m.outputs.o.labels: missing (the path of a label file)",
+        ),
+        (
+            "models: {m: {outputs: {o: {labels: l.txt, top: 3}}}}\n",
+            "models.m.outputs.o.top: unknown key (known: labels)",
+        ),
+        (
+            "models: {m: {outputs: {o: {labels: 3}}}}\n",
+            "models.m.outputs.o.labels: must be the path of a label file",
+        ),
+        (
+            "models: {m: {outputs: {o: {labels: x.txt}}}}\n",
+            "models.m.outputs.o.labels: cannot read 'x.txt': No such file or directory"
+            " (looked in the working directory and in {dir})",
+        ),
+        (
+            "models: {m: {outputs: {o: {labels: sub}}}}\n",
+            "models.m.outputs.o.labels: cannot read 'sub': Is a directory",
+        ),
+        ("mindie: ensemble\n", "mindie: must be a mapping of MindIE settings, not a string"),
+        ("mindie: {profile: vllm}\n", "mindie.model: missing (the v2 model that serves /infer)"),
+        ("mindie: {model: ''}\n", "mindie.model: must be a non-empty string (got '')"),
+        (
+            "mindie: {model: m, profile: tgi}\n",
+            "mindie.profile: must be one of trtllm, vllm, generate (got 'tgi')",
+        ),
+        (
+            "mindie: {model: m, tokenizer: x}\n",
+            "mindie.tokenizer: unknown key (known: max_input_chars, max_new_tokens, model,"
+            " profile, seed_input, timeout)",
+        ),
+        ("mindie: {model: m, timeout: 0}\n", "mindie.timeout: must be an integer 1..65535 (got 0)"),
+        (
+            "mindie: {model: m, max_new_tokens: 2.5}\n",
+            "mindie.max_new_tokens: must be an integer (got 2.5)",
+        ),
+        (
+            "mindie: {model: m, profile: vllm, seed_input: seed}\n",
+            "mindie.seed_input: only applies to profile 'trtllm'",
+        ),
+    ],
+)
+def test_bad_sections_stop_with_one_line_naming_the_key(
+    tmp_path: Path, yaml_text: str, message: str
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml_text)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, str(cfg), env={})
+    assert str(info.value) == f"{cfg}: " + message.format(dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "labels"),
+    [
+        (b"a\nb\nc\n", ("a", "b", "c")),
+        (b"a\nb\nc", ("a", "b", "c")),
+        (b"a\r\nb\r\n", ("a", "b")),
+        (b"\xef\xbb\xbfchat\nchien\n", ("chat", "chien")),  # BOM dropped
+        (b"a\n\nc\n", ("a", "", "c")),  # a blank line keeps the indexes aligned
+        (" caf\u00e9 au lait \n\u732b\n".encode(), (" caf\u00e9 au lait ", "\u732b")),
+    ],
+)
+def test_label_files(tmp_path: Path, content: bytes, labels: tuple[str, ...]) -> None:
+    (tmp_path / "l.txt").write_bytes(content)
+    (tmp_path / "config.yaml").write_text(LABELS_OK)
+    s = load_settings({}, str(tmp_path / "config.yaml"), env={})
+    assert s.models["m"].outputs["o"].labels == labels
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "'l.txt' holds no labels"),
+        (b"\n\r\n", "'l.txt' holds no labels"),
+        (b"ok\n\xff\n", "'l.txt' is not UTF-8 text (byte 0xff at offset 3)"),
+    ],
+)
+def test_bad_label_files(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "l.txt").write_bytes(content)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(LABELS_OK)
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, str(cfg), env={})
+    assert str(info.value) == f"{cfg}: models.m.outputs.o.labels: {message}"
+
+
+def test_label_path_working_directory_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, cwd = tmp_path / "etc", tmp_path / "cwd"
+    folder.mkdir()
+    cwd.mkdir()
+    (folder / "config.yaml").write_text(LABELS_OK)
+    (folder / "l.txt").write_text("from-config-folder\n")
+    monkeypatch.chdir(cwd)
+    s = load_settings({}, str(folder / "config.yaml"), env={})
+    assert s.models["m"].outputs["o"].labels == ("from-config-folder",)
+    (cwd / "l.txt").write_text("from-cwd\n")
+    s = load_settings({}, "../etc/config.yaml", env={})
+    assert s.models["m"].outputs["o"].labels == ("from-cwd",)
+    assert s.models["m"].outputs["o"].labels_path == str(cwd / "l.txt")
+    absolute = tmp_path / "abs.txt"
+    absolute.write_text("abs\n")
+    (folder / "config.yaml").write_text(
+        f"models: {{m: {{outputs: {{o: {{labels: {absolute}}}}}}}}}"
+    )
+    s = load_settings({}, str(folder / "config.yaml"), env={})
+    assert s.models["m"].outputs["o"].labels == ("abs",)
+
+
+def test_settings_are_frozen_and_mindie_defaults(tmp_path: Path) -> None:
+    (tmp_path / "l.txt").write_text("a\n")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(LABELS_OK + "mindie:\n  model: ensemble\n  max-new-tokens: 64\n  models: {}\n")
+    with pytest.raises(ConfigError, match=r"mindie\.models: unknown key"):
+        load_settings({}, str(cfg), env={})
+    cfg.write_text(LABELS_OK + "mindie:\n  model: ensemble\n  max-new-tokens: 64\n")
+    s = load_settings({}, str(cfg), env={})
+    assert s.mindie == MindieSettings("ensemble", "trtllm", 64, 4 * 1024 * 1024, 600, "seed")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.mindie.model = "x"  # type: ignore[misc, union-attr]
+    with pytest.raises(TypeError):
+        s.models["n"] = s.models["m"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        s.models["m"].outputs["p"] = s.models["m"].outputs["o"]  # type: ignore[index]
+    cfg.write_text("models:\nmindie:\n")  # empty sections are no sections
+    s = load_settings({}, str(cfg), env={})
+    assert (dict(s.models), s.mindie) == ({}, None)
+
+
+def test_example_config_uses_every_key() -> None:
+    example = ROOT / "config" / "example.yaml"
+    s = load_settings({}, str(example), env={})
+    assert s.models["classifier"].outputs["SCORES"].labels[:2] == ("zero", "one")
+    assert s.mindie is not None and s.mindie.model == "llm"
+    text = example.read_text()
+    missing = [k for k in PARSERS if f"{k}:" not in text]
+    assert missing == []
+
+
+def test_serve_help_lists_every_option() -> None:
+    serve = parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    help_text = serve.format_help()
+    for key in PARSERS:
+        assert "--" + key.replace("_", "-") in help_text, key
+    for action in serve._actions:
+        if action.option_strings and action.dest not in ("help", "config"):
+            assert action.help and "default" in action.help, action.dest
+
+
+def test_reference_server_restricts_nothing_by_default() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "v2proxy", "reference-server", "--restricted-api", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "unknown API group 'nope'" in proc.stderr
 
 
 def test_cli_rejects_bad_config_with_exit_2() -> None:

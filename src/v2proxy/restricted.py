@@ -1,0 +1,173 @@
+"""Restricted API groups: which operations a client may use only with a shared header.
+
+Triton fences its side APIs with ``--http-restricted-api`` / ``--grpc-restricted-protocol``
+(``<group>,<group>:<key>=<value>``); v2proxy does the same with ``--restricted-api GROUPS`` and
+``--restricted-api-header KEY=VALUE``, and restricts by default (:data:`DEFAULT_GROUPS`): a proxy
+often faces clients the model server never did, and these groups unload models, register shared
+memory or write trace and log files on the server.
+
+Contract:
+
+- The groups are Triton's names (:data:`GROUPS`); :data:`REST_GROUPS` and :data:`GRPC_GROUPS`
+  say which operation belongs to which (the MindIE ``/infer`` route is ``inference``).
+- :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.errors.Forbidden` (HTTP 403, gRPC
+  PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
+  header with exactly the configured value. Header names match case-insensitively; the value is
+  compared in constant time. With no header configured, restricted groups are refused to all.
+
+Pure: no I/O, no asyncio, grpc or HTTP library (checked by tools/check_layers.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from v2proxy.errors import Forbidden
+
+GROUPS = frozenset(
+    {
+        "health",
+        "metadata",
+        "inference",
+        "shared-memory",
+        "model-config",
+        "model-repository",
+        "statistics",
+        "trace",
+        "logging",
+    }
+)
+DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace", "shared-memory"})
+
+# Which group each operation belongs to (as in Triton's http_server.cc / grpc_server.cc).
+REST_GROUPS = {
+    "/v2/health/live": "health",
+    "/v2/health/ready": "health",
+    "/v2/models/{m}/ready": "health",
+    "/v2": "metadata",
+    "/v2/models/{m}": "metadata",
+    "/v2/models/{m}/infer": "inference",
+    "/v2/models/{m}/generate": "inference",
+    "/v2/models/{m}/generate_stream": "inference",
+    "/infer": "inference",
+    "/v2/models/{m}/config": "model-config",
+    "/v2/models[/{m}]/stats": "statistics",
+    "/v2/repository/...": "model-repository",
+    "/v2/systemsharedmemory/...": "shared-memory",
+    "/v2/cudasharedmemory/...": "shared-memory",
+    "/v2[/models/{m}]/trace/setting": "trace",
+    "/v2/logging": "logging",
+}
+GRPC_GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+# RFC 9110 token; gRPC metadata keys are a subset (lowercase letters, digits, "-_.").
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+Headers = Mapping[str, Any] | Iterable[tuple[str | bytes, str | bytes]]
+
+
+def parse_groups(value: Any) -> frozenset[str]:
+    """``"a,b"`` (or a list) -> the set of groups; ``none``, ``""`` or null -> no group.
+
+    Raises ValueError naming the unknown group."""
+    if value is None:
+        return frozenset()
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    names = [str(item).strip().lower() for item in items]
+    names = [n for n in names if n]
+    if names == ["none"]:
+        return frozenset()
+    for name in names:
+        if name not in GROUPS:
+            known = ", ".join(sorted(GROUPS))
+            raise ValueError(f"unknown API group '{name}' (known: {known}; or 'none')")
+    return frozenset(names)
+
+
+def parse_header(value: Any) -> tuple[str, str] | None:
+    """``"KEY=VALUE"`` -> ``("key", "VALUE")`` (name lowercased); ``""`` or null -> None."""
+    if value is None or str(value).strip() == "":
+        return None
+    key, sep, secret = str(value).strip().partition("=")
+    key, secret = key.strip(), secret.strip()  # HTTP drops a value's surrounding spaces
+    if not sep or not key or not secret:
+        raise ValueError("must be KEY=VALUE (a header name and a non-empty value)")
+    if not _TOKEN.match(key):
+        raise ValueError(f"'{key}' is not a valid header name")
+    if not secret.isascii() or not secret.isprintable():
+        raise ValueError("the header value must be printable ASCII")
+    return key.lower(), secret
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RestrictedPolicy:
+    """The restricted groups and the header (lowercase name, exact value) that opens them."""
+
+    groups: frozenset[str] = DEFAULT_GROUPS
+    header: tuple[str, str] | None = None
+
+    def __repr__(self) -> str:  # never shows the header's value (settings get logged)
+        header = f"('{self.header[0]}', '***')" if self.header else "None"
+        return f"RestrictedPolicy(groups={sorted(self.groups)}, header={header})"
+
+    @classmethod
+    def parse(cls, groups: Any = None, header: Any = None) -> RestrictedPolicy:
+        """Build from the setting texts (see :func:`parse_groups`, :func:`parse_header`)."""
+        return cls(parse_groups(groups), parse_header(header))
+
+    def restricts(self, group: str) -> bool:
+        """Whether requests for ``group`` need the header (False for unrestricted groups)."""
+        return group in self.groups
+
+    def check(self, group: str, headers: Headers) -> None:
+        """Raise Forbidden unless ``group`` is open or ``headers`` carry the configured header.
+
+        ``headers``: a mapping (names in any case: a dict, a CIMultiDict, gRPC metadata as a
+        dict) or an iterable of ``(name, value)`` pairs of str or bytes (raw HTTP headers, a
+        grpc.aio metadata tuple); every occurrence of the name is considered.
+        """
+        if group not in self.groups:
+            return
+        if self.header is None:
+            raise Forbidden(
+                f"This API is restricted: '{group}' is refused unless --restricted-api-header"
+                " KEY=VALUE is set and the request carries that header"
+            )
+        key, secret = self.header
+        expected = secret.encode()
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        ok = False
+        for name, value in pairs:
+            name_text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+            if name_text.lower() != key:
+                continue
+            got = value if isinstance(value, bytes) else str(value).encode("utf-8", "replace")
+            # No early exit: every occurrence is compared in constant time.
+            ok |= hmac.compare_digest(got.strip(b" \t"), expected)
+        if not ok:
+            raise Forbidden(f"This API is restricted, expecting header '{self.header[0]}'")
