@@ -700,3 +700,27 @@ async def test_ipv6_and_start_on(h: Harness) -> None:
     assert await still_open(reader, writer)
     writer.close()
     await other.close(grace=1.0)
+
+
+async def test_unread_body_still_arriving_discarded(h: Harness) -> None:
+    """The handler answers before the body is in: the rest (short) is dropped as it arrives and
+    the next request on the connection parses."""
+    server = await h.start()
+    reader, writer = await h.connect(server)
+    writer.write(b"POST /noread HTTP/1.1\r\nContent-Length: 30000\r\n\r\n" + b"x" * 10)
+    answer = await asyncio.wait_for(read_answer(reader), WAIT)
+    assert (answer.status, answer.body, "connection" in answer.headers) == (200, b"not read", False)
+    writer.write(b"x" * 29990)
+    assert await still_open(reader, writer)
+
+
+async def test_large_body_read_whole(h: Harness) -> None:
+    size = 5 << 20
+    body = bytes(range(256)) * (size // 256)
+    server = await h.start()
+    reader, writer = await h.connect(server)
+    writer.write(b"POST /big HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size + body + GET)
+    answer = await asyncio.wait_for(read_answer(reader), WAIT)
+    assert answer.json()["length"] == size
+    assert answer.json()["body"] == body[:64].decode("latin-1")
+    assert (await asyncio.wait_for(read_answer(reader), WAIT)).json()["path"] == "/"

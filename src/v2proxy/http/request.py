@@ -384,10 +384,6 @@ class HttpResponse:
         self._ended = True
         self._conn.abort()
 
-    @property
-    def complete(self) -> bool:
-        return self._ended
-
 
 __all__ = [
     "BodyError",

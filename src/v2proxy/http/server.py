@@ -290,7 +290,7 @@ class _Connection(asyncio.Protocol):
         if url[:1] != b"/":
             raise self._reject(400, "the request target must be a path (origin-form)")
         length: int | None = None
-        chunked = close = keep = expect = False
+        chunked = close = keep = expect = upgrade = False
         for name, value in self.headers:
             if name == b"content-length":
                 length = int(value)  # llhttp let only digits and one such header through
@@ -303,6 +303,8 @@ class _Connection(asyncio.Protocol):
                 tokens = [t.strip() for t in value.lower().split(b",")]
                 close = close or b"close" in tokens
                 keep = keep or b"keep-alive" in tokens
+            elif name == b"upgrade":
+                upgrade = True
             elif name == b"expect":
                 if value.strip().lower() != b"100-continue":
                     raise self._reject(417, "only 'Expect: 100-continue' is supported")
@@ -311,7 +313,7 @@ class _Connection(asyncio.Protocol):
             raise self._reject(400, "Content-Length together with Transfer-Encoding")
         if length is not None and length > self.limits.max_body_size:
             raise self._reject(413, f"request body larger than {self.limits.max_body_size} bytes")
-        if parser.should_upgrade() and (chunked or length):
+        if upgrade and (chunked or length) and parser.should_upgrade():
             raise self._reject(400, "an Upgrade request cannot have a body here")
         req = HttpRequest(
             self,
@@ -375,17 +377,24 @@ class _Connection(asyncio.Protocol):
         queue = self.queue
         try:
             while queue and not self.closed:
-                item = queue[0]
-                if isinstance(item, tuple):
-                    self._answer_error(*item)
+                req = queue[0]
+                if isinstance(req, tuple):
+                    self._answer_error(*req)
                     return
-                if not await self._run(item):
+                resp = self.answer = HttpResponse(self, req)
+                try:
+                    await self.handler(req, resp)
+                except Exception as exc:
+                    self._handler_failed(req, resp, exc)
+                    return
+                if not resp._ended:
+                    self._handler_failed(req, resp, None)
                     return
                 queue.popleft()
-                if not item.keep_alive or self.closing_after:
+                if not req.keep_alive or self.closing_after:
                     self._close(linger=True)
                     return
-                if not item._complete and not self._discard(item):
+                if not req._complete and not self._discard(req):
                     return
                 if self.backlog is not None and len(queue) < MAX_PIPELINE:
                     data, self.backlog = self.backlog, None
@@ -395,33 +404,20 @@ class _Connection(asyncio.Protocol):
             self.cycle = self.answer = None
         self._arm()
 
-    async def _run(self, req: HttpRequest) -> bool:
-        resp = self.answer = HttpResponse(self, req)
-        try:
-            await self.handler(req, resp)
-        except ClientDisconnected as exc:
+    def _handler_failed(self, req: HttpRequest, resp: HttpResponse, exc: Exception | None) -> None:
+        if isinstance(exc, ClientDisconnected):
             log.debug("client %s went away: %s", self.client, exc)
             self.abort()
-            return False
-        except BodyError as exc:
+            return
+        if isinstance(exc, BodyError):
             log.debug("request body refused: %s", exc)
-            self._fail_answer(resp, exc.status, str(exc))
-            return False
-        except Exception as exc:
-            log.exception("HTTP handler failed on %s %s", req.method, req.path)
-            self._fail_answer(resp, 500, f"internal error: {type(exc).__name__}")
-            return False
-        if not resp.started:
-            log.error("HTTP handler returned without answering %s %s", req.method, req.path)
-            self._answer_error(500, "internal error: no answer")
-            return False
-        if not resp.complete:
-            log.error("HTTP handler returned before ending its answer to %s", req.path)
-            self.abort()
-            return False
-        return True
-
-    def _fail_answer(self, resp: HttpResponse, status: int, message: str) -> None:
+            status, message = exc.status, str(exc)
+        elif exc is not None:
+            log.exception("HTTP handler failed on %s %s", req.method, req.path, exc_info=exc)
+            status, message = 500, f"internal error: {type(exc).__name__}"
+        else:
+            log.error("HTTP handler returned without completing its answer to %s", req.path)
+            status, message = 500, "internal error: no answer"
         if resp.started:
             self.abort()
         else:
