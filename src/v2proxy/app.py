@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 
 import grpc
-from aiohttp import web
 
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
@@ -26,7 +25,9 @@ from v2proxy.backends.rest import RestBackend
 from v2proxy.config import Settings
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
-from v2proxy.pipeline import Backend, Pipeline
+from v2proxy.http.server import HttpServer, ServerLimits
+from v2proxy.pipeline import Pipeline
+from v2proxy.ports import Backend
 
 log = logging.getLogger("v2proxy")
 
@@ -52,17 +53,24 @@ def build_backend(settings: Settings) -> Backend:
     )
 
 
-def build_rest(settings: Settings, backend: Backend) -> RestFrontend:
-    """The REST frontend in front of ``backend`` (serve it with :meth:`RestFrontend.server`)."""
-    return RestFrontend(
-        Pipeline(backend, settings.max_input_size),
-        settings.max_input_size,
-        settings.max_body_size,
-    )
+def build_pipeline(settings: Settings, backend: Backend) -> Pipeline:
+    """The one core every frontend goes through."""
+    return Pipeline(backend, settings.max_input_size)
+
+
+def build_rest(settings: Settings, pipeline: Pipeline) -> RestFrontend:
+    """The REST frontend on ``pipeline`` (serve it with :func:`build_http_server`)."""
+    return RestFrontend(pipeline, settings.max_input_size, settings.max_body_size)
+
+
+def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
+    """The HTTP/1.1 server for the REST frontend (not yet listening)."""
+    limits = ServerLimits(max_body_size=settings.max_body_size)
+    return HttpServer(frontend.dispatch, limits)
 
 
 def build_grpc_server(
-    settings: Settings, backend: Backend, reuse_port: bool = False
+    settings: Settings, pipeline: Pipeline, reuse_port: bool = False
 ) -> grpc.aio.Server:
     """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
     size = settings.grpc_max_message_size
@@ -75,7 +83,7 @@ def build_grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    frontend = GrpcFrontend(Pipeline(backend, settings.max_input_size))
+    frontend = GrpcFrontend(pipeline)
     server.add_generic_rpc_handlers(frontend.handlers())
     return server
 
@@ -92,33 +100,24 @@ async def serve(
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     backend = build_backend(settings)
     await backend.start()
-    runner = web.ServerRunner(
-        build_rest(settings, backend).server(), shutdown_timeout=SHUTDOWN_GRACE_S
-    )
-    await runner.setup()
-    grpc_server = build_grpc_server(settings, backend, reuse_port)
+    pipeline = build_pipeline(settings, backend)
+    http_server = build_http_server(settings, build_rest(settings, pipeline))
+    grpc_server = build_grpc_server(settings, pipeline, reuse_port)
     try:
-        site = web.TCPSite(
-            runner, settings.host, settings.http_port, backlog=2048, reuse_port=reuse_port
+        http_port = await http_server.start(
+            settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
         )
-        await site.start()
         address = f"[{settings.host}]" if ":" in settings.host else settings.host
         grpc_port = grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
         if grpc_port == 0:
             raise StartError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
         await grpc_server.start()
-    except (OSError, RuntimeError) as exc:
-        await runner.cleanup()
+    except (OSError, RuntimeError, StartError) as exc:
+        await http_server.close(0)
         await backend.close()
+        if isinstance(exc, StartError):
+            raise
         raise StartError(f"cannot start listening: {exc}") from None
-    except StartError:
-        await runner.cleanup()
-        await backend.close()
-        raise
-    http_port = settings.http_port
-    server = getattr(site, "_server", None)
-    if server is not None and server.sockets:
-        http_port = server.sockets[0].getsockname()[1]
     log.info(
         "v2proxy listening on http://%s:%d and grpc %s:%d (backend: %s)",
         settings.host,
@@ -137,8 +136,9 @@ async def serve(
         await stop.wait()
     finally:
         log.info("v2proxy shutting down")
-        await grpc_server.stop(SHUTDOWN_GRACE_S)
-        await runner.cleanup()
+        await asyncio.gather(
+            grpc_server.stop(SHUTDOWN_GRACE_S), http_server.close(SHUTDOWN_GRACE_S)
+        )
         await backend.close()
 
 

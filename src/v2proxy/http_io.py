@@ -33,6 +33,21 @@ def end_to_end(
     ]
 
 
+_HOP_BY_HOP_B = frozenset(h.encode() for h in HOP_BY_HOP)
+
+
+def forwardable(
+    headers: list[tuple[bytes, bytes]], also_drop: frozenset[bytes] = frozenset()
+) -> list[tuple[bytes, bytes]]:
+    """The end-to-end headers among raw ``headers`` (names lowercased), values untouched."""
+    out = []
+    for k, v in headers:
+        name = k.lower()
+        if name not in _HOP_BY_HOP_B and name not in also_drop:
+            out.append((name, v))
+    return out
+
+
 class ShortBody(Exception):
     """The peer closed the body before Content-Length bytes arrived."""
 

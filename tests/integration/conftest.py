@@ -1,56 +1,88 @@
-"""In-process fixtures: the REST frontend on an aiohttp test server, in front of the builtin
-backend or of another in-process v2 server reached over real loopback HTTP."""
+"""In-process fixtures: the REST frontend on v2proxy's own HTTP server (as ``v2proxy serve`` runs
+it) on a real loopback port, in front of the builtin backend or of another in-process v2 server
+reached over real loopback HTTP; fake backends are aiohttp applications."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
+from yarl import URL
 
-from v2proxy.app import build_backend, build_rest
+from v2proxy.app import build_backend, build_pipeline, build_rest
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.config import Settings, load_settings
 from v2proxy.frontends.rest import RestFrontend
+from v2proxy.http.request import HttpRequest, HttpResponse, ServerLimits
+from v2proxy.http.server import HttpServer
 
-Factory = Callable[..., Awaitable[TestClient[Any, Any]]]
 
+class ProxyClient:
+    """An aiohttp client session bound to a REST frontend served on a loopback port (the same
+    calls as aiohttp's TestClient: ``get``, ``post``, ``request``, ``make_url``)."""
 
-class FrontendServer(BaseTestServer):
-    """The REST frontend on the same low-level aiohttp server as ``v2proxy serve`` runs, with
-    its backend started and closed around it."""
-
-    def __init__(
-        self, frontend: RestFrontend, server_options: dict[str, Any], **kwargs: Any
-    ) -> None:
+    def __init__(self, frontend: RestFrontend, limits: ServerLimits | None = None) -> None:
         self.frontend = frontend
-        self.server_options = server_options
-        super().__init__(**kwargs)
 
-    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        async def handler(request: HttpRequest, response: HttpResponse) -> None:
+            # looked up per request, so that a test may wrap ``frontend.dispatch``
+            await frontend.dispatch(request, response)
+
+        self.server = HttpServer(handler, limits or ServerLimits())
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
         await self.frontend.pipeline.backend.start()
-        return web.ServerRunner(self.frontend.server(**self.server_options))
+        await self.server.start("127.0.0.1", 0)
+        self.session = aiohttp.ClientSession()
 
     async def close(self) -> None:
-        await super().close()
+        if self.session is not None:
+            await self.session.close()
+        await self.server.close(1.0)
         await self.frontend.pipeline.backend.close()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def make_url(self, path: str) -> URL:
+        return URL(f"http://127.0.0.1:{self.port}{path}")
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        assert self.session is not None
+        return self.session.request(method, self.make_url(path), **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs)
+
+
+Client = TestClient[Any, Any] | ProxyClient
+Factory = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[Factory]:
-    """make_client(frontend or aiohttp app, **options of aiohttp's low-level server) -> a
-    TestClient on a real loopback port; all closed at the end."""
-    clients: list[TestClient[Any, Any]] = []
+    """make_client(frontend or aiohttp app, limits=ServerLimits(...)) -> a client on a real
+    loopback port; all closed at the end."""
+    clients: list[Client] = []
 
-    async def factory(app: web.Application | RestFrontend, **options: Any) -> TestClient[Any, Any]:
-        server: BaseTestServer = (
-            FrontendServer(app, options, host="127.0.0.1")
-            if isinstance(app, RestFrontend)
-            else TestServer(app, host="127.0.0.1")
-        )
-        c: TestClient[Any, Any] = TestClient(server)
+    async def factory(app: web.Application | RestFrontend, **options: Any) -> Any:
+        if isinstance(app, RestFrontend):
+            proxy = ProxyClient(app, options.get("limits"))
+            await proxy.start()
+            clients.append(proxy)
+            return proxy
+        c: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
         await c.start_server()
         clients.append(c)
         return c
@@ -65,21 +97,35 @@ def settings(**overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def builtin(make_client: Factory) -> TestClient[Any, Any]:
+async def builtin(make_client: Factory) -> ProxyClient:
     """v2proxy in front of the builtin models."""
-    return await make_client(build_rest(settings(), BuiltinBackend()))
+    return await make_client(build_rest(s := settings(), build_pipeline(s, BuiltinBackend())))
+
+
+@dataclass
+class Seen:
+    """A request as the recording reference server saw it."""
+
+    method: str
+    path: str
+    headers: CIMultiDict[str]
 
 
 @pytest.fixture
-async def recorded(make_client: Factory) -> AsyncIterator[tuple[TestClient[Any, Any], list[Any]]]:
+async def recorded(make_client: Factory) -> AsyncIterator[tuple[ProxyClient, list[Seen]]]:
     """A reference server (builtin models over REST) that records every request it gets."""
-    seen: list[web.BaseRequest] = []
-    frontend = build_rest(settings(), BuiltinBackend(server_name="reference"))
+    seen: list[Seen] = []
+    frontend = build_rest(
+        s := settings(), build_pipeline(s, BuiltinBackend(server_name="reference"))
+    )
     dispatch = frontend.dispatch
 
-    async def record(request: web.BaseRequest) -> web.StreamResponse:
-        seen.append(request)
-        return await dispatch(request)
+    async def record(request: HttpRequest, response: HttpResponse) -> None:
+        headers = CIMultiDict(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers
+        )
+        seen.append(Seen(request.method, request.path, headers))
+        await dispatch(request, response)
 
     frontend.dispatch = record  # type: ignore[method-assign]
     yield await make_client(frontend), seen
@@ -87,6 +133,8 @@ async def recorded(make_client: Factory) -> AsyncIterator[tuple[TestClient[Any, 
 
 async def proxy_to(
     make_client: Factory, url: str, server_options: dict[str, Any] | None = None, **overrides: Any
-) -> TestClient[Any, Any]:
+) -> ProxyClient:
     s = settings(backend=url, **overrides)
-    return await make_client(build_rest(s, build_backend(s)), **(server_options or {}))
+    return await make_client(
+        build_rest(s, build_pipeline(s, build_backend(s))), **(server_options or {})
+    )

@@ -24,7 +24,9 @@ from v2proxy.backends.rest import RestBackend
 from v2proxy.codecs import binary as binc
 from v2proxy.errors import CodecError, InvalidRequest, PayloadTooLarge
 from v2proxy.model import InferRequest
-from v2proxy.pipeline import HOLD_BACK, ForwardResponse, Pipeline, StreamedBody
+from v2proxy.pipeline import Pipeline
+from v2proxy.ports import ForwardResponse, StreamedBody
+from v2proxy.relay import HOLD_BACK
 
 MODEL = "identity_fp32"
 LIMIT = 64 * 1024 * 1024
@@ -132,7 +134,7 @@ async def relay(
     pipeline: Pipeline, body: bytes, sizes: list[int], stop_at: int | None = None
 ) -> ForwardResponse | InferRequest:
     return await pipeline.relay_json(
-        MODEL, "", StreamedBody(len(body), chunks_of(body, sizes, stop_at)), {}
+        MODEL, "", StreamedBody(len(body), chunks_of(body, sizes, stop_at)), []
     )
 
 
@@ -387,7 +389,7 @@ async def test_backend_that_stops_reading_a_streamed_body_times_out(make_client:
         proxy = await proxy_to(
             make_client,
             f"http://127.0.0.1:{port}",
-            server_options={"lingering_time": 0},
+            server_options={},
             backend_encoding="binary",
             backend_timeout=0.5,
         )

@@ -88,4 +88,7 @@ def test_grpc_metadata_forwarding_drops_framing_headers() -> None:
                 ("trace-bin", "\x00"),
             ]
 
-    assert forwarded_headers(Context()) == {"x-request-id": "r1", "authorization": "Bearer t"}
+    assert forwarded_headers(Context()) == [
+        (b"x-request-id", b"r1"),
+        (b"authorization", b"Bearer t"),
+    ]

@@ -14,7 +14,7 @@ import pytest
 
 from v2proxy.backends import http1
 from v2proxy.backends.http1 import Http1Pool, HTTPProtocolError
-from v2proxy.pipeline import StreamedBody
+from v2proxy.ports import StreamedBody
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.integration.conftest import Factory, proxy_to, settings
-from v2proxy.app import build_rest
+from v2proxy.app import build_pipeline, build_rest
 from v2proxy.backends.builtin import BuiltinBackend
 
 ONES = [1] * 16
@@ -269,7 +269,10 @@ async def test_input_size_limits(make_client: Factory) -> None:
     """--max-input-size bounds JSON headers, raw bodies and decompressed bodies (Triton's
     messages); --max-body-size bounds any body with 413."""
     client = await make_client(
-        build_rest(settings(max_input_size=1000, max_body_size=4000), BuiltinBackend())
+        build_rest(
+            s := settings(max_input_size=1000, max_body_size=4000),
+            build_pipeline(s, BuiltinBackend()),
+        )
     )
     big_json = simple_json() + b" " * 1000
     resp = await client.post("/v2/models/simple/infer", data=big_json)
@@ -351,12 +354,14 @@ async def test_expect_100_continue(builtin: TestClient[Any, Any]) -> None:
         "/v2/models/simple/infer", data=body, headers={"Expect": "something-else"}
     )
     assert resp.status == 417
-    assert (await resp.json()) == {"error": "unsupported Expect header: 'something-else'"}
+    assert (await resp.json()) == {"error": "only 'Expect: 100-continue' is supported"}
 
 
 async def test_chunked_body_over_the_limit(make_client: Factory) -> None:
     """A body without Content-Length is bounded by --max-body-size as it arrives."""
-    client = await make_client(build_rest(settings(max_body_size=4000), BuiltinBackend()))
+    client = await make_client(
+        build_rest(s := settings(max_body_size=4000), build_pipeline(s, BuiltinBackend()))
+    )
 
     async def chunks() -> Any:
         for _ in range(10):

@@ -217,14 +217,13 @@ def _triton_request(inputs: list[grpcclient.InferInput], **kw: Any) -> Any:
     return triton_utils._get_inference_request(**args)
 
 
-def test_shm_input_takes_no_raw_slot_and_surplus_raw_is_ignored() -> None:
+def test_shm_input_takes_no_raw_slot_and_surplus_raw_is_refused() -> None:
     a = np.arange(4, dtype=np.int32)
     b = np.array([b"x\x00", b"\xff"], dtype=object)
     shm = grpcclient.InferInput("S", [4], "FP32")
     shm.set_shared_memory("region0", 16, offset=8)
     msg = _triton_request([_triton_input("A", a, "INT32"), shm, _triton_input("B", b, "BYTES")])
     assert len(msg.raw_input_contents) == 2  # the client itself gives shm inputs no slot
-    msg.raw_input_contents.append(b"surplus")
     req = g.request_from_proto(_cross(msg, pb.ModelInferRequest))
     assert [t.name for t in req.inputs] == ["A", "S", "B"]
     assert bytes(req.inputs[0].data) == a.tobytes()
@@ -236,6 +235,10 @@ def test_shm_input_takes_no_raw_slot_and_surplus_raw_is_ignored() -> None:
     }
     assert bytes(req.inputs[2].data) == _lp(b"x\x00", b"\xff")
     assert req.inputs[2].shape == (2,)
+    # a raw entry no input takes is refused, not dropped
+    msg.raw_input_contents.append(b"surplus")
+    with pytest.raises(CodecError, match=r"expected 2 raw_input_contents .* but got 3"):
+        g.request_from_proto(_cross(msg, pb.ModelInferRequest))
 
 
 def test_raw_slots_follow_input_order() -> None:

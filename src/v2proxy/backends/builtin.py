@@ -7,18 +7,17 @@ repository index/load/unload, trace and log settings.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly, SideHandler, answer_side
+from v2proxy.backends.base import DecodedOnly
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.model import InferRequest, InferResponse, Tensor
-from v2proxy.pipeline import ForwardResponse
+from v2proxy.ports import Headers
 from v2proxy.reference.models import MODELS, ModelSpec
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
@@ -152,7 +151,7 @@ class BuiltinBackend(DecodedOnly):
         self.spec(model, version)
         return True
 
-    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         responses = [r async for r in self.stream_infer(request, headers)]
         if len(responses) != 1:
             raise InvalidRequest(
@@ -163,7 +162,7 @@ class BuiltinBackend(DecodedOnly):
         return responses[0]
 
     async def stream_infer(
-        self, request: InferRequest, headers: dict[str, str]
+        self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
         """Every response of the model to the request (several for the streaming llm)."""
         spec = self.spec(request.model_name, request.model_version)
@@ -184,32 +183,16 @@ class BuiltinBackend(DecodedOnly):
                 model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
             )
 
-    # ------------------------------------------------------------------ side endpoints
+    # ------------------------------------------------------------------ side operations
 
-    async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
-    ) -> ForwardResponse:
-        handlers: dict[str, SideHandler] = {
-            "stats": self._stats_of,
-            "index": self._index,
-            "load": self._load,
-            "trace": self._trace_settings,
-            "logging": self._log_settings,
-        }
-        return await answer_side(method, path_qs, body, handlers)
-
-    async def _stats_of(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
-        model = m.group("model")
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         if not model:
             names = sorted(n for n in MODELS if n not in self._unloaded)
         else:
-            names = [self.spec(model, m.group("version") or "").name]
+            names = [self.spec(model, version).name]
         return {"model_stats": [self._stats[n].as_json(n) for n in names]}
 
-    async def _index(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
-        ready = obj.get("ready", False) if isinstance(obj, dict) else None
-        if not isinstance(ready, bool):
-            raise InvalidRequest("Invalid value for 'ready': expected a boolean")
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
         entries = []
         for name in sorted(MODELS):
             loaded = name not in self._unloaded
@@ -225,26 +208,24 @@ class BuiltinBackend(DecodedOnly):
             )
         return entries
 
-    async def _load(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
-        name = m.group("model")
-        if name not in MODELS:
-            raise InvalidRequest(f"failed to load '{name}', failed to poll from model repository")
-        if m.group("action") == "load":
-            self._unloaded.discard(name)
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        if model not in MODELS:
+            raise InvalidRequest(f"failed to load '{model}', failed to poll from model repository")
+        if load:
+            self._unloaded.discard(model)
         else:
-            self._unloaded.add(name)
-        return {}
+            self._unloaded.add(model)
 
-    async def _trace_settings(self, method: str, _m: re.Match[str], obj: Any) -> Any:
-        return self._update(self._trace, method, obj)
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        if update:
+            self._trace.update(update)
+        return dict(self._trace)
 
-    async def _log_settings(self, method: str, _m: re.Match[str], obj: Any) -> Any:
-        return self._update(self._log, method, obj)
-
-    @staticmethod
-    def _update(settings: dict[str, Any], method: str, obj: Any) -> Any:
-        if method == "POST" and obj:
-            if not isinstance(obj, dict):
-                raise InvalidRequest("settings must be a JSON object")
-            settings.update(obj)
-        return settings
+    async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
+        if update:
+            self._log.update(update)
+        return dict(self._log)

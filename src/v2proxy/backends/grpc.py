@@ -6,8 +6,8 @@ every request over it) to a v2 gRPC model server.
 - gRPC status codes are mapped to the error tree here (UNAVAILABLE -> 503, DEADLINE_EXCEEDED ->
   504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...).
 - ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
-- ``forward`` serves the REST side endpoints (statistics, repository, trace, logging) through
-  the matching RPCs, in the canonical REST JSON form; other REST-only paths answer 501.
+- The side operations (statistics, repository, trace, logging) go through the matching RPCs and
+  come back in the canonical REST JSON form; other REST-only paths answer 501.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.backends.base import DecodedOnly, SideHandler, answer_side
+from v2proxy.backends.base import DecodedOnly
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import (
@@ -30,12 +30,13 @@ from v2proxy.errors import (
     BadGateway,
     CodecError,
     GatewayTimeout,
+    InvalidRequest,
     NotFound,
     ProxyError,
     Unsupported,
 )
 from v2proxy.model import InferRequest, InferResponse
-from v2proxy.pipeline import ForwardResponse
+from v2proxy.ports import Headers
 
 _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
 
@@ -51,14 +52,28 @@ _HTTP_BY_CODE = {
 }
 
 
-def _metadata(headers: dict[str, str]) -> list[tuple[str, str]]:
-    return [(k.lower(), v) for k, v in headers.items() if k.lower() not in ("host", "connection")]
+def _metadata(headers: Headers) -> list[tuple[str, str]]:
+    """The client's headers as gRPC metadata, which carries printable ASCII only: a header
+    whose value is not is refused, naming it (nothing is re-encoded behind the client's back)."""
+    out = []
+    for name, value in headers:
+        if name in (b"host", b"connection"):
+            continue
+        try:
+            out.append((name.decode("ascii"), value.decode("ascii")))
+        except UnicodeDecodeError:
+            raise InvalidRequest(
+                f"header '{name.decode('latin-1')}' has a value that is not ASCII, which a gRPC"
+                " backend cannot take"
+            ) from None
+    return out
 
 
 class GrpcBackend(DecodedOnly):
     """Talks to a v2 gRPC model server at ``target`` (host:port)."""
 
     name = "grpc"
+    other_v2_error = Unsupported
 
     def __init__(self, target: str, timeout: float = 60.0, max_message_size: int = 2**31 - 1):
         self.target = target
@@ -168,7 +183,7 @@ class GrpcBackend(DecodedOnly):
         resp = await self._call("ModelReady", req, "ModelReady", model)
         return bool(resp.ready)
 
-    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         msg = grpcc.request_to_proto(request)
         resp = await self._call(
             "ModelInfer", msg, "inference", request.model_name, _metadata(headers)
@@ -196,7 +211,7 @@ class GrpcBackend(DecodedOnly):
         return self._decoupled[key]
 
     async def stream_infer(
-        self, request: InferRequest, headers: dict[str, str]
+        self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
         """ModelStreamInfer for decoupled models (all their responses), ModelInfer otherwise."""
         if not await self.is_decoupled(request.model_name, request.model_version):
@@ -223,60 +238,43 @@ class GrpcBackend(DecodedOnly):
         finally:
             call.cancel()
 
-    # ------------------------------------------------------------------ REST side paths
+    # ------------------------------------------------------------------ side operations
 
-    async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
-    ) -> ForwardResponse:
-        path = path_qs.split("?", 1)[0]
-        handlers: dict[str, SideHandler] = {
-            "stats": self._stats,
-            "index": self._index,
-            "load": self._load,
-            "trace": self._trace,
-            "logging": self._logging,
-        }
-        unavailable = (501, f"{method} {path} is not available through a gRPC backend")
-        return await answer_side(method, path_qs, body, handlers, unavailable)
-
-    async def _stats(self, _method: str, m: re.Match[str], _obj: Any) -> Any:
-        req = pb.ModelStatisticsRequest(
-            name=m.group("model") or "", version=m.group("version") or ""
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
+        req = pb.ModelStatisticsRequest(name=model, version=version)
+        resp = await self._call(
+            "ModelStatistics", req, "ModelStatistics", model, _metadata(headers)
         )
-        resp = await self._call("ModelStatistics", req, "ModelStatistics", req.name)
         return grpc_side.statistics_to_json(resp)
 
-    async def _index(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
-        ready = obj.get("ready", False) if isinstance(obj, dict) else False
-        if not isinstance(ready, bool):
-            raise CodecError("Invalid value for 'ready': expected a boolean")
-        resp = await self._call(
-            "RepositoryIndex", pb.RepositoryIndexRequest(ready=ready), "RepositoryIndex"
-        )
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
+        req = pb.RepositoryIndexRequest(ready=ready)
+        resp = await self._call("RepositoryIndex", req, "RepositoryIndex", "", _metadata(headers))
         return grpc_side.index_to_json(resp)
 
-    async def _load(self, _method: str, m: re.Match[str], obj: Any) -> Any:
-        name = "RepositoryModelLoad" if m.group("action") == "load" else "RepositoryModelUnload"
-        req: Any = (
-            pb.RepositoryModelLoadRequest
-            if name == "RepositoryModelLoad"
-            else pb.RepositoryModelUnloadRequest
-        )(model_name=m.group("model"))
-        grpc_side.repository_params_to_proto(obj, req.parameters)
-        await self._call(name, req, name)
-        return {}
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        name = "RepositoryModelLoad" if load else "RepositoryModelUnload"
+        req: Any = (pb.RepositoryModelLoadRequest if load else pb.RepositoryModelUnloadRequest)(
+            model_name=model
+        )
+        grpc_side.repository_params_to_proto({"parameters": parameters}, req.parameters)
+        await self._call(name, req, name, "", _metadata(headers))
 
-    async def _trace(self, _method: str, m: re.Match[str], obj: Any) -> Any:
-        req = pb.TraceSettingRequest(model_name=m.group("model") or "")
-        if isinstance(obj, dict):
-            for key, value in obj.items():
-                values = value if isinstance(value, list) else [value]
-                req.settings[key].value.extend(str(v) for v in values if v is not None)
-        resp = await self._call("TraceSetting", req, "TraceSetting")
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        req = pb.TraceSettingRequest(model_name=model)
+        for key, value in (update or {}).items():
+            values = value if isinstance(value, list) else [value]
+            req.settings[key].value.extend(str(v) for v in values if v is not None)
+        resp = await self._call("TraceSetting", req, "TraceSetting", "", _metadata(headers))
         return grpc_side.trace_settings_to_json(resp.settings)
 
-    async def _logging(self, _method: str, _m: re.Match[str], obj: Any) -> Any:
+    async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
         req = pb.LogSettingsRequest()
-        req.settings.MergeFrom(grpc_side.log_settings_to_proto(obj).settings)  # type: ignore[arg-type]
-        resp = await self._call("LogSettings", req, "LogSettings")
+        if update:
+            req.settings.MergeFrom(grpc_side.log_settings_to_proto(update).settings)  # type: ignore[arg-type]
+        resp = await self._call("LogSettings", req, "LogSettings", "", _metadata(headers))
         return grpc_side.log_settings_to_json(resp.settings)

@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from v2proxy.model import Buffer
-from v2proxy.pipeline import StreamedBody
+from v2proxy.ports import StreamedBody
 
 #: answers up to this size (with a Content-Length) are read whole, even when streamed
 READ_WHOLE = 256 * 1024

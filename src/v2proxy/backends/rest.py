@@ -23,7 +23,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from v2proxy.backends.http1 import Http1Pool, HTTPProtocolError
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs.json import loads
+from v2proxy.codecs.json import dumps, loads
 from v2proxy.errors import (
     BackendError,
     BackendUnavailable,
@@ -35,7 +35,7 @@ from v2proxy.errors import (
 )
 from v2proxy.http_io import HOP_BY_HOP, ShortBody, end_to_end, read_exactly
 from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.pipeline import Body, ForwardResponse, StreamedBody
+from v2proxy.ports import Body, ForwardResponse, Headers, StreamedBody
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ _OWN_HEADERS = frozenset(
 
 #: relayed answers up to this size are read whole and written in one piece
 _READ_WHOLE = 256 * 1024
-_CANONICAL = {
-    "content-type": "Content-Type",
-    "content-length": "Content-Length",
-    "inference-header-content-length": "Inference-Header-Content-Length",
-}
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:
@@ -80,17 +75,18 @@ class BuffersPayload(aiohttp.payload.Payload):
         await self.write(writer)
 
 
-def _request_headers(headers: dict[str, str]) -> dict[str, str]:
+def _request_headers(headers: Headers) -> dict[str, str]:
     """The client's end-to-end headers, less those this backend sets itself (framing and
     hop-by-hop ones included: gRPC clients such as h2load send content-length)."""
-    return {
-        k: v
-        for k, v in headers.items()
-        if k.lower() not in _OWN_HEADERS and k.lower() not in HOP_BY_HOP
-    }
+    out: dict[str, str] = {}
+    for k, v in headers:
+        name = k.decode("latin-1")
+        if name not in _OWN_HEADERS and name not in HOP_BY_HOP:
+            out[name] = v.decode("latin-1")
+    return out
 
 
-def _infer_headers(headers: dict[str, str], ihcl: int | None) -> tuple[dict[str, str], str]:
+def _infer_headers(headers: Headers, ihcl: int | None) -> tuple[dict[str, str], str]:
     """Headers of an /infer request to the backend, and its Content-Type: always set (KServe
     refuses requests without one), uncompressed answers asked for (they are read here)."""
     out = _request_headers(headers)
@@ -272,7 +268,7 @@ class RestBackend:
             log.info("backend %s binary tensors: %s", self.base_url, self._binary)
         return self._binary
 
-    async def infer(self, request: InferRequest, headers: dict[str, str]) -> InferResponse:
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         binary = await self.uses_binary()
         try:
             chunks, ihcl = binc.encode_request(request, binary=binary)
@@ -321,7 +317,7 @@ class RestBackend:
         raise BackendError(message, status)
 
     async def stream_infer(
-        self, request: InferRequest, headers: dict[str, str]
+        self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
         """One response per request: v2 REST /infer has no decoupled answers."""
         yield await self.infer(request, headers)
@@ -334,7 +330,7 @@ class RestBackend:
         return self._encoding != "binary"
 
     async def relay_infer(
-        self, model: str, version: str, body: Body, ihcl: int | None, headers: dict[str, str]
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
         stream the answer back unchanged."""
@@ -357,9 +353,9 @@ class RestBackend:
                     resp.release()
                 self._raise_for_status(resp.status, error_body, model)
         relayed = [
-            (k, v)
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
             for k, v in resp.headers.items()
-            if k.lower() in ("content-type", binc.IHCL_HEADER.lower(), "content-length")
+            if k.lower() in ("content-type", binc.IHCL_HEADER.lower())
         ]
         length = resp.content_length
         if length is not None and length <= _READ_WHOLE:
@@ -378,7 +374,7 @@ class RestBackend:
         async def release() -> None:
             resp.release()
 
-        return ForwardResponse(200, relayed, stream(), release)
+        return ForwardResponse(200, relayed, stream(), release, length=length)
 
     async def _relay_lean(
         self, path: str, model: str, headers: dict[str, str], body: Body
@@ -400,9 +396,9 @@ class RestBackend:
         if resp.status != 200:
             self._raise_for_status(resp.status, content, model)
         relayed = [
-            (_CANONICAL.get(k, k), v)
+            (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in resp.headers.items()
-            if k in ("content-type", "inference-header-content-length", "content-length")
+            if k in ("content-type", "inference-header-content-length")
         ]
         if small:
             return ForwardResponse(200, relayed, _no_chunks(), content=content)
@@ -415,7 +411,7 @@ class RestBackend:
         async def release() -> None:
             resp.close()
 
-        return ForwardResponse(200, relayed, stream(), release)
+        return ForwardResponse(200, relayed, stream(), release, length=resp.content_length)
 
     async def _then_arm(
         self, body: StreamedBody, deadline: asyncio.Timeout
@@ -435,18 +431,71 @@ class RestBackend:
             yield chunk
         deadline.reschedule(loop.time() + self._total_timeout)
 
+    # ------------------------------------------------------------------ side operations
+
+    async def _side(self, method: str, path: str, headers: Headers, body: Any = None) -> Any:
+        """A side endpoint's JSON answer; non-200 answers raised with their status."""
+        payload = None if body is None else dumps(body)
+        out = _request_headers(headers)
+        if payload is not None:
+            out["Content-Type"] = "application/json"
+        with self._mapped(f"{method} {path}"):
+            async with self.session.request(
+                method, self.base_url + path, data=payload, headers=out
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        if status != 200:
+            message = _error_message(raw, status)
+            if status == 404:
+                raise NotFound(message)
+            raise BackendError(message, status)
+        try:
+            return loads(raw, what="backend answer") if raw.strip() else {}
+        except CodecError as exc:
+            raise BadGateway(f"invalid answer from backend to {path}: {exc}") from None
+
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
+        path = _model_path(model, version) + "/stats" if model else "/v2/models/stats"
+        obj = await self._side("GET", path, headers)
+        if not isinstance(obj, dict):
+            raise BadGateway(f"invalid answer from backend to {path}: not a JSON object")
+        return obj
+
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
+        obj = await self._side("POST", "/v2/repository/index", headers, {"ready": ready})
+        if not isinstance(obj, list):
+            raise BadGateway("invalid answer from backend to the repository index: not a list")
+        return obj
+
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        action = "load" if load else "unload"
+        path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
+        await self._side("POST", path, headers, {"parameters": parameters} if parameters else {})
+
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        path = _model_path(model, "") + "/trace/setting" if model else "/v2/trace/setting"
+        method = "GET" if update is None else "POST"
+        obj = await self._side(method, path, headers, update)
+        return obj if isinstance(obj, dict) else {}
+
+    async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
+        obj = await self._side("GET" if update is None else "POST", "/v2/logging", headers, update)
+        return obj if isinstance(obj, dict) else {}
+
     async def forward(
-        self, method: str, path_qs: str, headers: list[tuple[str, str]], body: bytes | bytearray
+        self, method: str, target: str, headers: Headers, body: Buffer
     ) -> ForwardResponse:
-        with self._mapped(f"{method} {path_qs.split('?', 1)[0]}"):
+        with self._mapped(f"{method} {target.split('?', 1)[0]}"):
             resp = await self.session.request(
                 method,
-                self.base_url + path_qs,
+                self.base_url + target,
                 data=body if body else None,
-                headers=end_to_end(headers),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self._timeout.sock_connect, sock_read=None
-                ),
+                headers=_forward_headers(headers),
             )
 
         async def stream() -> AsyncIterator[bytes]:
@@ -458,5 +507,20 @@ class RestBackend:
             resp.release()
 
         return ForwardResponse(
-            resp.status, end_to_end(list(resp.headers.items())), stream(), release
+            resp.status,
+            [
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in end_to_end(list(resp.headers.items()))
+            ],
+            stream(),
+            release,
+            length=resp.content_length,
         )
+
+
+def _forward_headers(headers: Headers) -> dict[str, str]:
+    return {
+        k.decode("latin-1"): v.decode("latin-1")
+        for k, v in headers
+        if k.decode("latin-1") not in HOP_BY_HOP
+    }

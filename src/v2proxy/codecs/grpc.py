@@ -1,11 +1,12 @@
 """gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (reference §5.2).
 
-Requests: per input, shared-memory parameters first, then typed ``contents``, else the next
-unused ``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in
-order). ``contents`` together with raw contents, missing data, and contents of the wrong type are
-errors with Triton's texts. Responses always carry every output in ``raw_output_contents`` (an
-empty entry for shared-memory outputs), never typed contents. Responses read from a backend may
-mix typed contents and raw entries (KServe 0.21 does): both are accepted.
+Requests: per input, shared-memory parameters first, then typed ``contents``, else the next unused
+``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in order).
+``contents`` together with raw contents, missing data, and contents of the wrong type are errors
+with Triton's texts; so are raw entries left over once every input has its data. Responses always
+carry every output in ``raw_output_contents`` (an empty entry for shared-memory outputs), never
+typed contents. Responses read from a backend may mix typed contents and raw entries (KServe 0.21
+does): both are accepted.
 
 Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
 model config, statistics) to and from their messages.
@@ -181,6 +182,12 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
             data = raw[next_raw]
             next_raw += 1
         inputs.append(Tensor(inp.name, datatype, shape, data, params))
+    if next_raw != len(raw):
+        # Nothing may be dropped silently: every raw entry belongs to one input.
+        raise CodecError(
+            f"expected {next_raw} raw_input_contents (one per input of model '{model}' sent"
+            f" without contents or shared memory) but got {len(raw)}"
+        )
     outputs = [RequestedOutput(o.name, params_from_proto(o.parameters)) for o in msg.outputs]
     return InferRequest(
         model_name=model,

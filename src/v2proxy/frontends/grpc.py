@@ -1,12 +1,13 @@
 """The gRPC frontend (grpc.aio): every RPC of ``inference.GRPCInferenceService`` plus
 ``grpc.health.v1.Health`` (reference §5.2).
 
-Handlers are registered from one table (method name -> request type, response type, handler);
-every ProxyError becomes a gRPC status in exactly one place (:func:`_guard`). Side RPCs
-(statistics, repository, trace, log settings) go through the pipeline's canonical REST JSON
-form, so they work in front of any backend. ModelStreamInfer answers each request on the
-stream, several times for decoupled models, with errors reported in-band in ``error_message``
-unless the client sent the ``triton_grpc_error: true`` header.
+Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
+repository, trace and log settings). Handlers are registered from one table (method name -> request
+type, response type, handler); requests arrive as bytes and are parsed in the handler, so that a
+malformed message is INVALID_ARGUMENT naming the RPC (gRPC's own deserializer failure is UNKNOWN).
+Every ProxyError becomes a gRPC status in exactly one place (:func:`_guard`). ModelStreamInfer
+answers each request on the stream, several times for decoupled models, with errors reported in-band
+in ``error_message`` unless the client sent the ``triton_grpc_error: true`` header.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto import health_pb2
@@ -28,6 +29,7 @@ from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
 from v2proxy.http_io import HOP_BY_HOP
 from v2proxy.pipeline import Pipeline
+from v2proxy.ports import Headers
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,22 @@ def _code(exc: ProxyError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN)
 
 
-def _guard(fn: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Any]:
+def _parse(message_type: Any, data: bytes, rpc: str) -> Any:
+    """A request message from its bytes; a malformed one is the client's error."""
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        raise CodecError(f"malformed {rpc} request: {exc}") from None
+
+
+def _guard(
+    fn: Callable[[Any, Context], Awaitable[Any]], message_type: Any, rpc: str
+) -> Callable[[bytes, Context], Any]:
     """The one translator from the error tree to gRPC status."""
 
-    async def handler(request: Any, context: Context) -> Any:
+    async def handler(data: bytes, context: Context) -> Any:
         try:
-            return await fn(request, context)
+            return await fn(_parse(message_type, data, rpc), context)
         except ProxyError as exc:
             error: tuple[grpc.StatusCode, str] = (_code(exc), exc.message)
         except asyncio.CancelledError:
@@ -73,9 +85,10 @@ def _guard(fn: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Conte
     return handler
 
 
-def forwarded_headers(context: Context) -> dict[str, str]:
-    """End-to-end request metadata, passed on to the backend like HTTP headers."""
-    out: dict[str, str] = {}
+def forwarded_headers(context: Context) -> Headers:
+    """End-to-end request metadata, passed on to the backend like HTTP headers (gRPC metadata
+    values are printable ASCII; binary ``-bin`` entries are not forwarded)."""
+    out: Headers = []
     for key, value in context.invocation_metadata() or ():
         if (
             key.startswith((":", "grpc-"))
@@ -84,13 +97,17 @@ def forwarded_headers(context: Context) -> dict[str, str]:
             or key.endswith("-bin")
         ):
             continue
-        out[key] = value if isinstance(value, str) else value.decode("latin-1")
+        out.append((key.encode("ascii"), value if isinstance(value, bytes) else value.encode()))
     return out
 
 
-def _model_path(name: str, version: str) -> str:
-    path = f"/v2/models/{quote(name, safe='')}"
-    return f"{path}/versions/{version}" if version else path
+def _no_reserved_keys(parameters: dict[str, Any]) -> None:
+    for key in parameters:
+        if key.startswith("triton_"):
+            raise CodecError(
+                f"parameter keys starting with 'triton_' are reserved for Triton usage and"
+                f" should not be specified (got '{key}')"
+            )
 
 
 class GrpcFrontend:
@@ -98,26 +115,22 @@ class GrpcFrontend:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.backend = pipeline.backend
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         unary = {
             name: grpc.unary_unary_rpc_method_handler(
-                _guard(getattr(self, name)),
-                request_deserializer=req.FromString,
+                _guard(getattr(self, name), req, name),
                 response_serializer=resp.SerializeToString,
             )
             for name, (req, resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.ModelStreamInfer,
-            request_deserializer=pb.ModelInferRequest.FromString,
             response_serializer=pb.ModelStreamInferResponse.SerializeToString,
         )
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                _guard(self.Check),
-                request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                _guard(self.Check, health_pb2.HealthCheckRequest, "Check"),
                 response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
@@ -133,27 +146,30 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ health and metadata
 
-    async def ServerLive(self, _r: pb.ServerLiveRequest, _c: Context) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+    async def ServerLive(self, _r: pb.ServerLiveRequest, c: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=await self.pipeline.server_live(forwarded_headers(c)))
 
-    async def ServerReady(self, _r: pb.ServerReadyRequest, _c: Context) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=await self.backend.server_ready())
+    async def ServerReady(self, _r: pb.ServerReadyRequest, c: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self.pipeline.server_ready(forwarded_headers(c)))
 
-    async def ModelReady(self, r: pb.ModelReadyRequest, _c: Context) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=await self.backend.model_ready(r.name, r.version))
+    async def ModelReady(self, r: pb.ModelReadyRequest, c: Context) -> pb.ModelReadyResponse:
+        ready = await self.pipeline.model_ready(r.name, r.version, forwarded_headers(c))
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(
-        self, _r: pb.ServerMetadataRequest, _c: Context
+        self, _r: pb.ServerMetadataRequest, c: Context
     ) -> pb.ServerMetadataResponse:
-        return grpcc.server_metadata_to_proto(await self.pipeline.server_metadata())
+        meta = await self.pipeline.server_metadata(forwarded_headers(c))
+        return grpcc.server_metadata_to_proto(meta)
 
     async def ModelMetadata(
-        self, r: pb.ModelMetadataRequest, _c: Context
+        self, r: pb.ModelMetadataRequest, c: Context
     ) -> pb.ModelMetadataResponse:
-        return grpcc.model_metadata_to_proto(await self.backend.model_metadata(r.name, r.version))
+        meta = await self.pipeline.model_metadata(r.name, r.version, forwarded_headers(c))
+        return grpcc.model_metadata_to_proto(meta)
 
-    async def ModelConfig(self, r: pb.ModelConfigRequest, _c: Context) -> pb.ModelConfigResponse:
-        config = await self.backend.model_config(r.name, r.version)
+    async def ModelConfig(self, r: pb.ModelConfigRequest, c: Context) -> pb.ModelConfigResponse:
+        config = await self.pipeline.model_config(r.name, r.version, forwarded_headers(c))
         resp = pb.ModelConfigResponse()
         grpcc.dict_to_message(config, resp.config, "model config")
         return resp
@@ -162,17 +178,12 @@ class GrpcFrontend:
 
     async def ModelInfer(self, r: pb.ModelInferRequest, c: Context) -> pb.ModelInferResponse:
         request = grpcc.request_from_proto(r)
-        for key in request.parameters:
-            if key.startswith("triton_"):
-                raise CodecError(
-                    f"parameter keys starting with 'triton_' are reserved for Triton usage and"
-                    f" should not be specified (got '{key}')"
-                )
+        _no_reserved_keys(request.parameters)
         response = await self.pipeline.infer(request, forwarded_headers(c))
         return grpcc.response_to_proto(response)
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
+        self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         raise_errors = any(
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
@@ -181,7 +192,7 @@ class GrpcFrontend:
         queue: asyncio.Queue[pb.ModelStreamInferResponse | ProxyError | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
-        async def serve_one(msg: pb.ModelInferRequest) -> None:
+        async def serve_one(msg: bytes) -> None:
             try:
                 async for out in self._stream_one(msg, headers):
                     await queue.put(out)
@@ -219,16 +230,11 @@ class GrpcFrontend:
                 await reader
 
     async def _stream_one(
-        self, msg: pb.ModelInferRequest, headers: dict[str, str]
+        self, data: bytes, headers: Headers
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        request = grpcc.request_from_proto(msg)
+        request = grpcc.request_from_proto(_parse(pb.ModelInferRequest, data, "ModelStreamInfer"))
         flag = request.parameters.pop(_EMPTY_FINAL, False) is True
-        for key in request.parameters:
-            if key.startswith("triton_"):
-                raise CodecError(
-                    f"parameter keys starting with 'triton_' are reserved for Triton usage and"
-                    f" should not be specified (got '{key}')"
-                )
+        _no_reserved_keys(request.parameters)
         previous: pb.ModelInferResponse | None = None
         async for response in self.pipeline.stream_infer(request, headers):
             if previous is not None:
@@ -253,60 +259,48 @@ class GrpcFrontend:
     # ------------------------------------------------------------------ side RPCs
 
     async def ModelStatistics(
-        self, r: pb.ModelStatisticsRequest, _c: Context
+        self, r: pb.ModelStatisticsRequest, c: Context
     ) -> pb.ModelStatisticsResponse:
-        path = _model_path(r.name, r.version) + "/stats" if r.name else "/v2/models/stats"
-        return grpc_side.statistics_to_proto(await self.pipeline.side_request("GET", path))
+        stats = await self.pipeline.statistics(r.name, r.version, forwarded_headers(c))
+        return grpc_side.statistics_to_proto(stats)
 
     async def RepositoryIndex(
-        self, r: pb.RepositoryIndexRequest, _c: Context
+        self, r: pb.RepositoryIndexRequest, c: Context
     ) -> pb.RepositoryIndexResponse:
         self._no_repository_name(r.repository_name)
-        obj = await self.pipeline.side_request("POST", "/v2/repository/index", {"ready": r.ready})
-        return grpc_side.index_to_proto(obj)
+        index = await self.pipeline.repository_index(r.ready, forwarded_headers(c))
+        return grpc_side.index_to_proto(index)
 
     async def RepositoryModelLoad(
-        self, r: pb.RepositoryModelLoadRequest, _c: Context
+        self, r: pb.RepositoryModelLoadRequest, c: Context
     ) -> pb.RepositoryModelLoadResponse:
-        await self._load_unload("load", r.repository_name, r.model_name, r.parameters)
+        await self._load(True, r, c)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
-        self, r: pb.RepositoryModelUnloadRequest, _c: Context
+        self, r: pb.RepositoryModelUnloadRequest, c: Context
     ) -> pb.RepositoryModelUnloadResponse:
-        await self._load_unload("unload", r.repository_name, r.model_name, r.parameters)
+        await self._load(False, r, c)
         return pb.RepositoryModelUnloadResponse()
 
-    async def _load_unload(self, action: str, repo: str, model: str, params: Any) -> None:
-        self._no_repository_name(repo)
-        body = {"parameters": grpc_side.repository_params_to_json(params)}
-        path = f"/v2/repository/models/{quote(model, safe='')}/{action}"
-        await self.pipeline.side_request("POST", path, body)
+    async def _load(self, load: bool, r: Any, c: Context) -> None:
+        self._no_repository_name(r.repository_name)
+        params = grpc_side.repository_params_to_json(r.parameters)
+        await self.pipeline.repository_load(r.model_name, load, params, forwarded_headers(c))
 
     @staticmethod
     def _no_repository_name(name: str) -> None:
         if name:
             raise Unsupported("'repository_name' specification is not supported")
 
-    async def TraceSetting(self, r: pb.TraceSettingRequest, _c: Context) -> pb.TraceSettingResponse:
-        path = (
-            f"{_model_path(r.model_name, '')}/trace/setting"
-            if r.model_name
-            else ("/v2/trace/setting")
-        )
-        if r.settings:
-            body = grpc_side.trace_settings_to_json(r.settings)
-            obj = await self.pipeline.side_request("POST", path, body)
-        else:
-            obj = await self.pipeline.side_request("GET", path)
+    async def TraceSetting(self, r: pb.TraceSettingRequest, c: Context) -> pb.TraceSettingResponse:
+        update = grpc_side.trace_settings_to_json(r.settings) if r.settings else None
+        obj = await self.pipeline.trace_settings(r.model_name, update, forwarded_headers(c))
         return grpc_side.trace_settings_to_proto(obj)
 
-    async def LogSettings(self, r: pb.LogSettingsRequest, _c: Context) -> pb.LogSettingsResponse:
-        if r.settings:
-            body = grpc_side.log_settings_to_json(r.settings)
-            obj = await self.pipeline.side_request("POST", "/v2/logging", body)
-        else:
-            obj = await self.pipeline.side_request("GET", "/v2/logging")
+    async def LogSettings(self, r: pb.LogSettingsRequest, c: Context) -> pb.LogSettingsResponse:
+        update = grpc_side.log_settings_to_json(r.settings) if r.settings else None
+        obj = await self.pipeline.log_settings(update, forwarded_headers(c))
         return grpc_side.log_settings_to_proto(obj)
 
     async def _no_shm(self, _r: Any, _c: Context) -> Any:
@@ -326,7 +320,7 @@ class GrpcFrontend:
 
     async def _status(self) -> int:
         try:
-            ready = await self.backend.server_ready()
+            ready = await self.pipeline.server_ready([])
         except ProxyError:
             ready = False
         serving = health_pb2.HealthCheckResponse.SERVING

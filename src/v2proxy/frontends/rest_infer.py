@@ -1,0 +1,167 @@
+"""``POST /v2/models/{m}[/versions/{v}]/infer`` of the REST frontend, in every wire form
+(reference §1 JSON, §1.3 binary tensors, §2 raw binary; gzip/deflate both ways), and the writer
+of answers passed through from the backend.
+
+The request is decoded (checked) first, whatever happens next. Then, in this order:
+
+- a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, no compression
+  either way) is relayed while it arrives once its JSON header is checked;
+- a JSON body of that size is relayed while it arrives, checked on the way
+  (:meth:`Pipeline.relay_json`);
+- a smaller body is read whole, decompressed, decoded, and relayed unchanged when no stage applies
+  and the backend takes its wire form (:meth:`Pipeline.relay`);
+- otherwise it goes through :meth:`Pipeline.infer` and the answer is encoded as the client asked
+  (JSON, binary outputs, compression).
+
+An answer passed through is written as it comes; one that breaks off after its head was sent
+closes the connection (the client sees a broken answer, never a complete-looking short one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs import compression
+from v2proxy.errors import ProxyError
+from v2proxy.http.request import HttpRequest, HttpResponse
+from v2proxy.http_io import forwardable
+from v2proxy.model import Buffer, InferRequest
+from v2proxy.ports import ForwardResponse, Headers, StreamedBody
+
+if TYPE_CHECKING:
+    from v2proxy.frontends.rest import Answer, RestFrontend
+
+log = logging.getLogger(__name__)
+
+#: bodies (JSON or binary-framed) from this size on are relayed while they arrive, when relayed
+STREAM_RELAY_MIN = 4 * 1024 * 1024
+#: Client headers that are not passed on to the backend with an inference request.
+INFER_DROP = frozenset(
+    {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
+)
+_IHCL = binc.IHCL_HEADER.lower().encode()
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+async def _prefix(chunks: AsyncIterator[bytes], n: int) -> tuple[bytearray, bytes]:
+    """The first ``n`` bytes of a body, and what came with them past ``n``."""
+    head = bytearray()
+    async for chunk in chunks:
+        need = n - len(head)
+        if len(chunk) >= need:
+            head += chunk[:need]
+            return head, chunk[need:]
+        head += chunk
+    return head, b""  # shorter than announced: the HTTP layer reports the broken body
+
+
+async def _then(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> Headers:
+    """The request's end-to-end headers as the bytes the client sent."""
+    return forwardable(request.headers, drop)
+
+
+async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> Answer:
+    encoding = compression.choose_encoding(_text(r.header(b"accept-encoding")))
+    forwarded = headers_of(r, INFER_DROP)
+    content_encoding = _text(r.header(b"content-encoding"))
+    ihcl_value = _text(r.header(_IHCL))
+    length = r.content_length
+    streams = (
+        length is not None
+        and STREAM_RELAY_MIN <= length <= fe.max_body_size
+        and encoding is None
+        and (content_encoding or "identity").strip().lower() == "identity"
+    )
+    body: bytearray | None = None
+    if streams and length is not None:
+        if ihcl_value is None:
+            outcome = await fe.pipeline.relay_json(
+                model, version, StreamedBody(length, r.chunks()), forwarded
+            )
+            if isinstance(outcome, ForwardResponse):
+                return outcome
+            return await _answer(fe, outcome, forwarded, encoding)
+        ihcl = binc.parse_ihcl(ihcl_value, length)
+        if ihcl:
+            chunks = aiter(r.chunks())
+            header, extra = await _prefix(chunks, ihcl)
+            probe = binc.decode_request_header(
+                header, length - ihcl, model, version, fe.max_input_size
+            )
+            streamed = StreamedBody(length, _then(bytes(header) + extra, chunks))
+            relayed = await fe.pipeline.relay(probe, streamed, ihcl, forwarded)
+            if relayed is not None:
+                return relayed
+            body = header + extra  # refused after the header: the rest is read as usual
+            async for chunk in chunks:
+                body += chunk
+    if body is None:
+        body = await fe.read_body(r)
+    data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
+    ihcl = binc.parse_ihcl(ihcl_value, len(data))
+    if ihcl == 0:
+        request = await fe.pipeline.decode_raw(data, model, version)
+    else:
+        request = binc.decode_request(data, ihcl, model, version, fe.max_input_size)
+        if encoding is None and isinstance(data, bytes | bytearray):
+            relayed = await fe.pipeline.relay(request, data, ihcl, forwarded)
+            if relayed is not None:
+                return relayed
+    return await _answer(fe, request, forwarded, encoding)
+
+
+async def _answer(
+    fe: RestFrontend, request: InferRequest, forwarded: Headers, encoding: str | None
+) -> Answer:
+    """Run a decoded request through the pipeline; the answer in the client's wire form."""
+    response = await fe.pipeline.infer(request, forwarded)
+    chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
+    if json_length is None:
+        headers = [(b"content-type", b"application/json")]
+    else:
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (_IHCL, str(json_length).encode()),
+        ]
+    if encoding is not None:
+        chunks = [compression.compress(chunks, encoding)]
+        headers.append((b"content-encoding", encoding.encode()))
+    return 200, headers, chunks
+
+
+async def write_forwarded(
+    request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
+) -> None:
+    """Write a backend's answer through: in one piece when it was read whole, else streamed as
+    it comes (with its Content-Length when it has one)."""
+    headers = list(answer.headers)
+    if rid is not None and all(k != b"x-request-id" for k, _ in headers):
+        headers.append((b"x-request-id", rid))
+    try:
+        if answer.content is not None:
+            await response.send(answer.status, headers, answer.content)
+            return
+        await response.start(answer.status, headers, answer.length)
+        try:
+            async for chunk in answer.body:
+                await response.write(chunk)
+        except ProxyError as exc:
+            log.warning("answer to %s broke off: %s", request.path, exc.message)
+            response.abort()
+            return
+        await response.end()
+    finally:
+        await answer.release()

@@ -1,0 +1,124 @@
+"""The port between the core and the model servers: what the :class:`~v2proxy.pipeline.Pipeline`
+needs from a backend, typed per operation (DESIGN.md "The way a request travels").
+
+Every backend (builtin, REST, gRPC, and MindIE to come) implements :class:`Backend`. Operations
+take and return the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON
+objects of reference §5.1 (statistics, repository index, trace and log settings), never wire
+bytes or REST paths; every failure is raised as a :class:`~v2proxy.errors.ProxyError` of its own
+class, mapped from foreign exceptions inside the backend that meets them.
+
+Two operations exist for the REST↔REST pass-through fast path only: ``relay_infer`` (an /infer
+body sent unchanged) and ``forward`` (any other REST request, e.g. ``generate``). Backends that
+cannot take bytes say so with ``can_relay`` returning False and ``forward`` raising
+:class:`~v2proxy.errors.NotFound` or :class:`~v2proxy.errors.Unsupported`.
+
+Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
+the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
+
+Pure: no I/O library is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from v2proxy.model import Buffer, InferRequest, InferResponse
+
+#: end-to-end request headers: (lowercase name, value as received)
+Headers = list[tuple[bytes, bytes]]
+
+
+async def _noop() -> None:
+    return None
+
+
+@dataclass(slots=True)
+class ForwardResponse:
+    """A passed-through HTTP answer: status, end-to-end headers (lowercase names, values as the
+    backend sent them; no framing or hop-by-hop headers) and a body stream."""
+
+    status: int
+    headers: Headers
+    body: AsyncIterator[bytes]
+    release: Callable[[], Awaitable[None]] = field(default=_noop)
+    #: the whole body when it was small enough to read at once (``body`` is then empty)
+    content: bytes | bytearray | None = None
+    #: the body's length when the backend said it (Content-Length), else None
+    length: int | None = None
+
+
+@dataclass(slots=True)
+class StreamedBody:
+    """A request body that is still arriving: ``length`` bytes in ``chunks``."""
+
+    length: int
+    chunks: AsyncIterator[bytes]
+
+
+Body = Buffer | StreamedBody
+
+
+class Backend(Protocol):
+    """What the pipeline needs from a model server."""
+
+    name: str
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # health and metadata
+    async def server_ready(self) -> bool: ...
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
+    async def model_config(self, model: str, version: str) -> dict[str, Any]: ...
+    async def model_ready(self, model: str, version: str) -> bool: ...
+
+    # inference
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse: ...
+    def stream_infer(self, request: InferRequest, headers: Headers) -> AsyncIterator[InferResponse]:
+        """One or more responses (several for decoupled models)."""
+        ...
+
+    # side operations, in the canonical v2 REST JSON form (reference §5.1)
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
+        """``{"model_stats": [...]}``; every model when ``model`` is ""."""
+        ...
+
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]: ...
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        """Load (``load`` True) or unload a model."""
+        ...
+
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        """The trace settings (of one model when ``model`` is not ""), updated first when
+        ``update`` is given."""
+        ...
+
+    async def log_settings(
+        self, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]: ...
+
+    # the REST↔REST pass-through fast path
+    async def can_relay(self, binary: bool) -> bool:
+        """Whether an /infer body of this form (binary-framed or JSON) can be sent unchanged."""
+        ...
+
+    async def relay_infer(
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
+    ) -> ForwardResponse:
+        """Send an /infer body unchanged (it may still be arriving); the answer comes back
+        unchanged once checked (errors raised)."""
+        ...
+
+    async def forward(
+        self, method: str, target: str, headers: Headers, body: Buffer
+    ) -> ForwardResponse:
+        """Any other REST request (``generate``, unknown paths), passed through; ``target`` is
+        origin-form ("/..."). Backends that do not speak REST raise NotFound/Unsupported."""
+        ...

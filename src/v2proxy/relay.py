@@ -1,0 +1,192 @@
+"""The pass-through fast path of the pipeline (Envoy's pass-through): an /infer body that no
+stage applies to goes to the backend as the client sent it, and the answer comes back unchanged.
+
+- :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
+  checked), relayed when the request needs nothing and the backend takes that wire form.
+- :meth:`Relay.relay_json`: a large JSON body still arriving, relayed while it arrives and checked
+  piece by piece (:class:`~v2proxy.codecs.json_stream.StreamCheck`); its last
+  :data:`HOLD_BACK` bytes are sent only once the whole of it has passed, so that a malformed body
+  gets the full decoder's error and the backend never has it whole.
+
+The request was decoded (validated) before any relay; what is sent is the client's bytes.
+Pure: it awaits the backend but imports no I/O library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from v2proxy.codecs.binary import check_json_size, decode_request
+from v2proxy.codecs.json_stream import StreamCheck
+from v2proxy.errors import InvalidRequest, ProxyError
+from v2proxy.model import Datatype, InferRequest
+from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
+
+#: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
+HOLD_BACK = 64 * 1024
+#: buffers that kept such bodies are reused, this many at a time, up to this size (so that one
+#: huge request does not pin its buffer for the life of the process)
+BUFFERS_KEPT = 2
+BUFFER_REUSE_LIMIT = 32 * 1024 * 1024
+
+#: Tensor parameters that mean a stage of the proxy applies to the request.
+STAGE_PARAMS = ("shared_memory_region", "classification")
+
+
+class _NotRelayed(ProxyError):
+    """Stops a streamed relay whose request turned out to need the stages (never answered)."""
+
+    def __init__(self, request: InferRequest) -> None:
+        super().__init__("the request is not relayed")
+        self.request = request
+
+
+class _Keeper:
+    """Keeps the bytes of a body as they arrive: in a buffer reused from an earlier body when
+    one is at hand, else in one that grows with what has arrived (memory follows the bytes
+    received, never the Content-Length a client announced)."""
+
+    __slots__ = ("buf", "length", "received")
+
+    def __init__(self, length: int, reused: bytearray | None) -> None:
+        self.length = length
+        self.buf = reused if reused is not None else bytearray()
+        self.received = 0
+
+    def keep(self, chunk: bytes) -> None:
+        start, end = self.received, self.received + len(chunk)
+        if end > self.length:
+            raise InvalidRequest(
+                f"incomplete request body: its length differs from Content-Length {self.length}"
+            )
+        if len(self.buf) >= end:
+            self.buf[start:end] = chunk
+        else:
+            self.buf += chunk
+        self.received = end
+
+    def view(self) -> memoryview:
+        if self.received != self.length:
+            raise InvalidRequest(
+                f"incomplete request body: it ended after {self.received} of {self.length} bytes"
+            )
+        return memoryview(self.buf)[: self.length]
+
+
+async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
+    """The chunks of ``body``, each kept on the way; failing when they do not add up to exactly
+    its length."""
+    async for chunk in body.chunks:
+        keeper.keep(chunk)
+        yield chunk
+    keeper.view()
+
+
+def nothing_to_do(request: InferRequest, binary: bool) -> bool:
+    """Whether no stage applies and the answer may be relayed as the backend writes it."""
+    tensors = [*request.inputs, *(request.outputs or ())]
+    if any(key in t.parameters for t in tensors for key in STAGE_PARAMS):
+        return False
+    if binary:
+        return True
+    # A JSON body relays only if its answer may be JSON too, and holds no FP16/BF16 numbers
+    # (which v2proxy accepts in JSON but binary backends such as Triton refuse).
+    if request.parameters.get("binary_data_output") is True:
+        return False
+    if any(o.parameters.get("binary_data") is True for o in request.outputs or ()):
+        return False
+    return not any(t.datatype in (Datatype.FP16, Datatype.BF16) for t in request.inputs)
+
+
+class Relay:
+    """The pass-through fast path in front of one backend."""
+
+    def __init__(self, backend: Backend, max_input_size: int) -> None:
+        self.backend = backend
+        self.max_input_size = max_input_size
+        self._buffers: list[bytearray] = []
+
+    async def relay(
+        self,
+        request: InferRequest,
+        body: bytes | bytearray | StreamedBody,
+        ihcl: int | None,
+        headers: Headers,
+    ) -> ForwardResponse | None:
+        """Pass the client's /infer body through untouched when no stage applies and the
+        backend takes that wire form; None when the request must be re-encoded."""
+        binary = ihcl is not None
+        if not nothing_to_do(request, binary):
+            return None
+        if not await self.backend.can_relay(binary):
+            return None
+        return await self.backend.relay_infer(
+            request.model_name, request.model_version, body, ihcl, headers
+        )
+
+    async def relay_json(
+        self, model: str, version: str, body: StreamedBody, headers: Headers
+    ) -> ForwardResponse | InferRequest:
+        """A JSON /infer body still arriving, relayed while it arrives when nothing needs
+        changing; the decoded request when it must go through the stages instead.
+
+        Each chunk goes on to the backend as it comes and is checked after, but the body's last
+        :data:`HOLD_BACK` bytes are sent only once the whole of it has passed. A malformed body
+        is answered with the error that names the field at fault (CodecError, raised here) and
+        the backend connection is dropped with the request incomplete; so is one that turns out
+        to need a stage, which is then decoded in full and returned."""
+        length = body.length
+        check_json_size(length, self.max_input_size)  # known from the length: nothing is read
+        # The body is kept (for the full decoder, when it must decide) in a buffer reused from
+        # one request to the next when there is one: fresh memory for every big body costs
+        # more than the copy.
+        keeper = _Keeper(length, self._take_buffer(length))
+        try:
+            if not await self.backend.can_relay(False):
+                async for _ in _kept(body, keeper):
+                    pass
+                return decode_request(keeper.view(), None, model, version, self.max_input_size)
+            return await self._relay_checked(model, version, body, keeper, headers)
+        except _NotRelayed as stop:
+            return stop.request
+        finally:
+            self._give_back(keeper.buf)
+
+    async def _relay_checked(
+        self, model: str, version: str, body: StreamedBody, keeper: _Keeper, headers: Headers
+    ) -> ForwardResponse:
+        check = StreamCheck(model, version, self.max_input_size)
+        hold_from = max(body.length - HOLD_BACK, 0)
+
+        async def checked() -> AsyncIterator[bytes]:
+            received = 0
+            async for chunk in _kept(body, keeper):
+                start, received = received, received + len(chunk)
+                if received <= hold_from:
+                    yield chunk  # to the backend first, checked after: the two overlap
+                elif start < hold_from:
+                    yield chunk[: hold_from - start]
+                check.feed(chunk)
+            request = check.finish()
+            if request is None or not nothing_to_do(request, binary=False):
+                # undecided, or the tensors' bytes are needed: the full decoder decides (and
+                # names the field at fault)
+                view = keeper.view()
+                request = decode_request(view, None, model, version, self.max_input_size)
+                if not nothing_to_do(request, binary=False):
+                    raise _NotRelayed(request)
+            yield bytes(keeper.view()[hold_from:])
+
+        return await self.backend.relay_infer(
+            model, version, StreamedBody(body.length, checked()), None, headers
+        )
+
+    def _take_buffer(self, size: int) -> bytearray | None:
+        for i, buf in enumerate(self._buffers):
+            if len(buf) >= size:
+                return self._buffers.pop(i)
+        return None
+
+    def _give_back(self, buf: bytearray) -> None:
+        if len(buf) <= BUFFER_REUSE_LIMIT and len(self._buffers) < BUFFERS_KEPT:
+            self._buffers.append(buf)
