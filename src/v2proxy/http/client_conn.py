@@ -1,0 +1,460 @@
+"""One client connection of :mod:`v2proxy.http.client`: an :class:`asyncio.Protocol` that
+feeds what it receives to httptools' ``HttpResponseParser`` (llhttp) and wakes the one coroutine
+waiting for the answer through one future at a time. The error tree of the client lives here.
+
+Contract (RFC 9112):
+
+- Framing (§6): ``Transfer-Encoding: chunked`` (the only transfer coding accepted: no ``TE`` is
+  ever sent, §7), ``Content-Length``, or the end of the connection; none for answers to HEAD
+  and for 1xx, 204 and 304. llhttp rejects both framings together (§6.3), duplicate
+  Content-Length (even equal ones: RFC 9110 §8.6 allows either), chunk and header syntax
+  errors; rejected here too: a status outside 100-599, 101 (no upgrade is ever asked), a
+  version other than 1.0/1.1, Transfer-Encoding in an HTTP/1.0 answer, a head over
+  ``max_head`` bytes. All as :class:`ProtocolError`.
+- Keep-alive (§9.3): HTTP/1.1 unless ``Connection`` lists ``close``; HTTP/1.0 only when it
+  lists ``keep-alive``; never after a body delimited by the end of the connection. Bytes past
+  the end of an answer make the connection unfit for reuse (``reusable``).
+- A Content-Length body is handed out in the transport's own ``bytes`` objects past the buffer
+  its head came in (llhttp is not fed the rest: it copies what it hands out); a streamed body
+  pauses reading from the socket above 1 MiB unconsumed and resumes below 256 KiB.
+- ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
+  seconds while the answer is awaited (one timer per connection, re-armed only when it fires).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import httptools
+
+#: a streamed answer pauses reading from the socket above this many unconsumed bytes...
+_HIGH_WATER = 1 << 20
+#: ...and resumes below this many
+_LOW_WATER = 256 * 1024
+
+# What the connection expects.
+_IDLE = 0  # nothing: no answer is due, or it is complete (or failed); bytes now are unexpected
+_HEAD = 1  # the final answer's head (llhttp parses)
+_BODY = 2  # the body, parsed by llhttp (chunked, read-to-close, the first buffer of a length)
+_RAW = 3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
+
+
+class HttpClientError(Exception):
+    """Base of every failure of a request."""
+
+
+class ConnectFailed(HttpClientError):
+    """The connection could not be made (refused, unreachable, name not resolved, TLS)."""
+
+
+class ConnectTimeout(HttpClientError):
+    """The connection was not made within ``connect_timeout``."""
+
+
+class ProtocolError(HttpClientError):
+    """The answer is not valid HTTP/1.1 (or over a size limit)."""
+
+
+class RemoteClosed(HttpClientError):
+    """The connection ended before the answer was complete."""
+
+    def __init__(self, message: str, request_sent: bool = True) -> None:
+        super().__init__(message)
+        #: whether any byte of the request may have reached the server
+        self.request_sent = request_sent
+
+
+class ReadTimeout(HttpClientError):
+    """No byte of the answer came for ``read_timeout`` seconds while one was awaited."""
+
+
+class ClientConnection(asyncio.Protocol):
+    """One connection: llhttp parses each answer as its bytes arrive; the one coroutine waiting
+    for the answer (the request's) is woken through one future at a time."""
+
+    __slots__ = (
+        "_drain",
+        "_head_only",
+        "_idle_limit",
+        "_last_read",
+        "_loop",
+        "_max_head",
+        "_parser",
+        "_partial",
+        "_reading_paused",
+        "_remaining",
+        "_seen",
+        "_stale",
+        "_state",
+        "_timer",
+        "_timer_due",
+        "_waiter",
+        "body_done",
+        "buffered",
+        "chunked",
+        "closed",
+        "content_length",
+        "error",
+        "got_answer",
+        "head_done",
+        "headers",
+        "idle_since",
+        "keep",
+        "limit",
+        "pieces",
+        "reason",
+        "reusable",
+        "reused",
+        "status",
+        "to_close",
+        "transport",
+        "version",
+        "whole",
+        "writing_paused",
+    )
+
+    transport: asyncio.Transport  # set by connection_made, before create_connection returns
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_head: int) -> None:
+        self._loop = loop
+        self._max_head = max_head
+        self._parser = httptools.HttpResponseParser(self)
+        self._stale = False  # the parser was left inside a message: a new one is needed
+        self._state = _IDLE
+        self._head_only = False
+        self._partial = bytearray()
+        self._seen = self._remaining = 0
+        self.reused = self.closed = self.got_answer = self.head_done = self.body_done = False
+        self.reusable = self.keep = True
+        self.error: HttpClientError | None = None
+        self.status = 0
+        self.reason = b""
+        self.version = (1, 1)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.chunked = self.to_close = self.whole = False
+        self.limit: int | None = None
+        self.pieces: deque[bytes] = deque()
+        self.buffered = 0
+        self._reading_paused = self.writing_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = self._last_read = self.idle_since = 0.0
+        self._idle_limit: float | None = None
+
+    # ------------------------------------------------------------------ transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is not None:
+            self._last_read = self._loop.time()
+        state = self._state
+        if state == _RAW:
+            n, rem = len(data), self._remaining
+            if n < rem:
+                self._remaining = rem - n
+                self._push(data)
+                return
+            if n > rem:
+                self.reusable = False  # bytes past the answer: never reuse this connection
+                data = data[:rem]
+            self._remaining = 0
+            self._push(data)
+            self._complete()
+            return
+        if state == _IDLE:
+            self.reusable = False
+            return
+        if state == _HEAD:
+            self.got_answer = True
+            self._seen += len(data)
+        try:
+            if state == _HEAD and self._head_only:
+                self._feed_heads(data)
+            else:
+                self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ProtocolError("the answer switches protocols, which was not asked for"))
+            return
+        except httptools.HttpParserError as exc:
+            if self._state == _IDLE:  # stopped at bytes past a complete answer (or a failure)
+                self.reusable = False
+            else:
+                cause = exc.__context__  # what a callback raised
+                if not isinstance(cause, ProtocolError):
+                    cause = ProtocolError(f"invalid HTTP/1.1 answer: {exc}")
+                self._fail(cause)
+            return
+        state = self._state
+        if state == _HEAD:
+            if self._seen > self._max_head:
+                self._fail(ProtocolError(f"answer head longer than {self._max_head} bytes"))
+        elif state == _BODY and self._remaining > 0:
+            self._state = _RAW
+            self._stale = True
+
+    def _feed_heads(self, data: bytes) -> None:
+        """The answer to a HEAD request: llhttp is given the heads only (it would take the
+        Content-Length that describes a GET as a body to wait for)."""
+        buf = self._partial
+        buf += data
+        while self._state == _HEAD:
+            i = buf.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            head = bytes(buf[: i + 4])
+            del buf[: i + 4]
+            self._parser.feed_data(head)
+        if buf:
+            self.reusable = False
+            buf.clear()
+
+    def eof_received(self) -> bool | None:
+        self._end(None)
+        return None  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._wake_drain()
+
+    # ------------------------------------------------------------------ llhttp callbacks
+
+    def on_message_begin(self) -> None:
+        if self._state != _HEAD:
+            raise ProtocolError("bytes past the end of the answer")  # stops llhttp there
+        self.headers = []
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason = reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        if self._seen > self._max_head and self._head_length() > self._max_head:
+            raise ProtocolError(f"answer head longer than {self._max_head} bytes")
+        status = parser.get_status_code()
+        if not 100 <= status <= 599 or status == 101:
+            raise ProtocolError(f"invalid status {status} in the answer")
+        if status < 200:
+            return  # an interim answer: the final one follows
+        version = parser.get_http_version()
+        if version == "1.1":
+            self.version = (1, 1)
+        elif version == "1.0":
+            self.version = (1, 0)
+        else:
+            raise ProtocolError(f"HTTP/{version} answer to an HTTP/1.1 request")
+        self.status = status
+        te = length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = value  # llhttp rejects a second one
+            elif name == b"transfer-encoding":
+                te = value if te is None else te + b"," + value
+        if self._head_only:
+            self.keep = self._keep_alive()
+            self.content_length = 0
+        else:
+            # llhttp's reading of Connection's tokens and the version (and of read-to-close)
+            self.keep = parser.should_keep_alive()
+            if status in (204, 304):
+                self.content_length = 0
+            elif te is not None:
+                if self.version == (1, 0):
+                    raise ProtocolError("Transfer-Encoding in an HTTP/1.0 answer")
+                if [t.strip().lower() for t in te.split(b",")] != [b"chunked"]:
+                    raise ProtocolError(f"unsupported Transfer-Encoding {te[:80]!r}: not chunked")
+                self.chunked = True
+            elif length is not None:
+                self.content_length = self._remaining = int(length)
+            else:
+                self.to_close = True
+        self.head_done = True
+        self._state = _BODY
+        if self._head_only:
+            self._complete()
+        self._wake()
+        self._wake_drain()  # a body still being sent may stop (see stop_sending)
+
+    def _keep_alive(self) -> bool:
+        """Keep-alive by the version and ``Connection``'s tokens (for answers to HEAD, which
+        llhttp, not knowing the method, would take as delimited by the connection's end)."""
+        tokens = {
+            t.strip() for n, v in self.headers if n == b"connection" for t in v.lower().split(b",")
+        }
+        return b"close" not in tokens and (self.version == (1, 1) or b"keep-alive" in tokens)
+
+    def _head_length(self) -> int:
+        return len(self.reason) + 15 + sum(len(n) + len(v) + 4 for n, v in self.headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self._remaining:
+            self._remaining -= len(body)
+        self._push(body)
+
+    def on_message_complete(self) -> None:
+        if self._state == _BODY:
+            self._complete()
+
+    # ------------------------------------------------------------------ state changes
+
+    def _push(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.buffered += len(piece)
+        if self.whole:
+            if self.limit is not None and self.buffered > self.limit:
+                self._fail(ProtocolError(f"answer body over the limit of {self.limit} bytes"))
+        else:
+            if self.buffered > _HIGH_WATER and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            self._wake()
+
+    def _complete(self) -> None:
+        self._state = _IDLE
+        self.body_done = True
+        self._wake()
+
+    def _fail(self, exc: HttpClientError) -> None:
+        if self.error is None:
+            self.error = exc
+        self._state = _IDLE
+        self.close()
+        self._wake()
+        self._wake_drain()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.reusable = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        state = self._state
+        self._state = _IDLE
+        if state == _BODY and self.to_close and exc is None:
+            self._complete()
+        elif state != _IDLE and self.error is None:
+            where = "before the answer's head" if state == _HEAD else "in the answer's body"
+            self.error = RemoteClosed(f"the connection ended {where}" + (f": {exc}" * bool(exc)))
+        self._wake()
+        self._wake_drain()
+
+    # ------------------------------------------------------------------ for the request
+
+    def begin(self, head_only: bool) -> None:
+        """Expect a new answer (the connection is fresh or its last answer was complete)."""
+        if self._stale:
+            self._parser = httptools.HttpResponseParser(self)
+        self._stale = self._head_only = head_only
+        self._state = _HEAD
+        self.got_answer = self.head_done = self.body_done = False
+        self.chunked = self.to_close = self.whole = False
+        self._seen = self._remaining = 0
+        self.content_length = self.limit = None
+
+    async def wait(self, idle: float | None) -> None:
+        """Wait for the next event of the answer (head, piece, end, error); ``idle``: the
+        idle-read deadline (ReadTimeout)."""
+        fut = self._loop.create_future()
+        self._waiter = fut
+        if idle is None:
+            self._idle_limit = None
+        else:
+            self._arm(idle)
+        try:
+            await fut
+        except BaseException:
+            self._waiter = None
+            raise
+
+    def _arm(self, limit: float) -> None:
+        now = self._loop.time()
+        self._idle_limit = limit
+        self._last_read = now
+        due = now + limit
+        if self._timer is None or self._timer_due > due:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(due, self._check_read)
+            self._timer_due = due
+
+    def _check_read(self) -> None:
+        self._timer = None
+        limit = self._idle_limit
+        if self._waiter is None or limit is None:
+            return  # nobody waits: the next wait arms again
+        due = self._last_read + limit
+        if self._loop.time() >= due:
+            self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))
+        else:
+            self._timer = self._loop.call_at(due, self._check_read)
+            self._timer_due = due
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark (or until the
+        connection ends or the answer's head comes: the caller looks)."""
+        while self.writing_paused and not self.stop_sending():
+            fut = self._loop.create_future()
+            self._drain = fut
+            await fut
+
+    def stop_sending(self) -> bool:
+        """The request's body is no longer wanted: the connection ended, or the server
+        answered and is closing it (RFC 9112 §9.5)."""
+        return self.closed or (self.head_done and not self.keep)
+
+    def read_whole(self, limit: int | None) -> None:
+        self.whole = True
+        self.limit = limit
+        if limit is not None and self.buffered > limit:
+            self._fail(ProtocolError(f"answer body over the limit of {limit} bytes"))
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def take(self) -> bytes:
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece)
+        if self._reading_paused and self.buffered <= _LOW_WATER:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return piece
+
+    def take_all(self) -> bytes:
+        pieces = self.pieces
+        body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        self.buffered = 0
+        return body
+
+    def close(self) -> None:
+        self.reusable = False
+        self.transport.close()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_drain(self) -> None:
+        waiter = self._drain
+        if waiter is not None:
+            self._drain = None
+            if not waiter.done():
+                waiter.set_result(None)
