@@ -55,7 +55,7 @@ def build_backend(settings: Settings) -> Backend:
 
 def build_pipeline(settings: Settings, backend: Backend) -> Pipeline:
     """The one core every frontend goes through."""
-    return Pipeline(backend, settings.max_input_size)
+    return Pipeline(backend, settings.max_input_size, settings.restricted)
 
 
 def build_rest(settings: Settings, pipeline: Pipeline) -> RestFrontend:
@@ -65,7 +65,13 @@ def build_rest(settings: Settings, pipeline: Pipeline) -> RestFrontend:
 
 def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
     """The HTTP/1.1 server for the REST frontend (not yet listening)."""
-    limits = ServerLimits(max_body_size=settings.max_body_size)
+    limits = ServerLimits(
+        header_timeout=settings.client_header_timeout,
+        keepalive_timeout=settings.client_idle_timeout,
+        body_timeout=settings.client_body_timeout,
+        write_timeout=settings.client_body_timeout,
+        max_body_size=settings.max_body_size,
+    )
     return HttpServer(frontend.dispatch, limits)
 
 

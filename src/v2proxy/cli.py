@@ -67,6 +67,26 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
         " V2PROXY_RESTRICTED_API_HEADER, as command lines are visible to other users",
     )
     p.add_argument(
+        "--client-header-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a client must send a request's whole head within this from its first byte, and"
+        " a new connection its first request (408 and closed beyond it; default 10)",
+    )
+    p.add_argument(
+        "--client-idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="an idle keep-alive connection between requests is closed after this (default 5)",
+    )
+    p.add_argument(
+        "--client-body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a request body that stops arriving for this long gets 408 and the connection is"
+        " closed; also the longest a client may take to read an answer (default 60)",
+    )
+    p.add_argument(
         "--event-loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop)"
     )
     p.add_argument(

@@ -96,6 +96,9 @@ class Settings:
     backend_timeout: float = 60.0
     backend_connect_timeout: float = 5.0
     backend_connections: int = 100
+    client_header_timeout: float = 10.0
+    client_idle_timeout: float = 5.0
+    client_body_timeout: float = 60.0
     event_loop: str = "uvloop"
     workers: int = 1
     log_level: str = "info"
@@ -190,6 +193,9 @@ PARSERS: dict[str, Any] = {
     "backend_timeout": _positive_float,
     "backend_connect_timeout": _positive_float,
     "backend_connections": _positive_int,
+    "client_header_timeout": _positive_float,
+    "client_idle_timeout": _positive_float,
+    "client_body_timeout": _positive_float,
     "event_loop": _choice("uvloop", "asyncio"),
     "workers": _positive_int,
     "log_level": _choice("debug", "info", "warning", "error"),

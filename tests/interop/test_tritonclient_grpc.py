@@ -352,22 +352,9 @@ def test_decoupled_model_streams_several_responses(llm_proxy: Proc) -> None:
     assert pieces == ["the", " quick", " fox", " the", " quick"]
 
 
-def test_decoupled_model_unary_without_streaming(
-    llm_proxy: Proc, request: pytest.FixtureRequest
-) -> None:
-    if request.node.callspec.params["llm_proxy"][0] == "triton-grpc":
-        # Triton refuses ModelInfer on a decoupled model (UNIMPLEMENTED "ModelInfer RPC doesn't
-        # support models with decoupled transaction policy") and GrpcBackend.infer sends the
-        # unary request there as is, where the builtin answers it when it makes one response.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=InferenceServerException,
-                reason="v2proxy relays Triton's UNIMPLEMENTED for unary infer on a decoupled"
-                " model instead of serving it through ModelStreamInfer (src/v2proxy/backends/"
-                "grpc.py GrpcBackend.infer)",
-            )
-        )
+def test_decoupled_model_unary_without_streaming(llm_proxy: Proc) -> None:
+    """Unary infer on a decoupled model answers when the model makes one response: Triton
+    itself refuses ModelInfer there (UNIMPLEMENTED), so v2proxy asks it over ModelStreamInfer."""
     result = client(llm_proxy).infer("llm", _llm_inputs("a b", 3, False))
     assert result.as_numpy("text_output").tolist() == [b"a b a b a"]
     with pytest.raises(InferenceServerException) as info:

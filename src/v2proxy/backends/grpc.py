@@ -184,6 +184,18 @@ class GrpcBackend(DecodedOnly):
         return bool(resp.ready)
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
+        if await self.is_decoupled(request.model_name, request.model_version):
+            # ModelInfer refuses decoupled models (Triton: UNIMPLEMENTED); the proxy asks over
+            # the stream and answers when the model gave exactly one response, as the builtin
+            # models do.
+            responses = [r async for r in self.stream_infer(request, headers)]
+            if len(responses) != 1:
+                raise InvalidRequest(
+                    f"model '{request.model_name}' answers this request with {len(responses)}"
+                    " responses: ask with streaming (gRPC ModelStreamInfer) or set 'stream' to"
+                    " false"
+                )
+            return responses[0]
         msg = grpcc.request_to_proto(request)
         resp = await self._call(
             "ModelInfer", msg, "inference", request.model_name, _metadata(headers)

@@ -1,0 +1,302 @@
+"""Hostile input against a running v2proxy process (``v2proxy serve`` in front of the builtin
+models), the way an attacker on the network would send it: raw sockets, raw gRPC bytes.
+
+Each case was a defect found by probing the proxy: request targets that made it connect to any
+host (SSRF), a Content-Length that made it allocate memory before any body byte arrived, slow and
+idle clients held forever, malformed requests answered with tracebacks and echoed bytes, remote
+clients unloading models. Every case checks that the proxy still serves afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from procs import Proc, v2proxy
+
+SIMPLE = json.dumps(
+    {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
+        ]
+    }
+).encode()
+
+
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[Proc]:
+    with v2proxy(
+        "serve",
+        "--client-header-timeout",
+        "1",
+        "--client-idle-timeout",
+        "1",
+        "--client-body-timeout",
+        "1",
+        name="hostile",
+    ) as p:
+        yield p
+
+
+def still_serves(proxy: Proc) -> None:
+    req = urllib.request.Request(
+        f"{proxy.base_url}/v2/models/simple/infer", data=SIMPLE, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        out = json.loads(resp.read())
+    assert out["outputs"][0]["data"] == [i + 1 for i in range(16)]
+
+
+def exchange(proxy: Proc, raw: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``raw`` and read until the proxy closes the connection."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=timeout) as s:
+        s.sendall(raw)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@contextlib.contextmanager
+def listener() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A listening socket that records every connection made to it."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.1)
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = srv.accept()
+                accepted.append(conn)
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1], accepted
+    finally:
+        done.set()
+        t.join()
+        srv.close()
+        for c in accepted:
+            c.close()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"CONNECT 0@127.0.0.1:{port} HTTP/1.1",
+        b"CONNECT 127.0.0.1:{port} HTTP/1.1",
+        b"GET http://127.0.0.1:{port}/v2 HTTP/1.1",
+        b"GET 0@127.0.0.1:{port}/v2 HTTP/1.1",
+        b"POST http://127.0.0.1:{port}/v2/models/simple/infer HTTP/1.1",
+    ],
+)
+def test_request_target_never_names_a_host(proxy: Proc, request_line: bytes) -> None:
+    """SSRF: the backend is fixed; a request target is a path or the request is refused."""
+    with listener() as (port, accepted):
+        line = request_line.replace(b"{port}", str(port).encode())
+        answer = exchange(proxy, line + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        time.sleep(0.3)  # a connection the proxy made would have been accepted by now
+        assert accepted == []
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (400, 405), answer
+    assert str(port).encode() not in answer.split(b"\r\n\r\n", 1)[1]  # nothing echoed
+    still_serves(proxy)
+
+
+@pytest.mark.parametrize(
+    "path,extra",
+    [
+        (b"/v2/models/simple/infer", b""),
+        (b"/v2/models/simple/infer", b"Content-Encoding: gzip\r\n"),
+        (b"/v2/models/simple/generate", b""),
+        (b"/v2/repository/index", b""),
+    ],
+)
+def test_content_length_alone_allocates_nothing(proxy: Proc, path: bytes, extra: bytes) -> None:
+    """Six connections announce 2 GB bodies and send none: memory follows the bytes received."""
+    before = rss_kib(proxy.pid)
+    conns = []
+    try:
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+            s.sendall(
+                b"POST "
+                + path
+                + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000000\r\n"
+                + extra
+                + b"\r\n"
+                + SIMPLE[:100]
+            )
+            conns.append(s)
+        time.sleep(0.5)
+        grown_mib = (rss_kib(proxy.pid) - before) / 1024
+        assert grown_mib < 64, f"RSS grew by {grown_mib:.0f} MiB"
+    finally:
+        for s in conns:
+            s.close()
+    still_serves(proxy)
+
+
+def test_slowloris_and_idle_clients_are_closed(proxy: Proc) -> None:
+    """50 clients sending a head one byte at a time and 200 that send nothing: the proxy
+    closes them all (here after --client-header-timeout 1 s) and serves meanwhile."""
+    slow = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(50)]
+    idle = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(200)]
+    head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    closed_slow: set[int] = set()
+    try:
+        for s in slow:
+            s.setblocking(False)
+        deadline = time.monotonic() + 30
+        i = 0
+        while len(closed_slow) < len(slow) and time.monotonic() < deadline:
+            for n, s in enumerate(slow):
+                if n in closed_slow:
+                    continue
+                try:
+                    s.send(head[i % len(head) : i % len(head) + 1])
+                    data = s.recv(4096)
+                    if data == b"" or data.startswith(b"HTTP/1.1 408"):
+                        closed_slow.add(n)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed_slow.add(n)
+            i += 1
+            time.sleep(0.2)
+        still_serves(proxy)
+        assert len(closed_slow) == len(slow)
+        for s in idle:
+            # an idle connection gets at most a 408 and then its end (a timeout fails the test)
+            s.settimeout(20)
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            assert got == b"" or got.startswith(b"HTTP/1.1 408"), got
+    finally:
+        for s in slow + idle:
+            s.close()
+    still_serves(proxy)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /v2\x00<script>evil HTTP/1.1\r\n\r\n",
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header<script>: x\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03<script>",
+    ],
+)
+def test_malformed_http_gets_400_no_echo_no_traceback(proxy: Proc, raw: bytes) -> None:
+    answer = exchange(proxy, raw)
+    assert answer.startswith(b"HTTP/1.1 4"), answer
+    body = answer.split(b"\r\n\r\n", 1)[1]
+    assert b"<script>" not in body and b"evil" not in body
+    assert "error" in json.loads(body)
+    assert "Traceback" not in proxy.log.read_text()
+    still_serves(proxy)
+
+
+def test_malformed_protobuf_is_invalid_argument(proxy: Proc) -> None:
+    with grpc.insecure_channel(proxy.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"\xff\xff\xff\xff", timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed ModelInfer request" in info.value.details()
+    still_serves(proxy)
+
+
+def test_surplus_raw_input_contents_refused(proxy: Proc) -> None:
+    from v2proxy._proto import grpc_service_pb2 as pb
+
+    msg = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+    msg.raw_input_contents.extend([bytes(64), bytes(64), b"smuggled"])
+    with grpc.insecure_channel(proxy.grpc_url) as channel:
+        call = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            call(msg, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "expected 2 raw_input_contents" in info.value.details()
+
+
+def test_restricted_apis_refused_by_default(proxy: Proc) -> None:
+    """Repository, logging and trace settings are refused to remote clients by default."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    http = httpclient.InferenceServerClient(proxy.url)
+    with pytest.raises(InferenceServerException) as info:
+        http.unload_model("simple")
+    assert "This API is restricted" in info.value.message()
+    assert info.value.status() == "403"
+    for call in (
+        lambda: http.update_log_settings({"log_info": False}),
+        lambda: http.update_trace_settings(settings={"trace_file": "/tmp/x"}),
+        http.get_model_repository_index,
+    ):
+        with pytest.raises(InferenceServerException, match="This API is restricted"):
+            call()
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    with pytest.raises(InferenceServerException) as ginfo:
+        g.unload_model("simple")
+    assert ginfo.value.status() == "StatusCode.PERMISSION_DENIED"
+    # a restricted path spelled another way is refused too
+    answer = exchange(
+        proxy,
+        b"POST /v2/%72epository/models/simple/unload/ HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: close\r\nContent-Length: 0\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert http.is_model_ready("simple")
+    still_serves(proxy)
+
+
+def test_restricted_apis_open_with_the_configured_header() -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    with v2proxy("serve", "--restricted-api-header", "x-admin-key=s3cret", name="restricted") as p:
+        http = httpclient.InferenceServerClient(p.url)
+        with pytest.raises(InferenceServerException) as info:
+            http.unload_model("simple", headers={"x-admin-key": "wrong"})
+        assert info.value.message() == "This API is restricted, expecting header 'x-admin-key'"
+        assert http.is_model_ready("simple")
+        http.unload_model("simple", headers={"X-Admin-Key": "s3cret"})
+        assert not http.is_model_ready("simple")
+        http.load_model("simple", headers={"x-admin-key": "s3cret"})
+        assert http.is_model_ready("simple")
+        assert http.get_log_settings(headers={"x-admin-key": "s3cret"})["log_info"] is True
+        # statistics are not restricted by default
+        assert http.get_inference_statistics("simple")["model_stats"][0]["name"] == "simple"
