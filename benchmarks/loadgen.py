@@ -32,6 +32,8 @@ class Measurement:
     tool: str = ""
     #: CPU used during the run, percent of one core: loadgen, proxy, backend
     cpu_pct: dict[str, float] = field(default_factory=dict)
+    #: the same CPU seconds per request completed, in microseconds (utime + stime from /proc)
+    cpu_us_per_req: dict[str, float] = field(default_factory=dict)
     #: req/s of each round, when this is the median of several runs (:func:`median_of`)
     round_rps: list[float] = field(default_factory=list)
 
@@ -47,7 +49,10 @@ def median_of(runs: list[Measurement]) -> Measurement:
         known = [v for v in values if v is not None]
         return statistics.median(known) if known else None
 
-    cpu_keys = {k for m in runs for k in m.cpu_pct}
+    def med_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
+        keys = sorted({k for d in dicts for k in d})
+        return {k: round(statistics.median(d[k] for d in dicts if k in d), 1) for k in keys}
+
     return Measurement(
         requests=sum(m.requests for m in runs),
         seconds=sum(m.seconds for m in runs),
@@ -57,10 +62,8 @@ def median_of(runs: list[Measurement]) -> Measurement:
         mean_ms=med([m.mean_ms for m in runs]),
         errors=sum(m.errors for m in runs),
         tool=runs[0].tool,
-        cpu_pct={
-            k: round(statistics.median(m.cpu_pct[k] for m in runs if k in m.cpu_pct), 1)
-            for k in sorted(cpu_keys)
-        },
+        cpu_pct=med_dict([m.cpu_pct for m in runs]),
+        cpu_us_per_req=med_dict([m.cpu_us_per_req for m in runs]),
         round_rps=[round(m.rps, 1) for m in runs],
     )
 

@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 import bodies as bodies_mod
+import cpu_summary
 import loadgen
 import procs
 import shm
@@ -47,14 +48,25 @@ NGINX_TEMPLATE = HERE / "nginx.conf.tmpl"
 # --------------------------------------------------------------------------- what is compared
 
 #: v2proxy configurations: name -> `v2proxy serve` arguments. Placeholders: {reference_http},
-#: {reference_grpc} (the reference server's ports as host:port), {mlserver_http}. Every one also
-#: gets V2PROXY_COMMON, its own --http-port/--grpc-port, and --v2proxy-args from the command line.
+#: {reference_grpc} (the reference server's ports as host:port), {mlserver_http}, {triton_http}.
+#: Every one also gets V2PROXY_COMMON, its own --http-port/--grpc-port, and --v2proxy-args from
+#: the command line.
 V2PROXY_CONFIGS: dict[str, list[str]] = {
     "v2proxy-json": ["--backend", "http://{reference_http}", "--backend-encoding", "json"],
     "v2proxy-binary": ["--backend", "http://{reference_http}", "--backend-encoding", "binary"],
     "v2proxy-grpc": ["--backend", "grpc://{reference_grpc}"],
     "v2proxy-mlserver": ["--backend", "http://{mlserver_http}", "--backend-encoding", "auto"],
     "v2proxy-builtin": ["--backend", "builtin"],  # (g) only: shared memory needs no backend hop
+    # in front of Triton (a-triton, b-triton, c-triton)
+    "v2proxy-triton-json": ["--backend", "http://{triton_http}", "--backend-encoding", "json"],
+    "v2proxy-triton-binary": ["--backend", "http://{triton_http}", "--backend-encoding", "binary"],
+}
+#: which backend endpoint a placeholder of V2PROXY_CONFIGS stands for
+BACKEND_OF_PLACEHOLDER = {
+    "reference_http": "direct",
+    "reference_grpc": "direct",
+    "mlserver_http": "direct-mlserver",
+    "triton_http": "direct-triton",
 }
 V2PROXY_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 REFERENCE_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
@@ -80,6 +92,8 @@ class Scenario:
     big: bool = False
     #: scenario whose nginx and direct rows are this one's anchors (default: itself)
     anchor: str | None = None
+    #: measured in the same rounds as this scenario (its systems take turns with ours)
+    rounds_with: str | None = None
 
 
 SMALL = (FIXED, 1)
@@ -155,15 +169,51 @@ SCENARIOS = [
         SMALL,
         anchor="a",
     ),
+    # in front of a real Triton (2.51, python backend, the interop peers' `simple`): CPU per
+    # request of each proxy (cpu_summary.py)
+    Scenario(
+        "a-triton",
+        "Triton: small JSON relayed (JSON -> JSON)",
+        "simple_json",
+        [
+            ("direct", "direct-triton"),
+            ("nginx", "nginx-triton"),
+            ("py-relay", "py-relay-triton"),
+            ("v2proxy-json", "v2proxy-triton-json"),
+        ],
+        SMALL,
+    ),
+    Scenario(
+        "b-triton",
+        "Triton: small JSON client -> binary backend",
+        "simple_json",
+        [("v2proxy-binary", "v2proxy-triton-binary")],
+        SMALL,
+        anchor="a-triton",
+        rounds_with="a-triton",
+    ),
+    Scenario(
+        "c-triton",
+        "Triton: small binary pass-through",
+        "simple_binary",
+        [
+            ("direct", "direct-triton"),
+            ("nginx", "nginx-triton"),
+            ("py-relay", "py-relay-triton"),
+            ("v2proxy-binary", "v2proxy-triton-binary"),
+        ],
+        SMALL,
+    ),
 ]
+TRITON_SCENARIOS = ("a-triton", "b-triton", "c-triton")
 
 
 @dataclass
 class Target:
     id: str
     text: str
-    #: ("rps"|"p50"|"mean", (scenario, label, conc), (scenario, label, conc)) or ("micro", name)
-    #: or ("shm",)
+    #: ("rps"|"p50"|"mean"|"cpu", (scenario, label, conc), (scenario, label, conc)) or
+    #: ("micro", name) or ("shm",); "cpu" is the proxy's CPU microseconds per request
     metric: tuple[Any, ...]
     op: str  # ">=" or "<="
     threshold: float
@@ -218,6 +268,27 @@ TARGETS = [
         ("rps", ("f-grpc", "v2proxy-binary", FIXED), ("f-grpc", "nginx", FIXED)),
         ">=",
         0.7,
+    ),
+    Target(
+        "a-triton-cpu",
+        "(a, Triton) small JSON relayed: proxy CPU per request at c={c} <= 2 x nginx",
+        ("cpu", ("a-triton", "v2proxy-json", FIXED), ("a-triton", "nginx", FIXED)),
+        "<=",
+        2.0,
+    ),
+    Target(
+        "a-triton-throughput",
+        "(a, Triton) small JSON relayed: throughput at c={c} >= 0.9 x nginx",
+        ("rps", ("a-triton", "v2proxy-json", FIXED), ("a-triton", "nginx", FIXED)),
+        ">=",
+        0.9,
+    ),
+    Target(
+        "a-triton-latency",
+        "(a, Triton) small JSON relayed: p50 at c=1 <= 1.3 x nginx",
+        ("p50", ("a-triton", "v2proxy-json", 1), ("a-triton", "nginx", 1)),
+        "<=",
+        1.3,
     ),
     Target(
         "codec-decode",
@@ -317,7 +388,9 @@ class Systems:
         self.endpoints: dict[str, Endpoint] = {}
         self.tools: dict[str, str] = {}
 
-    def start_all(self, tools: dict[str, str], need_mlserver: bool, timeout: float) -> None:
+    def start_all(
+        self, tools: dict[str, str], need_mlserver: bool, need_triton: bool, timeout: float
+    ) -> None:
         self.tools = tools
         ref_http, ref_grpc = procs.free_ports(2)
         ref = _python_server(
@@ -344,40 +417,31 @@ class Systems:
             direct.error = f"error: reference server did not start: {ref.error}"
             log(direct.error)
 
-        # MLServer (its own venv, started by the interop tests' launcher)
-        mls = Endpoint("direct-mlserver")
-        self.endpoints["direct-mlserver"] = mls
-        if need_mlserver:
-            try:
-                launch = procs.import_peer_launch()
-                peer = self.stack.enter_context(launch.mlserver_server(launch.peers_dir()))
-                mls.http_port, mls.grpc_port = peer.http_port, peer.grpc_port
-                mls.backend_pgid = peer.pid  # started in its own session
-                mls.cmd = ["mlserver (tests/interop/peers/mlserver_server.py)", peer.base_url]
-                log(f"MLServer ready on {peer.http_url} in {peer.startup_s:.1f}s")
-            except Exception as exc:
-                mls.error = loadgen.one_line(
-                    f"error: MLServer not available ({type(exc).__name__}): {exc}", 400
-                )
-                log(mls.error + " (run `make peers`)")
-        else:
-            mls.error = "not measured in this run"
+        # MLServer and Triton: their own venvs, started by the interop tests' launcher
+        mls = self._start_peer("direct-mlserver", "mlserver", need_mlserver, "mlserver_server.py")
+        triton = self._start_peer("direct-triton", "triton", need_triton, "triton_models/")
 
         values = {
             "reference_http": f"{HOST}:{ref_http}",
             "reference_grpc": f"{HOST}:{ref_grpc}",
             "mlserver_http": f"{HOST}:{mls.http_port}",
+            "triton_http": f"{HOST}:{triton.http_port}",
         }
         proxies: list[tuple[Endpoint, Server]] = []
         for name, template in V2PROXY_CONFIGS.items():
             ep = Endpoint(name)
             self.endpoints[name] = ep
-            needs = "mlserver_http" if "{mlserver_http}" in " ".join(template) else None
-            if needs and mls.error:
-                ep.error = f"error: needs MLServer: {_bare(mls.error)}"
-                continue
-            if not needs and "{reference" in " ".join(template) and direct.error:
-                ep.error = f"error: needs the reference server: {_bare(direct.error)}"
+            joined = " ".join(template)
+            backend = next(
+                (
+                    self.endpoints[b]
+                    for p, b in BACKEND_OF_PLACEHOLDER.items()
+                    if "{" + p + "}" in joined
+                ),
+                None,
+            )
+            if backend is not None and backend.error:
+                ep.error = f"error: needs {backend.key}: {_bare(backend.error)}"
                 continue
             http_port, grpc_port = procs.free_ports(2)
             args = [
@@ -394,30 +458,51 @@ class Systems:
             ep.http_port, ep.grpc_port, ep.server, ep.cmd = http_port, grpc_port, server, server.cmd
             _start(server, self.stack)
             ep.proxy_pgid = server.proc.pid if server.proc else None
-            ep.backend_pgid = (
-                mls.backend_pgid
-                if needs
-                else direct.backend_pgid
-                if "{reference" in " ".join(template)
-                else None
-            )
+            ep.backend_pgid = backend.backend_pgid if backend is not None else None
             proxies.append((ep, server))
 
-        self._start_nginx(direct, mls, timeout)
-        self._start_pyrelay(direct, timeout)
+        self._start_nginx(direct, mls, triton, timeout)
+        self._start_pyrelay("py-relay", direct, timeout)
+        self._start_pyrelay("py-relay-triton", triton, timeout)
 
         for ep, server in proxies:
             if not server.wait_ready(timeout):
                 ep.error = loadgen.one_line(f"error: did not start: {server.error}", 400)
                 log(f"{ep.key}: {ep.error}")
 
-    def _start_nginx(self, direct: Endpoint, mls: Endpoint, timeout: float) -> None:
+    def _start_peer(self, key: str, name: str, needed: bool, what: str) -> Endpoint:
+        """A peer server of tests/interop/peers (``launch.<name>_server``), or an Endpoint
+        whose error says why there is none."""
+        ep = Endpoint(key)
+        self.endpoints[key] = ep
+        if not needed:
+            ep.error = "not measured in this run"
+            return ep
+        try:
+            launch = procs.import_peer_launch()
+            start = getattr(launch, f"{name}_server")
+            peer = self.stack.enter_context(start(launch.peers_dir()))
+        except Exception as exc:
+            ep.error = loadgen.one_line(
+                f"error: {name} not available ({type(exc).__name__}): {exc}", 400
+            )
+            log(ep.error + " (run `make peers`)")
+            return ep
+        ep.http_port, ep.grpc_port = peer.http_port, peer.grpc_port
+        ep.backend_pgid = peer.pid  # started in its own session: its group is its processes
+        ep.cmd = [f"{name} (tests/interop/peers/launch.py, {what})", peer.base_url]
+        log(f"{name} ready on {peer.http_url} in {peer.startup_s:.1f}s")
+        return ep
+
+    def _start_nginx(
+        self, direct: Endpoint, mls: Endpoint, triton: Endpoint, timeout: float
+    ) -> None:
         ngx_dir = self.workdir / "nginx"
         ngx_dir.mkdir()
         # workers run as "nobody" when the master is root: let them into the folder
         for d in (self.workdir, ngx_dir):
             d.chmod(0o755)
-        http_port, grpc_port, mls_port, dead_port = procs.free_ports(4)
+        http_port, grpc_port, mls_port, triton_port, dead_port = procs.free_ports(5)
         conf = NGINX_TEMPLATE.read_text()
         for key, value in {
             "DIR": str(ngx_dir),
@@ -425,9 +510,11 @@ class Systems:
             "REFERENCE_HTTP": str(direct.http_port or dead_port),
             "REFERENCE_GRPC": str(direct.grpc_port or dead_port),
             "MLSERVER_HTTP": str(mls.http_port or dead_port),
+            "TRITON_HTTP": str(triton.http_port or dead_port),
             "NGINX_REFERENCE_HTTP": str(http_port),
             "NGINX_REFERENCE_GRPC": str(grpc_port),
             "NGINX_MLSERVER_HTTP": str(mls_port),
+            "NGINX_TRITON_HTTP": str(triton_port),
         }.items():
             conf = conf.replace(f"@@{key}@@", value)
         conf_path = ngx_dir / "nginx.conf"
@@ -446,35 +533,42 @@ class Systems:
             server.ready_urls.append(f"http://{HOST}:{http_port}/v2/health/ready")
         nginx = Endpoint("nginx", http_port, grpc_port, server, cmd)
         nginx_mls = Endpoint("nginx-mlserver", mls_port, None, server, cmd)
+        nginx_triton = Endpoint("nginx-triton", triton_port, None, server, cmd)
         self.endpoints["nginx"] = nginx
         self.endpoints["nginx-mlserver"] = nginx_mls
+        self.endpoints["nginx-triton"] = nginx_triton
         _start(server, self.stack)
-        nginx.proxy_pgid = nginx_mls.proxy_pgid = server.proc.pid if server.proc else None
+        # the master and its worker(s): one process group
+        pgid = server.proc.pid if server.proc else None
+        nginx.proxy_pgid = nginx_mls.proxy_pgid = nginx_triton.proxy_pgid = pgid
         nginx.backend_pgid, nginx_mls.backend_pgid = direct.backend_pgid, mls.backend_pgid
+        nginx_triton.backend_pgid = triton.backend_pgid
         if not server.wait_ready(timeout):
             err = (ngx_dir / "error.log").read_text(errors="replace")[-400:] if ngx_dir else ""
             nginx.error = loadgen.one_line(f"error: nginx did not start: {server.error} {err}", 400)
             log(nginx.error)
-        if direct.error:
-            nginx.error = nginx.error or f"error: no backend: {_bare(direct.error)}"
-        nginx_mls.error = nginx.error or (mls.error and f"error: no backend: {_bare(mls.error)}")
+        started_error = nginx.error  # each server block is usable when nginx and its backend are
+        for ep, backend in ((nginx, direct), (nginx_mls, mls), (nginx_triton, triton)):
+            ep.error = started_error or (
+                backend.error and f"error: no backend: {_bare(backend.error)}"
+            )
 
-    def _start_pyrelay(self, direct: Endpoint, timeout: float) -> None:
+    def _start_pyrelay(self, key: str, backend: Endpoint, timeout: float) -> None:
         """The floor of a Python proxy (``pyrelay.py``: bytes relayed, no HTTP work)."""
         (port,) = procs.free_ports(1)
         cmd = [sys.executable, str(HERE / "pyrelay.py"), "--port", str(port)]
-        cmd += ["--backend", f"{HOST}:{direct.http_port}"]
-        server = Server("py-relay", cmd, self.workdir / "py-relay.log", ready_ports=[port])
-        ep = Endpoint("py-relay", port, None, server, cmd)
-        self.endpoints["py-relay"] = ep
-        if direct.error:
-            ep.error = f"error: no backend: {_bare(direct.error)}"
+        cmd += ["--backend", f"{HOST}:{backend.http_port}"]
+        server = Server(key, cmd, self.workdir / f"{key}.log", ready_ports=[port])
+        ep = Endpoint(key, port, None, server, cmd)
+        self.endpoints[key] = ep
+        if backend.error:
+            ep.error = f"error: no backend: {_bare(backend.error)}"
             return
         _start(server, self.stack)
         ep.proxy_pgid = server.proc.pid if server.proc else None
-        ep.backend_pgid = direct.backend_pgid
+        ep.backend_pgid = backend.backend_pgid
         if not server.wait_ready(timeout):
-            ep.error = loadgen.one_line(f"error: py-relay did not start: {server.error}", 400)
+            ep.error = loadgen.one_line(f"error: {key} did not start: {server.error}", 400)
             log(ep.error)
 
 
@@ -542,16 +636,23 @@ class Runner:
         self.rows: list[Row] = []
 
     def run(self, scenarios: list[Scenario]) -> None:
+        """Each scenario on its own, except that one with ``rounds_with`` is measured in the
+        rounds of that scenario (when both run)."""
+        ids = {sc.id for sc in scenarios}
+        groups: dict[str, list[Scenario]] = {}
         for sc in scenarios:
-            self._scenario(sc)
+            lead = sc.rounds_with if sc.rounds_with in ids else sc.id
+            groups.setdefault(lead or sc.id, []).append(sc)
+        for group in groups.values():
+            self._scenarios(group)
 
-    def _scenario(self, sc: Scenario) -> None:
-        """Every system of the scenario passes the correctness gate first; then each (system,
+    def _scenarios(self, group: list[Scenario]) -> None:
+        """Every system of the scenarios passes the correctness gate first; then each (system,
         concurrency) is measured in ``rounds`` short runs, the systems taking turns and the
         first of each round rotating, so that a slow spell of the shared machine hits every
         system alike rather than one. Each row reports the medians of its rounds."""
-        live: list[tuple[str, Endpoint, list[Row]]] = []
-        for label, key in sc.systems:
+        live: list[tuple[Scenario, str, Endpoint, list[Row]]] = []
+        for sc, (label, key) in ((one, system) for one in group for system in one.systems):
             ep = self.systems.endpoints[key]
             rows = [
                 Row(sc.id, sc.title, label, key, sc.protocol, self.fixed if c == FIXED else c)
@@ -568,16 +669,16 @@ class Runner:
                 for r in rows:
                     r.error = problem
                 continue
-            live.append((label, ep, rows))
+            live.append((sc, label, ep, rows))
         if not live:
             return
-        duration = self.d.big if sc.big else self.d.small
         runs: dict[int, list[loadgen.Measurement]] = {
-            id(r): [] for _, _, rows in live for r in rows
+            id(r): [] for _, _, _, rows in live for r in rows
         }
         for n in range(self.d.rounds):
             shift = n % len(live)
-            for label, ep, rows in live[shift:] + live[:shift]:
+            for sc, label, ep, rows in live[shift:] + live[:shift]:
+                duration = self.d.big if sc.big else self.d.small
                 for i, row in enumerate(rows):
                     if row.error:
                         continue
@@ -599,7 +700,7 @@ class Runner:
                             or f"{m.rps:.1f} req/s, p50 {_ms(m.p50_ms)} ms, p99 {_ms(m.p99_ms)} ms"
                         )
                     )
-        for label, _, rows in live:
+        for sc, label, _, rows in live:
             for row in rows:
                 if row.error or not runs[id(row)]:
                     continue
@@ -632,11 +733,15 @@ class Runner:
         m = self._load_tool(sc, ep, c, duration, warmup)
         wall = time.monotonic() - start
         ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        gen = (ru2.ru_utime + ru2.ru_stime) - (ru.ru_utime + ru.ru_stime)
-        m.cpu_pct = {"loadgen": round(100 * gen / wall, 1)}
+        used = {"loadgen": (ru2.ru_utime + ru2.ru_stime) - (ru.ru_utime + ru.ru_stime)}
         for k, g in groups.items():
             if g and k in before:
-                m.cpu_pct[k] = round(100 * (procs.group_cpu_seconds(g) - before[k]) / wall, 1)
+                used[k] = procs.group_cpu_seconds(g) - before[k]
+        m.cpu_pct = {k: round(100 * v / wall, 1) for k, v in used.items()}
+        # CPU per request: the window is the tool's whole run, the count what it completed
+        # (with h2load, the warm-up's requests are not counted: use the rows without one)
+        if m.requests and not (sc.protocol == "grpc" and warmup):
+            m.cpu_us_per_req = {k: round(1e6 * v / m.requests, 1) for k, v in used.items()}
         return m
 
     def _load_tool(
@@ -696,6 +801,8 @@ def _metric(row: Row | None, kind: str) -> float | None:
     if row is None or not row.ok or row.measurement is None:
         return None
     m = row.measurement
+    if kind == "cpu":
+        return m.cpu_us_per_req.get("proxy")
     return {"rps": m.rps, "p50": m.p50_ms, "mean": m.mean_ms}[kind]
 
 
@@ -707,12 +814,14 @@ def evaluate_targets(
         value: float | None = None
         detail = ""
         kind = t.metric[0]
-        if kind in ("rps", "p50", "mean"):
+        if kind in ("rps", "p50", "mean", "cpu"):
             ours, anchor = (runner.find(*k) for k in t.metric[1:])
             a, b = _metric(ours, kind), _metric(anchor, kind)
             if a is not None and b:
                 value = a / b
-                unit = {"rps": "req/s", "p50": "ms p50", "mean": "ms mean"}[kind]
+                unit = {"rps": "req/s", "p50": "ms p50", "mean": "ms mean", "cpu": "µs CPU/req"}[
+                    kind
+                ]
                 detail = f"{a:.2f} / {b:.2f} {unit}"
             else:
                 broken = [r for r in (ours, anchor) if r is None or not r.ok]
@@ -777,6 +886,7 @@ COLUMNS = (
     "p50/nginx",
     "rps/direct",
     "CPU% gen/proxy/backend",
+    "CPU µs/req proxy/backend",
 )
 
 
@@ -787,7 +897,9 @@ def table_rows(runner: Runner, scenarios: dict[str, Scenario]) -> list[list[str]
         anchor_sc = sc.anchor or sc.id
         conc = _concurrency_label(sc, r.concurrency)
         if not r.ok:
-            lines.append([r.scenario, r.system, conc, _short(r.error or "error"), *[""] * 8])
+            lines.append(
+                [r.scenario, r.system, conc, _short(r.error or "error"), *[""] * (len(COLUMNS) - 4)]
+            )
             continue
         m = r.measurement
         assert m is not None
@@ -814,6 +926,10 @@ def table_rows(runner: Runner, scenarios: dict[str, Scenario]) -> list[list[str]
                 "/".join(
                     f"{m.cpu_pct[k]:.0f}" if k in m.cpu_pct else "-"
                     for k in ("loadgen", "proxy", "backend")
+                ),
+                "/".join(
+                    f"{m.cpu_us_per_req[k]:.0f}" if k in m.cpu_us_per_req else "-"
+                    for k in ("proxy", "backend")
                 ),
             ]
         )
@@ -931,8 +1047,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated scenario ids to run (a,b,c,d-mlserver,d-binary,e,f-grpc,f-rest,g,"
-        "micro); default all",
+        help="comma-separated scenario ids to run (a,b,c,d-mlserver,d-binary,e,f-grpc,f-rest,"
+        "a-triton,b-triton,c-triton,g,micro); default all",
     )
     p.add_argument(
         "--v2proxy-args",
@@ -1026,10 +1142,10 @@ def main(argv: list[str] | None = None) -> int:
 
         log("starting the systems")
         systems = Systems(workdir, stack, args)
-        need_mls = any(
-            k == "direct-mlserver" or "mlserver" in k for s in scenarios for _, k in s.systems
-        )
-        systems.start_all(tools, need_mls, args.start_timeout)
+        keys = {k for s in scenarios for _, k in s.systems}
+        need_mls = any("mlserver" in k for k in keys)
+        need_triton = any("triton" in k for k in keys)
+        systems.start_all(tools, need_mls, need_triton, args.start_timeout)
         for key, ep in systems.endpoints.items():
             status = ep.error or f"http {ep.http_port}, grpc {ep.grpc_port}"
             log(f"  {key}: {status}")
@@ -1052,6 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
         micro = _run_micro(durations.micro_quick)
 
     targets = evaluate_targets(runner, micro, shm_result)
+    cpu = cpu_summary.summarize(runner.find, [s.id for s in scenarios], [args.concurrency, 1])
     elapsed = time.monotonic() - t0
     info = machine_info(tools)
     by_id = {s.id: s for s in SCENARIOS}
@@ -1076,6 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": [r.as_dict() for r in runner.rows],
         "targets": targets,
+        "cpu_per_request_triton": cpu,
         "micro": micro,
         "shared_memory": shm_result,
     }
@@ -1095,6 +1213,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     micro_header = ["codec case", "v2proxy ms", "alternative ms", "speedup", "what"]
     target_header = ["target", "measured", "verdict", "detail"]
+    cpu_title = (
+        "CPU per request in front of Triton (proxy process group, /proc utime+stime over the"
+        " run / requests completed; medians of the rounds):"
+    )
     text = [
         "",
         f"v2proxy benchmark ({'quick' if args.quick else 'full'}) on {info['nproc']} x"
@@ -1109,6 +1231,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         format_text_table(COLUMNS, rows),
         "",
+        *(
+            [cpu_title, format_text_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""]
+            if cpu
+            else []
+        ),
         format_text_table(micro_header, micro_rows(micro), "lrrrl") if micro else "",
         "",
         format_text_table(target_header, target_rows(targets), "lrll"),
@@ -1134,6 +1261,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         md_table(COLUMNS, rows),
         "",
+        *([cpu_title, "", md_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""] if cpu else []),
         md_table(micro_header, micro_rows(micro)) if micro else "",
         "",
         md_table(target_header, target_rows(targets)),
