@@ -3,9 +3,23 @@ belongs to the core that calls it)."""
 
 from __future__ import annotations
 
-from v2proxy.errors import NotFound, Unsupported
-from v2proxy.model import Buffer
+from collections.abc import AsyncIterator
+
+from v2proxy.errors import InvalidRequest, NotFound, Unsupported
+from v2proxy.model import Buffer, InferResponse
 from v2proxy.ports import Body, ForwardResponse, Headers
+
+
+async def single_response(model: str, responses: AsyncIterator[InferResponse]) -> InferResponse:
+    """The one response of a (decoupled) model to a unary request; a request that makes it
+    answer several times (or none) belongs on a stream."""
+    got = [r async for r in responses]
+    if len(got) != 1:
+        raise InvalidRequest(
+            f"model '{model}' answers this request with {len(got)} responses: ask with"
+            " streaming (gRPC ModelStreamInfer) or set 'stream' to false"
+        )
+    return got[0]
 
 
 class DecodedOnly:

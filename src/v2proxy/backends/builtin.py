@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly
+from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.model import InferRequest, InferResponse, Tensor
@@ -54,22 +54,52 @@ def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     return len(shape) == len(dims) and all(d in (-1, s) for s, d in zip(shape, dims, strict=True))
 
 
+#: what Triton adds to a shape error for models that batch
+_BATCH_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to"
+    " be prepended to each input shape. If you want to specify the full shape including the"
+    " batch dim in your input dims config, try setting max_batch_size to zero. See the model"
+    " configuration docs for more info on max_batch_size."
+)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """A shape as Triton writes it: ``[-1,16]``."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names: list[str]) -> str:
+    """Input names as Triton lists them: ``['INPUT0','INPUT1']``."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
 def validate_inputs(spec: ModelSpec, request: InferRequest) -> dict[str, Tensor]:
     """The request's inputs by name, checked against the model's configuration."""
     model = spec.name
     specs = {t.name: t for t in spec.inputs}
     required = [t.name for t in spec.inputs if not t.optional]
-    given = {t.name for t in request.inputs}
-    if any(name not in given for name in required) or len(given) != len(request.inputs):
-        raise InvalidRequest(
-            f"expected {len(required)} inputs but got {len(request.inputs)} inputs for model"
-            f" '{model}'"
-        )
+    names = [t.name for t in request.inputs]
+    given = set(names)
+    if len(given) != len(names):
+        dup = next(n for i, n in enumerate(names) if n in names[:i])
+        raise InvalidRequest(f"input '{dup}' already exists in request")
+    missing = [name for name in required if name not in given]
+    count_error = InvalidRequest(
+        f"expected {len(required)} inputs but got {len(names)} inputs for model '{model}'."
+        f" Got input(s) {_names(names)}, but missing required input(s) {_names(missing)}."
+        " Please provide all required input(s)."
+    )
+    # Triton's order: the count first, then each name, then what is still missing
+    if not len(required) <= len(names) <= len(specs):
+        raise count_error
+    unknown = next((n for n in names if n not in specs), None)
+    if unknown is not None:
+        raise InvalidRequest(f"unexpected inference input '{unknown}' for model '{model}'")
+    if missing:
+        raise count_error
     by_name: dict[str, Tensor] = {}
     for t in request.inputs:
-        ts = specs.get(t.name)
-        if ts is None:
-            raise InvalidRequest(f"unexpected inference input '{t.name}' for model '{model}'")
+        ts = specs[t.name]
         if t.datatype is not ts.datatype:
             raise InvalidRequest(
                 f"inference input '{t.name}' data-type is '{t.datatype.value}', but model"
@@ -78,16 +108,21 @@ def validate_inputs(spec: ModelSpec, request: InferRequest) -> dict[str, Tensor]
         dims = ts.dims
         shape = t.shape
         if spec.max_batch_size > 0:
-            if not shape or shape[0] > spec.max_batch_size:
+            if not shape:
+                raise InvalidRequest(
+                    f"input '{t.name}' has no shape but model requires batch dimension for"
+                    f" '{model}'"
+                )
+            if shape[0] > spec.max_batch_size:
                 raise InvalidRequest(
                     f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'"
                 )
             shape = shape[1:]
         if not _shape_matches(shape, dims):
-            batch = [-1] if spec.max_batch_size > 0 else []
+            batch = (-1,) if spec.max_batch_size > 0 else ()
             raise InvalidRequest(
                 f"unexpected shape for input '{t.name}' for model '{model}'. Expected"
-                f" {[*batch, *dims]}, got {list(t.shape)}"
+                f" {_dims((*batch, *dims))}, got {_dims(t.shape)}.{_BATCH_NOTE if batch else ''}"
             )
         try:
             check_tensor_size(t, f"input '{t.name}' for model '{model}'")
@@ -152,14 +187,7 @@ class BuiltinBackend(DecodedOnly):
         return True
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        responses = [r async for r in self.stream_infer(request, headers)]
-        if len(responses) != 1:
-            raise InvalidRequest(
-                f"model '{request.model_name}' answers this request with {len(responses)}"
-                " responses: ask with streaming (gRPC ModelStreamInfer) or set 'stream' to"
-                " false"
-            )
-        return responses[0]
+        return await single_response(request.model_name, self.stream_infer(request, headers))
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers

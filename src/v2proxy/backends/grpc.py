@@ -21,7 +21,7 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.backends.base import DecodedOnly
+from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import (
@@ -188,14 +188,7 @@ class GrpcBackend(DecodedOnly):
             # ModelInfer refuses decoupled models (Triton: UNIMPLEMENTED); the proxy asks over
             # the stream and answers when the model gave exactly one response, as the builtin
             # models do.
-            responses = [r async for r in self.stream_infer(request, headers)]
-            if len(responses) != 1:
-                raise InvalidRequest(
-                    f"model '{request.model_name}' answers this request with {len(responses)}"
-                    " responses: ask with streaming (gRPC ModelStreamInfer) or set 'stream' to"
-                    " false"
-                )
-            return responses[0]
+            return await single_response(request.model_name, self.stream_infer(request, headers))
         msg = grpcc.request_to_proto(request)
         resp = await self._call(
             "ModelInfer", msg, "inference", request.model_name, _metadata(headers)
