@@ -1,5 +1,5 @@
 """Check DESIGN.md rule 1: the pure layers (model, errors, restricted, codecs, postprocess,
-pipeline) import no I/O library and nothing from the outer layers. Exit status 1 names each
+ports, pipeline, relay) import no I/O library and nothing from the outer layers. Exit status 1 names each
 offending import."""
 
 from __future__ import annotations
@@ -9,7 +9,16 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "v2proxy"
-PURE = ["model.py", "errors.py", "restricted.py", "codecs", "postprocess", "pipeline.py"]
+PURE = [
+    "model.py",
+    "errors.py",
+    "restricted.py",
+    "codecs",
+    "postprocess",
+    "ports.py",
+    "pipeline.py",
+    "relay.py",
+]
 FORBIDDEN = {
     "asyncio",
     "aiohttp",
