@@ -7,8 +7,10 @@ import asyncio
 import io
 import json
 import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -389,3 +391,197 @@ async def test_large_binary_to_json_backend_is_transcoded(
     assert payload[ihcl:] == blob
     infer = [r for r in seen if r.path.endswith("/infer")][-1]
     assert infer.headers["Content-Type"] == "application/json"
+
+
+# ----------------------------------------------------------------- backends that misbehave
+# Raw servers on loopback that write chosen bytes; every wait on the proxy is bounded, so that
+# a proxy that hangs fails the test instead of hanging it.
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+GOOD = b'{"model_name":"simple","outputs":[]}'
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(GOOD),
+    GOOD,
+)
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request (head and body) as it came."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + await reader.readexactly(length)
+
+
+@pytest.fixture
+async def raw_backend() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
+    """raw_backend(handler) -> the URL of a server running ``handler`` per connection."""
+    servers: list[asyncio.Server] = []
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(handler: RawHandler) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.add(task)
+            try:
+                await handler(reader, writer)
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+                tasks.discard(task)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for s in servers:
+        s.close()
+        await s.wait_closed()
+
+
+def answering(raw: bytes, then: float = 0) -> RawHandler:
+    """A backend that answers every request with ``raw``, then holds the connection ``then``
+    seconds (or answers the next request)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(raw)
+            await writer.drain()
+            if then:
+                await asyncio.sleep(then)
+                return
+
+    return handler
+
+
+async def post_infer(proxy: Any, accept: str) -> tuple[int, bytes]:
+    async with asyncio.timeout(10):
+        resp = await proxy.post(
+            "/v2/models/simple/infer", data=simple_json(), headers={"Accept-Encoding": accept}
+        )
+        return resp.status, await resp.read()
+
+
+@pytest.mark.parametrize("accept", ["identity", "gzip"], ids=["relayed", "decoded"])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n"
+            b"this is not json",
+            "invalid inference response from backend",
+        ),
+        (b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\nok", "invalid status 999"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", "Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            b"Inference-Header-Content-Length: 99\r\nContent-Length: 2\r\n\r\n{}",
+            "Inference-Header-Content-Length",
+        ),
+    ],
+    ids=["not-json", "status-999", "two-lengths", "ihcl-past-the-body"],
+)
+async def test_answer_that_is_not_v2_is_502(
+    make_client: Factory, raw_backend: Any, raw: bytes, message: str, accept: str
+) -> None:
+    """Relayed (the client takes the backend's bytes) or decoded, an answer that is not a v2
+    answer over HTTP/1.1 is a 502 naming what is wrong."""
+    url = await raw_backend(answering(raw))
+    proxy = await proxy_to(make_client, url, backend_encoding="json")
+    status, body = await post_infer(proxy, accept)
+    assert status == 502, body
+    assert message in json.loads(body)["error"]
+
+
+async def test_relayed_answer_of_another_type_is_502(
+    make_client: Factory, raw_backend: Any
+) -> None:
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(GOOD),
+        GOOD,
+    )
+    proxy = await proxy_to(make_client, await raw_backend(answering(raw)), backend_encoding="json")
+    status, body = await post_infer(proxy, "identity")
+    assert status == 502
+    assert "Content-Type b'text/html' is neither JSON" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("path", ["relayed", "decoded", "passed-through"])
+async def test_answer_stalling_mid_body_is_504(
+    make_client: Factory, raw_backend: Any, path: str
+) -> None:
+    """--backend-timeout covers the answer's body too, on every path."""
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    url = await raw_backend(answering(raw, then=30))
+    proxy = await proxy_to(make_client, url, backend_encoding="json", backend_timeout=0.3)
+    if path == "passed-through":
+        async with asyncio.timeout(10):
+            resp = await proxy.post("/v2/models/llm/generate", data=b'{"text_input": "x"}')
+            status, body = resp.status, await resp.read()
+        what = "POST /v2/models/llm/generate"
+    else:
+        status, body = await post_infer(proxy, "identity" if path == "relayed" else "gzip")
+        what = "inference"
+    assert status == 504, body
+    assert f"did not answer {what} in time" in json.loads(body)["error"]
+
+
+async def test_streamed_answer_stalling_breaks_off(make_client: Factory, raw_backend: Any) -> None:
+    """A large relayed answer is passed on as it comes; when the backend stalls in it, the
+    answer to the client breaks off (never a complete-looking one, never a hang)."""
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
+        1 << 20
+    )
+    url = await raw_backend(answering(raw + b"{" + b" " * 300_000, then=30))
+    proxy = await proxy_to(make_client, url, backend_encoding="json", backend_timeout=0.3)
+    async with asyncio.timeout(10):
+        resp = await proxy.post(
+            "/v2/models/simple/infer",
+            data=simple_json(),
+            headers={"Accept-Encoding": "identity"},
+        )
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+
+
+async def test_passthrough_to_a_backend_that_never_answers_is_504(
+    make_client: Factory, raw_backend: Any
+) -> None:
+    async def silent(reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(30)
+
+    proxy = await proxy_to(make_client, await raw_backend(silent), backend_timeout=0.3)
+    async with asyncio.timeout(10):
+        resp = await proxy.get("/v2/models/llm/custom?x=1")
+        assert resp.status == 504
+        assert "did not answer GET /v2/models/llm/custom in time" in (await resp.json())["error"]
+
+
+async def test_post_is_never_sent_twice(make_client: Factory, raw_backend: Any) -> None:
+    """A backend that drops a kept-alive connection after reading a POST (it may have acted
+    on it): 502, and the POST is not sent again on a new connection."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(ANSWER)
+        await writer.drain()
+        seen.append(await read_request(reader))  # the second: read, then dropped unanswered
+
+    proxy = await proxy_to(make_client, await raw_backend(handler), backend_encoding="json")
+    assert await post_infer(proxy, "identity") == (200, GOOD)
+    status, body = await post_infer(proxy, "identity")
+    assert status == 502
+    assert "failed during inference: the connection ended" in json.loads(body)["error"]
+    assert len(seen) == 2

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import random
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,6 +221,19 @@ CASES: dict[str, Case] = {
         error=ProtocolError,
         reused=False,
     ),
+    "chunk-size-negative": Case(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nab\r\n0\r\n\r\n",
+        error=ProtocolError,
+        reused=False,
+    ),
+    "chunk-longer-than-its-size": Case(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc\r\n0\r\n\r\n",
+        error=ProtocolError,
+        reused=False,
+    ),
+    "content-length-not-a-number": Case(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n1", error=ProtocolError, reused=False
+    ),
     "body-shorter-than-length": Case(
         b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234",
         error=RemoteClosed,
@@ -371,6 +385,61 @@ async def test_get_on_a_dropped_reused_connection_is_retried_once(serve) -> None
     await client.close()
 
 
+async def test_streamed_body_is_never_sent_twice(serve) -> None:  # type: ignore[no-untyped-def]
+    """Even a GET: a body still arriving cannot be replayed."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(OK)
+        await writer.drain()
+        await read_request(reader, srv)  # then closed without answering
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"drop"
+        yield b"-streamed"
+
+    srv = await serve(handler)
+    client = HttpClient("127.0.0.1", srv.port)
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(RemoteClosed):
+        await client.request("GET", "/", [], StreamBody(13, chunks()))
+    assert len(srv.requests) == 2 and srv.requests[1].endswith(b"drop-streamed")
+    assert srv.accepts == 1 and client._slots._value == 100
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "arrived"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 300_000, b"x" * 300_000),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n5\r\n56", b"0123456"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n0\r\nX-T: 1\r\n",
+            b"01234",
+        ),
+    ],
+    ids=["long-length", "chunk-data", "trailers"],
+)
+async def test_answer_ending_early_while_streamed(serve, raw: bytes, arrived: bytes) -> None:  # type: ignore[no-untyped-def]
+    """What arrived is handed out, then RemoteClosed; the slot is given back."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(raw)
+        await writer.drain()
+
+    srv = await serve(handler)
+    client = HttpClient("127.0.0.1", srv.port)
+    resp = await client.request("GET", "/", [])
+    got: list[bytes] = []
+    with pytest.raises(RemoteClosed):
+        async for chunk in resp.iter_chunks():
+            got.append(chunk)
+    assert b"".join(got) == arrived
+    assert client._slots._value == 100 and not client._idle
+    await client.close()
+
+
 async def test_no_retry_once_part_of_the_answer_came(serve) -> None:  # type: ignore[no-untyped-def]
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
         while True:
@@ -488,13 +557,13 @@ async def test_request_bytes(serve) -> None:  # type: ignore[no-untyped-def]
     headers = [(b"X-Euro", b"\xe2\x82\xac"), (b"x-raw", b"\xff\x80 a"), (b"Content-Type", b"a/b")]
     for body in ([b"ab", memoryview(b"cd")], None):
         (await client.request("POST", "/v2/m/infer?q=1", headers, body)).close()
-    (await client.request("GET", "/é", [])).close()
+    (await client.request("GET", "/caf\xc3\xa9/\xe2\x82\xac", [])).close()  # latin-1 decoded
     assert srv.requests == [
         b"POST /v2/m/infer?q=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
         b"x-raw: \xff\x80 a\r\nContent-Type: a/b\r\nContent-Length: 4\r\n\r\nabcd" % srv.port,
         b"POST /v2/m/infer?q=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
         b"x-raw: \xff\x80 a\r\nContent-Type: a/b\r\nContent-Length: 0\r\n\r\n" % srv.port,
-        b"GET /\xc3\xa9 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % srv.port,
+        b"GET /caf\xc3\xa9/\xe2\x82\xac HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % srv.port,
     ]
     await client.close()
 
@@ -514,6 +583,8 @@ async def test_request_bytes(serve) -> None:  # type: ignore[no-untyped-def]
         ("http://h/", []),
         ("/a b", []),
         ("/a\r\nX: 1", []),
+        ("/a\x00", []),
+        ("/\u20ac", []),  # past latin-1: the caller must percent-encode
     ],
 )
 async def test_invalid_requests_are_refused(
@@ -710,6 +781,23 @@ async def test_connect_failed() -> None:
         with pytest.raises(ConnectFailed, match=r"cannot connect to http://127\.0\.0\.1"):
             await client.request("GET", "/", [])
     assert client._slots._value == 100
+
+
+async def test_tls_handshake_failure_is_connect_failed(serve) -> None:  # type: ignore[no-untyped-def]
+    """With an SSL context the connection is TLS: a plain-HTTP server fails the handshake (no
+    test here of a successful TLS exchange: no certificate tooling is installed)."""
+
+    async def plain(reader: Any, writer: Any, srv: Server) -> None:
+        await reader.read(1)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    srv = await serve(plain)
+    client = HttpClient("127.0.0.1", srv.port, ssl=ssl.create_default_context())
+    with pytest.raises(ConnectFailed, match=r"cannot connect to https://127\.0\.0\.1"):
+        await client.request("GET", "/", [])
+    assert client._slots._value == 100
+    await client.close()
 
 
 async def test_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,52 +1,71 @@
-"""The REST backend: a pooled aiohttp client speaking v2 JSON or binary to a model server.
+"""The REST backend: v2 JSON or binary tensors to a model server over HTTP/1.1 (http or https),
+every call through one keep-alive pool (:mod:`v2proxy.http.client`), and the REST↔REST
+pass-through (``relay_infer``, ``forward``).
 
 - Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
   ``GET /v2`` for the ``binary_tensor_data`` extension on first use (and again after a failure).
-- Every request carries a Content-Type (KServe 0.21 refuses requests without one); binary
-  bodies are written buffer by buffer with a known Content-Length (no concatenation).
-- aiohttp and OS errors are mapped here: refused connection -> 503, broken or invalid answer ->
-  502, timeout -> 504. Backend error answers keep their status and message; a 404 on /infer is
-  reported with Triton's ``Request for unknown model`` text, which clients match on.
+- Every /infer request carries a Content-Type (KServe 0.21 refuses requests without one) and
+  asks for an uncompressed answer; binary bodies are written buffer by buffer. The client's
+  end-to-end headers go on as the bytes it sent, less those this backend sets itself.
+- ``--backend-timeout`` bounds the whole answer, head and body. An answer read whole (every
+  call but the large streamed ones) is read under one deadline; a streamed one (a relayed
+  /infer answer over :data:`READ_WHOLE`, a large pass-through answer) gets the deadline for its
+  head and then as an idle-read deadline between its pieces: a backend that stalls mid-body
+  ends the answer (504 when nothing was sent yet), never hangs it. A request body still
+  arriving from the client does not count against the backend (:meth:`RestBackend._then_arm`).
+- A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
+  Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
+  the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
+- Failures are mapped here, each naming the backend and the call: refused or unreachable ->
+  503, connect or read timeout -> 504, an answer that is not HTTP/1.1 or breaks off -> 502, a
+  header that cannot be sent -> 400. Backend error answers keep their status and message; a 404
+  on /infer is reported with Triton's ``Request for unknown model`` text, which clients match on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractStreamWriter
-
-from v2proxy.backends.http1 import Http1Pool, HTTPProtocolError
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs.json import dumps, loads
+from v2proxy.codecs.json import dumps, loads, parse_header
 from v2proxy.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
     CodecError,
     GatewayTimeout,
+    InvalidRequest,
     NotFound,
     ProxyError,
 )
-from v2proxy.http_io import HOP_BY_HOP, ShortBody, end_to_end, read_exactly
+from v2proxy.http.client import (
+    ClientResponse,
+    ConnectFailed,
+    ConnectTimeout,
+    HttpClient,
+    HttpClientError,
+    ReadTimeout,
+    StreamBody,
+)
+from v2proxy.http_io import forwardable
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Body, ForwardResponse, Headers, StreamedBody
 
 log = logging.getLogger(__name__)
 
-#: Request headers the REST backend sets itself or that describe the client's own framing.
-_OWN_HEADERS = frozenset(
-    {"content-type", "content-encoding", "accept-encoding", "inference-header-content-length"}
-)
-
-
-#: relayed answers up to this size are read whole and written in one piece
-_READ_WHOLE = 256 * 1024
+#: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
+READ_WHOLE = 256 * 1024
+_IHCL = binc.IHCL_HEADER.lower().encode()
+#: client headers not passed on with the requests whose body this backend writes
+_OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", _IHCL})
+#: answer headers passed on with a relayed /infer answer
+_RELAYED = (b"content-type", _IHCL)
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:
@@ -54,50 +73,17 @@ async def _no_chunks() -> AsyncIterator[bytes]:
     yield b""  # pragma: no cover - makes this an async generator
 
 
-class BuffersPayload(aiohttp.payload.Payload):
-    """A request body made of several buffers, written one by one (zero copy)."""
-
-    def __init__(self, chunks: list[Buffer], content_type: str) -> None:
-        super().__init__(chunks, content_type=content_type)
-        self._chunks = chunks
-        self._size = sum(memoryview(c).nbytes for c in chunks)
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return b"".join(self._chunks).decode(encoding, errors)
-
-    async def write(self, writer: AbstractStreamWriter) -> None:
-        for chunk in self._chunks:
-            await writer.write(chunk)
-
-    async def write_with_length(
-        self, writer: AbstractStreamWriter, content_length: int | None
-    ) -> None:
-        await self.write(writer)
-
-
-def _request_headers(headers: Headers) -> dict[str, str]:
-    """The client's end-to-end headers, less those this backend sets itself (framing and
-    hop-by-hop ones included: gRPC clients such as h2load send content-length)."""
-    out: dict[str, str] = {}
-    for k, v in headers:
-        name = k.decode("latin-1")
-        if name not in _OWN_HEADERS and name not in HOP_BY_HOP:
-            out[name] = v.decode("latin-1")
-    return out
-
-
-def _infer_headers(headers: Headers, ihcl: int | None) -> tuple[dict[str, str], str]:
-    """Headers of an /infer request to the backend, and its Content-Type: always set (KServe
-    refuses requests without one), uncompressed answers asked for (they are read here)."""
-    out = _request_headers(headers)
-    out["Accept-Encoding"] = "identity"
+def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
+    """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
+    requests without one), and an uncompressed answer asked for (it is read or relayed)."""
+    out = forwardable(headers, _OWN)
+    out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
-        content_type = "application/json"
+        out.append((b"Content-Type", b"application/json"))
     else:
-        content_type = "application/octet-stream"
-        out[binc.IHCL_HEADER] = str(ihcl)
-    out["Content-Type"] = content_type
-    return out, content_type
+        out.append((b"Content-Type", b"application/octet-stream"))
+        out.append((b"Inference-Header-Content-Length", b"%d" % ihcl))
+    return out
 
 
 def _model_path(model: str, version: str) -> str:
@@ -105,11 +91,11 @@ def _model_path(model: str, version: str) -> str:
     return f"{path}/versions/{version}" if version else path
 
 
-def _error_message(body: bytes, status: int) -> str:
+def _error_message(body: Buffer, status: int) -> str:
     try:
         obj = loads(body, what="error")
     except CodecError:
-        text = body.decode("utf-8", "replace").strip()
+        text = bytes(body).decode("utf-8", "replace").strip()
         return text[:1000] or f"backend answered HTTP {status}"
     if isinstance(obj, dict):
         for key in ("error", "detail", "message"):
@@ -119,8 +105,18 @@ def _error_message(body: bytes, status: int) -> str:
     return str(obj)[:1000]
 
 
+def _json_object(buf: Buffer, what: str) -> None:
+    """Raise BadGateway unless ``buf`` is one JSON object."""
+    try:
+        obj = parse_header(buf, what="response")
+    except CodecError as exc:
+        raise BadGateway(f"invalid {what}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadGateway(f"invalid {what}: not a JSON object")
+
+
 class RestBackend:
-    """Talks to a v2 REST model server at ``base_url``."""
+    """Talks to a v2 REST model server at ``base_url`` (``http://`` or ``https://``)."""
 
     name = "rest"
 
@@ -135,90 +131,93 @@ class RestBackend:
         self.base_url = base_url.rstrip("/")
         self._encoding = encoding
         self._binary: bool | None = {"json": False, "binary": True}.get(encoding)
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
         self._connections = connections
-        self._session: aiohttp.ClientSession | None = None
         parts = urlsplit(self.base_url)
-        self._path_prefix = parts.path.rstrip("/")
-        self._total_timeout = timeout
-        # Plain HTTP goes through the lean keep-alive client on the hot calls; https keeps
-        # aiohttp (TLS).
-        self._pool: Http1Pool | None = (
-            Http1Pool(parts.hostname or "127.0.0.1", parts.port or 80, connections, connect_timeout)
-            if parts.scheme == "http"
-            else None
-        )
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._client: HttpClient | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            read_bufsize=2**20,
+        self._client = HttpClient(
+            self._host,
+            self._port,
+            ssl=ssl.create_default_context() if self._https else None,
+            limit=self._connections,
+            connect_timeout=self._connect_timeout,
         )
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def client(self) -> HttpClient:
+        if self._client is None:
             raise BackendUnavailable("the REST backend is not started")
-        return self._session
+        return self._client
 
     @contextmanager
     def _mapped(self, what: str) -> Iterator[None]:
-        """Map aiohttp/OS failures of one backend call to the error tree."""
+        """Map the HTTP client's failures in one backend call to the error tree."""
+        where = f"backend at {self.base_url}"
         try:
             yield
         except ProxyError:
             raise
-        except TimeoutError:
+        except ConnectFailed as exc:
+            raise BackendUnavailable(f"{where} is unavailable for {what}: {exc}") from None
+        except ConnectTimeout as exc:
+            raise GatewayTimeout(f"{where} did not answer {what} in time: {exc}") from None
+        except (ReadTimeout, TimeoutError):
             raise GatewayTimeout(
-                f"backend at {self.base_url} did not answer {what} in time"
+                f"{where} did not answer {what} in time (--backend-timeout {self._timeout:g} s)"
             ) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise BackendUnavailable(
-                f"backend at {self.base_url} is unavailable for {what}: {exc.os_error or exc}"
-            ) from None
-        except ConnectionRefusedError as exc:
-            raise BackendUnavailable(
-                f"backend at {self.base_url} is unavailable for {what}: {exc}"
-            ) from None
-        except (
-            aiohttp.ClientError,
-            OSError,
-            ShortBody,
-            HTTPProtocolError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-        ) as exc:
-            raise BadGateway(
-                f"backend at {self.base_url} failed during {what}: {type(exc).__name__}: {exc}"
-            ) from None
+        except HttpClientError as exc:  # ProtocolError, RemoteClosed
+            raise BadGateway(f"{where} failed during {what}: {exc}") from None
+        except ValueError as exc:  # a header or path the HTTP client refuses to send
+            raise InvalidRequest(f"cannot pass the request on to the backend: {exc}") from None
+
+    async def _call(
+        self, method: str, target: str, headers: Headers, body: list[Buffer] | None, what: str
+    ) -> tuple[ClientResponse, bytes | bytearray]:
+        """One call whose answer is read whole, all of it within --backend-timeout."""
+        with self._mapped(what):
+            async with asyncio.timeout(self._timeout):
+                resp = await self.client.request(
+                    method, self._prefix + target, headers, body, read_timeout=self._timeout
+                )
+                return resp, await resp.read()
+
+    def _streamed(self, resp: ClientResponse, what: str, headers: Headers) -> ForwardResponse:
+        """``resp`` passed on as it comes: its body's failures mapped, --backend-timeout the
+        idle-read deadline between its pieces; released by closing it."""
+
+        async def body() -> AsyncIterator[bytes]:
+            with self._mapped(what):
+                async for chunk in resp.iter_chunks():
+                    yield chunk
+
+        async def release() -> None:
+            resp.close()
+
+        return ForwardResponse(resp.status, headers, body(), release, length=resp.content_length)
 
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
-        with self._mapped(what):
-            async with self.session.get(self.base_url + path) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    return resp.status, _error_message(body, resp.status)
+        resp, body = await self._call("GET", path, [], None, what)
+        if resp.status != 200:
+            return resp.status, _error_message(body, resp.status)
         try:
             return 200, loads(body, what="backend response") if body.strip() else {}
         except CodecError as exc:
             raise BadGateway(f"invalid answer from backend to {what}: {exc}") from None
 
     async def _status(self, path: str, what: str) -> int:
-        with self._mapped(what):
-            async with self.session.get(self.base_url + path) as resp:
-                await resp.read()
-                return resp.status
+        return (await self._call("GET", path, [], None, what))[0].status
 
     # ------------------------------------------------------------------ structured calls
 
@@ -277,41 +276,21 @@ class RestBackend:
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
-        out_headers, content_type = _infer_headers(headers, ihcl)
         path = _model_path(request.model_name, request.model_version) + "/infer"
-        if self._pool is not None:
-            with self._mapped("inference"):
-                async with asyncio.timeout(self._total_timeout):
-                    lean = await self._pool.post(self._path_prefix + path, out_headers, chunks)
-                    body: bytes | bytearray = await lean.read()
-                self._raise_for_status(lean.status, body, request.model_name)
-                resp_ihcl = lean.headers.get("inference-header-content-length")
-        else:
-            with self._mapped("inference"):
-                async with self.session.post(
-                    self.base_url + path,
-                    data=BuffersPayload(chunks, content_type),
-                    headers=out_headers,
-                ) as resp:
-                    body = await self._read(resp)
-                    self._raise_for_status(resp.status, body, request.model_name)
-                    resp_ihcl = resp.headers.get(binc.IHCL_HEADER)
+        resp, body = await self._call(
+            "POST", path, _infer_headers(headers, ihcl), chunks, "inference"
+        )
+        self._raise_for_status(resp.status, body, request.model_name)
+        resp_ihcl = resp.header(_IHCL)
         try:
-            return binc.decode_response(body, int(resp_ihcl) if resp_ihcl else None)
+            return binc.decode_response(body, int(resp_ihcl) if resp_ihcl is not None else None)
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
-    @staticmethod
-    async def _read(resp: aiohttp.ClientResponse) -> bytes | bytearray:
-        length = resp.content_length
-        if length is None:
-            return await resp.read()
-        return await read_exactly(resp.content, length)
-
-    def _raise_for_status(self, status: int, body: bytes | bytearray, model: str) -> None:
+    def _raise_for_status(self, status: int, body: Buffer, model: str) -> None:
         if status == 200:
             return
-        message = _error_message(bytes(body), status)
+        message = _error_message(body, status)
         if status == 404:
             raise self._unknown(model, message)
         raise BackendError(message, status)
@@ -321,6 +300,8 @@ class RestBackend:
     ) -> AsyncIterator[InferResponse]:
         """One response per request: v2 REST /infer has no decoupled answers."""
         yield await self.infer(request, headers)
+
+    # ------------------------------------------------------------------ pass-through
 
     async def can_relay(self, binary: bool) -> bool:
         """Binary bodies go unchanged to backends that take binary tensors; JSON ones to any
@@ -333,85 +314,66 @@ class RestBackend:
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
-        stream the answer back unchanged."""
-        out_headers, content_type = _infer_headers(headers, ihcl)
-        if self._pool is not None:
-            return await self._relay_lean(
-                self._path_prefix + _model_path(model, version) + "/infer", model, out_headers, body
-            )
-        if isinstance(body, StreamedBody):  # https goes through aiohttp: buffered
-            body = b"".join([chunk async for chunk in body.chunks])
-        url = self.base_url + _model_path(model, version) + "/infer"
-        with self._mapped("inference"):
-            resp = await self.session.post(
-                url, data=BuffersPayload([body], content_type), headers=out_headers
-            )
-            if resp.status != 200:
-                try:
-                    error_body = await resp.read()
-                finally:
-                    resp.release()
-                self._raise_for_status(resp.status, error_body, model)
-        relayed = [
-            (k.lower().encode("latin-1"), v.encode("latin-1"))
-            for k, v in resp.headers.items()
-            if k.lower() in ("content-type", binc.IHCL_HEADER.lower())
-        ]
-        length = resp.content_length
-        if length is not None and length <= _READ_WHOLE:
-            with self._mapped("inference"):
-                try:
-                    content = await resp.read()
-                finally:
-                    resp.release()
-            return ForwardResponse(200, relayed, _no_chunks(), content=content)
-
-        async def stream() -> AsyncIterator[bytes]:
-            with self._mapped("inference"):
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-
-        async def release() -> None:
-            resp.release()
-
-        return ForwardResponse(200, relayed, stream(), release, length=length)
-
-    async def _relay_lean(
-        self, path: str, model: str, headers: dict[str, str], body: Body
-    ) -> ForwardResponse:
-        payload: StreamedBody | list[Buffer]
+        pass the answer back unchanged once it is seen to be a v2 answer."""
+        payload: StreamBody | list[Buffer]
         if isinstance(body, StreamedBody):
-            # The timeout bounds the backend's waits, not a client's slow upload (_then_arm).
+            # The deadline bounds the backend's waits, not a client's slow upload (_then_arm).
             deadline = asyncio.timeout(None)
-            payload = StreamedBody(body.length, self._then_arm(body, deadline))
+            payload = StreamBody(body.length, self._then_arm(body, deadline))
         else:
-            deadline = asyncio.timeout(self._total_timeout)
+            deadline = asyncio.timeout(self._timeout)
             payload = [body]
+        target = self._prefix + _model_path(model, version) + "/infer"
         with self._mapped("inference"):
             async with deadline:
-                resp = await self._pool.post(path, headers, payload)  # type: ignore[union-attr]
-                small = resp.content_length is not None and resp.content_length <= _READ_WHOLE
-                if resp.status != 200 or small:
-                    content = await resp.read()
-        if resp.status != 200:
+                resp = await self.client.request(
+                    "POST",
+                    target,
+                    _infer_headers(headers, ihcl),
+                    payload,
+                    read_timeout=self._timeout,
+                )
+                length = resp.content_length
+                whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
+                content = await resp.read() if whole else None
+        if content is not None:
             self._raise_for_status(resp.status, content, model)
-        relayed = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in resp.headers.items()
-            if k in ("content-type", "inference-header-content-length")
-        ]
-        if small:
-            return ForwardResponse(200, relayed, _no_chunks(), content=content)
-
-        async def stream() -> AsyncIterator[bytes]:
-            with self._mapped("inference"):
-                async for chunk in resp.iter_chunks():
-                    yield chunk
-
-        async def release() -> None:
+        try:
+            relayed = self._checked(resp, content)
+        except ProxyError:
             resp.close()
+            raise
+        if content is not None:
+            return ForwardResponse(200, relayed, _no_chunks(), content=content, length=length)
+        return self._streamed(resp, "inference", relayed)
 
-        return ForwardResponse(200, relayed, stream(), release, length=resp.content_length)
+    def _checked(self, resp: ClientResponse, content: bytes | bytearray | None) -> Headers:
+        """The headers passed on with a 200 /infer answer, once it is seen to be v2: JSON, or
+        binary-framed with its JSON header within the body; what was read, parsed."""
+        what = f"inference response from backend at {self.base_url}"
+        media = (resp.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
+        is_json = media == b"application/json" or media.endswith(b"+json")
+        ihcl_value = resp.header(_IHCL)
+        length = resp.content_length if content is None else len(content)
+        if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
+            text = ihcl_value.strip()
+            n = int(text) if text.isdigit() else 0
+            if n == 0 or (length is not None and n > length):
+                raise BadGateway(
+                    f"invalid {what}: Inference-Header-Content-Length {ihcl_value[:40]!r} is"
+                    f" not within the body of {length} bytes"
+                )
+            if content is not None:
+                _json_object(memoryview(content)[:n], what)
+        elif is_json:
+            if content is not None:
+                _json_object(content, what)
+        else:
+            raise BadGateway(
+                f"invalid {what}: Content-Type {media[:80]!r} is neither JSON nor"
+                " application/octet-stream with Inference-Header-Content-Length"
+            )
+        return [(k, v) for k, v in resp.headers if k in _RELAYED]
 
     async def _then_arm(
         self, body: StreamedBody, deadline: asyncio.Timeout
@@ -427,29 +389,47 @@ class RestBackend:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
                 break
-            deadline.reschedule(loop.time() + self._total_timeout)
+            deadline.reschedule(loop.time() + self._timeout)
             yield chunk
-        deadline.reschedule(loop.time() + self._total_timeout)
+        deadline.reschedule(loop.time() + self._timeout)
+
+    async def forward(
+        self, method: str, target: str, headers: Headers, body: Buffer
+    ) -> ForwardResponse:
+        """Any other REST request, passed through: the answer read whole when small, else
+        streamed as it comes (server-sent events reach the client as they are sent)."""
+        what = f"{method} {target.split('?', 1)[0]}"
+        with self._mapped(what):
+            async with asyncio.timeout(self._timeout):
+                resp = await self.client.request(
+                    method,
+                    self._prefix + target,
+                    forwardable(headers),
+                    [body] if body else None,
+                    read_timeout=self._timeout,
+                )
+                length = resp.content_length
+                whole = length is not None and length <= READ_WHOLE
+                content = await resp.read() if whole else None
+        out = forwardable(resp.headers)
+        if content is not None:
+            return ForwardResponse(resp.status, out, _no_chunks(), content=content, length=length)
+        return self._streamed(resp, what, out)
 
     # ------------------------------------------------------------------ side operations
 
     async def _side(self, method: str, path: str, headers: Headers, body: Any = None) -> Any:
         """A side endpoint's JSON answer; non-200 answers raised with their status."""
-        payload = None if body is None else dumps(body)
-        out = _request_headers(headers)
-        if payload is not None:
-            out["Content-Type"] = "application/json"
-        with self._mapped(f"{method} {path}"):
-            async with self.session.request(
-                method, self.base_url + path, data=payload, headers=out
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        if status != 200:
-            message = _error_message(raw, status)
-            if status == 404:
+        out = forwardable(headers, _OWN)
+        if body is not None:
+            out.append((b"Content-Type", b"application/json"))
+        payload: list[Buffer] | None = None if body is None else [dumps(body)]
+        resp, raw = await self._call(method, path, out, payload, f"{method} {path}")
+        if resp.status != 200:
+            message = _error_message(raw, resp.status)
+            if resp.status == 404:
                 raise NotFound(message)
-            raise BackendError(message, status)
+            raise BackendError(message, resp.status)
         try:
             return loads(raw, what="backend answer") if raw.strip() else {}
         except CodecError as exc:
@@ -486,41 +466,3 @@ class RestBackend:
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
         obj = await self._side("GET" if update is None else "POST", "/v2/logging", headers, update)
         return obj if isinstance(obj, dict) else {}
-
-    async def forward(
-        self, method: str, target: str, headers: Headers, body: Buffer
-    ) -> ForwardResponse:
-        with self._mapped(f"{method} {target.split('?', 1)[0]}"):
-            resp = await self.session.request(
-                method,
-                self.base_url + target,
-                data=body if body else None,
-                headers=_forward_headers(headers),
-            )
-
-        async def stream() -> AsyncIterator[bytes]:
-            with self._mapped("streaming the answer"):
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-
-        async def release() -> None:
-            resp.release()
-
-        return ForwardResponse(
-            resp.status,
-            [
-                (k.lower().encode("latin-1"), v.encode("latin-1"))
-                for k, v in end_to_end(list(resp.headers.items()))
-            ],
-            stream(),
-            release,
-            length=resp.content_length,
-        )
-
-
-def _forward_headers(headers: Headers) -> dict[str, str]:
-    return {
-        k.decode("latin-1"): v.decode("latin-1")
-        for k, v in headers
-        if k.decode("latin-1") not in HOP_BY_HOP
-    }

@@ -14,11 +14,13 @@ Contract:
 - :meth:`HttpClient.request` sends one request and returns once the final answer's head is in
   (1xx interim answers skipped). ``Host`` (``host:port``, IPv6 bracketed) and
   ``Content-Length`` (from the body; 0 for a POST, PUT or PATCH without one) are set here; the
-  caller's headers go out as the bytes they are. CR, LF or NUL in them, a name that is not a
-  token or one this client sets (framing, hop-by-hop), a target that is not origin-form:
-  :class:`ValueError`. Bodies up to 64 KiB go in one write with the head, larger ones buffer
-  by buffer; a :class:`StreamBody` is piped through with the transport's flow control (and
-  stops when the server answers and closes early, RFC 9112 §9.5).
+  caller's headers go out as the bytes they are, the target as the latin-1 bytes of its
+  characters (those of a target decoded from latin-1). CR, LF or NUL in a header, a name that
+  is not a token or one this client sets (framing, hop-by-hop), a target that is not
+  origin-form or holds a control, a space or a character past U+00FF: :class:`ValueError`.
+  Bodies up to 64 KiB go in one write with the head, larger ones buffer by buffer; a
+  :class:`StreamBody` is piped through with the transport's flow control (and stops when the
+  server answers and closes early, RFC 9112 §9.5).
 - At most ``limit`` connections are open (in use or idle). One goes back to the pool only when
   its answer was read to the end, keep-alive, and nothing more arrived. Idle ones are closed
   after ``idle_timeout`` (below the 5 s of uvicorn-based servers) or when the server ends them,
@@ -62,6 +64,7 @@ _RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_CTL_SP = bytes(range(0x21)) + b"\x7f"  # never in a request target
 _OWN = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"upgrade"})
 _OWN |= {b"te", b"keep-alive", b"trailer"}
 
@@ -323,9 +326,10 @@ class HttpClient:
     ) -> bytes:
         if method not in _METHODS and (not method.isascii() or self._bad_token(method.encode())):
             raise ValueError(f"invalid request method {method[:80]!r}")
-        if target[:1] != "/" or " " in target or not target.isprintable():
+        raw = target.encode("latin-1")  # a UnicodeEncodeError is a ValueError
+        if raw[:1] != b"/" or len(raw.translate(None, _CTL_SP)) != len(raw):
             raise ValueError(f"the request target must be origin-form (/...): {target[:80]!r}")
-        parts = [method.encode(), b" ", target.encode(), self._host_line]
+        parts = [method.encode(), b" ", raw, self._host_line]
         ok = self._names_ok
         for name, value in headers:
             if name not in ok:
