@@ -56,7 +56,13 @@ V2PROXY_CONFIGS: dict[str, list[str]] = {
     "v2proxy-binary": ["--backend", "http://{reference_http}", "--backend-encoding", "binary"],
     "v2proxy-grpc": ["--backend", "grpc://{reference_grpc}"],
     "v2proxy-mlserver": ["--backend", "http://{mlserver_http}", "--backend-encoding", "auto"],
-    "v2proxy-builtin": ["--backend", "builtin"],  # (g) only: shared memory needs no backend hop
+    # (g) only: shared memory needs no backend hop; the shared-memory API is restricted by default
+    "v2proxy-builtin": [
+        "--backend",
+        "builtin",
+        "--restricted-api",
+        "model-repository,logging,trace",
+    ],
     # in front of Triton (a-triton, b-triton, c-triton)
     "v2proxy-triton-json": ["--backend", "http://{triton_http}", "--backend-encoding", "json"],
     "v2proxy-triton-binary": ["--backend", "http://{triton_http}", "--backend-encoding", "binary"],
