@@ -1,4 +1,4 @@
-"""One request of a server connection, and the writer of its answer (see :mod:`.server`).
+"""One request of a server connection, and the writer of its answer (:mod:`.server_conn`).
 
 :class:`HttpRequest` is filled by the connection's parser callbacks: the head once it is
 complete, then the body in the ``bytes`` pieces llhttp delivers, kept in a deque until the
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from v2proxy.model import Buffer
 
 if TYPE_CHECKING:
-    from v2proxy.http.server import _Connection
+    from v2proxy.http.server_state import ConnectionState as _Connection
 
 #: reading from the socket pauses while more body bytes than this wait for the handler...
 HIGH_WATER = 1 << 20

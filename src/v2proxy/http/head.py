@@ -1,0 +1,103 @@
+"""What a complete request head means to the server, or why it is refused (RFC 9112 §2.3, §3.2,
+§6, §9.3; RFC 9110 §7.8 Upgrade, §10.1.1 Expect).
+
+Pure: no I/O, no state. :func:`check_head` reads what llhttp parsed (version, method, and
+whether llhttp would switch protocols after the head) plus the target and header fields the
+connection collected (names lowercased), and returns the framing facts of :data:`Head` or
+raises :class:`Rejection` with the status and the fixed message to answer. Checks run in this
+order, the first failing one wins:
+
+- 505: a version other than 1.0/1.1;
+- 400: ``CONNECT``; a target not in origin-form (absolute-form, ``*``, authority-form);
+- in header order: 501 a transfer coding other than ``chunked``; 417 an Expect other than
+  ``100-continue``;
+- 400: Content-Length together with Transfer-Encoding; 413: Content-Length over
+  ``max_body_size``; 400: an Upgrade request (one llhttp would switch protocols after) with a
+  body. An Upgrade without a body is served as if the header were absent.
+
+llhttp has already refused a Content-Length that is not all digits and any repeated one, so
+the value is parsed as is. The limits llhttp's callbacks enforce while the head arrives (target
+length, field count, head size) are the connection's (:mod:`.server_parse`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+#: (method, version, content_length, chunked, keep_alive, expect_continue): ``expect_continue``
+#: only when the request is HTTP/1.1 and has a body; ``keep_alive`` per RFC 9112 §9.3
+Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
+
+_VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
+_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+
+
+class ParsedHead(Protocol):
+    """What :func:`check_head` asks of the parser (httptools' ``HttpRequestParser``)."""
+
+    def get_http_version(self) -> str: ...
+
+    def get_method(self) -> bytes: ...
+
+    def should_upgrade(self) -> bool: ...
+
+
+class Rejection(Exception):
+    """The head is refused: answer :attr:`status` with :attr:`message` and close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+
+
+def check_head(
+    parser: ParsedHead, target: bytes, headers: list[tuple[bytes, bytes]], max_body_size: int
+) -> Head:
+    """The framing facts of a complete head; :class:`Rejection` when it is refused."""
+    version = _VERSIONS.get(parser.get_http_version())
+    if version is None:
+        raise Rejection(505, "HTTP version not supported; use HTTP/1.1")
+    raw = parser.get_method()
+    method = _METHODS.get(raw) or raw.decode("ascii", "replace")
+    if method == "CONNECT":
+        raise Rejection(400, "CONNECT is not supported")
+    if target[:1] != b"/":
+        raise Rejection(400, "the request target must be a path (origin-form)")
+    length: int | None = None
+    chunked = close = keep = expect = upgrade = False
+    for name, value in headers:
+        if name == b"content-length":
+            length = int(value)  # llhttp let only digits and one such header through
+        elif name == b"transfer-encoding":
+            for coding in value.split(b","):
+                if coding.strip().lower() != b"chunked":
+                    raise Rejection(501, "only the chunked transfer coding is supported")
+            chunked = True
+        elif name == b"connection":
+            tokens = [t.strip() for t in value.lower().split(b",")]
+            close = close or b"close" in tokens
+            keep = keep or b"keep-alive" in tokens
+        elif name == b"upgrade":
+            upgrade = True
+        elif name == b"expect":
+            if value.strip().lower() != b"100-continue":
+                raise Rejection(417, "only 'Expect: 100-continue' is supported")
+            expect = version == (1, 1)
+    if chunked and length is not None:
+        raise Rejection(400, "Content-Length together with Transfer-Encoding")
+    if length is not None and length > max_body_size:
+        raise Rejection(413, f"request body larger than {max_body_size} bytes")
+    if upgrade and (chunked or length) and parser.should_upgrade():
+        raise Rejection(400, "an Upgrade request cannot have a body here")
+    return (
+        method,
+        version,
+        length,
+        chunked,
+        not close and (keep or version == (1, 1)),
+        expect and (chunked or bool(length)),
+    )
+
+
+__all__ = ["Head", "ParsedHead", "Rejection", "check_head"]

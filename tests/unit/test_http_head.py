@@ -1,0 +1,181 @@
+"""v2proxy.http.head.check_head without sockets: one table of heads as llhttp hands them over
+(version, method, target, lowercased fields, whether it would switch protocols) and what the
+server makes of them: the framing facts, or the status and message it refuses them with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from v2proxy.http.head import Head, Rejection, check_head
+
+MAX_BODY = 1000
+H = list[tuple[bytes, bytes]]
+
+
+@dataclass
+class Parsed:
+    """Stands in for httptools' parser after a head."""
+
+    version: str = "1.1"
+    method: bytes = b"GET"
+    upgrade: bool = False
+
+    def get_http_version(self) -> str:
+        return self.version
+
+    def get_method(self) -> bytes:
+        return self.method
+
+    def should_upgrade(self) -> bool:
+        return self.upgrade
+
+
+V11, V10 = (1, 1), (1, 0)
+CL = (b"content-length", b"10")
+TE = (b"transfer-encoding", b"chunked")
+EXPECT = (b"expect", b"100-continue")
+UPGRADE = (b"upgrade", b"h2c")
+GET = Parsed()
+SWITCHING = Parsed(upgrade=True)  # llhttp saw Upgrade and Connection: upgrade
+
+V505 = "HTTP version not supported; use HTTP/1.1"
+ORIGIN = "the request target must be a path (origin-form)"
+CODING = "only the chunked transfer coding is supported"
+EXPECTATION = "only 'Expect: 100-continue' is supported"
+BOTH = "Content-Length together with Transfer-Encoding"
+UPGRADE_BODY = "an Upgrade request cannot have a body here"
+
+# id, parser, target, fields -> (method, version, content_length, chunked, keep_alive, expect)
+ACCEPTED: list[tuple[str, Parsed, bytes, H, Head]] = [
+    ("get 1.1", GET, b"/", [], ("GET", V11, None, False, True, False)),
+    ("get 1.0", Parsed("1.0"), b"/", [], ("GET", V10, None, False, False, False)),
+    (
+        "1.0 keep-alive",
+        Parsed("1.0"),
+        b"/",
+        [(b"connection", b"Keep-Alive")],
+        ("GET", V10, None, False, True, False),
+    ),
+    (
+        "close among tokens",
+        GET,
+        b"/",
+        [(b"connection", b"foo, Close")],
+        ("GET", V11, None, False, False, False),
+    ),
+    (
+        "close beats keep-alive",
+        GET,
+        b"/",
+        [(b"connection", b"keep-alive"), (b"connection", b"close")],
+        ("GET", V11, None, False, False, False),
+    ),
+    (
+        "post with length",
+        Parsed(method=b"POST"),
+        b"/x?a=1",
+        [CL],
+        ("POST", V11, 10, False, True, False),
+    ),
+    (
+        "length at the limit",
+        GET,
+        b"/",
+        [(b"content-length", b"1000")],
+        ("GET", V11, 1000, False, True, False),
+    ),
+    ("chunked", GET, b"/", [TE], ("GET", V11, None, True, True, False)),
+    (
+        "chunked, any case",
+        GET,
+        b"/",
+        [(b"transfer-encoding", b" Chunked ")],
+        ("GET", V11, None, True, True, False),
+    ),
+    (
+        "expect with body",
+        GET,
+        b"/",
+        [(b"expect", b"100-Continue"), CL],
+        ("GET", V11, 10, False, True, True),
+    ),
+    ("expect without body", GET, b"/", [EXPECT], ("GET", V11, None, False, True, False)),
+    (
+        "expect, zero length",
+        GET,
+        b"/",
+        [EXPECT, (b"content-length", b"0")],
+        ("GET", V11, 0, False, True, False),
+    ),
+    (
+        "expect on 1.0 ignored",
+        Parsed("1.0"),
+        b"/",
+        [EXPECT, CL],
+        ("GET", V10, 10, False, False, False),
+    ),
+    ("upgrade without body", SWITCHING, b"/", [UPGRADE], ("GET", V11, None, False, True, False)),
+    ("upgrade, no switch", GET, b"/", [UPGRADE, CL], ("GET", V11, 10, False, True, False)),
+    (
+        "other method",
+        Parsed(method=b"PROPFIND"),
+        b"/",
+        [],
+        ("PROPFIND", V11, None, False, True, False),
+    ),
+]
+
+# id, parser, target, fields -> status, message
+REFUSED: list[tuple[str, Parsed, bytes, H, int, str]] = [
+    ("http/2.0", Parsed("2.0"), b"/", [], 505, V505),
+    ("http/0.9", Parsed("0.9"), b"/", [], 505, V505),
+    ("version checked first", Parsed("2.0", b"CONNECT"), b"h:1", [], 505, V505),
+    ("connect", Parsed(method=b"CONNECT"), b"h:443", [], 400, "CONNECT is not supported"),
+    ("absolute-form", GET, b"http://h/", [], 400, ORIGIN),
+    ("asterisk", Parsed(method=b"OPTIONS"), b"*", [], 400, ORIGIN),
+    ("empty target", GET, b"", [], 400, ORIGIN),
+    ("gzip coding", GET, b"/", [(b"transfer-encoding", b"gzip, chunked")], 501, CODING),
+    ("other expectation", GET, b"/", [(b"expect", b"200-ok")], 417, EXPECTATION),
+    (
+        "first field wins",
+        GET,
+        b"/",
+        [(b"expect", b"x"), (b"transfer-encoding", b"gzip")],
+        417,
+        EXPECTATION,
+    ),
+    ("length with chunked", GET, b"/", [CL, TE], 400, BOTH),
+    (
+        "length over the limit",
+        GET,
+        b"/",
+        [(b"content-length", b"1001")],
+        413,
+        "request body larger than 1000 bytes",
+    ),
+    ("both before 413", GET, b"/", [(b"content-length", b"5000"), TE], 400, BOTH),
+    ("upgrade with length", SWITCHING, b"/", [UPGRADE, CL], 400, UPGRADE_BODY),
+    ("upgrade with chunked", SWITCHING, b"/", [UPGRADE, TE], 400, UPGRADE_BODY),
+]
+
+
+@pytest.mark.parametrize(
+    ("parsed", "target", "headers", "want"),
+    [c[1:] for c in ACCEPTED],
+    ids=[c[0] for c in ACCEPTED],
+)
+def test_accepted(parsed: Parsed, target: bytes, headers: H, want: Head) -> None:
+    assert check_head(parsed, target, headers, MAX_BODY) == want
+
+
+@pytest.mark.parametrize(
+    ("parsed", "target", "headers", "status", "message"),
+    [c[1:] for c in REFUSED],
+    ids=[c[0] for c in REFUSED],
+)
+def test_refused(parsed: Parsed, target: bytes, headers: H, status: int, message: str) -> None:
+    with pytest.raises(Rejection) as info:
+        check_head(parsed, target, headers, MAX_BODY)
+    assert (info.value.status, info.value.message) == (status, message)
