@@ -16,10 +16,9 @@ pass-through (``relay_infer``, ``forward``).
 - A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
   Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
   the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
-- Failures are mapped here, each naming the backend and the call: refused or unreachable ->
-  503, connect or read timeout -> 504, an answer that is not HTTP/1.1 or breaks off -> 502, a
-  header that cannot be sent -> 400. Backend error answers keep their status and message; a 404
-  on /infer is reported with Triton's ``Request for unknown model`` text, which clients match on.
+- What the backend answers is checked and mapped to the error tree in
+  :mod:`v2proxy.backends.rest_answers` (the client's failures, error answers with their status
+  and message, Triton's ``Request for unknown model`` for a 404 about a model).
 """
 
 from __future__ import annotations
@@ -27,32 +26,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from v2proxy.backends.rest_answers import (
+    IHCL,
+    error_message,
+    json_answer,
+    mapped,
+    model_answer,
+    raise_for_status,
+    relayed_headers,
+    unknown_model,
+)
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs.json import dumps, loads, parse_header
-from v2proxy.errors import (
-    BackendError,
-    BackendUnavailable,
-    BadGateway,
-    CodecError,
-    GatewayTimeout,
-    InvalidRequest,
-    NotFound,
-    ProxyError,
-)
-from v2proxy.http.client import (
-    ClientResponse,
-    ConnectFailed,
-    ConnectTimeout,
-    HttpClient,
-    HttpClientError,
-    ReadTimeout,
-    StreamBody,
-)
+from v2proxy.codecs.json import dumps
+from v2proxy.errors import BackendError, BackendUnavailable, BadGateway, CodecError, ProxyError
+from v2proxy.http.client import HttpClient, StreamBody
+from v2proxy.http.client_response import ClientResponse
 from v2proxy.http_io import forwardable
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Body, ForwardResponse, Headers, StreamedBody
@@ -61,11 +53,8 @@ log = logging.getLogger(__name__)
 
 #: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
 READ_WHOLE = 256 * 1024
-_IHCL = binc.IHCL_HEADER.lower().encode()
 #: client headers not passed on with the requests whose body this backend writes
-_OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", _IHCL})
-#: answer headers passed on with a relayed /infer answer
-_RELAYED = (b"content-type", _IHCL)
+_OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:
@@ -89,30 +78,6 @@ def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
 def _model_path(model: str, version: str) -> str:
     path = f"/v2/models/{quote(model, safe='')}"
     return f"{path}/versions/{version}" if version else path
-
-
-def _error_message(body: Buffer, status: int) -> str:
-    try:
-        obj = loads(body, what="error")
-    except CodecError:
-        text = bytes(body).decode("utf-8", "replace").strip()
-        return text[:1000] or f"backend answered HTTP {status}"
-    if isinstance(obj, dict):
-        for key in ("error", "detail", "message"):
-            if key in obj:
-                value = obj[key]
-                return value if isinstance(value, str) else str(value)
-    return str(obj)[:1000]
-
-
-def _json_object(buf: Buffer, what: str) -> None:
-    """Raise BadGateway unless ``buf`` is one JSON object."""
-    try:
-        obj = parse_header(buf, what="response")
-    except CodecError as exc:
-        raise BadGateway(f"invalid {what}: {exc}") from None
-    if not isinstance(obj, dict):
-        raise BadGateway(f"invalid {what}: not a JSON object")
 
 
 class RestBackend:
@@ -161,32 +126,11 @@ class RestBackend:
             raise BackendUnavailable("the REST backend is not started")
         return self._client
 
-    @contextmanager
-    def _mapped(self, what: str) -> Iterator[None]:
-        """Map the HTTP client's failures in one backend call to the error tree."""
-        where = f"backend at {self.base_url}"
-        try:
-            yield
-        except ProxyError:
-            raise
-        except ConnectFailed as exc:
-            raise BackendUnavailable(f"{where} is unavailable for {what}: {exc}") from None
-        except ConnectTimeout as exc:
-            raise GatewayTimeout(f"{where} did not answer {what} in time: {exc}") from None
-        except (ReadTimeout, TimeoutError):
-            raise GatewayTimeout(
-                f"{where} did not answer {what} in time (--backend-timeout {self._timeout:g} s)"
-            ) from None
-        except HttpClientError as exc:  # ProtocolError, RemoteClosed
-            raise BadGateway(f"{where} failed during {what}: {exc}") from None
-        except ValueError as exc:  # a header or path the HTTP client refuses to send
-            raise InvalidRequest(f"cannot pass the request on to the backend: {exc}") from None
-
     async def _call(
         self, method: str, target: str, headers: Headers, body: list[Buffer] | None, what: str
     ) -> tuple[ClientResponse, bytes | bytearray]:
         """One call whose answer is read whole, all of it within --backend-timeout."""
-        with self._mapped(what):
+        with mapped(self.base_url, self._timeout, what):
             async with asyncio.timeout(self._timeout):
                 resp = await self.client.request(
                     method, self._prefix + target, headers, body, read_timeout=self._timeout
@@ -198,7 +142,7 @@ class RestBackend:
         idle-read deadline between its pieces; released by closing it."""
 
         async def body() -> AsyncIterator[bytes]:
-            with self._mapped(what):
+            with mapped(self.base_url, self._timeout, what):
                 async for chunk in resp.iter_chunks():
                     yield chunk
 
@@ -210,11 +154,8 @@ class RestBackend:
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
         resp, body = await self._call("GET", path, [], None, what)
         if resp.status != 200:
-            return resp.status, _error_message(body, resp.status)
-        try:
-            return 200, loads(body, what="backend response") if body.strip() else {}
-        except CodecError as exc:
-            raise BadGateway(f"invalid answer from backend to {what}: {exc}") from None
+            return resp.status, error_message(body, resp.status)
+        return 200, json_answer(body, what, "backend response")
 
     async def _status(self, path: str, what: str) -> int:
         return (await self._call("GET", path, [], None, what))[0].status
@@ -232,31 +173,17 @@ class RestBackend:
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         status, obj = await self._get_json(_model_path(model, version), "model metadata")
-        return self._model_answer(status, obj, model)
+        return model_answer(status, obj, model)
 
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
         status, obj = await self._get_json(_model_path(model, version) + "/config", "model config")
-        return self._model_answer(status, obj, model)
+        return model_answer(status, obj, model)
 
     async def model_ready(self, model: str, version: str) -> bool:
         status = await self._status(_model_path(model, version) + "/ready", "model ready")
         if status == 404:
-            raise self._unknown(model, "")
+            raise unknown_model(model, "")
         return status == 200
-
-    def _model_answer(self, status: int, obj: Any, model: str) -> dict[str, Any]:
-        if status == 404:
-            raise self._unknown(model, str(obj))
-        if status != 200 or not isinstance(obj, dict):
-            raise BackendError(str(obj), status if status != 200 else 502)
-        return obj
-
-    @staticmethod
-    def _unknown(model: str, detail: str) -> NotFound:
-        msg = f"Request for unknown model: '{model}' is not found"
-        if detail and not detail.startswith("Request for unknown model"):
-            msg += f" (backend: {detail})"
-        return NotFound(detail if detail.startswith("Request for unknown model") else msg)
 
     async def uses_binary(self) -> bool:
         """Whether requests go binary: fixed by configuration, or asked of the backend once."""
@@ -280,20 +207,12 @@ class RestBackend:
         resp, body = await self._call(
             "POST", path, _infer_headers(headers, ihcl), chunks, "inference"
         )
-        self._raise_for_status(resp.status, body, request.model_name)
-        resp_ihcl = resp.header(_IHCL)
+        raise_for_status(resp.status, body, request.model_name)
+        resp_ihcl = resp.header(IHCL)
         try:
             return binc.decode_response(body, int(resp_ihcl) if resp_ihcl is not None else None)
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
-
-    def _raise_for_status(self, status: int, body: Buffer, model: str) -> None:
-        if status == 200:
-            return
-        message = _error_message(body, status)
-        if status == 404:
-            raise self._unknown(model, message)
-        raise BackendError(message, status)
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers
@@ -324,7 +243,7 @@ class RestBackend:
             deadline = asyncio.timeout(self._timeout)
             payload = [body]
         target = self._prefix + _model_path(model, version) + "/infer"
-        with self._mapped("inference"):
+        with mapped(self.base_url, self._timeout, "inference"):
             async with deadline:
                 resp = await self.client.request(
                     "POST",
@@ -337,43 +256,15 @@ class RestBackend:
                 whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
                 content = await resp.read() if whole else None
         if content is not None:
-            self._raise_for_status(resp.status, content, model)
+            raise_for_status(resp.status, content, model)
         try:
-            relayed = self._checked(resp, content)
+            relayed = relayed_headers(resp, content, self.base_url)
         except ProxyError:
             resp.close()
             raise
         if content is not None:
             return ForwardResponse(200, relayed, _no_chunks(), content=content, length=length)
         return self._streamed(resp, "inference", relayed)
-
-    def _checked(self, resp: ClientResponse, content: bytes | bytearray | None) -> Headers:
-        """The headers passed on with a 200 /infer answer, once it is seen to be v2: JSON, or
-        binary-framed with its JSON header within the body; what was read, parsed."""
-        what = f"inference response from backend at {self.base_url}"
-        media = (resp.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
-        is_json = media == b"application/json" or media.endswith(b"+json")
-        ihcl_value = resp.header(_IHCL)
-        length = resp.content_length if content is None else len(content)
-        if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
-            text = ihcl_value.strip()
-            n = int(text) if text.isdigit() else 0
-            if n == 0 or (length is not None and n > length):
-                raise BadGateway(
-                    f"invalid {what}: Inference-Header-Content-Length {ihcl_value[:40]!r} is"
-                    f" not within the body of {length} bytes"
-                )
-            if content is not None:
-                _json_object(memoryview(content)[:n], what)
-        elif is_json:
-            if content is not None:
-                _json_object(content, what)
-        else:
-            raise BadGateway(
-                f"invalid {what}: Content-Type {media[:80]!r} is neither JSON nor"
-                " application/octet-stream with Inference-Header-Content-Length"
-            )
-        return [(k, v) for k, v in resp.headers if k in _RELAYED]
 
     async def _then_arm(
         self, body: StreamedBody, deadline: asyncio.Timeout
@@ -399,7 +290,7 @@ class RestBackend:
         """Any other REST request, passed through: the answer read whole when small, else
         streamed as it comes (server-sent events reach the client as they are sent)."""
         what = f"{method} {target.split('?', 1)[0]}"
-        with self._mapped(what):
+        with mapped(self.base_url, self._timeout, what):
             async with asyncio.timeout(self._timeout):
                 resp = await self.client.request(
                     method,
@@ -425,15 +316,8 @@ class RestBackend:
             out.append((b"Content-Type", b"application/json"))
         payload: list[Buffer] | None = None if body is None else [dumps(body)]
         resp, raw = await self._call(method, path, out, payload, f"{method} {path}")
-        if resp.status != 200:
-            message = _error_message(raw, resp.status)
-            if resp.status == 404:
-                raise NotFound(message)
-            raise BackendError(message, resp.status)
-        try:
-            return loads(raw, what="backend answer") if raw.strip() else {}
-        except CodecError as exc:
-            raise BadGateway(f"invalid answer from backend to {path}: {exc}") from None
+        raise_for_status(resp.status, raw, None)
+        return json_answer(raw, path, "backend answer")
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         path = _model_path(model, version) + "/stats" if model else "/v2/models/stats"

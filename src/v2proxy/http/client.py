@@ -2,25 +2,22 @@
 
 Transport only: it knows nothing of v2, pipelines or codecs (it imports only ``Buffer``). Each
 connection is a bare :class:`asyncio.Protocol` (:mod:`v2proxy.http.client_conn`: parsing,
-framing, keep-alive, flow control, the error tree), because aiohttp's client costs about three
-times the CPU of asyncio streams per small request, and streams cost more than a protocol
-that is handed each buffer by ``data_received`` and wakes the one coroutine waiting on it with
-one future (measured on this module's hand-written predecessor: 15.2 -> 12.4 µs client CPU per
-small request, streams -> protocol, uvloop; a 64 MiB answer streamed through in ≈10 ms CPU).
-No Task per request.
+framing, keep-alive, flow control), because aiohttp's client costs about three times the CPU
+of asyncio streams per small request, and streams cost more than a protocol that is handed
+each buffer by ``data_received`` and wakes the one coroutine waiting on it with one future
+(measured on this module's hand-written predecessor: 15.2 -> 12.4 µs client CPU per small
+request, streams -> protocol, uvloop; a 64 MiB answer streamed through in ≈10 ms CPU). No Task
+per request. The request's head: :mod:`v2proxy.http.client_head`; the answer:
+:mod:`v2proxy.http.client_response`; the failures: :mod:`v2proxy.http.client_errors`.
 
 Contract:
 
 - :meth:`HttpClient.request` sends one request and returns once the final answer's head is in
-  (1xx interim answers skipped). ``Host`` (``host:port``, IPv6 bracketed) and
-  ``Content-Length`` (from the body; 0 for a POST, PUT or PATCH without one) are set here; the
-  caller's headers go out as the bytes they are, the target as the latin-1 bytes of its
-  characters (those of a target decoded from latin-1). CR, LF or NUL in a header, a name that
-  is not a token or one this client sets (framing, hop-by-hop), a target that is not
-  origin-form or holds a control, a space or a character past U+00FF: :class:`ValueError`.
-  Bodies up to 64 KiB go in one write with the head, larger ones buffer by buffer; a
-  :class:`StreamBody` is piped through with the transport's flow control (and stops when the
-  server answers and closes early, RFC 9112 §9.5).
+  (1xx interim answers skipped). ``Content-Length`` is set from the body (0 for a POST, PUT or
+  PATCH without one); ``Host`` and the checks of the head as in
+  :mod:`v2proxy.http.client_head` (:class:`ValueError`). Bodies up to 64 KiB go in one write
+  with the head, larger ones buffer by buffer; a :class:`StreamBody` is piped through with the
+  transport's flow control (and stops when the server answers and closes early, RFC 9112 §9.5).
 - At most ``limit`` connections are open (in use or idle). One goes back to the pool only when
   its answer was read to the end, keep-alive, and nothing more arrived. Idle ones are closed
   after ``idle_timeout`` (below the 5 s of uvicorn-based servers) or when the server ends them,
@@ -28,13 +25,10 @@ Contract:
 - Retries: a GET, HEAD or OPTIONS whose reused connection ended before any byte of answer is
   sent once more on a new connection. Nothing else is resent: :class:`RemoteClosed` tells with
   ``request_sent`` whether the server may have seen the request.
-- ``read_timeout``: every wait for the next bytes of the answer (the head in ``request``, the
-  body in ``read`` and ``iter_chunks``) fails with :class:`ReadTimeout` after that many
-  seconds without one. Whole-call deadlines are the caller's (``asyncio.timeout``); a
-  cancelled call closes its connection. A returned answer must be read to its end or closed.
-- :meth:`ClientResponse.iter_chunks` hands pieces out as the transport delivered them (no copy
-  of a Content-Length body past its first buffer); reading pauses above 1 MiB unconsumed and
-  resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body.
+- ``read_timeout``: every wait for the next bytes of the answer (the head here, the body in
+  :class:`ClientResponse`) fails with :class:`ReadTimeout` after that many seconds without
+  one. Whole-call deadlines are the caller's (``asyncio.timeout``); a cancelled call closes its
+  connection.
 - Failures are :class:`HttpClientError` subclasses only (TLS and OS errors included), except
   exceptions raised by a :class:`StreamBody`'s own iterator, which pass through unchanged.
 """
@@ -47,38 +41,18 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from v2proxy.http.client_conn import (
-    ClientConnection,
-    ConnectFailed,
-    ConnectTimeout,
-    HttpClientError,
-    ProtocolError,
-    ReadTimeout,
-    RemoteClosed,
-)
+from v2proxy.http.client_conn import ClientConnection
+from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, RemoteClosed
+from v2proxy.http.client_head import RequestHeads
+from v2proxy.http.client_response import ClientResponse
 from v2proxy.model import Buffer
 
 #: request bodies up to this size are joined with the head and written at once
 _JOIN_MAX = 64 * 1024
 _RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
-_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_CTL_SP = bytes(range(0x21)) + b"\x7f"  # never in a request target
-_OWN = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"upgrade"})
-_OWN |= {b"te", b"keep-alive", b"trailer"}
 
-__all__ = [
-    "ClientResponse",
-    "ConnectFailed",
-    "ConnectTimeout",
-    "HttpClient",
-    "HttpClientError",
-    "ProtocolError",
-    "ReadTimeout",
-    "RemoteClosed",
-    "StreamBody",
-]
+__all__ = ["HttpClient", "StreamBody"]
 
 
 @dataclass(slots=True)
@@ -91,111 +65,6 @@ class StreamBody:
 
 def _size(b: Buffer) -> int:
     return b.nbytes if isinstance(b, memoryview) else len(b)
-
-
-class ClientResponse:
-    """An answer whose head is in; its body is read whole or in pieces, once."""
-
-    __slots__ = (
-        "_body",
-        "_client",
-        "_conn",
-        "_timeout",
-        "chunked",
-        "content_length",
-        "headers",
-        "keep_alive",
-        "reason",
-        "status",
-        "version",
-    )
-
-    def __init__(self, client: HttpClient, conn: ClientConnection, timeout: float | None) -> None:
-        self.status = conn.status
-        self.reason = conn.reason
-        self.version = conn.version
-        #: names lowercased, values as received
-        self.headers = conn.headers
-        #: the body's length: from Content-Length, 0 when there is none (HEAD, 204, 304),
-        #: None when chunked or delimited by the end of the connection
-        self.content_length = conn.content_length
-        self.chunked = conn.chunked
-        self.keep_alive = conn.keep
-        self._client = client
-        self._timeout = timeout
-        self._body: bytes | None = None
-        self._conn: ClientConnection | None = conn
-        if conn.body_done:  # the usual small answer came whole: the connection is free now
-            self._body = conn.take_all()
-            self._conn = None
-            client._release(conn, conn.keep)
-
-    def header(self, name: bytes) -> bytes | None:
-        """The value of header ``name`` (any case); several are joined with ``, ``."""
-        name = name.lower()
-        found = [v for n, v in self.headers if n == name]
-        if not found:
-            return None
-        return found[0] if len(found) == 1 else b", ".join(found)
-
-    async def read(self, limit: int | None = None) -> bytes | bytearray:
-        """The whole body (ProtocolError when it is over ``limit`` bytes)."""
-        conn = self._conn
-        if conn is None:
-            body, self._body = self._body or b"", None
-            if limit is not None and len(body) > limit:
-                raise ProtocolError(f"answer body over the limit of {limit} bytes")
-            return body
-        try:
-            length = self.content_length
-            if limit is not None and length is not None and length > limit:
-                raise ProtocolError(f"answer body of {length} bytes over the limit of {limit}")
-            conn.read_whole(limit)
-            while not conn.body_done:
-                if conn.error is not None:
-                    raise conn.error
-                await conn.wait(self._timeout)
-        except BaseException:
-            self.close()
-            raise
-        body = conn.take_all()
-        self._conn = None
-        self._client._release(conn, conn.keep)
-        return body
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The body in the pieces the transport delivered (no copy)."""
-        conn = self._conn
-        if conn is None:
-            body, self._body = self._body, None
-            if body:
-                yield body
-            return
-        try:
-            pieces = conn.pieces
-            while True:
-                if pieces:
-                    yield conn.take()
-                elif conn.body_done:
-                    break
-                elif conn.error is not None:
-                    raise conn.error
-                else:
-                    await conn.wait(self._timeout)
-        except BaseException:
-            self.close()
-            raise
-        if self._conn is conn:  # not closed meanwhile (while a piece was out)
-            self._conn = None
-            self._client._release(conn, conn.keep)
-
-    def close(self) -> None:
-        """Give the answer up: an unread body closes its connection."""
-        conn = self._conn
-        self._body = None
-        if conn is not None:
-            self._conn = None
-            self._client._release(conn, False)
 
 
 class _Slots:
@@ -263,13 +132,9 @@ class HttpClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
-        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self._name = ("https://" if ssl else "http://") + authority
-        try:
-            self._host_line = b" HTTP/1.1\r\nHost: " + authority.encode("ascii") + b"\r\n"
-        except UnicodeEncodeError:
-            self._host_line = b" HTTP/1.1\r\nHost: %s:%d\r\n" % (host.encode("idna"), port)
-        self._names_ok: set[bytes] = set()  # header names seen valid (a small, bounded cache)
+        heads = RequestHeads(host, port)
+        self._name = ("https://" if ssl else "http://") + heads.authority
+        self._head = heads.build
 
     async def request(
         self,
@@ -320,46 +185,6 @@ class HttpClient:
                 self._release(conn, False)
                 raise
             return ClientResponse(self, conn, read_timeout)
-
-    def _head(
-        self, method: str, target: str, headers: list[tuple[bytes, bytes]], length: int | None
-    ) -> bytes:
-        if method not in _METHODS and (not method.isascii() or self._bad_token(method.encode())):
-            raise ValueError(f"invalid request method {method[:80]!r}")
-        raw = target.encode("latin-1")  # a UnicodeEncodeError is a ValueError
-        if raw[:1] != b"/" or len(raw.translate(None, _CTL_SP)) != len(raw):
-            raise ValueError(f"the request target must be origin-form (/...): {target[:80]!r}")
-        parts = [method.encode(), b" ", raw, self._host_line]
-        ok = self._names_ok
-        for name, value in headers:
-            if name not in ok:
-                self._check_name(name)
-            parts += (name, b": ", value, b"\r\n")
-        if length is not None:
-            parts += (b"Content-Length: ", b"%d" % length, b"\r\n")
-        parts.append(b"\r\n")
-        head = b"".join(parts)
-        # Every CR, LF and NUL must be one of the line ends written here (one C-level pass).
-        if len(head) - len(head.translate(None, b"\r\n\0")) != 2 * (
-            len(headers) + 3 + (length is not None)
-        ):
-            for name, value in headers:
-                if b"\r" in value or b"\n" in value or b"\0" in value:
-                    raise ValueError(f"CR, LF or NUL in the value of header {name!r}")
-            raise AssertionError("unreachable")  # pragma: no cover
-        return head
-
-    @staticmethod
-    def _bad_token(name: bytes) -> bool:
-        return not name or bool(name.translate(None, _TCHAR))
-
-    def _check_name(self, name: bytes) -> None:
-        if self._bad_token(name):
-            raise ValueError(f"invalid header name {name[:80]!r}")
-        if name.lower() in _OWN:
-            raise ValueError(f"header {name!r} is set by the HTTP client, not by its caller")
-        if len(self._names_ok) < 1024:
-            self._names_ok.add(name)
 
     async def _send(self, conn: ClientConnection, head: bytes, body: StreamBody) -> None:
         """Pipe ``body`` through as it arrives, with the transport's flow control."""

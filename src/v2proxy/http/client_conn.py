@@ -1,6 +1,6 @@
 """One client connection of :mod:`v2proxy.http.client`: an :class:`asyncio.Protocol` that
-feeds what it receives to httptools' ``HttpResponseParser`` (llhttp) and wakes the one coroutine
-waiting for the answer through one future at a time. The error tree of the client lives here.
+feeds what it receives to httptools' ``HttpResponseParser`` (llhttp); the answer reaches the
+request's coroutine through :class:`~v2proxy.http.client_flow.AnswerFlow`, which it extends.
 
 Contract (RFC 9112):
 
@@ -10,28 +10,27 @@ Contract (RFC 9112):
   Content-Length (even equal ones: RFC 9110 §8.6 allows either), chunk and header syntax
   errors; rejected here too: a status outside 100-599, 101 (no upgrade is ever asked), a
   version other than 1.0/1.1, Transfer-Encoding in an HTTP/1.0 answer, a head over
-  ``max_head`` bytes. All as :class:`ProtocolError`.
+  ``max_head`` bytes. All as :class:`ProtocolError`; an end before the answer is complete as
+  :class:`RemoteClosed`.
 - Keep-alive (§9.3): HTTP/1.1 unless ``Connection`` lists ``close``; HTTP/1.0 only when it
   lists ``keep-alive``; never after a body delimited by the end of the connection. Bytes past
   the end of an answer make the connection unfit for reuse (``reusable``).
 - A Content-Length body is handed out in the transport's own ``bytes`` objects past the buffer
-  its head came in (llhttp is not fed the rest: it copies what it hands out); a streamed body
-  pauses reading from the socket above 1 MiB unconsumed and resumes below 256 KiB.
-- ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
-  seconds while the answer is awaited (one timer per connection, re-armed only when it fires).
+  its head came in (llhttp is not fed the rest: it copies what it hands out).
+- The request's body: :meth:`ClientConnection.drain` waits out the transport's write buffer;
+  :meth:`ClientConnection.stop_sending` says when the rest is no longer wanted (§9.5).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 
 import httptools
 
-#: a streamed answer pauses reading from the socket above this many unconsumed bytes...
-_HIGH_WATER = 1 << 20
-#: ...and resumes below this many
-_LOW_WATER = 256 * 1024
+from v2proxy.http.client_errors import HttpClientError, ProtocolError, RemoteClosed
+from v2proxy.http.client_flow import AnswerFlow
+
+__all__ = ["ClientConnection"]
 
 # What the connection expects.
 _IDLE = 0  # nothing: no answer is due, or it is complete (or failed); bytes now are unexpected
@@ -40,58 +39,21 @@ _BODY = 2  # the body, parsed by llhttp (chunked, read-to-close, the first buffe
 _RAW = 3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
 
 
-class HttpClientError(Exception):
-    """Base of every failure of a request."""
-
-
-class ConnectFailed(HttpClientError):
-    """The connection could not be made (refused, unreachable, name not resolved, TLS)."""
-
-
-class ConnectTimeout(HttpClientError):
-    """The connection was not made within ``connect_timeout``."""
-
-
-class ProtocolError(HttpClientError):
-    """The answer is not valid HTTP/1.1 (or over a size limit)."""
-
-
-class RemoteClosed(HttpClientError):
-    """The connection ended before the answer was complete."""
-
-    def __init__(self, message: str, request_sent: bool = True) -> None:
-        super().__init__(message)
-        #: whether any byte of the request may have reached the server
-        self.request_sent = request_sent
-
-
-class ReadTimeout(HttpClientError):
-    """No byte of the answer came for ``read_timeout`` seconds while one was awaited."""
-
-
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(AnswerFlow):
     """One connection: llhttp parses each answer as its bytes arrive; the one coroutine waiting
     for the answer (the request's) is woken through one future at a time."""
 
     __slots__ = (
         "_drain",
         "_head_only",
-        "_idle_limit",
-        "_last_read",
-        "_loop",
         "_max_head",
         "_parser",
         "_partial",
-        "_reading_paused",
         "_remaining",
         "_seen",
         "_stale",
         "_state",
-        "_timer",
-        "_timer_due",
-        "_waiter",
         "body_done",
-        "buffered",
         "chunked",
         "closed",
         "content_length",
@@ -101,23 +63,17 @@ class ClientConnection(asyncio.Protocol):
         "headers",
         "idle_since",
         "keep",
-        "limit",
-        "pieces",
         "reason",
         "reusable",
         "reused",
         "status",
         "to_close",
-        "transport",
         "version",
-        "whole",
         "writing_paused",
     )
 
-    transport: asyncio.Transport  # set by connection_made, before create_connection returns
-
     def __init__(self, loop: asyncio.AbstractEventLoop, max_head: int) -> None:
-        self._loop = loop
+        super().__init__(loop)
         self._max_head = max_head
         self._parser = httptools.HttpResponseParser(self)
         self._stale = False  # the parser was left inside a message: a new one is needed
@@ -133,16 +89,10 @@ class ClientConnection(asyncio.Protocol):
         self.version = (1, 1)
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
-        self.chunked = self.to_close = self.whole = False
-        self.limit: int | None = None
-        self.pieces: deque[bytes] = deque()
-        self.buffered = 0
-        self._reading_paused = self.writing_paused = False
-        self._waiter: asyncio.Future[None] | None = None
+        self.chunked = self.to_close = False
+        self.writing_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_due = self._last_read = self.idle_since = 0.0
-        self._idle_limit: float | None = None
+        self.idle_since = 0.0
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -310,18 +260,6 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ state changes
 
-    def _push(self, piece: bytes) -> None:
-        self.pieces.append(piece)
-        self.buffered += len(piece)
-        if self.whole:
-            if self.limit is not None and self.buffered > self.limit:
-                self._fail(ProtocolError(f"answer body over the limit of {self.limit} bytes"))
-        else:
-            if self.buffered > _HIGH_WATER and not self._reading_paused:
-                self._reading_paused = True
-                self.transport.pause_reading()
-            self._wake()
-
     def _complete(self) -> None:
         self._state = _IDLE
         self.body_done = True
@@ -340,9 +278,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.closed = True
         self.reusable = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         state = self._state
         self._state = _IDLE
         if state == _BODY and self.to_close and exc is None:
@@ -366,44 +302,6 @@ class ClientConnection(asyncio.Protocol):
         self._seen = self._remaining = 0
         self.content_length = self.limit = None
 
-    async def wait(self, idle: float | None) -> None:
-        """Wait for the next event of the answer (head, piece, end, error); ``idle``: the
-        idle-read deadline (ReadTimeout)."""
-        fut = self._loop.create_future()
-        self._waiter = fut
-        if idle is None:
-            self._idle_limit = None
-        else:
-            self._arm(idle)
-        try:
-            await fut
-        except BaseException:
-            self._waiter = None
-            raise
-
-    def _arm(self, limit: float) -> None:
-        now = self._loop.time()
-        self._idle_limit = limit
-        self._last_read = now
-        due = now + limit
-        if self._timer is None or self._timer_due > due:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(due, self._check_read)
-            self._timer_due = due
-
-    def _check_read(self) -> None:
-        self._timer = None
-        limit = self._idle_limit
-        if self._waiter is None or limit is None:
-            return  # nobody waits: the next wait arms again
-        due = self._last_read + limit
-        if self._loop.time() >= due:
-            self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))
-        else:
-            self._timer = self._loop.call_at(due, self._check_read)
-            self._timer_due = due
-
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the
         connection ends or the answer's head comes: the caller looks)."""
@@ -417,40 +315,9 @@ class ClientConnection(asyncio.Protocol):
         answered and is closing it (RFC 9112 §9.5)."""
         return self.closed or (self.head_done and not self.keep)
 
-    def read_whole(self, limit: int | None) -> None:
-        self.whole = True
-        self.limit = limit
-        if limit is not None and self.buffered > limit:
-            self._fail(ProtocolError(f"answer body over the limit of {limit} bytes"))
-        if self._reading_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
-
-    def take(self) -> bytes:
-        piece = self.pieces.popleft()
-        self.buffered -= len(piece)
-        if self._reading_paused and self.buffered <= _LOW_WATER:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        return piece
-
-    def take_all(self) -> bytes:
-        pieces = self.pieces
-        body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
-        pieces.clear()
-        self.buffered = 0
-        return body
-
     def close(self) -> None:
         self.reusable = False
         self.transport.close()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
     def _wake_drain(self) -> None:
         waiter = self._drain

@@ -1,0 +1,171 @@
+"""What a REST backend (:mod:`v2proxy.backends.rest`) answers, checked and mapped to the error
+tree (DESIGN.md rule 2): the HTTP client's failures, error answers, the JSON of structured
+answers, and the v2 checks of a relayed /infer answer.
+
+- The HTTP client's failures (:func:`mapped`), each naming the backend and the call: refused or
+  unreachable -> 503, connect or read timeout (or the call's deadline) -> 504, an answer that
+  is not HTTP/1.1 or breaks off -> 502, a header or target that cannot be sent -> 400.
+- Error answers keep their status and message (the body's ``error``, ``detail`` or
+  ``message``, else its text); a 404 about a model is reported with Triton's ``Request for
+  unknown model`` text, which clients match on.
+- A 200 /infer answer relayed unchanged (:func:`relayed_headers`) must be JSON (its
+  Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
+  the body, and what was read must parse as a JSON object (its JSON header, when framed).
+  Anything else is a 502.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs.json import loads, parse_header
+from v2proxy.errors import (
+    BackendError,
+    BackendUnavailable,
+    BadGateway,
+    CodecError,
+    GatewayTimeout,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+)
+from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError, ReadTimeout
+from v2proxy.http.client_response import ClientResponse
+from v2proxy.model import Buffer
+from v2proxy.ports import Headers
+
+__all__ = [
+    "IHCL",
+    "error_message",
+    "json_answer",
+    "mapped",
+    "model_answer",
+    "raise_for_status",
+    "relayed_headers",
+    "unknown_model",
+]
+
+#: the Inference-Header-Content-Length header's name, as the HTTP client gives names
+IHCL = binc.IHCL_HEADER.lower().encode()
+#: answer headers passed on with a relayed /infer answer
+_RELAYED = (b"content-type", IHCL)
+
+
+@contextmanager
+def mapped(base_url: str, timeout: float, what: str) -> Iterator[None]:
+    """Map the HTTP client's failures in one call (``what``) to the backend at ``base_url``
+    to the error tree; ``timeout``: the --backend-timeout named when it ran out."""
+    where = f"backend at {base_url}"
+    try:
+        yield
+    except ProxyError:
+        raise
+    except ConnectFailed as exc:
+        raise BackendUnavailable(f"{where} is unavailable for {what}: {exc}") from None
+    except ConnectTimeout as exc:
+        raise GatewayTimeout(f"{where} did not answer {what} in time: {exc}") from None
+    except (ReadTimeout, TimeoutError):
+        raise GatewayTimeout(
+            f"{where} did not answer {what} in time (--backend-timeout {timeout:g} s)"
+        ) from None
+    except HttpClientError as exc:  # ProtocolError, RemoteClosed
+        raise BadGateway(f"{where} failed during {what}: {exc}") from None
+    except ValueError as exc:  # a header or path the HTTP client refuses to send
+        raise InvalidRequest(f"cannot pass the request on to the backend: {exc}") from None
+
+
+def error_message(body: Buffer, status: int) -> str:
+    """The message of an error answer: its JSON ``error``, ``detail`` or ``message``, else its
+    text (at most 1000 characters)."""
+    try:
+        obj = loads(body, what="error")
+    except CodecError:
+        text = bytes(body).decode("utf-8", "replace").strip()
+        return text[:1000] or f"backend answered HTTP {status}"
+    if isinstance(obj, dict):
+        for key in ("error", "detail", "message"):
+            if key in obj:
+                value = obj[key]
+                return value if isinstance(value, str) else str(value)
+    return str(obj)[:1000]
+
+
+def unknown_model(model: str, detail: str) -> NotFound:
+    """A 404 about ``model``, in Triton's words (the backend's ``detail`` kept)."""
+    msg = f"Request for unknown model: '{model}' is not found"
+    if detail and not detail.startswith("Request for unknown model"):
+        msg += f" (backend: {detail})"
+    return NotFound(detail if detail.startswith("Request for unknown model") else msg)
+
+
+def raise_for_status(status: int, body: Buffer, model: str | None) -> None:
+    """Raise a non-200 answer with its status and message; a 404 as NotFound (about
+    ``model`` in Triton's words, when the call was about one)."""
+    if status == 200:
+        return
+    message = error_message(body, status)
+    if status == 404:
+        raise NotFound(message) if model is None else unknown_model(model, message)
+    raise BackendError(message, status)
+
+
+def model_answer(status: int, obj: Any, model: str) -> dict[str, Any]:
+    """A model's metadata or config: ``obj`` when the answer was a 200 with a JSON object."""
+    if status == 404:
+        raise unknown_model(model, str(obj))
+    if status != 200 or not isinstance(obj, dict):
+        raise BackendError(str(obj), status if status != 200 else 502)
+    return obj
+
+
+def json_answer(body: bytes | bytearray, to: str, what: str) -> Any:
+    """The JSON of a 200 answer to the call ``to`` (``{}`` when empty); BadGateway when it is
+    not JSON (``what``: how the codec names it)."""
+    try:
+        return loads(body, what=what) if body.strip() else {}
+    except CodecError as exc:
+        raise BadGateway(f"invalid answer from backend to {to}: {exc}") from None
+
+
+def _json_object(buf: Buffer, what: str) -> None:
+    """Raise BadGateway unless ``buf`` is one JSON object."""
+    try:
+        obj = parse_header(buf, what="response")
+    except CodecError as exc:
+        raise BadGateway(f"invalid {what}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadGateway(f"invalid {what}: not a JSON object")
+
+
+def relayed_headers(
+    resp: ClientResponse, content: bytes | bytearray | None, base_url: str
+) -> Headers:
+    """The headers passed on with a 200 /infer answer, once it is seen to be v2: JSON, or
+    binary-framed with its JSON header within the body; what was read, parsed."""
+    what = f"inference response from backend at {base_url}"
+    media = (resp.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
+    is_json = media == b"application/json" or media.endswith(b"+json")
+    ihcl_value = resp.header(IHCL)
+    length = resp.content_length if content is None else len(content)
+    if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
+        text = ihcl_value.strip()
+        n = int(text) if text.isdigit() else 0
+        if n == 0 or (length is not None and n > length):
+            raise BadGateway(
+                f"invalid {what}: Inference-Header-Content-Length {ihcl_value[:40]!r} is"
+                f" not within the body of {length} bytes"
+            )
+        if content is not None:
+            _json_object(memoryview(content)[:n], what)
+    elif is_json:
+        if content is not None:
+            _json_object(content, what)
+    else:
+        raise BadGateway(
+            f"invalid {what}: Content-Type {media[:80]!r} is neither JSON nor"
+            " application/octet-stream with Inference-Header-Content-Length"
+        )
+    return [(k, v) for k, v in resp.headers if k in _RELAYED]

@@ -1,0 +1,46 @@
+"""The error tree of the HTTP client (:mod:`v2proxy.http.client`).
+
+Contract: every failure of a request is an :class:`HttpClientError` subclass (TLS and OS
+errors included: they are mapped where they occur), one class per way a request fails, so that
+a caller (the REST backend) maps each to its own answer without looking at messages.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConnectFailed",
+    "ConnectTimeout",
+    "HttpClientError",
+    "ProtocolError",
+    "ReadTimeout",
+    "RemoteClosed",
+]
+
+
+class HttpClientError(Exception):
+    """Base of every failure of a request."""
+
+
+class ConnectFailed(HttpClientError):
+    """The connection could not be made (refused, unreachable, name not resolved, TLS)."""
+
+
+class ConnectTimeout(HttpClientError):
+    """The connection was not made within ``connect_timeout``."""
+
+
+class ProtocolError(HttpClientError):
+    """The answer is not valid HTTP/1.1 (or over a size limit)."""
+
+
+class RemoteClosed(HttpClientError):
+    """The connection ended before the answer was complete."""
+
+    def __init__(self, message: str, request_sent: bool = True) -> None:
+        super().__init__(message)
+        #: whether any byte of the request may have reached the server
+        self.request_sent = request_sent
+
+
+class ReadTimeout(HttpClientError):
+    """No byte of the answer came for ``read_timeout`` seconds while one was awaited."""

@@ -1,0 +1,80 @@
+"""The head of each request of :mod:`v2proxy.http.client` (RFC 9112 §3, RFC 9110 §5.5), built
+and checked in one pass; pure (no I/O).
+
+Contract:
+
+- ``Host`` (``host:port``, IPv6 bracketed, IDNA when the name is not ASCII) and, when a length
+  is given, ``Content-Length`` are written here; the caller's headers go out as the bytes they
+  are, the target as the latin-1 bytes of its characters (those of a target decoded from
+  latin-1).
+- :class:`ValueError` for CR, LF or NUL in a header, a header name that is not a token or one
+  the client sets itself (framing, hop-by-hop), a method that is not a token, a target that is
+  not origin-form or holds a control, a space or a character past U+00FF.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RequestHeads"]
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_CTL_SP = bytes(range(0x21)) + b"\x7f"  # never in a request target
+_OWN = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"upgrade"})
+_OWN |= {b"te", b"keep-alive", b"trailer"}
+
+
+def _bad_token(name: bytes) -> bool:
+    return not name or bool(name.translate(None, _TCHAR))
+
+
+class RequestHeads:
+    """Request heads for one origin (``authority``: its ``host:port``); the header names found
+    valid are remembered (a small, bounded cache) and not checked again."""
+
+    __slots__ = ("_host_line", "_names_ok", "authority")
+
+    def __init__(self, host: str, port: int) -> None:
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.authority = authority
+        try:
+            self._host_line = b" HTTP/1.1\r\nHost: " + authority.encode("ascii") + b"\r\n"
+        except UnicodeEncodeError:
+            self._host_line = b" HTTP/1.1\r\nHost: %s:%d\r\n" % (host.encode("idna"), port)
+        self._names_ok: set[bytes] = set()
+
+    def build(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], length: int | None
+    ) -> bytes:
+        """The head of ``method target`` with ``headers`` (and ``length`` as Content-Length)."""
+        if method not in _METHODS and (not method.isascii() or _bad_token(method.encode())):
+            raise ValueError(f"invalid request method {method[:80]!r}")
+        raw = target.encode("latin-1")  # a UnicodeEncodeError is a ValueError
+        if raw[:1] != b"/" or len(raw.translate(None, _CTL_SP)) != len(raw):
+            raise ValueError(f"the request target must be origin-form (/...): {target[:80]!r}")
+        parts = [method.encode(), b" ", raw, self._host_line]
+        ok = self._names_ok
+        for name, value in headers:
+            if name not in ok:
+                self._check_name(name)
+            parts += (name, b": ", value, b"\r\n")
+        if length is not None:
+            parts += (b"Content-Length: ", b"%d" % length, b"\r\n")
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        # Every CR, LF and NUL must be one of the line ends written here (one C-level pass).
+        if len(head) - len(head.translate(None, b"\r\n\0")) != 2 * (
+            len(headers) + 3 + (length is not None)
+        ):
+            for name, value in headers:
+                if b"\r" in value or b"\n" in value or b"\0" in value:
+                    raise ValueError(f"CR, LF or NUL in the value of header {name!r}")
+            raise AssertionError("unreachable")  # pragma: no cover
+        return head
+
+    def _check_name(self, name: bytes) -> None:
+        if _bad_token(name):
+            raise ValueError(f"invalid header name {name[:80]!r}")
+        if name.lower() in _OWN:
+            raise ValueError(f"header {name!r} is set by the HTTP client, not by its caller")
+        if len(self._names_ok) < 1024:
+            self._names_ok.add(name)

@@ -1,0 +1,133 @@
+"""An answer of :mod:`v2proxy.http.client` whose head is in: its body read whole or in pieces,
+once, from its :class:`~v2proxy.http.client_conn.ClientConnection`, which goes back to the pool
+when the body was read to its end.
+
+Contract:
+
+- :meth:`ClientResponse.iter_chunks` hands pieces out as the transport delivered them (no copy
+  of a Content-Length body past its first buffer); reading pauses above 1 MiB unconsumed and
+  resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body (a
+  :class:`ProtocolError` over its ``limit``).
+- Every wait for the next bytes of the body fails with :class:`ReadTimeout` after the request's
+  ``read_timeout`` without one. A failed or cancelled read closes the connection; so does
+  :meth:`ClientResponse.close` before the end. An answer must be read to its end or closed.
+- An answer that came whole with its head (the usual small one) frees its connection at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from v2proxy.http.client_conn import ClientConnection
+from v2proxy.http.client_errors import ProtocolError
+
+if TYPE_CHECKING:
+    from v2proxy.http.client import HttpClient
+
+__all__ = ["ClientResponse"]
+
+
+class ClientResponse:
+    """An answer whose head is in; its body is read whole or in pieces, once."""
+
+    __slots__ = (
+        "_body",
+        "_client",
+        "_conn",
+        "_timeout",
+        "chunked",
+        "content_length",
+        "headers",
+        "keep_alive",
+        "reason",
+        "status",
+        "version",
+    )
+
+    def __init__(self, client: HttpClient, conn: ClientConnection, timeout: float | None) -> None:
+        self.status = conn.status
+        self.reason = conn.reason
+        self.version = conn.version
+        #: names lowercased, values as received
+        self.headers = conn.headers
+        #: the body's length: from Content-Length, 0 when there is none (HEAD, 204, 304),
+        #: None when chunked or delimited by the end of the connection
+        self.content_length = conn.content_length
+        self.chunked = conn.chunked
+        self.keep_alive = conn.keep
+        self._client = client
+        self._timeout = timeout
+        self._body: bytes | None = None
+        self._conn: ClientConnection | None = conn
+        if conn.body_done:  # the usual small answer came whole: the connection is free now
+            self._body = conn.take_all()
+            self._conn = None
+            client._release(conn, conn.keep)
+
+    def header(self, name: bytes) -> bytes | None:
+        """The value of header ``name`` (any case); several are joined with ``, ``."""
+        name = name.lower()
+        found = [v for n, v in self.headers if n == name]
+        if not found:
+            return None
+        return found[0] if len(found) == 1 else b", ".join(found)
+
+    async def read(self, limit: int | None = None) -> bytes | bytearray:
+        """The whole body (ProtocolError when it is over ``limit`` bytes)."""
+        conn = self._conn
+        if conn is None:
+            body, self._body = self._body or b"", None
+            if limit is not None and len(body) > limit:
+                raise ProtocolError(f"answer body over the limit of {limit} bytes")
+            return body
+        try:
+            length = self.content_length
+            if limit is not None and length is not None and length > limit:
+                raise ProtocolError(f"answer body of {length} bytes over the limit of {limit}")
+            conn.read_whole(limit)
+            while not conn.body_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(self._timeout)
+        except BaseException:
+            self.close()
+            raise
+        body = conn.take_all()
+        self._conn = None
+        self._client._release(conn, conn.keep)
+        return body
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body in the pieces the transport delivered (no copy)."""
+        conn = self._conn
+        if conn is None:
+            body, self._body = self._body, None
+            if body:
+                yield body
+            return
+        try:
+            pieces = conn.pieces
+            while True:
+                if pieces:
+                    yield conn.take()
+                elif conn.body_done:
+                    break
+                elif conn.error is not None:
+                    raise conn.error
+                else:
+                    await conn.wait(self._timeout)
+        except BaseException:
+            self.close()
+            raise
+        if self._conn is conn:  # not closed meanwhile (while a piece was out)
+            self._conn = None
+            self._client._release(conn, conn.keep)
+
+    def close(self) -> None:
+        """Give the answer up: an unread body closes its connection."""
+        conn = self._conn
+        self._body = None
+        if conn is not None:
+            self._conn = None
+            self._client._release(conn, False)
