@@ -1138,6 +1138,9 @@ def main(argv: list[str] | None = None) -> int:
     nghttp = procs.tool_path("nghttp")
     if nghttp:
         tools["nghttp"] = nghttp
+    # the commit and the state of src/ when the servers start, which is the code measured
+    # (others may commit while a 10-minute run goes on)
+    info = machine_info(tools)
 
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="v2proxy-bench-"))
@@ -1176,7 +1179,6 @@ def main(argv: list[str] | None = None) -> int:
     targets = evaluate_targets(runner, micro, shm_result)
     cpu = cpu_summary.summarize(runner.find, [s.id for s in scenarios], [args.concurrency, 1])
     elapsed = time.monotonic() - t0
-    info = machine_info(tools)
     by_id = {s.id: s for s in SCENARIOS}
     rows = table_rows(runner, by_id)
     report = {
