@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install run test lint typecheck layers pytest peers clean
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "make: installing v2proxy and its test tools into $(VENV) (about a minute the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'

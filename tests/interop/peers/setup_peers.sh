@@ -114,6 +114,7 @@ build() {
     fi
 
     local start=$SECONDS
+    echo "$name: building its venv in $venv (pip's output in $log) ..." >&2
     rm -rf "$venv"
     if ! {
         "$PY" -m venv "$venv" &&
@@ -129,9 +130,22 @@ build() {
     local top
     top="$(grep -m1 -E '^[A-Za-z]' "$req" || true)"
     echo "$name: installed $top in $((SECONDS - start))s ($venv, $("$venv/bin/python" -V 2>&1))" >"$result"
+    echo "$name: ready after $((SECONDS - start))s" >&2
 }
 
 names=(kserve mlserver triton)
+stale=()
+for n in "${names[@]}"; do
+    want="$(sha256_of "$HERE/requirements-$n.txt")"
+    if ! [[ -f "$DIR/$n/.v2proxy-peer-stamp" && "$(cat "$DIR/$n/.v2proxy-peer-stamp")" == "$want" ]]; then
+        stale+=("$n")
+    fi
+done
+if ((${#stale[@]})); then
+    echo "setup_peers: building the peer model servers' venvs (${stale[*]}) in parallel under $DIR;" \
+        "the first time this usually takes 3-5 minutes (pip downloads KServe, MLServer and" \
+        "Triton's ~55 MB wheel), afterwards it is instant" >&2
+fi
 pids=()
 for n in "${names[@]}"; do
     rm -f "$DIR/$n.result"
