@@ -55,7 +55,7 @@ def build_backend(settings: Settings) -> Backend:
 
 def build_pipeline(settings: Settings, backend: Backend) -> Pipeline:
     """The one core every frontend goes through."""
-    return Pipeline(backend, settings.max_input_size, settings.restricted)
+    return Pipeline(backend, settings.max_input_size, settings.restricted, settings.models)
 
 
 def build_rest(settings: Settings, pipeline: Pipeline) -> RestFrontend:

@@ -17,12 +17,17 @@ An inference request passes these stages, in this order:
 3. **shared-memory resolution** (hook, issue "shared memory"): inputs named by
    ``shared_memory_region`` are read from the client's registered region; today every such
    reference is refused as an unknown region (:meth:`Pipeline._resolve_inputs`).
-4. **output planning** (hook, issues "classification" and "shared memory"): which outputs the
-   backend is asked for, in which form (:meth:`Pipeline._plan_outputs`).
+4. **output planning** (hook, issue "shared memory"; classification): which outputs the
+   backend is asked for, in which form (:meth:`Pipeline._plan_outputs`). An output with a
+   ``classification`` parameter is classified by the proxy (the backend is asked for the raw
+   output) when labels are configured for it or the backend lacks the extension, else passed
+   through (:mod:`v2proxy.postprocess.stage`). Requests without one pay one dict lookup per
+   requested output that has parameters.
 5. **backend call**: :meth:`Backend.infer` / :meth:`Backend.stream_infer`.
 6. **post-processing**: request id and model name filled in, outputs the client did not ask for
-   dropped; classification and shared-memory output writes plug in here
-   (:meth:`Pipeline._finish`). Metrics wrap stages 2-6.
+   dropped (:meth:`Pipeline._finish`); then the outputs planned in stage 4 are classified
+   (:func:`v2proxy.postprocess.stage.apply`); shared-memory output writes plug in here.
+   Metrics wrap stages 2-6.
 7. **encode** (frontend): the response in the wire form the client asked for.
 
 The pass-through fast path (:class:`~v2proxy.relay.Relay`): when no stage applies and the backend
@@ -35,7 +40,7 @@ Pure with respect to I/O libraries: it awaits the backend but imports no asyncio
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import unquote
 
@@ -43,12 +48,14 @@ from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
+from v2proxy.postprocess import stage
+from v2proxy.postprocess.classification import requested_count
 from v2proxy.relay import Relay
 
 METADATA_TTL_S = 30.0
 
 #: The extensions v2proxy provides to clients whatever the backend has.
-PROXY_EXTENSIONS = ("binary_tensor_data",)
+PROXY_EXTENSIONS = ("binary_tensor_data", "classification")
 
 
 class AccessPolicy(Protocol):
@@ -68,13 +75,20 @@ class Pipeline:
     """Runs every operation of every frontend through the stages and the backend."""
 
     def __init__(
-        self, backend: Backend, max_input_size: int, access: AccessPolicy | None = None
+        self,
+        backend: Backend,
+        max_input_size: int,
+        access: AccessPolicy | None = None,
+        models: Mapping[str, stage.ModelLabels] | None = None,
     ) -> None:
         self.backend = backend
         self.max_input_size = max_input_size
         self.access: AccessPolicy = access or _Open()
+        #: per-model settings (``Settings.models``): the label files of the outputs
+        self.models: Mapping[str, stage.ModelLabels] = models or {}
         self._relay = Relay(backend, max_input_size)
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
+        self._backend_classifies: tuple[float, bool] | None = None
 
     def _allow(self, group: str, headers: Headers) -> None:
         self.access.check(group, headers)
@@ -121,8 +135,12 @@ class Pipeline:
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         self._allow("inference", headers)
         self._resolve_inputs(request)
-        self._plan_outputs(request)
-        return self._finish(request, await self.backend.infer(request, headers))
+        counts = self._plan_outputs(request)
+        if counts is None:
+            return self._finish(request, await self.backend.infer(request, headers))
+        sent, todo = await self._plan_classification(request, counts)
+        response = self._finish(request, await self.backend.infer(sent, headers))
+        return await self._classify(request, todo, response)
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers
@@ -130,9 +148,13 @@ class Pipeline:
         """Every response of a (possibly decoupled) model to one request."""
         self._allow("inference", headers)
         self._resolve_inputs(request)
-        self._plan_outputs(request)
-        async for response in self.backend.stream_infer(request, headers):
-            yield self._finish(request, response)
+        counts = self._plan_outputs(request)
+        sent, todo = (
+            (request, {}) if counts is None else await self._plan_classification(request, counts)
+        )
+        async for answer in self.backend.stream_infer(sent, headers):
+            response = self._finish(request, answer)
+            yield await self._classify(request, todo, response) if todo else response
 
     async def relay(
         self,
@@ -171,12 +193,63 @@ class Pipeline:
                 raise NotFound(f"Unable to find shared memory region: '{region}'")
 
     @staticmethod
-    def _plan_outputs(request: InferRequest) -> None:
-        """Stage 4 (see :meth:`_resolve_inputs` for shared memory)."""
+    def _plan_outputs(request: InferRequest) -> dict[str, int] | None:
+        """Stage 4 (see :meth:`_resolve_inputs` for shared memory): the outputs that carry a
+        ``classification`` parameter, name -> k (0: none), or None when no output does."""
+        counts: dict[str, int] | None = None
         for o in request.outputs or ():
-            region = o.parameters.get("shared_memory_region")
+            params = o.parameters
+            if not params:
+                continue
+            if "classification" in params:
+                if counts is None:
+                    counts = {}
+                counts[o.name] = requested_count(params)
+            region = params.get("shared_memory_region")
             if region is not None:
                 raise NotFound(f"Unable to find shared memory region: '{region}'")
+        return counts
+
+    async def _plan_classification(
+        self, request: InferRequest, counts: dict[str, int]
+    ) -> tuple[InferRequest, stage.Plan]:
+        """Stage 4 for classification: the request the backend is sent and the outputs the
+        proxy classifies (:func:`v2proxy.postprocess.stage.plan`)."""
+        model = self.models.get(request.model_name)
+        local = model.outputs if model is not None else {}
+        classifies = (
+            stage.asks_backend(counts, local) and await self._backend_lists_classification()
+        )
+        return stage.plan(request, counts, local, classifies)
+
+    async def _classify(
+        self, request: InferRequest, todo: stage.Plan, response: InferResponse
+    ) -> InferResponse:
+        """Stage 6 for classification: batching known from the model's config or metadata."""
+        if not todo or not any(t.name in todo for t in response.outputs):
+            return response
+        try:
+            metadata, max_batch_size = await self._model_shape_info(
+                request.model_name, request.model_version
+            )
+        except ProxyError:
+            metadata, max_batch_size = {}, None
+        return stage.apply(response, todo, metadata, max_batch_size)
+
+    async def _backend_lists_classification(self) -> bool:
+        """Whether the backend's server metadata lists the classification extension (asked
+        at most every :data:`METADATA_TTL_S` seconds; a backend that cannot say does not)."""
+        now = time.monotonic()
+        hit = self._backend_classifies
+        if hit is not None and now - hit[0] < METADATA_TTL_S:
+            return hit[1]
+        try:
+            ext = (await self.backend.server_metadata()).get("extensions")
+        except ProxyError:
+            ext = None
+        lists = isinstance(ext, list) and "classification" in ext
+        self._backend_classifies = (now, lists)
+        return lists
 
     @staticmethod
     def _finish(request: InferRequest, response: InferResponse) -> InferResponse:
@@ -234,6 +307,7 @@ class Pipeline:
     def invalidate(self) -> None:
         """Forget cached model metadata (after repository load/unload)."""
         self._metadata.clear()
+        self._backend_classifies = None
 
     async def _model_shape_info(
         self, model: str, version: str

@@ -188,7 +188,7 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
             f"expected {next_raw} raw_input_contents (one per input of model '{model}' sent"
             f" without contents or shared memory) but got {len(raw)}"
         )
-    outputs = [RequestedOutput(o.name, params_from_proto(o.parameters)) for o in msg.outputs]
+    outputs = [RequestedOutput(o.name, _output_params(o)) for o in msg.outputs]
     return InferRequest(
         model_name=model,
         model_version=msg.model_version,
@@ -197,6 +197,24 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
         inputs=inputs,
         outputs=outputs or None,
     )
+
+
+def _output_params(output: Any) -> dict[str, Any]:
+    """A requested output's parameters; ``classification`` checked as Triton's gRPC frontend
+    does (reference §3.1), here where the parameter's type is still known: only a positive
+    ``int64_param`` reaches the pipeline."""
+    params = params_from_proto(output.parameters)
+    if "classification" in params:
+        p = output.parameters["classification"]
+        if p.WhichOneof("parameter_choice") != "int64_param":
+            raise CodecError(
+                "invalid value type for 'classification' parameter, expected int64_param"
+            )
+        if p.int64_param <= 0:
+            raise CodecError("invalid value for 'classification' parameter, expected >= 0")
+        if "shared_memory_region" in params:
+            raise CodecError("output can't set both 'shared_memory_region' and 'classification'")
+    return params
 
 
 def request_to_proto(req: InferRequest) -> pb.ModelInferRequest:

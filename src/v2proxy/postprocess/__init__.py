@@ -1,0 +1,1 @@
+"""Post-processing stages of the pipeline, pure (no I/O library): classification."""
