@@ -8,24 +8,32 @@ flight finish, close the backend's connections.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import multiprocessing
 import multiprocessing.process
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
+from v2proxy.backends.metered import metered
 from v2proxy.backends.rest import RestBackend
 from v2proxy.config import Settings
+from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
+from v2proxy.metrics import AnyMetrics, Metrics, NullMetrics, enable_multiprocess, process_gone
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
 
@@ -58,9 +66,25 @@ def build_pipeline(settings: Settings, backend: Backend) -> Pipeline:
     return Pipeline(backend, settings.max_input_size, settings.restricted, settings.models)
 
 
-def build_rest(settings: Settings, pipeline: Pipeline) -> RestFrontend:
+def build_metrics(settings: Settings) -> AnyMetrics:
+    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder).
+    Workers of ``--workers N`` report through the supervisor's multiprocess folder."""
+    if not settings.metrics:
+        return NullMetrics()
+    protocol = {"builtin": "builtin", "grpc": "grpc"}.get(settings.backend.kind, "rest")
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if settings.workers > 1 else None
+    return Metrics(CollectorRegistry(auto_describe=True), protocol, folder)
+
+
+def build_rest(
+    settings: Settings, pipeline: Pipeline, metrics: AnyMetrics | None = None
+) -> RestFrontend:
     """The REST frontend on ``pipeline`` (serve it with :func:`build_http_server`)."""
-    return RestFrontend(pipeline, settings.max_input_size, settings.max_body_size)
+    if metrics is None:
+        metrics = build_metrics(settings)
+    return RestFrontend(
+        pipeline, settings.max_input_size, settings.max_body_size, metrics, settings.access_log
+    )
 
 
 def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
@@ -76,7 +100,10 @@ def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
 
 
 def build_grpc_server(
-    settings: Settings, pipeline: Pipeline, reuse_port: bool = False
+    settings: Settings,
+    pipeline: Pipeline,
+    reuse_port: bool = False,
+    metrics: AnyMetrics | None = None,
 ) -> grpc.aio.Server:
     """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
     size = settings.grpc_max_message_size
@@ -89,7 +116,7 @@ def build_grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    frontend = GrpcFrontend(pipeline)
+    frontend = GrpcFrontend(pipeline, metrics, settings.access_log)
     server.add_generic_rpc_handlers(frontend.handlers())
     return server
 
@@ -104,11 +131,12 @@ async def serve(
     reuse_port: bool = False,
 ) -> None:
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
-    backend = build_backend(settings)
+    metrics = build_metrics(settings)
+    backend = metered(build_backend(settings), metrics)
     await backend.start()
     pipeline = build_pipeline(settings, backend)
-    http_server = build_http_server(settings, build_rest(settings, pipeline))
-    grpc_server = build_grpc_server(settings, pipeline, reuse_port)
+    http_server = build_http_server(settings, build_rest(settings, pipeline, metrics))
+    grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics)
     try:
         http_port = await http_server.start(
             settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
@@ -134,6 +162,8 @@ async def serve(
     )
     if on_ready is not None:
         on_ready(http_port, grpc_port)
+    metrics.start()
+    probe = asyncio.create_task(_probe_backend(backend, settings))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -145,7 +175,24 @@ async def serve(
         await asyncio.gather(
             grpc_server.stop(SHUTDOWN_GRACE_S), http_server.close(SHUTDOWN_GRACE_S)
         )
+        probe.cancel()
         await backend.close()
+        metrics.stop()
+
+
+async def _probe_backend(backend: Backend, settings: Settings) -> None:
+    """Warn once at start-up when the backend cannot be reached (serving goes on)."""
+    try:
+        async with asyncio.timeout(settings.backend_connect_timeout + 1):
+            await backend.server_ready()
+    except ProxyError as exc:
+        cause = exc.message
+    except TimeoutError:
+        cause = "no answer to the readiness check"
+    else:
+        return
+    fields = {"backend": settings.backend.url or settings.backend.kind, "cause": cause}
+    log.warning("backend unreachable at start-up", extra={"request": fields})
 
 
 def _run_one(settings: Settings, reuse_port: bool) -> None:
@@ -163,21 +210,62 @@ def _run_one(settings: Settings, reuse_port: bool) -> None:
 
 def run(settings: Settings) -> None:
     """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
+    if settings.access_log:  # its INFO lines whatever --log-level says
+        logging.getLogger("v2proxy.access").setLevel(logging.INFO)
     if settings.workers == 1:
         _run_one(settings, reuse_port=False)
     else:
         _supervise(settings)
 
 
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger[pid]: message key=value ...`` (the record's ``request`` fields)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields: dict[str, Any] | None = getattr(record, "request", None)
+        if fields:
+            for k, v in fields.items():
+                line += f" {k}={json.dumps(v) if isinstance(v, str) else v}"
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        obj.update(getattr(record, "request", None) or {})
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        return json.dumps(obj, ensure_ascii=False, default=str)
+
+
 def _supervise(settings: Settings) -> None:
     """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let
     them share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on
-    SIGTERM/SIGINT."""
+    SIGTERM/SIGINT. Their metrics meet in a fresh multiprocess folder, removed at exit."""
+    folder = tempfile.mkdtemp(prefix="v2proxy-metrics-")
+    enable_multiprocess(folder)
+    try:
+        _supervise_workers(settings, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise_workers(settings: Settings, folder: str) -> None:
     ctx = multiprocessing.get_context("fork")
     stopping = False
 
@@ -202,6 +290,8 @@ def _supervise(settings: Settings) -> None:
                     stopping = True
                     break
                 log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.exitcode)
+                if proc.pid is not None:
+                    process_gone(proc.pid, folder)
                 workers[i] = start(i)
     for proc in workers:
         if proc.is_alive() and proc.pid is not None:

@@ -101,6 +101,26 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
         choices=("debug", "info", "warning", "error"),
         help="log level (default info)",
     )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text lines, or json: one JSON object per line with ts, level, logger, message"
+        " and the request's fields (default text)",
+    )
+    p.add_argument(
+        "--access-log",
+        nargs="?",
+        const="on",
+        metavar="on|off",
+        help="one INFO line per request: method, path, status, duration, bytes (default off;"
+        " --access-log alone turns it on)",
+    )
+    p.add_argument(
+        "--metrics",
+        metavar="on|off",
+        help="Prometheus metrics on GET /metrics of the HTTP port; off: nothing is recorded"
+        " and /metrics answers 404 (default on)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:

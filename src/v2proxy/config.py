@@ -102,6 +102,9 @@ class Settings:
     event_loop: str = "uvloop"
     workers: int = 1
     log_level: str = "info"
+    log_format: str = "text"
+    access_log: bool = False
+    metrics: bool = True
     server_name: str = "v2proxy"
     client_shm: str = "local"
     backend_shm: str = "auto"
@@ -161,6 +164,18 @@ def _choice(*options: str) -> Any:
     return parse
 
 
+def _switch(v: Any) -> bool:
+    """on/off (YAML's bare on/off/true/false are booleans already; env vars are text)."""
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("on", "true", "yes", "1"):
+        return True
+    if s in ("off", "false", "no", "0"):
+        return False
+    raise ValueError("must be on or off")
+
+
 def _text(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise ValueError("must be a non-empty string")
@@ -199,6 +214,9 @@ PARSERS: dict[str, Any] = {
     "event_loop": _choice("uvloop", "asyncio"),
     "workers": _positive_int,
     "log_level": _choice("debug", "info", "warning", "error"),
+    "log_format": _choice("text", "json"),
+    "access_log": _switch,
+    "metrics": _switch,
     "client_shm": _choice("off", "local", "on"),
     "backend_shm": _choice("off", "system", "auto"),
     "restricted_api": parse_groups,

@@ -5,9 +5,11 @@ Every RPC goes through the one :class:`Pipeline` (health, metadata, config, infe
 repository, trace and log settings). Handlers are registered from one table (method name -> request
 type, response type, handler); requests arrive as bytes and are parsed in the handler, so that a
 malformed message is INVALID_ARGUMENT naming the RPC (gRPC's own deserializer failure is UNKNOWN).
-Every ProxyError becomes a gRPC status in exactly one place (:func:`_guard`). ModelStreamInfer
-answers each request on the stream, several times for decoupled models, with errors reported in-band
-in ``error_message`` unless the client sent the ``triton_grpc_error: true`` header.
+Every ProxyError becomes a gRPC status in exactly one place (:func:`_guard`), which also
+records each call (metrics, log lines; each message of a stream is recorded on its own).
+ModelStreamInfer answers each request on the stream, several times for decoupled models, with
+errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
+true`` header.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
 import grpc
@@ -28,6 +31,7 @@ from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
 from v2proxy.http_io import HOP_BY_HOP
+from v2proxy.metrics import AnyMetrics, FrontendRecorder, NullMetrics, error_kind
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Headers
 
@@ -65,24 +69,118 @@ def _parse(message_type: Any, data: bytes, rpc: str) -> Any:
         raise CodecError(f"malformed {rpc} request: {exc}") from None
 
 
+#: RPC -> the ``operation`` label of its metrics (others: "side")
+_OPERATIONS = {
+    "ModelInfer": "infer",
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "Check": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelConfig": "metadata",
+}
+#: RPC -> the request field that names the model
+_MODEL_FIELDS = {
+    "ModelInfer": "model_name",
+    "ModelReady": "name",
+    "ModelMetadata": "name",
+    "ModelConfig": "name",
+    "ModelStatistics": "name",
+    "RepositoryModelLoad": "model_name",
+    "RepositoryModelUnload": "model_name",
+    "TraceSetting": "model_name",
+}
+
+
 def _guard(
-    fn: Callable[[Any, Context], Awaitable[Any]], message_type: Any, rpc: str
+    fn: Callable[[Any, Context], Awaitable[Any]],
+    message_type: Any,
+    rpc: str,
+    rec: FrontendRecorder,
 ) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status."""
+    """The one translator from the error tree to gRPC status; it also serializes the answer
+    and records the call (metrics, log lines)."""
+    op = _OPERATIONS.get(rpc, "side")
+    field = _MODEL_FIELDS.get(rpc)
+    path = f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
 
     async def handler(data: bytes, context: Context) -> Any:
+        t0 = perf_counter()
+        rec.inflight.inc()
+        call = _Call(op, "")
         try:
-            return await fn(_parse(message_type, data, rpc), context)
+            msg = _parse(message_type, data, rpc)
+            if field is not None:
+                call.model = getattr(msg, field)
+            out = (await fn(msg, context)).SerializeToString()
+            call.n_out = len(out)
+            return out
         except ProxyError as exc:
-            error: tuple[grpc.StatusCode, str] = (_code(exc), exc.message)
+            call.failed(exc)
         except asyncio.CancelledError:
+            call.cancelled()
             raise
         except Exception as exc:
             log.exception("unexpected error in gRPC handler")
-            error = (grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
-        await context.abort(*error)
+            call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
+        finally:
+            rec.inflight.dec()
+            call.record(rec, context, t0, len(data), path)
+        failure = call.exc
+        assert failure is not None
+        await context.abort(_code(failure), failure.message)
 
     return handler
+
+
+class _Call:
+    """What is recorded of one call (one message of a stream)."""
+
+    __slots__ = ("error", "exc", "model", "n_out", "op", "status")
+
+    def __init__(self, op: str, model: str) -> None:
+        self.op = op
+        self.model = model
+        self.status = 200
+        self.error: str | None = None
+        self.exc: ProxyError | None = None
+        self.n_out = 0
+
+    def failed(self, exc: ProxyError, kind: str | None = None) -> None:
+        self.exc = exc
+        self.status = exc.http_status
+        self.error = kind or error_kind(exc)
+
+    def cancelled(self) -> None:
+        self.failed(ProxyError("cancelled by the client"), "client_disconnected")
+        self.status = 499
+
+    def record(
+        self, rec: FrontendRecorder, context: Context, t0: float, n_in: int, path: str
+    ) -> None:
+        duration = perf_counter() - t0
+        status = self.status
+        rec.done(
+            duration, self.op, self.model, status, self.error, "grpc", n_in, "grpc", self.n_out
+        )
+        if status >= 400 or rec.access_log:
+            exc = self.exc
+            rid = next(
+                (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
+            )
+            rec.log(
+                status >= 400,
+                None if rid is None else str(rid),
+                self.model,
+                "POST",
+                path,
+                "OK" if exc is None else ("CANCELLED" if status == 499 else _code(exc).name),
+                duration,
+                n_in,
+                self.n_out,
+                None if exc is None else exc.message,
+            )
 
 
 def forwarded_headers(context: Context) -> Headers:
@@ -113,25 +211,23 @@ def _no_reserved_keys(parameters: dict[str, Any]) -> None:
 class GrpcFrontend:
     """Serves the v2 gRPC API on top of a :class:`Pipeline`."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(
+        self, pipeline: Pipeline, metrics: AnyMetrics | None = None, access_log: bool = False
+    ) -> None:
         self.pipeline = pipeline
+        self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
+        # answers leave the handlers serialized (bytes), so that their size is known
+        rec = self.recorder
         unary = {
-            name: grpc.unary_unary_rpc_method_handler(
-                _guard(getattr(self, name), req, name),
-                response_serializer=resp.SerializeToString,
-            )
-            for name, (req, resp) in UNARY_RPCS.items()
+            name: grpc.unary_unary_rpc_method_handler(_guard(getattr(self, name), req, name, rec))
+            for name, (req, _resp) in UNARY_RPCS.items()
         }
-        unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.ModelStreamInfer,
-            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
-        )
+        unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                _guard(self.Check, health_pb2.HealthCheckRequest, "Check"),
-                response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
+                _guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec)
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.Watch,
@@ -177,30 +273,62 @@ class GrpcFrontend:
     # ------------------------------------------------------------------ inference
 
     async def ModelInfer(self, r: pb.ModelInferRequest, c: Context) -> pb.ModelInferResponse:
+        t0 = perf_counter()
         request = grpcc.request_from_proto(r)
+        self.recorder.decode["grpc"].observe(perf_counter() - t0)
         _no_reserved_keys(request.parameters)
         response = await self.pipeline.infer(request, forwarded_headers(c))
-        return grpcc.response_to_proto(response)
+        t0 = perf_counter()
+        out = grpcc.response_to_proto(response)
+        self.recorder.encode["grpc"].observe(perf_counter() - t0)
+        return out
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Context
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[bytes]:
+        """Each request message is served (and recorded) on its own; answers are serialized
+        here, errors too unless the client asked for them as the stream's status."""
         raise_errors = any(
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
         )
         headers = forwarded_headers(context)
-        queue: asyncio.Queue[pb.ModelStreamInferResponse | ProxyError | None] = asyncio.Queue()
+        queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        rec = self.recorder
+        path = f"/{SERVICE}/ModelStreamInfer"
 
         async def serve_one(msg: bytes) -> None:
+            t0 = perf_counter()
+            rec.inflight.inc()
+            call = _Call("stream_infer", "")
             try:
-                async for out in self._stream_one(msg, headers):
-                    await queue.put(out)
-            except ProxyError as exc:
-                await queue.put(exc)
-            except Exception as exc:
-                log.exception("unexpected error in ModelStreamInfer")
-                await queue.put(ProxyError(f"internal error: {type(exc).__name__}"))
+                try:
+                    r = _parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
+                    call.model = r.model_name
+                    async for out in self._stream_one(r, headers):
+                        data = out.SerializeToString()
+                        call.n_out += len(data)
+                        await queue.put(data)
+                except ProxyError as exc:
+                    call.failed(exc)
+                except asyncio.CancelledError:
+                    call.cancelled()
+                    raise
+                except Exception as exc:
+                    log.exception("unexpected error in ModelStreamInfer")
+                    call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
+                if call.exc is not None:
+                    if raise_errors:
+                        await queue.put(call.exc)
+                    else:
+                        data = pb.ModelStreamInferResponse(
+                            error_message=call.exc.message
+                        ).SerializeToString()
+                        call.n_out += len(data)
+                        await queue.put(data)
+            finally:
+                rec.inflight.dec()
+                call.record(rec, context, t0, len(msg), path)
 
         async def read_all() -> None:
             try:
@@ -217,11 +345,8 @@ class GrpcFrontend:
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, ProxyError):
-                    if raise_errors:
-                        await context.abort(_code(item), item.message)
-                    yield pb.ModelStreamInferResponse(error_message=item.message)
-                else:
-                    yield item
+                    await context.abort(_code(item), item.message)
+                yield item
         finally:
             reader.cancel()
             for task in list(tasks):
@@ -230,16 +355,21 @@ class GrpcFrontend:
                 await reader
 
     async def _stream_one(
-        self, data: bytes, headers: Headers
+        self, r: pb.ModelInferRequest, headers: Headers
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        request = grpcc.request_from_proto(_parse(pb.ModelInferRequest, data, "ModelStreamInfer"))
+        t0 = perf_counter()
+        request = grpcc.request_from_proto(r)
+        self.recorder.decode["grpc"].observe(perf_counter() - t0)
         flag = request.parameters.pop(_EMPTY_FINAL, False) is True
         _no_reserved_keys(request.parameters)
         previous: pb.ModelInferResponse | None = None
+        encode = self.recorder.encode["grpc"]
         async for response in self.pipeline.stream_infer(request, headers):
             if previous is not None:
                 yield self._stream_response(previous, flag, final=False)
+            t0 = perf_counter()
             previous = grpcc.response_to_proto(response)
+            encode.observe(perf_counter() - t0)
         if previous is None:  # nothing produced: an empty final response
             previous = pb.ModelInferResponse(
                 model_name=request.model_name,

@@ -11,6 +11,10 @@ Routing is one table of (path pattern, {method: handler}); a known path with the
 405. Every ProxyError becomes ``{"error": message}`` with its status in exactly one place
 (:func:`error_answer`); nothing a client sends yields a traceback or a 500. Headers reach the
 backend as the bytes the client sent; ``x-request-id`` is echoed on every answer.
+
+``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
+passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
+(metrics of :mod:`v2proxy.metrics`, a WARNING line per failed request, the access log).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
 from v2proxy.codecs import side
@@ -26,19 +31,21 @@ from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
 from v2proxy.frontends import rest_infer
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
-from v2proxy.http.request import HttpRequest, HttpResponse
+from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
+from v2proxy.metrics import CONTENT_TYPE, AnyMetrics, FrontendRecorder, NullMetrics, error_kind
 from v2proxy.model import Buffer
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import ForwardResponse
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["RestFrontend", HttpRequest, "re.Match[str]"], Awaitable["Answer"]]
+Handler = Callable[["RestFrontend", HttpRequest, Any], Awaitable["Answer"]]
 #: a complete answer: status, headers, body
 Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
 
 REQUEST_ID = b"x-request-id"
 JSON = [(b"content-type", b"application/json")]
+_METRICS_TYPE = CONTENT_TYPE.encode()
 
 
 def json_answer(status: int, obj: Any) -> Answer:
@@ -58,48 +65,137 @@ def _model(m: re.Match[str]) -> tuple[str, str]:
 
 
 class RestFrontend:
-    """Serves the v2 REST API on top of a :class:`Pipeline`."""
+    """Serves the v2 REST API on top of a :class:`Pipeline`; records every request but
+    ``/metrics`` scrapes (:class:`~v2proxy.metrics.FrontendRecorder`)."""
 
-    def __init__(self, pipeline: Pipeline, max_input_size: int, max_body_size: int) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        max_input_size: int,
+        max_body_size: int,
+        metrics: AnyMetrics | None = None,
+        access_log: bool = False,
+    ) -> None:
         self.pipeline = pipeline
         self.max_input_size = max_input_size
         self.max_body_size = max_body_size
+        self.metrics: AnyMetrics = metrics or NullMetrics()
+        self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
+        #: body sizes of chunked requests, read by read_body, taken by dispatch
+        self._chunked_sizes: dict[HttpRequest, int] = {}
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
-        """The HTTP server's handler: route, answer, translate errors."""
-        try:
-            answer = await self._route(request)
-        except ProxyError as exc:
-            answer = error_answer(exc)
-        rid = request.header(REQUEST_ID)
-        if isinstance(answer, ForwardResponse):
-            await rest_infer.write_forwarded(request, response, answer, rid)
+        """The HTTP server's handler: route, answer, translate errors; then record the request
+        (metrics and log lines)."""
+        if request.path == "/metrics":
+            await self.scrape(request, response)
             return
+        rec = self.recorder
+        t0 = perf_counter()
+        rec.inflight.inc()
+        handler, m, op = _find(request)
+        model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
+        status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
+        try:
+            try:
+                answer = await handler(self, request, m)
+            except ProxyError as exc:
+                answer = error_answer(exc)
+                error, cause = error_kind(exc), exc.message
+            rid = request.header(REQUEST_ID)
+            if isinstance(answer, ForwardResponse):
+                status = answer.status
+                if op == "infer" and status == 200:
+                    wire_out = _wire_out(answer.headers)
+                n_out = await rest_infer.write_forwarded(request, response, answer, rid)
+            else:
+                status, headers, body = answer
+                if op == "infer" and status == 200:
+                    wire_out = _wire_out(headers)
+                n_out = _size(body)
+                if rid is not None:
+                    headers.append((REQUEST_ID, rid))
+                await response.send(status, headers, body)
+        except http.ClientDisconnected:
+            if not cause:
+                status, error, cause = 499, "client_disconnected", "the client went away"
+            raise
+        except http.BodyError as exc:
+            status, error, cause = exc.status, "invalid_request", str(exc)
+            raise
+        except Exception as exc:
+            status, error, cause = 500, "internal", f"internal error: {type(exc).__name__}"
+            raise
+        finally:
+            rec.inflight.dec()
+            self._record(request, t0, op, model, status, error, cause, wire_out, n_out)
+
+    def _record(
+        self,
+        request: HttpRequest,
+        t0: float,
+        op: str,
+        model: str,
+        status: int,
+        error: str | None,
+        cause: str,
+        wire_out: str,
+        n_out: int,
+    ) -> None:
+        rec = self.recorder
+        duration = perf_counter() - t0
+        if status < 400:
+            error = None
+        elif not cause:  # an answer of the handler's own (405, not ready) or the backend's
+            error = "backend_error" if op == "passthrough" else _STATUS_ERRORS.get(status, "other")
+        if request.chunked:
+            n_in = self._chunked_sizes.pop(request, 0)
+        else:
+            n_in = request.content_length or 0
+        wire_in = _wire_in(request) if op == "infer" else "json"
+        rec.done(duration, op, model, status, error, wire_in, n_in, wire_out, n_out)
+        if status >= 400 or rec.access_log:
+            rid = request.header(REQUEST_ID)
+            rec.log(
+                status >= 400,
+                None if rid is None else rid.decode("latin-1"),
+                model,
+                request.method,
+                request.path,
+                status,
+                duration,
+                n_in,
+                n_out,
+                cause,
+            )
+
+    async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
+        """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
+        answer: tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]]
+        if not self.metrics.enabled:
+            answer = json_answer(404, {"error": "Not Found"})  # type: ignore[assignment]
+        elif request.method not in ("GET", "HEAD"):
+            answer = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[assignment]
+        else:
+            answer = 200, [(b"content-type", _METRICS_TYPE)], self.metrics.exposition()
         status, headers, body = answer
+        rid = request.header(REQUEST_ID)
         if rid is not None:
             headers.append((REQUEST_ID, rid))
         await response.send(status, headers, body)
 
-    async def _route(self, request: HttpRequest) -> Answer:
-        path = request.path
-        for pattern, methods in ROUTES:
-            m = pattern.fullmatch(path)
-            if m is not None:
-                handler = methods.get(request.method)
-                if handler is None:
-                    return json_answer(405, {"error": "Method Not Allowed"})
-                return await handler(self, request, m)
-        return await self.passthrough(request)
-
     async def read_body(self, request: HttpRequest) -> bytearray:
         """The whole request body, bounded by --max-body-size."""
         try:
-            return await request.read(self.max_body_size)
+            body = await request.read(self.max_body_size)
         except http.BodyTooLarge:
             raise BodyTooLarge(
                 f"request body exceeds the maximum body size of {self.max_body_size} bytes"
                 " (--max-body-size)"
             ) from None
+        if request.chunked:
+            self._chunked_sizes[request] = len(body)
+        return body
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -161,38 +257,84 @@ class RestFrontend:
 
     # ------------------------------------------------------------------ pass-through
 
-    async def passthrough(self, request: HttpRequest) -> Answer:
+    async def passthrough(self, request: HttpRequest, _m: Any = None) -> Answer:
         target = request.target.decode("latin-1")
         if not target.startswith("/"):  # the HTTP layer refuses these already: never a host
             raise InvalidRequest("the request target must be a path starting with '/'")
         body = await self.read_body(request)
         return await self.pipeline.passthrough(request.method, target, headers_of(request), body)
 
+    async def not_allowed(self, _r: HttpRequest, _m: Any) -> Answer:
+        return json_answer(405, {"error": "Method Not Allowed"})
+
 
 _M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
 _BOTH = ("GET", "POST")
 
-ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
-    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}),  # the hot one first
-    (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}),
-    (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}),
-    (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}),
-    (re.compile(_M + "/ready"), {"GET": RestFrontend.model_ready}),
-    (re.compile(_M + "/config"), {"GET": RestFrontend.model_config}),
-    (re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"), {"GET": RestFrontend.statistics}),
-    (re.compile(_M + "/stats"), {"GET": RestFrontend.statistics}),
-    (re.compile(r"/v2/repository/index"), {"POST": RestFrontend.repository_index}),
+#: (path pattern, {method: handler}, operation: the ``operation`` label of its metrics)
+ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
+    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}, "infer"),  # the hot one first
+    (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}, "health"),
+    (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}, "health"),
+    (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}, "metadata"),
+    (re.compile(_M + "/ready"), {"GET": RestFrontend.model_ready}, "health"),
+    (re.compile(_M + "/config"), {"GET": RestFrontend.model_config}, "metadata"),
+    (
+        re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"),
+        {"GET": RestFrontend.statistics},
+        "side",
+    ),
+    (re.compile(_M + "/stats"), {"GET": RestFrontend.statistics}, "side"),
+    (re.compile(r"/v2/repository/index"), {"POST": RestFrontend.repository_index}, "side"),
     (
         re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)"),
         {"POST": RestFrontend.repository_load},
+        "side",
     ),
     (
         re.compile(r"/v2/(?:models/(?P<model>[^/]+)/)?trace/setting"),
         dict.fromkeys(_BOTH, RestFrontend.trace_settings),
+        "side",
     ),
-    (re.compile(r"/v2/logging"), dict.fromkeys(_BOTH, RestFrontend.log_settings)),
+    (re.compile(r"/v2/logging"), dict.fromkeys(_BOTH, RestFrontend.log_settings), "side"),
     (
         re.compile(r"/v2/models/(?!stats$)(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"),
         {"GET": RestFrontend.model_metadata},
+        "metadata",
     ),
 ]
+
+
+def _find(request: HttpRequest) -> tuple[Handler, Any, str]:
+    """The handler of a request, its path match (None: passed through) and operation."""
+    path = request.path
+    for pattern, methods, op in ROUTES:
+        m = pattern.fullmatch(path)
+        if m is not None:
+            return methods.get(request.method, RestFrontend.not_allowed), m, op
+    return RestFrontend.passthrough, None, "passthrough"
+
+
+#: the ``error`` label of error answers that are no ProxyError
+_STATUS_ERRORS = {405: "method_not_allowed", 400: "not_ready"}
+_IHCL = b"inference-header-content-length"
+
+
+def _wire_in(request: HttpRequest) -> str:
+    ihcl = request.header(_IHCL)
+    if ihcl is None:
+        return "json"
+    return "raw" if ihcl.strip() == b"0" else "binary"
+
+
+def _wire_out(headers: list[tuple[bytes, bytes]]) -> str:
+    for name, _ in headers:
+        if name == _IHCL:
+            return "binary"
+    return "json"
+
+
+def _size(body: Buffer | list[Buffer]) -> int:
+    if isinstance(body, list):
+        return sum(nbytes(b) for b in body)
+    return nbytes(body)

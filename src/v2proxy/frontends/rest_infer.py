@@ -13,7 +13,9 @@ The request is decoded (checked) first, whatever happens next. Then, in this ord
 - otherwise it goes through :meth:`Pipeline.infer` and the answer is encoded as the client asked
   (JSON, binary outputs, compression).
 
-An answer passed through is written as it comes; one that breaks off after its head was sent
+Decode (decompression included) and encode times are recorded per wire form
+(``v2proxy_transcode_duration_seconds``); relayed bodies are not transcoded. An answer passed
+through is written as it comes; one that breaks off after its head was sent
 closes the connection (the client sees a broken answer, never a complete-looking short one).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from v2proxy.codecs import binary as binc
@@ -110,12 +113,15 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
                 body += chunk
     if body is None:
         body = await fe.read_body(r)
+    t0 = perf_counter()
     data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
     ihcl = binc.parse_ihcl(ihcl_value, len(data))
-    if ihcl == 0:
+    if ihcl == 0:  # (the model's shape, from the pipeline's metadata cache, counts too)
         request = await fe.pipeline.decode_raw(data, model, version)
+        fe.recorder.decode["raw"].observe(perf_counter() - t0)
     else:
         request = binc.decode_request(data, ihcl, model, version, fe.max_input_size)
+        fe.recorder.decode["json" if ihcl is None else "binary"].observe(perf_counter() - t0)
         if encoding is None and isinstance(data, bytes | bytearray):
             relayed = await fe.pipeline.relay(request, data, ihcl, forwarded)
             if relayed is not None:
@@ -128,6 +134,7 @@ async def _answer(
 ) -> Answer:
     """Run a decoded request through the pipeline; the answer in the client's wire form."""
     response = await fe.pipeline.infer(request, forwarded)
+    t0 = perf_counter()
     chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
     if json_length is None:
         headers = [(b"content-type", b"application/json")]
@@ -139,29 +146,33 @@ async def _answer(
     if encoding is not None:
         chunks = [compression.compress(chunks, encoding)]
         headers.append((b"content-encoding", encoding.encode()))
+    fe.recorder.encode["json" if json_length is None else "binary"].observe(perf_counter() - t0)
     return 200, headers, chunks
 
 
 async def write_forwarded(
     request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
-) -> None:
+) -> int:
     """Write a backend's answer through: in one piece when it was read whole, else streamed as
-    it comes (with its Content-Length when it has one)."""
+    it comes (with its Content-Length when it has one). Returns the body bytes written."""
     headers = list(answer.headers)
     if rid is not None and all(k != b"x-request-id" for k, _ in headers):
         headers.append((b"x-request-id", rid))
     try:
         if answer.content is not None:
             await response.send(answer.status, headers, answer.content)
-            return
+            return len(answer.content)
         await response.start(answer.status, headers, answer.length)
+        sent = 0
         try:
             async for chunk in answer.body:
                 await response.write(chunk)
+                sent += len(chunk)
         except ProxyError as exc:
             log.warning("answer to %s broke off: %s", request.path, exc.message)
             response.abort()
-            return
+            return sent
         await response.end()
+        return sent
     finally:
         await answer.release()

@@ -1,0 +1,153 @@
+"""A :class:`~v2proxy.ports.Backend` decorator that times every call of the backend it wraps and
+counts its connection errors (:class:`~v2proxy.metrics.BackendRecorder`), so that the pipeline
+and the real backends stay free of metrics. ``app.py`` wraps the real backend in it when
+metrics are on.
+
+Timed: ``infer``, ``stream_infer`` (to its last response), ``relay_infer`` and ``forward`` (to
+the answer's head; its body streams on afterwards), and every side operation. A call that
+fails is timed too; BackendUnavailable, GatewayTimeout and BadGateway (and their subclasses)
+count as connection errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from time import perf_counter
+from typing import Any
+
+from v2proxy.metrics import AnyMetrics, BackendRecorder, Metrics
+from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.ports import Backend, Body, ForwardResponse, Headers
+
+
+def metered(backend: Backend, metrics: AnyMetrics) -> Backend:
+    """``backend`` wrapped in a :class:`MeteredBackend` when metrics are on, else itself."""
+    if isinstance(metrics, Metrics):
+        return MeteredBackend(backend, BackendRecorder(metrics))
+    return backend
+
+
+class MeteredBackend:
+    """Times each call of ``inner`` (see the module docstring)."""
+
+    def __init__(self, inner: Backend, recorder: BackendRecorder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._rec = recorder
+
+    def __getattr__(self, name: str) -> Any:  # anything a backend has beyond the port
+        return getattr(self.inner, name)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
+        t0 = perf_counter()
+        try:
+            response = await self.inner.infer(request, headers)
+        except BaseException as exc:
+            self._rec.done("infer", request.model_name, perf_counter() - t0, exc)
+            raise
+        self._rec.done("infer", request.model_name, perf_counter() - t0, None)
+        return response
+
+    async def stream_infer(
+        self, request: InferRequest, headers: Headers
+    ) -> AsyncIterator[InferResponse]:
+        t0 = perf_counter()
+        try:
+            async for response in self.inner.stream_infer(request, headers):
+                yield response
+        except BaseException as exc:
+            self._rec.done("stream_infer", request.model_name, perf_counter() - t0, exc)
+            raise
+        self._rec.done("stream_infer", request.model_name, perf_counter() - t0, None)
+
+    async def relay_infer(
+        self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
+    ) -> ForwardResponse:
+        t0 = perf_counter()
+        try:
+            answer = await self.inner.relay_infer(model, version, body, ihcl, headers)
+        except BaseException as exc:
+            self._rec.done("relay_infer", model, perf_counter() - t0, exc)
+            raise
+        self._rec.done("relay_infer", model, perf_counter() - t0, None)
+        return answer
+
+    async def forward(
+        self, method: str, target: str, headers: Headers, body: Buffer
+    ) -> ForwardResponse:
+        return await self._timed(  # type: ignore[no-any-return]
+            "forward", "", self.inner.forward(method, target, headers, body)
+        )
+
+    async def can_relay(self, binary: bool) -> bool:
+        return await self.inner.can_relay(binary)
+
+    # ------------------------------------------------------------------ the rest, timed alike
+
+    async def _timed(self, op: str, model: str, call: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            result = await call
+        except BaseException as exc:
+            self._rec.done(op, model, perf_counter() - t0, exc)
+            raise
+        self._rec.done(op, model, perf_counter() - t0, None)
+        return result
+
+    async def server_ready(self) -> bool:
+        return await self._timed("server_ready", "", self.inner.server_ready())  # type: ignore[no-any-return]
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return await self._timed("server_metadata", "", self.inner.server_metadata())  # type: ignore[no-any-return]
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "model_metadata", model, self.inner.model_metadata(model, version)
+        )
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "model_config", model, self.inner.model_config(model, version)
+        )
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        return await self._timed(  # type: ignore[no-any-return]
+            "model_ready", model, self.inner.model_ready(model, version)
+        )
+
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "statistics", model, self.inner.statistics(model, version, headers)
+        )
+
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "repository_index", "", self.inner.repository_index(ready, headers)
+        )
+
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        await self._timed(
+            "repository_load", model, self.inner.repository_load(model, load, parameters, headers)
+        )
+
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "trace_settings", model, self.inner.trace_settings(model, update, headers)
+        )
+
+    async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
+        return await self._timed(  # type: ignore[no-any-return]
+            "log_settings", "", self.inner.log_settings(update, headers)
+        )
