@@ -124,7 +124,17 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="v2proxy", description=__doc__)
+    top = argparse.ArgumentParser(
+        prog="v2proxy",
+        description="v2proxy: a sidecar that makes every KServe v2 / Open Inference Protocol"
+        " client work with every model server (Triton, KServe ModelServer, MLServer, ...)."
+        " It sits beside the model server and transcodes between JSON, binary tensors, raw"
+        " bodies and gRPC, adds what the backend lacks (classification, binary tensors) and"
+        " exports Prometheus metrics on /metrics. 'v2proxy serve' runs it (in front of the"
+        " builtin demo models by default); 'v2proxy serve --help' lists every option with its"
+        " default. Every option is also a YAML key of --config FILE and an environment"
+        " variable V2PROXY_<NAME> (command line > environment > file > defaults).",
+    )
     top.add_argument("--version", action="version", version=f"v2proxy {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 

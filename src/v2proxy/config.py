@@ -123,8 +123,11 @@ def _port(v: Any) -> int:
 
 def _int(v: Any) -> int:
     if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-        raise ValueError("must be an integer")
-    return int(v)
+        raise ValueError("expected an integer")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ValueError("expected an integer") from None
 
 
 def _positive_int(v: Any) -> int:
@@ -147,7 +150,10 @@ def _int_range(low: int, high: int) -> Any:
 def _positive_float(v: Any) -> float:
     if isinstance(v, bool):
         raise ValueError("must be a positive number")
-    x = float(v)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("expected a positive number") from None
     if not 0 < x < float("inf"):
         raise ValueError("must be a positive number")
     return x
@@ -240,6 +246,8 @@ def load_settings(
     """Merge the sources (CLI values of None mean "not given") into validated Settings."""
     env = dict(os.environ) if env is None else env
     values: dict[str, Any] = dict(base)
+    #: where each value came from, as an error names it (defaults are never wrong)
+    origin: dict[str, str] = {}
     sections: dict[str, Any] = {}
     config_file = cli.get("config") or config_file or env.get("V2PROXY_CONFIG")
     if config_file:
@@ -253,20 +261,24 @@ def load_settings(
             if key not in PARSERS:
                 raise ConfigError(f"{config_file}: unknown setting '{key}'")
             values[key] = value
+            origin[key] = f"{config_file}: {key}={{}}"
     for key in PARSERS:
         env_value = env.get(f"V2PROXY_{key.upper()}")
         if env_value is not None:
             values[key] = env_value
+            origin[key] = f"V2PROXY_{key.upper()}={{}}"
     for key, value in cli.items():
         if key in PARSERS and value is not None:
             values[key] = value
+            origin[key] = f"--{key.replace('_', '-')}={{}}"
     parsed: dict[str, Any] = {}
     for key, value in values.items():
         try:
             parsed[key] = PARSERS[key](value) if key in PARSERS else value
         except (TypeError, ValueError) as exc:
-            shown = "" if key in SECRET else f" {value!r}"
-            raise ConfigError(f"invalid value{shown} for '{key}': {exc}") from None
+            shown = "***" if key in SECRET else str(value)
+            where = origin.get(key, f"{key}={{}}").format(shown)
+            raise ConfigError(f"{where}: invalid value for '{key}': {exc}") from None
     if parsed.get("workers", 1) > 1 and 0 in (parsed.get("http_port"), parsed.get("grpc_port")):
         raise ConfigError(
             "several workers need fixed ports: 'http_port'/'grpc_port' 0 is not allowed"

@@ -69,7 +69,7 @@ def test_precedence(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cli", "message"),
     [
-        ({"backend": "ftp://x"}, "invalid value 'ftp://x' for 'backend'"),
+        ({"backend": "ftp://x"}, "--backend=ftp://x: invalid value for 'backend'"),
         ({"backend": "grpc://127.0.0.1"}, "grpc://host:port"),
         ({"http_port": 70000}, "for 'http_port': must be a port number"),
         ({"backend_encoding": "xml"}, "must be one of auto, json, binary"),
@@ -83,6 +83,7 @@ def test_precedence(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_stop_with_one_line(cli: dict[str, object], message: str) -> None:
+    """Each bad value stops the start with one line naming where it came from."""
     with pytest.raises(ConfigError) as info:
         load_settings(cli, None, env={})
     assert message in str(info.value)
@@ -166,7 +167,7 @@ LABELS_OK = "models: {m: {outputs: {o: {labels: l.txt}}}}\n"
         ("mindie: {model: m, timeout: 0}\n", "mindie.timeout: must be an integer 1..65535 (got 0)"),
         (
             "mindie: {model: m, max_new_tokens: 2.5}\n",
-            "mindie.max_new_tokens: must be an integer (got 2.5)",
+            "mindie.max_new_tokens: expected an integer (got 2.5)",
         ),
         (
             "mindie: {model: m, profile: vllm, seed_input: seed}\n",
@@ -305,4 +306,32 @@ def test_cli_rejects_bad_config_with_exit_2() -> None:
         check=False,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("v2proxy: invalid value 'ftp://nowhere' for 'backend'")
+    assert proc.stderr.strip().startswith(
+        "v2proxy: --backend=ftp://nowhere: invalid value for 'backend': must be 'builtin',"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("env", "V2PROXY_HTTP_PORT=xyz: invalid value for 'http_port': expected an integer"),
+        ("file", "c.yaml: http_port=xyz: invalid value for 'http_port': expected an integer"),
+        ("cli", "--http-port=xyz: invalid value for 'http_port': expected an integer"),
+    ],
+)
+def test_a_bad_value_names_its_source(tmp_path: Path, source: str, message: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("http_port: xyz\n" if source == "file" else "grpc_port: 9001\n")
+    env = {"V2PROXY_HTTP_PORT": "xyz"} if source == "env" else {}
+    cli = {"http_port": "xyz"} if source == "cli" else {}
+    with pytest.raises(ConfigError) as info:
+        load_settings(cli, str(cfg), env=env)
+    assert str(info.value).endswith(message)
+    assert str(info.value).startswith(str(cfg) if source == "file" else message[:8])
+
+
+def test_a_secret_is_never_shown() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, None, env={"V2PROXY_RESTRICTED_API_HEADER": "s3cret"})
+    assert str(info.value).startswith("V2PROXY_RESTRICTED_API_HEADER=***: invalid value")
+    assert "s3cret" not in str(info.value)
