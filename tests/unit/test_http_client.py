@@ -684,6 +684,66 @@ async def test_read_timeout(serve, how: str) -> None:  # type: ignore[no-untyped
     await client.close()
 
 
+async def test_call_timeout_bounds_the_whole_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    """``call_timeout``: an answer trickling in (each byte within ``read_timeout``) still fails
+    at the call's deadline, on the head and on read(); the slot is given back, and a
+    connection back in the pool is never failed by an earlier call's deadline."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        while True:
+            head, _ = await read_request(reader, srv)
+            if head.startswith(b"GET /fast"):
+                writer.write(OK)
+                await writer.drain()
+                continue
+            raw = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+            if head.startswith(b"GET /head"):
+                raw = b"HTTP/1.1 200 OK\r\nX-Pad: "  # the head itself trickles
+            writer.write(raw)
+            await writer.drain()
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                writer.write(b"x")
+                await writer.drain()
+
+    srv = await serve(handler)
+    client = HttpClient("127.0.0.1", srv.port, limit=2)
+    for path in ("/head", "/body"):
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(ReadTimeout):
+            resp = await client.request("GET", path, [], read_timeout=1.0, call_timeout=0.3)
+            await resp.read()
+        assert 0.25 < asyncio.get_running_loop().time() - t0 < 0.9
+        assert client._slots._value == 2 and not client._idle
+    resp = await client.request("GET", "/fast", [], read_timeout=1.0, call_timeout=0.2)
+    assert await resp.read() == b"ok"
+    await asyncio.sleep(0.3)  # past that call's deadline, idle in the pool
+    resp = await client.request("GET", "/fast", [], call_timeout=0.2)
+    assert await resp.read() == b"ok"
+    assert srv.accepts == 3  # the last call reused the pooled connection
+    await client.close()
+
+
+async def test_stream_lifts_the_call_timeout(serve) -> None:  # type: ignore[no-untyped-def]
+    """After :meth:`ClientResponse.stream` only the idle-read timeout bounds the body."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n")
+        for _ in range(8):
+            await asyncio.sleep(0.05)
+            writer.write(b"x")
+            await writer.drain()
+        await asyncio.sleep(30)
+
+    srv = await serve(handler)
+    client = HttpClient("127.0.0.1", srv.port)
+    resp = await client.request("GET", "/", [], read_timeout=0.3, call_timeout=0.2)
+    resp.stream()
+    assert b"".join([c async for c in resp.iter_chunks()]) == b"x" * 8
+    await client.close()
+
+
 async def test_read_timeout_counts_only_waits(serve) -> None:  # type: ignore[no-untyped-def]
     """A slow consumer is not a slow server: time between waits is not counted."""
 

@@ -8,7 +8,8 @@ pass-through (``relay_infer``, ``forward``).
   asks for an uncompressed answer; binary bodies are written buffer by buffer. The client's
   end-to-end headers go on as the bytes it sent, less those this backend sets itself.
 - ``--backend-timeout`` bounds the whole answer, head and body. An answer read whole (every
-  call but the large streamed ones) is read under one deadline; a streamed one (a relayed
+  call but the large streamed ones) is read under one deadline, kept on the HTTP client
+  connection's own timer (``call_timeout``: no timer call per request); a streamed one (a relayed
   /infer answer over :data:`READ_WHOLE`, a large pass-through answer) gets the deadline for its
   head and then as an idle-read deadline between its pieces: a backend that stalls mid-body
   ends the answer (504 when nothing was sent yet), never hangs it. A request body still
@@ -33,6 +34,7 @@ from urllib.parse import quote, urlsplit
 from v2proxy.backends.rest_answers import (
     IHCL,
     error_message,
+    failure,
     json_answer,
     mapped,
     model_answer,
@@ -57,9 +59,19 @@ READ_WHOLE = 256 * 1024
 _OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})
 
 
-async def _no_chunks() -> AsyncIterator[bytes]:
-    return
-    yield b""  # pragma: no cover - makes this an async generator
+class _NoChunks:
+    """The body of an answer read whole: no pieces (stateless, so one serves every answer)."""
+
+    __slots__ = ()
+
+    def __aiter__(self) -> _NoChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise StopAsyncIteration
+
+
+_NO_CHUNKS = _NoChunks()
 
 
 def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
@@ -130,16 +142,21 @@ class RestBackend:
         self, method: str, target: str, headers: Headers, body: list[Buffer] | None, what: str
     ) -> tuple[ClientResponse, bytes | bytearray]:
         """One call whose answer is read whole, all of it within --backend-timeout."""
-        with mapped(self.base_url, self._timeout, what):
-            async with asyncio.timeout(self._timeout):
-                resp = await self.client.request(
-                    method, self._prefix + target, headers, body, read_timeout=self._timeout
-                )
-                return resp, await resp.read()
+        try:
+            resp = await self.client.request(
+                method, self._prefix + target, headers, body, call_timeout=self._timeout
+            )
+            return resp, await resp.read()
+        except Exception as exc:
+            mapped_exc = failure(exc, self.base_url, self._timeout, what)
+            if mapped_exc is None:
+                raise
+            raise mapped_exc from None
 
     def _streamed(self, resp: ClientResponse, what: str, headers: Headers) -> ForwardResponse:
         """``resp`` passed on as it comes: its body's failures mapped, --backend-timeout the
         idle-read deadline between its pieces; released by closing it."""
+        resp.stream()
 
         async def body() -> AsyncIterator[bytes]:
             with mapped(self.base_url, self._timeout, what):
@@ -234,15 +251,47 @@ class RestBackend:
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
         pass the answer back unchanged once it is seen to be a v2 answer."""
-        payload: StreamBody | list[Buffer]
-        if isinstance(body, StreamedBody):
-            # The deadline bounds the backend's waits, not a client's slow upload (_then_arm).
-            deadline = asyncio.timeout(None)
-            payload = StreamBody(body.length, self._then_arm(body, deadline))
-        else:
-            deadline = asyncio.timeout(self._timeout)
-            payload = [body]
         target = self._prefix + _model_path(model, version) + "/infer"
+        timeout = self._timeout
+        if isinstance(body, StreamedBody):
+            resp, length, content = await self._relay_streamed(target, body, ihcl, headers)
+        else:
+            # The client's own deadline bounds the whole answer (no asyncio.timeout per call).
+            try:
+                resp = await self.client.request(
+                    "POST",
+                    target,
+                    _infer_headers(headers, ihcl),
+                    [body],
+                    read_timeout=timeout,
+                    call_timeout=timeout,
+                )
+                length = resp.content_length
+                whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
+                content = await resp.read() if whole else None
+            except Exception as exc:
+                mapped_exc = failure(exc, self.base_url, timeout, "inference")
+                if mapped_exc is None:
+                    raise
+                raise mapped_exc from None
+        if content is not None:
+            raise_for_status(resp.status, content, model)
+        try:
+            relayed = relayed_headers(resp, content, self.base_url)
+        except ProxyError:
+            resp.close()
+            raise
+        if content is not None:
+            return ForwardResponse(200, relayed, _NO_CHUNKS, content=content, length=length)
+        return self._streamed(resp, "inference", relayed)
+
+    async def _relay_streamed(
+        self, target: str, body: StreamedBody, ihcl: int | None, headers: Headers
+    ) -> tuple[ClientResponse, int | None, bytes | bytearray | None]:
+        """The head of the answer to a body piped through while it arrives (and the body when
+        read whole): the deadline bounds the backend's waits only (:meth:`_then_arm`)."""
+        deadline = asyncio.timeout(None)
+        payload = StreamBody(body.length, self._then_arm(body, deadline))
         with mapped(self.base_url, self._timeout, "inference"):
             async with deadline:
                 resp = await self.client.request(
@@ -255,16 +304,7 @@ class RestBackend:
                 length = resp.content_length
                 whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
                 content = await resp.read() if whole else None
-        if content is not None:
-            raise_for_status(resp.status, content, model)
-        try:
-            relayed = relayed_headers(resp, content, self.base_url)
-        except ProxyError:
-            resp.close()
-            raise
-        if content is not None:
-            return ForwardResponse(200, relayed, _no_chunks(), content=content, length=length)
-        return self._streamed(resp, "inference", relayed)
+        return resp, length, content
 
     async def _then_arm(
         self, body: StreamedBody, deadline: asyncio.Timeout
@@ -291,20 +331,20 @@ class RestBackend:
         streamed as it comes (server-sent events reach the client as they are sent)."""
         what = f"{method} {target.split('?', 1)[0]}"
         with mapped(self.base_url, self._timeout, what):
-            async with asyncio.timeout(self._timeout):
-                resp = await self.client.request(
-                    method,
-                    self._prefix + target,
-                    forwardable(headers),
-                    [body] if body else None,
-                    read_timeout=self._timeout,
-                )
-                length = resp.content_length
-                whole = length is not None and length <= READ_WHOLE
-                content = await resp.read() if whole else None
+            resp = await self.client.request(
+                method,
+                self._prefix + target,
+                forwardable(headers),
+                [body] if body else None,
+                read_timeout=self._timeout,
+                call_timeout=self._timeout,
+            )
+            length = resp.content_length
+            whole = length is not None and length <= READ_WHOLE
+            content = await resp.read() if whole else None
         out = forwardable(resp.headers)
         if content is not None:
-            return ForwardResponse(resp.status, out, _no_chunks(), content=content, length=length)
+            return ForwardResponse(resp.status, out, _NO_CHUNKS, content=content, length=length)
         return self._streamed(resp, what, out)
 
     # ------------------------------------------------------------------ side operations

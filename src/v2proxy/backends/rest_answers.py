@@ -2,9 +2,10 @@
 tree (DESIGN.md rule 2): the HTTP client's failures, error answers, the JSON of structured
 answers, and the v2 checks of a relayed /infer answer.
 
-- The HTTP client's failures (:func:`mapped`), each naming the backend and the call: refused or
-  unreachable -> 503, connect or read timeout (or the call's deadline) -> 504, an answer that
-  is not HTTP/1.1 or breaks off -> 502, a header or target that cannot be sent -> 400.
+- The HTTP client's failures (:func:`failure`, :func:`mapped`), each naming the backend and
+  the call: refused or unreachable -> 503, connect or read timeout (or the call's deadline)
+  -> 504, an answer that is not HTTP/1.1 or breaks off -> 502, a header or target that cannot
+  be sent -> 400.
 - Error answers keep their status and message (the body's ``error``, ``detail`` or
   ``message``, else its text); a 404 about a model is reported with Triton's ``Request for
   unknown model`` text, which clients match on.
@@ -40,6 +41,7 @@ from v2proxy.ports import Headers
 __all__ = [
     "IHCL",
     "error_message",
+    "failure",
     "json_answer",
     "mapped",
     "model_answer",
@@ -54,27 +56,38 @@ IHCL = binc.IHCL_HEADER.lower().encode()
 _RELAYED = (b"content-type", IHCL)
 
 
+def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyError | None:
+    """The error-tree error for the HTTP client's failure ``exc`` in one call (``what``) to the
+    backend at ``base_url`` (``timeout``: the --backend-timeout named when it ran out); None
+    when ``exc`` is to be raised as it is (a ProxyError already, or no failure of the client)."""
+    if isinstance(exc, ProxyError):
+        return None
+    where = f"backend at {base_url}"
+    if isinstance(exc, ConnectFailed):
+        return BackendUnavailable(f"{where} is unavailable for {what}: {exc}")
+    if isinstance(exc, ConnectTimeout):
+        return GatewayTimeout(f"{where} did not answer {what} in time: {exc}")
+    if isinstance(exc, ReadTimeout | TimeoutError):
+        return GatewayTimeout(
+            f"{where} did not answer {what} in time (--backend-timeout {timeout:g} s)"
+        )
+    if isinstance(exc, HttpClientError):  # ProtocolError, RemoteClosed
+        return BadGateway(f"{where} failed during {what}: {exc}")
+    if isinstance(exc, ValueError):  # a header or path the HTTP client refuses to send
+        return InvalidRequest(f"cannot pass the request on to the backend: {exc}")
+    return None
+
+
 @contextmanager
 def mapped(base_url: str, timeout: float, what: str) -> Iterator[None]:
-    """Map the HTTP client's failures in one call (``what``) to the backend at ``base_url``
-    to the error tree; ``timeout``: the --backend-timeout named when it ran out."""
-    where = f"backend at {base_url}"
+    """Map the HTTP client's failures in the block (:func:`failure`) to the error tree."""
     try:
         yield
-    except ProxyError:
-        raise
-    except ConnectFailed as exc:
-        raise BackendUnavailable(f"{where} is unavailable for {what}: {exc}") from None
-    except ConnectTimeout as exc:
-        raise GatewayTimeout(f"{where} did not answer {what} in time: {exc}") from None
-    except (ReadTimeout, TimeoutError):
-        raise GatewayTimeout(
-            f"{where} did not answer {what} in time (--backend-timeout {timeout:g} s)"
-        ) from None
-    except HttpClientError as exc:  # ProtocolError, RemoteClosed
-        raise BadGateway(f"{where} failed during {what}: {exc}") from None
-    except ValueError as exc:  # a header or path the HTTP client refuses to send
-        raise InvalidRequest(f"cannot pass the request on to the backend: {exc}") from None
+    except Exception as exc:
+        mapped_exc = failure(exc, base_url, timeout, what)
+        if mapped_exc is None:
+            raise
+        raise mapped_exc from None
 
 
 def error_message(body: Buffer, status: int) -> str:

@@ -27,8 +27,12 @@ Contract:
   ``request_sent`` whether the server may have seen the request.
 - ``read_timeout``: every wait for the next bytes of the answer (the head here, the body in
   :class:`ClientResponse`) fails with :class:`ReadTimeout` after that many seconds without
-  one. Whole-call deadlines are the caller's (``asyncio.timeout``); a cancelled call closes its
-  connection.
+  one. ``call_timeout``: the whole call, from the wait for a free connection to the answer's head
+  and, with :meth:`ClientResponse.read`, its whole body, fails with :class:`ReadTimeout` (a
+  connect timeout still as :class:`ConnectTimeout`) once that many seconds have passed; it is
+  kept on the connection's own timer (no timer call per request) and lifted when the answer is
+  read or given up, or by :meth:`ClientResponse.stream` for a body then read in pieces. A
+  cancelled call closes its connection.
 - Failures are :class:`HttpClientError` subclasses only (TLS and OS errors included), except
   exceptions raised by a :class:`StreamBody`'s own iterator, which pass through unchanged.
 """
@@ -42,7 +46,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from v2proxy.http.client_conn import ClientConnection
-from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, RemoteClosed
+from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, ReadTimeout, RemoteClosed
 from v2proxy.http.client_head import RequestHeads
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.model import Buffer
@@ -144,8 +148,17 @@ class HttpClient:
         body: list[Buffer] | StreamBody | None = None,
         *,
         read_timeout: float | None = None,
+        call_timeout: float | None = None,
     ) -> ClientResponse:
         """Send ``method target`` and return once the final answer's head is in."""
+        deadline = None
+        covered = False  # the deadline comes before any idle-read timeout: one timer to mind
+        if call_timeout is not None:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            deadline = loop.time() + call_timeout
+            covered = read_timeout is None or read_timeout >= call_timeout
         if body is None:
             length = 0 if method in _EMPTY_BODY_LENGTH else None
         elif isinstance(body, StreamBody):
@@ -156,10 +169,13 @@ class HttpClient:
                 length += b.nbytes if isinstance(b, memoryview) else len(b)
         head = self._head(method, target, headers, length)
         retry = method in _RETRIABLE and not isinstance(body, StreamBody)
+        wait_for = None if covered else read_timeout
         while True:
-            conn = await self._acquire()
+            conn = await self._acquire(deadline)
             try:
                 conn.begin(method == "HEAD")
+                if deadline is not None:
+                    conn.set_deadline(deadline)
                 if isinstance(body, StreamBody):
                     await self._send(conn, head, body)
                 else:
@@ -174,7 +190,7 @@ class HttpClient:
                 while not conn.head_done:
                     if conn.error is not None:
                         raise conn.error
-                    await conn.wait(read_timeout)
+                    await conn.wait(wait_for)
             except RemoteClosed:
                 self._release(conn, False)
                 if retry and conn.reused and not conn.got_answer:
@@ -184,7 +200,7 @@ class HttpClient:
             except BaseException:
                 self._release(conn, False)
                 raise
-            return ClientResponse(self, conn, read_timeout)
+            return ClientResponse(self, conn, read_timeout, covered)
 
     async def _send(self, conn: ClientConnection, head: bytes, body: StreamBody) -> None:
         """Pipe ``body`` through as it arrives, with the transport's flow control."""
@@ -204,10 +220,20 @@ class HttpClient:
         if sent != body.length:
             raise ValueError(f"streamed body of {sent} bytes, not its length {body.length}")
 
-    async def _acquire(self) -> ClientConnection:
-        """A slot and a connection: the most recently used live idle one, or a new one."""
+    async def _acquire(self, deadline: float | None) -> ClientConnection:
+        """A slot and a connection: the most recently used live idle one, or a new one; by
+        ``deadline`` (``loop.time()``) when one is given, else ReadTimeout."""
         if not self._slots.try_acquire():
-            await self._slots.acquire()
+            if deadline is None:
+                await self._slots.acquire()
+            else:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._slots.acquire()
+                except TimeoutError:
+                    raise ReadTimeout(
+                        f"no connection to {self._name} came free before the call's deadline"
+                    ) from None
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -223,7 +249,15 @@ class HttpClient:
         try:
             if self._closed:
                 raise ConnectFailed(f"the HTTP client for {self._name} is closed")
-            return await self._connect(loop)
+            if deadline is None:
+                return await self._connect(loop)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await self._connect(loop)
+            except TimeoutError:  # the call's deadline (the connect timeout is ConnectTimeout)
+                raise ReadTimeout(
+                    f"connecting to {self._name} outlasted the call's deadline"
+                ) from None
         except BaseException:
             self._slots.release()
             raise
@@ -248,6 +282,7 @@ class HttpClient:
         return conn
 
     def _release(self, conn: ClientConnection, keep: bool) -> None:
+        conn.set_deadline(None)
         if keep and conn.reusable and conn.body_done and not self._closed:
             loop = self._loop
             assert loop is not None

@@ -100,7 +100,7 @@ class ClientConnection(AnswerFlow):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is not None:
+        if self._idle_limit is not None:
             self._last_read = self._loop.time()
         state = self._state
         if state == _RAW:
@@ -304,8 +304,8 @@ class ClientConnection(AnswerFlow):
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the
-        connection ends or the answer's head comes: the caller looks)."""
-        while self.writing_paused and not self.stop_sending():
+        connection ends, the answer fails or its head comes: the caller looks)."""
+        while self.writing_paused and not self.stop_sending() and self.error is None:
             fut = self._loop.create_future()
             self._drain = fut
             await fut

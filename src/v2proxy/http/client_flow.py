@@ -6,7 +6,12 @@ Contract:
 - One waiter at a time: :meth:`AnswerFlow.wait` returns at the next event of the answer (head,
   piece, end, error), which the connection signals with ``_wake``.
 - ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
-  seconds while the answer is awaited (one timer per connection, re-armed only when it fires).
+  seconds while the answer is awaited.
+- :meth:`AnswerFlow.set_deadline`: the whole exchange's deadline (``loop.time()`` based): when it
+  passes before it is lifted (``set_deadline(None)``), the answer fails with
+  :class:`ReadTimeout`, whatever waits (the answer, or the request's body on the write buffer).
+- Both run on one timer per connection, re-armed only when it fires: a later deadline (the next
+  request's) leaves the pending timer in place, so a request costs no timer call.
 - The body is kept as the pieces the transport delivered (``pieces``, ``buffered`` bytes). A
   streamed body pauses reading from the socket above 1 MiB unconsumed and resumes below
   256 KiB; one read whole (:meth:`AnswerFlow.read_whole`) is never paused and fails with
@@ -33,6 +38,7 @@ class AnswerFlow(asyncio.Protocol):
     connection (the subclass) parses, and ends the answer with ``_fail``."""
 
     __slots__ = (
+        "_deadline",
         "_idle_limit",
         "_last_read",
         "_loop",
@@ -60,6 +66,7 @@ class AnswerFlow(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = self._last_read = 0.0
         self._idle_limit: float | None = None
+        self._deadline: float | None = None
 
     def _fail(self, exc: HttpClientError) -> None:
         """End the answer with ``exc`` (the connection knows its state)."""
@@ -96,27 +103,46 @@ class AnswerFlow(asyncio.Protocol):
         now = self._loop.time()
         self._idle_limit = limit
         self._last_read = now
-        due = now + limit
-        if self._timer is None or self._timer_due > due:
-            if self._timer is not None:
-                self._timer.cancel()
+        self._arm_at(now + limit)
+
+    def _arm_at(self, due: float) -> None:
+        timer = self._timer
+        if timer is None or self._timer_due > due:
+            if timer is not None:
+                timer.cancel()
             self._timer = self._loop.call_at(due, self._check_read)
             self._timer_due = due
 
+    def set_deadline(self, when: float | None) -> None:
+        """The exchange must be over by ``when`` (``loop.time()``), else it fails with
+        ReadTimeout; None lifts the deadline."""
+        self._deadline = when
+        if when is not None:
+            self._arm_at(when)
+
     def _check_read(self) -> None:
         self._timer = None
+        now = self._loop.time()
+        due = self._deadline
+        if due is not None and now >= due:
+            self._deadline = None
+            self._fail(ReadTimeout("the answer did not come before the call's deadline"))
+            return
         limit = self._idle_limit
-        if self._waiter is None or limit is None:
-            return  # nobody waits: the next wait arms again
-        due = self._last_read + limit
-        if self._loop.time() >= due:
-            self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))
-        else:
+        if self._waiter is not None and limit is not None:
+            idle_due = self._last_read + limit
+            if now >= idle_due:
+                self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))
+                return
+            if due is None or idle_due < due:
+                due = idle_due
+        if due is not None:  # else nobody waits: the next wait arms again
             self._timer = self._loop.call_at(due, self._check_read)
             self._timer_due = due
 
     def _disarm(self) -> None:
-        """Stop the idle-read timer (the connection ended)."""
+        """Stop the timer (the connection ended)."""
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

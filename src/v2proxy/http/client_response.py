@@ -8,9 +8,11 @@ Contract:
   of a Content-Length body past its first buffer); reading pauses above 1 MiB unconsumed and
   resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body (a
   :class:`ProtocolError` over its ``limit``).
-- Every wait for the next bytes of the body fails with :class:`ReadTimeout` after the request's
-  ``read_timeout`` without one. A failed or cancelled read closes the connection; so does
-  :meth:`ClientResponse.close` before the end. An answer must be read to its end or closed.
+- Every wait for the next bytes of the body fails with :class:`ReadTimeout` after the
+  request's ``read_timeout`` without one; the request's ``call_timeout`` (its deadline) goes on
+  covering the body until it is read or given up, or until :meth:`ClientResponse.stream` lifts
+  it. A failed or cancelled read closes the connection; so does :meth:`ClientResponse.close`
+  before the end. An answer must be read to its end or closed.
 - An answer that came whole with its head (the usual small one) frees its connection at once.
 """
 
@@ -35,6 +37,7 @@ class ClientResponse:
         "_body",
         "_client",
         "_conn",
+        "_covered",
         "_timeout",
         "chunked",
         "content_length",
@@ -45,7 +48,13 @@ class ClientResponse:
         "version",
     )
 
-    def __init__(self, client: HttpClient, conn: ClientConnection, timeout: float | None) -> None:
+    def __init__(
+        self,
+        client: HttpClient,
+        conn: ClientConnection,
+        timeout: float | None,
+        covered: bool = False,
+    ) -> None:
         self.status = conn.status
         self.reason = conn.reason
         self.version = conn.version
@@ -58,6 +67,8 @@ class ClientResponse:
         self.keep_alive = conn.keep
         self._client = client
         self._timeout = timeout
+        #: the call's deadline is armed and comes before any idle-read timeout
+        self._covered = covered
         self._body: bytes | None = None
         self._conn: ClientConnection | None = conn
         if conn.body_done:  # the usual small answer came whole: the connection is free now
@@ -72,6 +83,13 @@ class ClientResponse:
         if not found:
             return None
         return found[0] if len(found) == 1 else b", ".join(found)
+
+    def stream(self) -> None:
+        """Lift the call's deadline: the rest of the body is bounded by ``read_timeout`` between
+        its pieces only (an answer streamed on as it comes)."""
+        self._covered = False
+        if self._conn is not None:
+            self._conn.set_deadline(None)
 
     async def read(self, limit: int | None = None) -> bytes | bytearray:
         """The whole body (ProtocolError when it is over ``limit`` bytes)."""
@@ -89,7 +107,7 @@ class ClientResponse:
             while not conn.body_done:
                 if conn.error is not None:
                     raise conn.error
-                await conn.wait(self._timeout)
+                await conn.wait(None if self._covered else self._timeout)
         except BaseException:
             self.close()
             raise
@@ -116,7 +134,7 @@ class ClientResponse:
                 elif conn.error is not None:
                     raise conn.error
                 else:
-                    await conn.wait(self._timeout)
+                    await conn.wait(None if self._covered else self._timeout)
         except BaseException:
             self.close()
             raise
