@@ -8,18 +8,15 @@ flight finish, close the backend's connections.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import multiprocessing
 import multiprocessing.process
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -33,13 +30,18 @@ from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics import AnyMetrics, Metrics, NullMetrics, enable_multiprocess, process_gone
+from v2proxy.metrics_export import (
+    AnyMetrics,
+    Metrics,
+    NullMetrics,
+    enable_multiprocess,
+    process_gone,
+)
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
+from v2proxy.request_log import setup_logging
 
 log = logging.getLogger("v2proxy")
-
-SHUTDOWN_GRACE_S = 30.0
 
 
 def build_backend(settings: Settings) -> Backend:
@@ -171,9 +173,13 @@ async def serve(
     try:
         await stop.wait()
     finally:
-        log.info("v2proxy shutting down")
+        log.info(
+            "v2proxy draining: not ready, letting requests in flight finish (up to %.0f s)",
+            settings.drain_timeout,
+        )
+        pipeline.draining = True
         await asyncio.gather(
-            grpc_server.stop(SHUTDOWN_GRACE_S), http_server.close(SHUTDOWN_GRACE_S)
+            grpc_server.stop(settings.drain_timeout), http_server.close(settings.drain_timeout)
         )
         probe.cancel()
         await backend.close()
@@ -210,47 +216,11 @@ def _run_one(settings: Settings, reuse_port: bool) -> None:
 
 def run(settings: Settings) -> None:
     """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
-    if settings.access_log:  # its INFO lines whatever --log-level says
-        logging.getLogger("v2proxy.access").setLevel(logging.INFO)
+    setup_logging(settings.log_format, settings.log_level, settings.access_log)
     if settings.workers == 1:
         _run_one(settings, reuse_port=False)
     else:
         _supervise(settings)
-
-
-class TextFormatter(logging.Formatter):
-    """``time LEVEL logger[pid]: message key=value ...`` (the record's ``request`` fields)."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        fields: dict[str, Any] | None = getattr(record, "request", None)
-        if fields:
-            for k, v in fields.items():
-                line += f" {k}={json.dumps(v) if isinstance(v, str) else v}"
-        return line
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        obj: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
-            "level": record.levelname,
-            "logger": record.name,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        obj.update(getattr(record, "request", None) or {})
-        if record.exc_info:
-            obj["exception"] = self.formatException(record.exc_info)
-        return json.dumps(obj, ensure_ascii=False, default=str)
 
 
 def _supervise(settings: Settings) -> None:
@@ -296,7 +266,7 @@ def _supervise_workers(settings: Settings, folder: str) -> None:
     for proc in workers:
         if proc.is_alive() and proc.pid is not None:
             os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + SHUTDOWN_GRACE_S + 5
+    deadline = time.monotonic() + settings.drain_timeout + 5
     for proc in workers:
         proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():

@@ -87,6 +87,13 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
         " closed; also the longest a client may take to read an answer (default 60)",
     )
     p.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT: stop accepting, turn readiness false, and let requests in"
+        " flight (REST, gRPC, streams) finish for up to this long before closing (default 30)",
+    )
+    p.add_argument(
         "--event-loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop)"
     )
     p.add_argument(

@@ -99,6 +99,7 @@ class Settings:
     client_header_timeout: float = 10.0
     client_idle_timeout: float = 5.0
     client_body_timeout: float = 60.0
+    drain_timeout: float = 30.0
     event_loop: str = "uvloop"
     workers: int = 1
     log_level: str = "info"
@@ -217,6 +218,7 @@ PARSERS: dict[str, Any] = {
     "client_header_timeout": _positive_float,
     "client_idle_timeout": _positive_float,
     "client_body_timeout": _positive_float,
+    "drain_timeout": _positive_float,
     "event_loop": _choice("uvloop", "asyncio"),
     "workers": _positive_int,
     "log_level": _choice("debug", "info", "warning", "error"),

@@ -82,6 +82,8 @@ class Pipeline:
         models: Mapping[str, stage.ModelLabels] | None = None,
     ) -> None:
         self.backend = backend
+        #: set when the proxy stops: readiness turns false while requests in flight finish
+        self.draining = False
         self.max_input_size = max_input_size
         self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
@@ -101,8 +103,11 @@ class Pipeline:
         return True
 
     async def server_ready(self, headers: Headers) -> bool:
-        """Ready when the backend is (a backend that cannot be asked raises its error)."""
+        """Ready when the backend is (a backend that cannot be asked raises its error), and
+        never while the proxy drains before it stops."""
         self._allow("health", headers)
+        if self.draining:
+            return False
         return await self.backend.server_ready()
 
     async def server_metadata(self, headers: Headers) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""SIGTERM while a request is in flight: v2proxy stops accepting and turns not ready, lets the
+request finish (its answer complete), closes its backend connections and exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+from peers.launch import _free_ports, _http_status
+
+from v2proxy._proto import health_pb2
+from v2proxy.app import build_backend, build_grpc_server, build_pipeline
+from v2proxy.config import load_settings
+
+ANSWER = json.dumps(
+    {
+        "model_name": "simple",
+        "outputs": [{"name": "OUTPUT0", "datatype": "INT32", "shape": [1], "data": [7]}],
+    }
+).encode()
+BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]}
+).encode()
+
+
+class SlowBackend(BaseHTTPRequestHandler):
+    """A v2 REST backend whose /infer takes 2 s; ready at once."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._send(200, b"{}" if self.path != "/v2" else b'{"name":"slow","extensions":[]}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(2.0)
+        self._send(200, ANSWER)
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), SlowBackend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    port, grpc_port = _free_ports(2)
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "v2proxy", "serve",
+                "--backend", f"http://127.0.0.1:{backend.server_address[1]}",
+                "--backend-encoding", "json",
+                "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(grpc_port),
+                "--drain-timeout", "20",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        result: dict[str, object] = {}
+
+        def infer() -> None:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v2/models/simple/infer", data=BODY, method="POST"
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                result["status"] = resp.status
+                result["body"] = json.loads(resp.read())
+
+        t = threading.Thread(target=infer)
+        t.start()
+        time.sleep(0.5)  # the request is at the backend now
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # draining: a probe sees the proxy not ready (refused, or not 200)
+        assert _http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200
+        assert proc.poll() is None  # still finishing the request in flight
+        t.join(30)
+        assert result == {"status": 200, "body": json.loads(ANSWER)}
+        assert proc.wait(30) == 0, log.read_text()
+        assert "draining" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        backend.shutdown()
+        backend.server_close()
+
+
+async def test_readiness_is_false_while_draining() -> None:
+    """REST ready, gRPC ServerReady and the gRPC health service all say not ready once the
+    pipeline drains (while connections that are open can still ask)."""
+    s = load_settings({}, None, env={})
+    backend = build_backend(s)
+    pipeline = build_pipeline(s, backend)
+    server = build_grpc_server(s, pipeline)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            serving = health_pb2.HealthCheckResponse.SERVING
+            assert (await check(health_pb2.HealthCheckRequest())).status == serving
+            assert await pipeline.server_ready([]) is True
+            pipeline.draining = True
+            assert await pipeline.server_ready([]) is False
+            assert (await check(health_pb2.HealthCheckRequest())).status != serving
+            assert await pipeline.server_live([]) is True  # liveness stays the proxy's own
+    finally:
+        await server.stop(None)
