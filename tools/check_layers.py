@@ -39,6 +39,9 @@ FORBIDDEN = {
     "v2proxy.app",
     "v2proxy.cli",
     "v2proxy.metrics",
+    "v2proxy.metrics_export",
+    "v2proxy.recorders",
+    "v2proxy.request_log",
     "v2proxy.config",
 }
 

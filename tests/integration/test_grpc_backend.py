@@ -74,7 +74,7 @@ async def test_rest_only_paths_through_grpc_backend_are_501(
 def test_grpc_metadata_forwarding_drops_framing_headers() -> None:
     """h2load and nghttp send `content-length` as gRPC metadata; passed on to a REST backend it
     would break the backend's framing."""
-    from v2proxy.frontends.grpc import forwarded_headers
+    from v2proxy.frontends.grpc_call import forwarded_headers
 
     class Context:
         def invocation_metadata(self) -> list[tuple[str, str]]:

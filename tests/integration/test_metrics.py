@@ -21,8 +21,6 @@ from tests.integration.conftest import Factory, ProxyClient, proxy_to, settings
 from tests.interop.peers.launch import _free_ports
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.app import (
-    JsonFormatter,
-    TextFormatter,
     build_grpc_server,
     build_metrics,
     build_pipeline,
@@ -30,6 +28,7 @@ from v2proxy.app import (
 )
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.metered import metered
+from v2proxy.request_log import JsonFormatter, TextFormatter
 
 IHCL = "Inference-Header-Content-Length"
 DATA = np.arange(16, dtype=np.int32).reshape(1, 16)

@@ -14,10 +14,10 @@ from v2proxy.metrics import (
     FAMILIES,
     REQUESTS,
     Histogram,
-    Metrics,
     ModelLabels,
     code_class,
 )
+from v2proxy.metrics_export import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "config" / "grafana" / "v2proxy-dashboard.json"

@@ -3,10 +3,10 @@
 
 Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
 repository, trace and log settings). Handlers are registered from one table (method name -> request
-type, response type, handler); requests arrive as bytes and are parsed in the handler, so that a
-malformed message is INVALID_ARGUMENT naming the RPC (gRPC's own deserializer failure is UNKNOWN).
-Every ProxyError becomes a gRPC status in exactly one place (:func:`_guard`), which also
-records each call (metrics, log lines; each message of a stream is recorded on its own).
+type, response type, handler), each wrapped in the call envelope of
+:mod:`v2proxy.frontends.grpc_call`: requests arrive as bytes and are parsed there, every ProxyError
+becomes a gRPC status in exactly one place (:func:`~v2proxy.frontends.grpc_call.guard`), and each
+call is recorded (metrics, log lines; each message of a stream is recorded on its own).
 ModelStreamInfer answers each request on the stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header.
@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto import health_pb2
@@ -30,173 +29,24 @@ from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
-from v2proxy.http_io import HOP_BY_HOP
-from v2proxy.metrics import AnyMetrics, FrontendRecorder, NullMetrics, error_kind
+from v2proxy.frontends.grpc_call import (
+    HEALTH_SERVICE,
+    Call,
+    Context,
+    forwarded_headers,
+    guard,
+    parse,
+    status_code,
+)
+from v2proxy.metrics_export import AnyMetrics, NullMetrics
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Headers
+from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
 
-HEALTH_SERVICE = "grpc.health.v1.Health"
-#: request metadata that is about this gRPC hop and never forwarded
-_HOP_METADATA = frozenset(
-    {
-        "user-agent",
-        "content-type",
-        "te",
-        "grpc-accept-encoding",
-        "grpc-encoding",
-        "grpc-timeout",
-        "triton_grpc_error",
-        "accept-encoding",
-    }
-)
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
-
-Context = grpc.aio.ServicerContext[Any, Any]
-
-
-def _code(exc: ProxyError) -> grpc.StatusCode:
-    return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN)
-
-
-def _parse(message_type: Any, data: bytes, rpc: str) -> Any:
-    """A request message from its bytes; a malformed one is the client's error."""
-    try:
-        return message_type.FromString(data)
-    except DecodeError as exc:
-        raise CodecError(f"malformed {rpc} request: {exc}") from None
-
-
-#: RPC -> the ``operation`` label of its metrics (others: "side")
-_OPERATIONS = {
-    "ModelInfer": "infer",
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "Check": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelConfig": "metadata",
-}
-#: RPC -> the request field that names the model
-_MODEL_FIELDS = {
-    "ModelInfer": "model_name",
-    "ModelReady": "name",
-    "ModelMetadata": "name",
-    "ModelConfig": "name",
-    "ModelStatistics": "name",
-    "RepositoryModelLoad": "model_name",
-    "RepositoryModelUnload": "model_name",
-    "TraceSetting": "model_name",
-}
-
-
-def _guard(
-    fn: Callable[[Any, Context], Awaitable[Any]],
-    message_type: Any,
-    rpc: str,
-    rec: FrontendRecorder,
-) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status; it also serializes the answer
-    and records the call (metrics, log lines)."""
-    op = _OPERATIONS.get(rpc, "side")
-    field = _MODEL_FIELDS.get(rpc)
-    path = f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
-
-    async def handler(data: bytes, context: Context) -> Any:
-        t0 = perf_counter()
-        rec.inflight.inc()
-        call = _Call(op, "")
-        try:
-            msg = _parse(message_type, data, rpc)
-            if field is not None:
-                call.model = getattr(msg, field)
-            out = (await fn(msg, context)).SerializeToString()
-            call.n_out = len(out)
-            return out
-        except ProxyError as exc:
-            call.failed(exc)
-        except asyncio.CancelledError:
-            call.cancelled()
-            raise
-        except Exception as exc:
-            log.exception("unexpected error in gRPC handler")
-            call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
-        finally:
-            rec.inflight.dec()
-            call.record(rec, context, t0, len(data), path)
-        failure = call.exc
-        assert failure is not None
-        await context.abort(_code(failure), failure.message)
-
-    return handler
-
-
-class _Call:
-    """What is recorded of one call (one message of a stream)."""
-
-    __slots__ = ("error", "exc", "model", "n_out", "op", "status")
-
-    def __init__(self, op: str, model: str) -> None:
-        self.op = op
-        self.model = model
-        self.status = 200
-        self.error: str | None = None
-        self.exc: ProxyError | None = None
-        self.n_out = 0
-
-    def failed(self, exc: ProxyError, kind: str | None = None) -> None:
-        self.exc = exc
-        self.status = exc.http_status
-        self.error = kind or error_kind(exc)
-
-    def cancelled(self) -> None:
-        self.failed(ProxyError("cancelled by the client"), "client_disconnected")
-        self.status = 499
-
-    def record(
-        self, rec: FrontendRecorder, context: Context, t0: float, n_in: int, path: str
-    ) -> None:
-        duration = perf_counter() - t0
-        status = self.status
-        rec.done(
-            duration, self.op, self.model, status, self.error, "grpc", n_in, "grpc", self.n_out
-        )
-        if status >= 400 or rec.access_log:
-            exc = self.exc
-            rid = next(
-                (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
-            )
-            rec.log(
-                status >= 400,
-                None if rid is None else str(rid),
-                self.model,
-                "POST",
-                path,
-                "OK" if exc is None else ("CANCELLED" if status == 499 else _code(exc).name),
-                duration,
-                n_in,
-                self.n_out,
-                None if exc is None else exc.message,
-            )
-
-
-def forwarded_headers(context: Context) -> Headers:
-    """End-to-end request metadata, passed on to the backend like HTTP headers (gRPC metadata
-    values are printable ASCII; binary ``-bin`` entries are not forwarded)."""
-    out: Headers = []
-    for key, value in context.invocation_metadata() or ():
-        if (
-            key.startswith((":", "grpc-"))
-            or key in _HOP_METADATA
-            or key in HOP_BY_HOP
-            or key.endswith("-bin")
-        ):
-            continue
-        out.append((key.encode("ascii"), value if isinstance(value, bytes) else value.encode()))
-    return out
 
 
 def _no_reserved_keys(parameters: dict[str, Any]) -> None:
@@ -221,13 +71,13 @@ class GrpcFrontend:
         # answers leave the handlers serialized (bytes), so that their size is known
         rec = self.recorder
         unary = {
-            name: grpc.unary_unary_rpc_method_handler(_guard(getattr(self, name), req, name, rec))
+            name: grpc.unary_unary_rpc_method_handler(guard(getattr(self, name), req, name, rec))
             for name, (req, _resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                _guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec)
+                guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec)
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.Watch,
@@ -300,10 +150,10 @@ class GrpcFrontend:
         async def serve_one(msg: bytes) -> None:
             t0 = perf_counter()
             rec.inflight.inc()
-            call = _Call("stream_infer", "")
+            call = Call("stream_infer", "")
             try:
                 try:
-                    r = _parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
+                    r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
                     call.model = r.model_name
                     async for out in self._stream_one(r, headers):
                         data = out.SerializeToString()
@@ -345,7 +195,7 @@ class GrpcFrontend:
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, ProxyError):
-                    await context.abort(_code(item), item.message)
+                    await context.abort(status_code(item), item.message)
                 yield item
         finally:
             reader.cancel()

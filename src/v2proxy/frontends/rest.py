@@ -32,10 +32,12 @@ from v2proxy.frontends import rest_infer
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
-from v2proxy.metrics import CONTENT_TYPE, AnyMetrics, FrontendRecorder, NullMetrics, error_kind
+from v2proxy.metrics import error_kind
+from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.model import Buffer
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import ForwardResponse
+from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
 

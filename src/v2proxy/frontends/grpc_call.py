@@ -1,0 +1,186 @@
+"""The envelope of every gRPC call of the frontend: the request's bytes parsed into its message
+(a malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would
+be UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`, DESIGN.md
+rule 2), the answer serialized (so that its size is known), the call recorded (metrics and log
+lines, :class:`Call`; each message of a stream is recorded on its own), and the end-to-end
+request metadata forwarded to the backend (:func:`forwarded_headers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from v2proxy._proto.service import SERVICE
+from v2proxy.errors import CodecError, ProxyError
+from v2proxy.http_io import HOP_BY_HOP
+from v2proxy.metrics import error_kind
+from v2proxy.ports import Headers
+from v2proxy.recorders import FrontendRecorder
+
+log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+
+HEALTH_SERVICE = "grpc.health.v1.Health"
+#: request metadata that is about this gRPC hop and never forwarded
+_HOP_METADATA = frozenset(
+    {
+        "user-agent",
+        "content-type",
+        "te",
+        "grpc-accept-encoding",
+        "grpc-encoding",
+        "grpc-timeout",
+        "triton_grpc_error",
+        "accept-encoding",
+    }
+)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def status_code(exc: ProxyError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN)
+
+
+def parse(message_type: Any, data: bytes, rpc: str) -> Any:
+    """A request message from its bytes; a malformed one is the client's error."""
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        raise CodecError(f"malformed {rpc} request: {exc}") from None
+
+
+#: RPC -> the ``operation`` label of its metrics (others: "side")
+_OPERATIONS = {
+    "ModelInfer": "infer",
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "Check": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelConfig": "metadata",
+}
+#: RPC -> the request field that names the model
+_MODEL_FIELDS = {
+    "ModelInfer": "model_name",
+    "ModelReady": "name",
+    "ModelMetadata": "name",
+    "ModelConfig": "name",
+    "ModelStatistics": "name",
+    "RepositoryModelLoad": "model_name",
+    "RepositoryModelUnload": "model_name",
+    "TraceSetting": "model_name",
+}
+
+
+def guard(
+    fn: Callable[[Any, Context], Awaitable[Any]],
+    message_type: Any,
+    rpc: str,
+    rec: FrontendRecorder,
+) -> Callable[[bytes, Context], Any]:
+    """The one translator from the error tree to gRPC status; it also serializes the answer
+    and records the call (metrics, log lines)."""
+    op = _OPERATIONS.get(rpc, "side")
+    field = _MODEL_FIELDS.get(rpc)
+    path = f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
+
+    async def handler(data: bytes, context: Context) -> Any:
+        t0 = perf_counter()
+        rec.inflight.inc()
+        call = Call(op, "")
+        try:
+            msg = parse(message_type, data, rpc)
+            if field is not None:
+                call.model = getattr(msg, field)
+            out = (await fn(msg, context)).SerializeToString()
+            call.n_out = len(out)
+            return out
+        except ProxyError as exc:
+            call.failed(exc)
+        except asyncio.CancelledError:
+            call.cancelled()
+            raise
+        except Exception as exc:
+            log.exception("unexpected error in gRPC handler")
+            call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
+        finally:
+            rec.inflight.dec()
+            call.record(rec, context, t0, len(data), path)
+        failure = call.exc
+        assert failure is not None
+        await context.abort(status_code(failure), failure.message)
+
+    return handler
+
+
+class Call:
+    """What is recorded of one call (one message of a stream)."""
+
+    __slots__ = ("error", "exc", "model", "n_out", "op", "status")
+
+    def __init__(self, op: str, model: str) -> None:
+        self.op = op
+        self.model = model
+        self.status = 200
+        self.error: str | None = None
+        self.exc: ProxyError | None = None
+        self.n_out = 0
+
+    def failed(self, exc: ProxyError, kind: str | None = None) -> None:
+        self.exc = exc
+        self.status = exc.http_status
+        self.error = kind or error_kind(exc)
+
+    def cancelled(self) -> None:
+        self.failed(ProxyError("cancelled by the client"), "client_disconnected")
+        self.status = 499
+
+    def record(
+        self, rec: FrontendRecorder, context: Context, t0: float, n_in: int, path: str
+    ) -> None:
+        duration = perf_counter() - t0
+        status = self.status
+        rec.done(
+            duration, self.op, self.model, status, self.error, "grpc", n_in, "grpc", self.n_out
+        )
+        if status >= 400 or rec.access_log:
+            exc = self.exc
+            rid = next(
+                (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
+            )
+            rec.log(
+                status >= 400,
+                None if rid is None else str(rid),
+                self.model,
+                "POST",
+                path,
+                "OK" if exc is None else ("CANCELLED" if status == 499 else status_code(exc).name),
+                duration,
+                n_in,
+                self.n_out,
+                None if exc is None else exc.message,
+            )
+
+
+def forwarded_headers(context: Context) -> Headers:
+    """End-to-end request metadata, passed on to the backend like HTTP headers (gRPC metadata
+    values are printable ASCII; binary ``-bin`` entries are not forwarded)."""
+    out: Headers = []
+    for key, value in context.invocation_metadata() or ():
+        if (
+            key.startswith((":", "grpc-"))
+            or key in _HOP_METADATA
+            or key in HOP_BY_HOP
+            or key.endswith("-bin")
+        ):
+            continue
+        out.append((key.encode("ascii"), value if isinstance(value, bytes) else value.encode()))
+    return out

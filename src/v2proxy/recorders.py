@@ -1,0 +1,150 @@
+"""What the edges record: :class:`FrontendRecorder` per request of a frontend (REST, gRPC) and
+:class:`BackendRecorder` per call of the metered backend, into the cells of
+:class:`~v2proxy.metrics_export.Metrics` (families and label values of :mod:`v2proxy.metrics`).
+
+This is the hot path of metrics: a recorder binds a label set's cells once, caches them by the
+label values and then only adds to plain numbers; with ``--metrics off`` its cells are no-ops
+and :meth:`FrontendRecorder.done` returns at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from v2proxy.metrics import (
+    BACKEND_DURATION,
+    BACKEND_ERRORS,
+    DURATION,
+    ERRORS,
+    IN_FLIGHT,
+    NULL,
+    REQUEST_BYTES,
+    REQUESTS,
+    RESPONSE_BYTES,
+    TRANSCODE,
+    WIRES,
+    Counter,
+    Histogram,
+    code_class,
+)
+from v2proxy.metrics_export import AnyMetrics, Metrics
+from v2proxy.request_log import RequestLog
+
+
+class _Call:
+    __slots__ = ("count", "duration", "error")
+
+    def __init__(self, count: Counter, duration: Histogram, error: Counter | None) -> None:
+        self.count = count
+        self.duration = duration
+        self.error = error
+
+
+class FrontendRecorder:
+    """What one frontend records per request: in-flight, decode/encode times (``decode[wire]``,
+    ``encode[wire]``) and, once answered, :meth:`done`; plus the request's log lines,
+    ``log(...)`` (:meth:`RequestLog.write <v2proxy.request_log.RequestLog.write>`: one WARNING
+    per failed request, with ``access_log`` one INFO line per request)."""
+
+    def __init__(self, metrics: AnyMetrics, frontend: str, access_log: bool = False) -> None:
+        self.frontend = frontend
+        self.backend = metrics.backend
+        self.access_log = access_log
+        self.log = RequestLog(frontend, self.backend, access_log).write
+        self._calls: dict[tuple[str, str, int, str | None], _Call] = {}
+        self._bytes: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
+        if isinstance(metrics, Metrics):
+            self.enabled = True
+            self._metrics = metrics
+            self._models = metrics.models
+            self.inflight: Any = metrics.store(IN_FLIGHT).child(frontend)
+            transcode = metrics.store(TRANSCODE)
+            self.decode: dict[str, Any] = {w: transcode.child(frontend, "decode", w) for w in WIRES}
+            self.encode: dict[str, Any] = {w: transcode.child(frontend, "encode", w) for w in WIRES}
+        else:
+            self.enabled = False
+            self.inflight = NULL
+            self.decode = dict.fromkeys(WIRES, NULL)
+            self.encode = dict.fromkeys(WIRES, NULL)
+
+    def done(
+        self,
+        duration: float,
+        op: str,
+        model: str,
+        status: int,
+        error: str | None,
+        wire_in: str,
+        n_in: int,
+        wire_out: str,
+        n_out: int,
+    ) -> None:
+        """A request answered with ``status`` (``error``: its cause's kind when it failed)."""
+        if not self.enabled:
+            return
+        label = self._models.label(model, status < 400)
+        call = self._calls.get((op, label, status, error))
+        if call is None:
+            call = self._bind_call(op, label, status, error)
+        call.count.value += 1
+        call.duration.observe(duration)
+        if call.error is not None:
+            call.error.value += 1
+        pair = self._bytes.get((label, wire_in, wire_out))
+        if pair is None:
+            pair = self._bytes[(label, wire_in, wire_out)] = (
+                self._metrics.store(REQUEST_BYTES).child(label, self.frontend, wire_in),
+                self._metrics.store(RESPONSE_BYTES).child(label, self.frontend, wire_out),
+            )
+        pair[0].value += n_in
+        pair[1].value += n_out
+
+    def _bind_call(self, op: str, label: str, status: int, error: str | None) -> _Call:
+        m, fe, be = self._metrics, self.frontend, self.backend
+        call = _Call(
+            m.store(REQUESTS).child(label, op, fe, be, code_class(status)),
+            m.store(DURATION).child(label, op, fe, be),
+            None if error is None else m.store(ERRORS).child(label, op, fe, be, error),
+        )
+        self._calls[(op, label, status, error)] = call
+        return call
+
+
+#: connection-level failures of a backend call -> the ``error`` label of BACKEND_ERRORS
+_CONNECTION_ERRORS = {
+    "BackendUnavailable": "unavailable",
+    "GatewayTimeout": "timeout",
+    "BadGateway": "bad_gateway",
+}
+
+
+class BackendRecorder:
+    """What the metered backend records per call: its duration and connection errors."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._models = metrics.models
+        self.backend = metrics.backend
+        self._durations: dict[tuple[str, str], Histogram] = {}
+
+    def done(self, op: str, model: str, duration: float, exc: BaseException | None) -> None:
+        label = self._models.label(model, exc is None)
+        hist = self._durations.get((op, label))
+        if hist is None:
+            hist = self._durations[(op, label)] = self._metrics.store(BACKEND_DURATION).child(
+                label, op, self.backend
+            )
+        hist.observe(duration)
+        if exc is not None:
+            kind = _CONNECTION_ERRORS.get(type(exc).__name__)
+            if kind is None:
+                kind = next(
+                    (
+                        _CONNECTION_ERRORS[c.__name__]
+                        for c in type(exc).__mro__
+                        if c.__name__ in _CONNECTION_ERRORS
+                    ),
+                    None,
+                )
+            if kind is not None:
+                self._metrics.store(BACKEND_ERRORS).child(op, self.backend, kind).inc()
