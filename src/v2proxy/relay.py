@@ -82,20 +82,30 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
     keeper.view()
 
 
+_HALF = (Datatype.FP16, Datatype.BF16)
+
+
+def _stage(params: dict[str, object]) -> bool:
+    return "shared_memory_region" in params or "classification" in params  # STAGE_PARAMS
+
+
 def nothing_to_do(request: InferRequest, binary: bool) -> bool:
-    """Whether no stage applies and the answer may be relayed as the backend writes it."""
-    tensors = [*request.inputs, *(request.outputs or ())]
-    if any(key in t.parameters for t in tensors for key in STAGE_PARAMS):
-        return False
-    if binary:
-        return True
-    # A JSON body relays only if its answer may be JSON too, and holds no FP16/BF16 numbers
-    # (which v2proxy accepts in JSON but binary backends such as Triton refuse).
-    if request.parameters.get("binary_data_output") is True:
-        return False
-    if any(o.parameters.get("binary_data") is True for o in request.outputs or ()):
-        return False
-    return not any(t.datatype in (Datatype.FP16, Datatype.BF16) for t in request.inputs)
+    """Whether no stage applies and the answer may be relayed as the backend writes it.
+
+    A tensor parameter of :data:`STAGE_PARAMS` means a stage applies. A JSON body relays only
+    if its answer may be JSON too (no ``binary_data_output``, no output's ``binary_data``), and
+    holds no FP16/BF16 numbers (which v2proxy accepts in JSON but binary backends such as
+    Triton refuse)."""
+    for t in request.inputs:
+        if t.parameters and _stage(t.parameters):
+            return False
+        if not binary and t.datatype in _HALF:
+            return False
+    for o in request.outputs or ():
+        params = o.parameters
+        if params and (_stage(params) or (not binary and params.get("binary_data") is True)):
+            return False
+    return binary or request.parameters.get("binary_data_output") is not True
 
 
 class Relay:

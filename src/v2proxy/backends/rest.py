@@ -74,9 +74,15 @@ class _NoChunks:
 _NO_CHUNKS = _NoChunks()
 
 
+#: what _infer_headers adds (never changed by its users: the HTTP client only reads them)
+_JSON_ONLY: Headers = [(b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json")]
+
+
 def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
     """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
     requests without one), and an uncompressed answer asked for (it is read or relayed)."""
+    if not headers and ihcl is None:
+        return _JSON_ONLY  # the usual small JSON request, which forwards no header
     out = forwardable(headers, _OWN)
     out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
@@ -87,9 +93,20 @@ def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
     return out
 
 
+#: model paths built (quoted) once, at most this many remembered
+_PATHS_KEPT = 1024
+_PATHS: dict[tuple[str, str], str] = {}
+
+
 def _model_path(model: str, version: str) -> str:
-    path = f"/v2/models/{quote(model, safe='')}"
-    return f"{path}/versions/{version}" if version else path
+    path = _PATHS.get((model, version))
+    if path is None:
+        path = f"/v2/models/{quote(model, safe='')}"
+        if version:
+            path = f"{path}/versions/{version}"
+        if len(_PATHS) < _PATHS_KEPT:
+            _PATHS[(model, version)] = path
+    return path
 
 
 class RestBackend:

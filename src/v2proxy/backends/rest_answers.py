@@ -52,8 +52,6 @@ __all__ = [
 
 #: the Inference-Header-Content-Length header's name, as the HTTP client gives names
 IHCL = binc.IHCL_HEADER.lower().encode()
-#: answer headers passed on with a relayed /infer answer
-_RELAYED = (b"content-type", IHCL)
 
 
 def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyError | None:
@@ -143,14 +141,18 @@ def json_answer(body: bytes | bytearray, to: str, what: str) -> Any:
         raise BadGateway(f"invalid answer from backend to {to}: {exc}") from None
 
 
-def _json_object(buf: Buffer, what: str) -> None:
+def _what(base_url: str) -> str:
+    return f"inference response from backend at {base_url}"
+
+
+def _json_object(buf: Buffer, base_url: str) -> None:
     """Raise BadGateway unless ``buf`` is one JSON object."""
     try:
         obj = parse_header(buf, what="response")
     except CodecError as exc:
-        raise BadGateway(f"invalid {what}: {exc}") from None
+        raise BadGateway(f"invalid {_what(base_url)}: {exc}") from None
     if not isinstance(obj, dict):
-        raise BadGateway(f"invalid {what}: not a JSON object")
+        raise BadGateway(f"invalid {_what(base_url)}: not a JSON object")
 
 
 def relayed_headers(
@@ -158,27 +160,34 @@ def relayed_headers(
 ) -> Headers:
     """The headers passed on with a 200 /infer answer, once it is seen to be v2: JSON, or
     binary-framed with its JSON header within the body; what was read, parsed."""
-    what = f"inference response from backend at {base_url}"
-    media = (resp.header(b"content-type") or b"").split(b";", 1)[0].strip().lower()
+    ctype = ihcl_value = None
+    relayed = []
+    for k, v in resp.headers:  # one pass: several values of one name are joined, as header()
+        if k == b"content-type":
+            ctype = v if ctype is None else ctype + b", " + v
+            relayed.append((k, v))
+        elif k == IHCL:
+            ihcl_value = v if ihcl_value is None else ihcl_value + b", " + v
+            relayed.append((k, v))
+    media = (ctype or b"").split(b";", 1)[0].strip().lower()
     is_json = media == b"application/json" or media.endswith(b"+json")
-    ihcl_value = resp.header(IHCL)
     length = resp.content_length if content is None else len(content)
     if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
         text = ihcl_value.strip()
         n = int(text) if text.isdigit() else 0
         if n == 0 or (length is not None and n > length):
             raise BadGateway(
-                f"invalid {what}: Inference-Header-Content-Length {ihcl_value[:40]!r} is"
+                f"invalid {_what(base_url)}: Inference-Header-Content-Length {ihcl_value[:40]!r} is"
                 f" not within the body of {length} bytes"
             )
         if content is not None:
-            _json_object(memoryview(content)[:n], what)
+            _json_object(memoryview(content)[:n], base_url)
     elif is_json:
         if content is not None:
-            _json_object(content, what)
+            _json_object(content, base_url)
     else:
         raise BadGateway(
-            f"invalid {what}: Content-Type {media[:80]!r} is neither JSON nor"
+            f"invalid {_what(base_url)}: Content-Type {media[:80]!r} is neither JSON nor"
             " application/octet-stream with Inference-Header-Content-Length"
         )
-    return [(k, v) for k, v in resp.headers if k in _RELAYED]
+    return relayed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -143,26 +144,38 @@ INT_RANGES = {
 _NUMBER_TYPES = frozenset({int, float})
 
 
+_INTS = frozenset({int})
+_BOOLS = frozenset({bool})
+#: struct packers of small arrays, per (struct code, element count)
+_PACKERS: dict[tuple[str, int], Callable[..., bytes]] = {}
+
+
 def _small_numbers(leaves: list[Any], datatype: Datatype) -> bytes | None:
     """A short flat list packed with struct when every element is of the right kind and in
-    range; None otherwise (the numpy path then decides, and names any problem)."""
+    range (struct refuses integers outside the code's range); None otherwise (the numpy path
+    then decides, and names any problem)."""
     code = _STRUCT_CODES.get(datatype)
     if code is None or not leaves:
         return None
     kinds = set(map(type, leaves))
     if datatype is Datatype.BOOL:
-        if kinds != {bool}:
+        if kinds != _BOOLS:
             return None
     elif datatype in _INT_TYPES:
-        lo, hi = INT_RANGES[datatype]
-        if kinds != {int} or min(leaves) < lo or max(leaves) > hi:
+        if kinds != _INTS:
             return None
     elif not kinds <= _NUMBER_TYPES:
         return None
+    n = len(leaves)
+    pack = _PACKERS.get((code, n))
+    if pack is None:
+        pack = struct.Struct(f"<{n}{code}").pack
+        if len(_PACKERS) < 1024:
+            _PACKERS[(code, n)] = pack
     try:
-        return struct.pack(f"<{len(leaves)}{code}", *leaves)
+        return pack(*leaves)
     except (struct.error, OverflowError):
-        return None  # e.g. a float beyond FP32: numpy turns it into infinity
+        return None  # out of range, or a float beyond FP32: numpy turns it into infinity
 
 
 def _type_error(where: str, datatype: Datatype, expected: str) -> CodecError:

@@ -105,6 +105,7 @@ def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tupl
 
 
 _SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
+_DATA_ONLY = ["data"]  # read only
 
 
 def request_from_obj(
@@ -142,8 +143,14 @@ def request_from_obj(
         if name in seen:
             raise CodecError(f"input '{name}' already exists in request")
         seen.add(name)
-        tparams = dict(_parameters(item, where))
-        present = [k for k in _SOURCE_KEYS if (item if k == "data" else tparams).get(k) is not None]
+        if item.get("parameters") is None:  # the usual case: no parameters, data inline
+            tparams: dict[str, Any] = {}
+            present = _DATA_ONLY if item.get("data") is not None else []
+        else:
+            tparams = dict(_parameters(item, where))
+            present = [
+                k for k in _SOURCE_KEYS if (item if k == "data" else tparams).get(k) is not None
+            ]
         if len(present) != 1:
             detail = (
                 " no field is set" if not present else " set " + " ".join(f"'{k}'" for k in present)

@@ -27,11 +27,16 @@ def _bad_token(name: bytes) -> bool:
     return not name or bool(name.translate(None, _TCHAR))
 
 
-class RequestHeads:
-    """Request heads for one origin (``authority``: its ``host:port``); the header names found
-    valid are remembered (a small, bounded cache) and not checked again."""
+#: request lines (with Host) and header names remembered as valid, per client, at most
+_CACHED = 1024
 
-    __slots__ = ("_host_line", "_names_ok", "authority")
+
+class RequestHeads:
+    """Request heads for one origin (``authority``: its ``host:port``); the header names and
+    request lines (method, target) found valid are remembered (small, bounded caches) and not
+    checked again."""
+
+    __slots__ = ("_host_line", "_lines", "_names_ok", "authority")
 
     def __init__(self, host: str, port: int) -> None:
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -41,17 +46,16 @@ class RequestHeads:
         except UnicodeEncodeError:
             self._host_line = b" HTTP/1.1\r\nHost: %s:%d\r\n" % (host.encode("idna"), port)
         self._names_ok: set[bytes] = set()
+        self._lines: dict[tuple[str, str], bytes] = {}
 
     def build(
         self, method: str, target: str, headers: list[tuple[bytes, bytes]], length: int | None
     ) -> bytes:
         """The head of ``method target`` with ``headers`` (and ``length`` as Content-Length)."""
-        if method not in _METHODS and (not method.isascii() or _bad_token(method.encode())):
-            raise ValueError(f"invalid request method {method[:80]!r}")
-        raw = target.encode("latin-1")  # a UnicodeEncodeError is a ValueError
-        if raw[:1] != b"/" or len(raw.translate(None, _CTL_SP)) != len(raw):
-            raise ValueError(f"the request target must be origin-form (/...): {target[:80]!r}")
-        parts = [method.encode(), b" ", raw, self._host_line]
+        line = self._lines.get((method, target))
+        if line is None:
+            line = self._request_line(method, target)
+        parts = [line]
         ok = self._names_ok
         for name, value in headers:
             if name not in ok:
@@ -71,10 +75,22 @@ class RequestHeads:
             raise AssertionError("unreachable")  # pragma: no cover
         return head
 
+    def _request_line(self, method: str, target: str) -> bytes:
+        """The request line and Host of ``method target``, checked (and remembered)."""
+        if method not in _METHODS and (not method.isascii() or _bad_token(method.encode())):
+            raise ValueError(f"invalid request method {method[:80]!r}")
+        raw = target.encode("latin-1")  # a UnicodeEncodeError is a ValueError
+        if raw[:1] != b"/" or len(raw.translate(None, _CTL_SP)) != len(raw):
+            raise ValueError(f"the request target must be origin-form (/...): {target[:80]!r}")
+        line = method.encode() + b" " + raw + self._host_line
+        if len(self._lines) < _CACHED:
+            self._lines[(method, target)] = line
+        return line
+
     def _check_name(self, name: bytes) -> None:
         if _bad_token(name):
             raise ValueError(f"invalid header name {name[:80]!r}")
         if name.lower() in _OWN:
             raise ValueError(f"header {name!r} is set by the HTTP client, not by its caller")
-        if len(self._names_ok) < 1024:
+        if len(self._names_ok) < _CACHED:
             self._names_ok.add(name)
