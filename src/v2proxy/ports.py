@@ -30,7 +30,8 @@ from v2proxy.model import Buffer, InferRequest, InferResponse
 Headers = list[tuple[bytes, bytes]]
 
 
-async def _noop() -> None:
+async def no_release() -> None:
+    """The ``release`` of an answer that holds nothing (callers may skip awaiting it)."""
     return None
 
 
@@ -42,7 +43,7 @@ class ForwardResponse:
     status: int
     headers: Headers
     body: AsyncIterator[bytes]
-    release: Callable[[], Awaitable[None]] = field(default=_noop)
+    release: Callable[[], Awaitable[None]] = field(default=no_release)
     #: the whole body when it was small enough to read at once (``body`` is then empty)
     content: bytes | bytearray | None = None
     #: the body's length when the backend said it (Content-Length), else None

@@ -30,9 +30,9 @@ from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.errors import ProxyError
 from v2proxy.http.request import HttpRequest, HttpResponse
-from v2proxy.http_io import forwardable
+from v2proxy.http_io import HOP_BY_HOP, forwardable
 from v2proxy.model import Buffer, InferRequest
-from v2proxy.ports import ForwardResponse, Headers, StreamedBody
+from v2proxy.ports import ForwardResponse, Headers, StreamedBody, no_release
 
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import Answer, RestFrontend
@@ -46,10 +46,6 @@ INFER_DROP = frozenset(
     {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
 )
 _IHCL = binc.IHCL_HEADER.lower().encode()
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")
 
 
 async def _prefix(chunks: AsyncIterator[bytes], n: int) -> tuple[bytearray, bytes]:
@@ -76,11 +72,32 @@ def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> He
     return forwardable(request.headers, drop)
 
 
+#: request headers an /infer request does not pass on (hop-by-hop ones, and INFER_DROP)
+_NOT_FORWARDED = frozenset(h.encode() for h in HOP_BY_HOP) | INFER_DROP
+
+
+def _infer_headers(r: HttpRequest) -> tuple[str | None, str | None, str | None, Headers]:
+    """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (the first value
+    of each) and the headers passed on, in one pass over the request's (lowercase) names."""
+    accept = content_encoding = ihcl = None
+    forwarded: Headers = []
+    for name, value in r.headers:
+        if name not in _NOT_FORWARDED:
+            forwarded.append((name, value))
+        elif name == b"accept-encoding":
+            if accept is None:
+                accept = value.decode("latin-1")
+        elif name == b"content-encoding":
+            if content_encoding is None:
+                content_encoding = value.decode("latin-1")
+        elif name == _IHCL and ihcl is None:
+            ihcl = value.decode("latin-1")
+    return accept, content_encoding, ihcl, forwarded
+
+
 async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> Answer:
-    encoding = compression.choose_encoding(_text(r.header(b"accept-encoding")))
-    forwarded = headers_of(r, INFER_DROP)
-    content_encoding = _text(r.header(b"content-encoding"))
-    ihcl_value = _text(r.header(_IHCL))
+    accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
+    encoding = compression.choose_encoding(accept)
     length = r.content_length
     streams = (
         length is not None
@@ -155,9 +172,9 @@ async def write_forwarded(
 ) -> int:
     """Write a backend's answer through: in one piece when it was read whole, else streamed as
     it comes (with its Content-Length when it has one). Returns the body bytes written."""
-    headers = list(answer.headers)
+    headers = answer.headers
     if rid is not None and all(k != b"x-request-id" for k, _ in headers):
-        headers.append((b"x-request-id", rid))
+        headers = [*headers, (b"x-request-id", rid)]
     try:
         if answer.content is not None:
             await response.send(answer.status, headers, answer.content)
@@ -175,4 +192,5 @@ async def write_forwarded(
         await response.end()
         return sent
     finally:
-        await answer.release()
+        if answer.release is not no_release:
+            await answer.release()
