@@ -6,10 +6,11 @@ server's whole contract, implemented by :mod:`.server_conn` (serving), :mod:`.se
 :mod:`.request` (the request and answer objects).
 
 One connection per TCP connection parses requests as bytes arrive and queues them;
-one task per busy period (started when a request's head is complete and no handler runs, ended
-when the queue is empty) runs the handler on each in turn, so pipelined requests are answered in
-order, each after the previous answer is complete. Reading pauses while :data:`MAX_PIPELINE`
-requests wait, or while a body has more than ``request.HIGH_WATER`` bytes unread.
+one task per connection (started with its first complete head, parked while no request waits,
+ended when the connection closes: no task per request) runs the handler on each in turn, so
+pipelined requests are answered in order, each after the previous answer is complete. Reading
+pauses while :data:`MAX_PIPELINE` requests wait, or while a body has more than
+``request.HIGH_WATER`` bytes unread.
 
 Contract (RFC 9112; the handler is never called for any of these, the answer is a JSON body
 ``{"error": "<message>"}`` with ``Connection: close``, and the connection closes after it):

@@ -3,9 +3,10 @@ queues, in order (RFC 9112 §9: persistence, pipelining, closing).
 
 :class:`Connection` joins :class:`~v2proxy.http.server_parse.ConnectionParser` (bytes to queued
 requests) and :class:`~v2proxy.http.server_timer.ConnectionTimer` (its one deadline) over the state
-of :class:`~v2proxy.http.server_state.ConnectionState`. One task per busy period (started when a
-head is complete and no handler runs, ended when the queue is empty) runs the handler on each
-request in turn, each after the previous answer is complete. Reading pauses while ``MAX_PIPELINE``
+of :class:`~v2proxy.http.server_state.ConnectionState`. One task per connection (started with
+its first complete head, parked while the queue is empty, woken by the next head, ended when
+the connection closes) runs the handler on each request in turn, each after the previous
+answer is complete. Reading pauses while ``MAX_PIPELINE``
 requests wait, while a body has more than ``request.HIGH_WATER`` bytes unread, or while input is
 kept in ``backlog``.
 
@@ -87,7 +88,7 @@ class Connection(ConnectionParser, ConnectionTimer):
         if self.parsing is not None:
             self.parsing._fail(ClientDisconnected("client closed before the body ended"))
         self.closing_after = self.eof = True
-        return True if self.cycle is not None and not self.closed else None
+        return True if self.serving and not self.closed else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.closed = self.broken = True
@@ -102,6 +103,9 @@ class Connection(ConnectionParser, ConnectionTimer):
         w = self.drain_waiter
         if w is not None and not w.done():
             w.set_exception(ClientDisconnected("client went away"))
+        parked = self.parked
+        if parked is not None and not parked.done():
+            parked.set_result(None)  # the serving task ends
         self.server._gone(self)
 
     def pause_writing(self) -> None:
@@ -116,35 +120,50 @@ class Connection(ConnectionParser, ConnectionTimer):
     # -- serving --
 
     async def _serve(self) -> None:
+        """Answer the queued requests in order, then park until the next one arrives (one
+        task per connection, not per request); ends when the connection closes."""
         queue = self.queue
         try:
-            while queue and not self.closed:
-                req = queue[0]
-                if isinstance(req, tuple):
-                    self._answer_error(*req)
+            while True:
+                while queue and not self.closed:
+                    req = queue[0]
+                    if isinstance(req, tuple):
+                        self._answer_error(*req)
+                        return
+                    resp = self.answer = HttpResponse(self, req)
+                    try:
+                        await self.handler(req, resp)
+                    except Exception as exc:
+                        self._handler_failed(req, resp, exc)
+                        return
+                    if not resp._ended:
+                        self._handler_failed(req, resp, None)
+                        return
+                    queue.popleft()
+                    if not req.keep_alive or self.closing_after:
+                        self._close(linger=True)
+                        return
+                    if not req._complete and not self._discard(req):
+                        return
+                    if self.backlog is not None and len(queue) < MAX_PIPELINE:
+                        data, self.backlog = self.backlog, None
+                        self._feed(data)
+                    self._sync_reading()
+                if self.closed:
                     return
-                resp = self.answer = HttpResponse(self, req)
+                self.serving = False
+                self.answer = None
+                self._arm()
+                parked = self.parked = self.loop.create_future()
                 try:
-                    await self.handler(req, resp)
-                except Exception as exc:
-                    self._handler_failed(req, resp, exc)
+                    await parked  # woken by the next request's head, or by connection_lost
+                finally:
+                    self.parked = None
+                if self.closed:
                     return
-                if not resp._ended:
-                    self._handler_failed(req, resp, None)
-                    return
-                queue.popleft()
-                if not req.keep_alive or self.closing_after:
-                    self._close(linger=True)
-                    return
-                if not req._complete and not self._discard(req):
-                    return
-                if self.backlog is not None and len(queue) < MAX_PIPELINE:
-                    data, self.backlog = self.backlog, None
-                    self._feed(data)
-                self._sync_reading()
         finally:
             self.cycle = self.answer = None
-        self._arm()
+            self.serving = False
 
     def _handler_failed(self, req: HttpRequest, resp: HttpResponse, exc: Exception | None) -> None:
         if isinstance(exc, ClientDisconnected):
@@ -185,7 +204,7 @@ class Connection(ConnectionParser, ConnectionTimer):
         self.in_head = False
         if self.parsing is not None:
             self.parsing._fail(BodyError(message))
-        if self.cycle is None and not self.queue:
+        if not self.serving and not self.queue:
             self._answer_error(status, message)
         else:
             self.queue.append((status, message))
@@ -277,7 +296,7 @@ class Connection(ConnectionParser, ConnectionTimer):
     def shut_down(self) -> None:
         """Server shutdown: close now if idle, else after the answer in progress."""
         self.closing_after = True
-        if self.cycle is None and not self.queue:
+        if not self.serving and not self.queue:
             self._close()
 
     def kill(self) -> None:

@@ -152,8 +152,14 @@ class ConnectionParser(ConnectionState):
             self.parsing = req
             self.received = 0
         self.queue.append(req)
-        if self.cycle is None:
-            self.cycle = self.loop.create_task(self._serve())
+        if not self.serving:
+            self.serving = True
+            parked = self.parked
+            if parked is not None:
+                if not parked.done():
+                    parked.set_result(None)
+            else:
+                self.cycle = self.loop.create_task(self._serve())
         elif len(self.queue) >= MAX_PIPELINE:
             self._sync_reading()
 

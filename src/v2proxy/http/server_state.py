@@ -31,9 +31,9 @@ class ConnectionState(asyncio.Protocol):
     __slots__ = (
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "handler",
-        "head_size", "headers", "in_head", "limits", "loop", "lost", "parser", "parsing",
-        "progress", "queue", "reading_paused", "received", "rejection", "server", "stall",
-        "timer", "timer_kind", "transport", "url", "writing_paused",
+        "head_size", "headers", "in_head", "limits", "loop", "lost", "parked", "parser",
+        "parsing", "progress", "queue", "reading_paused", "received", "rejection", "server",
+        "serving", "stall", "timer", "timer_kind", "transport", "url", "writing_paused",
     )  # fmt: skip
 
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
@@ -45,7 +45,11 @@ class ConnectionState(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.client: tuple[str, int] | None = None
         self.queue: deque[HttpRequest | tuple[int, str]] = deque()
+        #: the serving task: started with the first request, parked (on ``parked``) while no
+        #: request waits, ended when the connection closes; ``serving``: it has requests
         self.cycle: asyncio.Task[None] | None = None
+        self.parked: asyncio.Future[None] | None = None
+        self.serving = False
         self.answer: HttpResponse | None = None
         self.parsing: HttpRequest | None = None  # the request whose body is arriving
         self.in_head = False

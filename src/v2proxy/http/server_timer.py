@@ -37,7 +37,7 @@ class ConnectionTimer(ConnectionState):
                 self._set_timer(HEAD, self.limits.header_timeout)
         elif self.parsing is not None and not self.parsing._expect:
             self._set_timer(BODY, self.limits.body_timeout)
-        elif self.cycle is None and not self.queue:
+        elif not self.serving and not self.queue:
             self._set_timer(IDLE, self.limits.keepalive_timeout)
         else:
             self.timer_kind = NONE
