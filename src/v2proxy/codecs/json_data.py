@@ -256,6 +256,12 @@ def data_to_buffer(
     if count == 0:
         # Triton does not parse 'data' of a zero-element tensor.
         return b""
+    if type(data) is list and len(data) == count and count <= SMALL_ARRAY:
+        # the usual small flat array: packed straight away; anything else (nested, another
+        # kind, out of range, over the size limit) takes the full path, which names it
+        packed = _small_numbers(data, datatype)
+        if packed is not None and len(packed) <= max_size:
+            return packed
     if isinstance(data, simdjson.Array):
         itemsize = ITEM_SIZE.get(datatype)
         if itemsize is not None and count * itemsize > max_size:
