@@ -168,6 +168,11 @@ class AnswerFlow(asyncio.Protocol):
         pieces = self.pieces
         body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
+        if self._reading_paused:
+            # the whole answer had come before anyone read it (reading paused over the high
+            # water mark): the connection reads again before it can carry the next exchange
+            self._reading_paused = False
+            self.transport.resume_reading()
         self.buffered = 0
         return body
 
