@@ -30,6 +30,7 @@ from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
+from v2proxy.metrics import SHM_BYTES, SHM_REGIONS
 from v2proxy.metrics_export import (
     AnyMetrics,
     Metrics,
@@ -40,6 +41,7 @@ from v2proxy.metrics_export import (
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
 from v2proxy.request_log import setup_logging
+from v2proxy.shm.registry import Registry
 
 log = logging.getLogger("v2proxy")
 
@@ -63,9 +65,24 @@ def build_backend(settings: Settings) -> Backend:
     )
 
 
-def build_pipeline(settings: Settings, backend: Backend) -> Pipeline:
-    """The one core every frontend goes through."""
-    return Pipeline(backend, settings.max_input_size, settings.restricted, settings.models)
+def build_pipeline(
+    settings: Settings, backend: Backend, metrics: AnyMetrics | None = None
+) -> Pipeline:
+    """The one core every frontend goes through, with the clients' shared-memory regions."""
+    gauges = None
+    if isinstance(metrics, Metrics):
+        gauges = (
+            metrics.store(SHM_REGIONS).child("system"),
+            metrics.store(SHM_BYTES).child("system"),
+        )
+    return Pipeline(
+        backend,
+        settings.max_input_size,
+        settings.restricted,
+        settings.models,
+        shm=Registry(gauges=gauges),
+        client_shm=settings.client_shm,
+    )
 
 
 def build_metrics(settings: Settings) -> AnyMetrics:
@@ -136,7 +153,7 @@ async def serve(
     metrics = build_metrics(settings)
     backend = metered(build_backend(settings), metrics)
     await backend.start()
-    pipeline = build_pipeline(settings, backend)
+    pipeline = build_pipeline(settings, backend, metrics)
     http_server = build_http_server(settings, build_rest(settings, pipeline, metrics))
     grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics)
     try:
@@ -183,6 +200,8 @@ async def serve(
         )
         probe.cancel()
         await backend.close()
+        if isinstance(pipeline.shm, Registry):
+            pipeline.shm.close()
         metrics.stop()
 
 

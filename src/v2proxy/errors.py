@@ -54,6 +54,12 @@ class ExpectationFailed(InvalidRequest):
     http_status = 417
 
 
+class AlreadyExists(InvalidRequest):
+    """A name that must be new is taken (a shared-memory region; Triton: 400 / ALREADY_EXISTS)."""
+
+    grpc_code = "ALREADY_EXISTS"
+
+
 class Forbidden(ProxyError):
     """The operation belongs to a restricted API group (``--restricted-api``) and the request
     lacks the header that opens it (Triton answers 403 too)."""

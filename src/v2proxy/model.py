@@ -54,6 +54,9 @@ class Tensor:
     shape: tuple[int, ...]
     data: Buffer
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: an output the proxy wrote into the client's shared memory: answered with its name,
+    #: datatype and shape only (REST), an empty raw slot (gRPC)
+    in_shm: bool = False
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ An inference request passes these stages, in this order:
    raw binary body gets its shape from the model metadata (:meth:`Pipeline.decode_raw`).
 2. **access**: the restricted API groups (``--restricted-api``) are checked for every operation
    (:meth:`Pipeline._allow`).
-3. **shared-memory resolution** (hook, issue "shared memory"): inputs named by
-   ``shared_memory_region`` are read from the client's registered region; today every such
-   reference is refused as an unknown region (:meth:`Pipeline._resolve_inputs`).
-4. **output planning** (hook, issue "shared memory"; classification): which outputs the
+3. **shared-memory resolution**: inputs named by ``shared_memory_region`` become views into the
+   client's registered region, and outputs named so are planned into theirs; the request holds
+   those regions until it ends (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.shm_stage`).
+4. **output planning** (classification): which outputs the
    backend is asked for, in which form (:meth:`Pipeline._plan_outputs`). An output with a
    ``classification`` parameter is classified by the proxy (the backend is asked for the raw
    output) when labels are configured for it or the backend lacks the extension, else passed
@@ -26,7 +26,8 @@ An inference request passes these stages, in this order:
 5. **backend call**: :meth:`Backend.infer` / :meth:`Backend.stream_infer`.
 6. **post-processing**: request id and model name filled in, outputs the client did not ask for
    dropped (:meth:`Pipeline._finish`); then the outputs planned in stage 4 are classified
-   (:func:`v2proxy.postprocess.stage.apply`); shared-memory output writes plug in here.
+   (:func:`v2proxy.postprocess.stage.apply`); outputs planned into shared memory are written
+   there (:meth:`v2proxy.shm_stage.Use.write_outputs`).
    Metrics wrap stages 2-6.
 7. **encode** (frontend): the response in the wire form the client asked for.
 
@@ -44,8 +45,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from v2proxy import shm_stage
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import NotFound, ProxyError
+from v2proxy.errors import NotFound, ProxyError, Unsupported
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.postprocess import stage
@@ -80,6 +82,8 @@ class Pipeline:
         max_input_size: int,
         access: AccessPolicy | None = None,
         models: Mapping[str, stage.ModelLabels] | None = None,
+        shm: shm_stage.Regions | None = None,
+        client_shm: str = "local",
     ) -> None:
         self.backend = backend
         #: set when the proxy stops: readiness turns false while requests in flight finish
@@ -88,6 +92,9 @@ class Pipeline:
         self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
         self.models: Mapping[str, stage.ModelLabels] = models or {}
+        #: the clients' system shared-memory regions (None: none can be registered)
+        self.shm = shm
+        self.client_shm = client_shm
         self._relay = Relay(backend, max_input_size)
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
         self._backend_classifies: tuple[float, bool] | None = None
@@ -139,7 +146,17 @@ class Pipeline:
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         self._allow("inference", headers)
-        self._resolve_inputs(request)
+        use = self._resolve_inputs(request)
+        if use is None:
+            return await self._infer(request, headers)
+        try:
+            response = await self._infer(request, headers)
+            use.write_outputs(response)
+            return response
+        finally:
+            use.release()
+
+    async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         counts = self._plan_outputs(request)
         if counts is None:
             return self._finish(request, await self.backend.infer(request, headers))
@@ -152,14 +169,24 @@ class Pipeline:
     ) -> AsyncIterator[InferResponse]:
         """Every response of a (possibly decoupled) model to one request."""
         self._allow("inference", headers)
-        self._resolve_inputs(request)
-        counts = self._plan_outputs(request)
-        sent, todo = (
-            (request, {}) if counts is None else await self._plan_classification(request, counts)
-        )
-        async for answer in self.backend.stream_infer(sent, headers):
-            response = self._finish(request, answer)
-            yield await self._classify(request, todo, response) if todo else response
+        use = self._resolve_inputs(request)
+        try:
+            counts = self._plan_outputs(request)
+            sent, todo = (
+                (request, {})
+                if counts is None
+                else await self._plan_classification(request, counts)
+            )
+            async for answer in self.backend.stream_infer(sent, headers):
+                response = self._finish(request, answer)
+                if todo:
+                    response = await self._classify(request, todo, response)
+                if use is not None:
+                    use.write_outputs(response)
+                yield response
+        finally:
+            if use is not None:
+                use.release()
 
     async def relay(
         self,
@@ -188,19 +215,15 @@ class Pipeline:
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
 
-    @staticmethod
-    def _resolve_inputs(request: InferRequest) -> None:
-        """Stage 3. No shared-memory region can be registered with this version: every
-        reference to one names a region that does not exist (rather than being passed on)."""
-        for t in request.inputs:
-            region = t.parameters.get("shared_memory_region")
-            if region is not None:
-                raise NotFound(f"Unable to find shared memory region: '{region}'")
+    def _resolve_inputs(self, request: InferRequest) -> shm_stage.Use | None:
+        """Stage 3 (and the shared-memory part of stage 4): None when no tensor names a
+        region; else the regions held until the caller releases them."""
+        return shm_stage.resolve(request, self.shm)
 
     @staticmethod
     def _plan_outputs(request: InferRequest) -> dict[str, int] | None:
-        """Stage 4 (see :meth:`_resolve_inputs` for shared memory): the outputs that carry a
-        ``classification`` parameter, name -> k (0: none), or None when no output does."""
+        """Stage 4 (shared-memory outputs were planned by :meth:`_resolve_inputs`): the outputs
+        that carry a ``classification`` parameter, name -> k (0: none), or None when none does."""
         counts: dict[str, int] | None = None
         for o in request.outputs or ():
             params = o.parameters
@@ -210,9 +233,6 @@ class Pipeline:
                 if counts is None:
                     counts = {}
                 counts[o.name] = requested_count(params)
-            region = params.get("shared_memory_region")
-            if region is not None:
-                raise NotFound(f"Unable to find shared memory region: '{region}'")
         return counts
 
     async def _plan_classification(
@@ -306,6 +326,44 @@ class Pipeline:
         backend; ``target`` is origin-form. Other backends answer NotFound/Unsupported."""
         self._allow(passthrough_group(target), headers)
         return await self.backend.forward(method, target, headers, body)
+
+    # ------------------------------------------------------------------ shared memory
+
+    async def shm_status(self, kind: str, name: str, headers: Headers) -> list[dict[str, Any]]:
+        """Status of the ``kind`` ("system" | "cuda") regions, all or the one named."""
+        self._allow("shared-memory", headers)
+        if kind == "cuda":
+            return shm_stage.cuda_status(self.shm, name)
+        if self.shm is not None:
+            return self.shm.status(name)
+        if name:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return []
+
+    async def shm_register(
+        self, name: str, key: str, offset: int, byte_size: int, peer: str | None, headers: Headers
+    ) -> None:
+        """Register a system region; ``peer``: the client's IP address, None on a unix socket
+        (``--client-shm``)."""
+        self._allow("shared-memory", headers)
+        shm_stage.check_client(self.client_shm, peer)
+        if self.shm is None:
+            raise Unsupported("system shared memory is not available in this v2proxy")
+        self.shm.register(name, key, offset, byte_size)
+
+    async def cuda_shm_register(self, name: str, peer: str | None, headers: Headers) -> None:
+        self._allow("shared-memory", headers)
+        shm_stage.check_client(self.client_shm, peer)
+        shm_stage.cuda_register(name)
+
+    async def shm_unregister(
+        self, kind: str, name: str, peer: str | None, headers: Headers
+    ) -> None:
+        """Unregister one region ("": all); a region in use goes when its requests end."""
+        self._allow("shared-memory", headers)
+        shm_stage.check_client(self.client_shm, peer)
+        if kind == "system" and self.shm is not None:
+            self.shm.unregister(name)
 
     # ------------------------------------------------------------------ model metadata cache
 

@@ -319,7 +319,9 @@ def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) ->
     outputs = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
-        if is_binary(t):
+        if t.in_shm:  # written into the client's shared memory: no data, no parameters (§4.2)
+            pass
+        elif is_binary(t):
             entry["parameters"] = {**t.parameters, "binary_data_size": memoryview(t.data).nbytes}
         else:
             if t.parameters:

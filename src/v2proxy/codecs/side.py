@@ -45,3 +45,32 @@ def load_parameters(body: Buffer) -> dict[str, Any]:
 def settings_update(body: Buffer, what: str) -> dict[str, Any]:
     """The settings a trace/log settings POST asks to change."""
     return _object(body, what)
+
+
+def shm_register_body(body: Buffer) -> tuple[str, int, int]:
+    """``POST /v2/systemsharedmemory/region/{name}/register``: (key, offset, byte_size), checked
+    in Triton's order (reference §4.1; Triton answers 500 for an empty or malformed body and a
+    non-string key, v2proxy 400)."""
+    if not bytes(body).strip():
+        raise CodecError("failed to parse the request JSON buffer: The document is empty.")
+    obj = _object(body, "shared memory register request")
+    if "key" not in obj:
+        raise CodecError("Shared memory register request has no 'key' field")
+    key = obj["key"]
+    if not isinstance(key, str):
+        raise CodecError("Invalid value for 'key' of the shared memory register request")
+    values = []
+    for field in ("offset", "byte_size"):
+        if field not in obj:
+            if field == "offset":
+                values.append(0)
+                continue
+            raise CodecError("Shared memory register request has no 'byte_size' field")
+        v = obj[field]
+        if type(v) is not int or v < 0:
+            raise CodecError(
+                f"Invalid value for '{field}' of the shared memory register request: expected a"
+                " non-negative integer"
+            )
+        values.append(v)
+    return key, values[0], values[1]

@@ -29,6 +29,7 @@ from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import CodecError, ProxyError, Unsupported
+from v2proxy.frontends import grpc_shm
 from v2proxy.frontends.grpc_call import (
     HEALTH_SERVICE,
     Call,
@@ -283,18 +284,12 @@ class GrpcFrontend:
         obj = await self.pipeline.log_settings(update, forwarded_headers(c))
         return grpc_side.log_settings_to_proto(obj)
 
-    async def _no_shm(self, _r: Any, _c: Context) -> Any:
-        raise Unsupported(
-            "shared memory is not supported by this version of v2proxy: send tensor data in"
-            " the request"
-        )
-
-    SystemSharedMemoryStatus = _no_shm
-    SystemSharedMemoryRegister = _no_shm
-    SystemSharedMemoryUnregister = _no_shm
-    CudaSharedMemoryStatus = _no_shm
-    CudaSharedMemoryRegister = _no_shm
-    CudaSharedMemoryUnregister = _no_shm
+    SystemSharedMemoryStatus = grpc_shm.SystemSharedMemoryStatus
+    SystemSharedMemoryRegister = grpc_shm.SystemSharedMemoryRegister
+    SystemSharedMemoryUnregister = grpc_shm.SystemSharedMemoryUnregister
+    CudaSharedMemoryStatus = grpc_shm.CudaSharedMemoryStatus
+    CudaSharedMemoryRegister = grpc_shm.CudaSharedMemoryRegister
+    CudaSharedMemoryUnregister = grpc_shm.CudaSharedMemoryUnregister
 
     # ------------------------------------------------------------------ grpc.health.v1
 

@@ -28,7 +28,7 @@ from typing import Any
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
-from v2proxy.frontends import rest_infer
+from v2proxy.frontends import rest_infer, rest_shm
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
@@ -304,6 +304,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
         {"GET": RestFrontend.model_metadata},
         "metadata",
     ),
+    *rest_shm.ROUTES,
 ]
 
 

@@ -1,0 +1,73 @@
+"""The shared-memory endpoints of the REST frontend (reference §4.1, §4.3), each one call of the
+pipeline (group ``shared-memory``):
+
+- ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status``: 200, Triton's JSON array;
+- ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
+  "byte_size"}``: 200, empty body (no name: Triton's 400);
+- ``POST /v2/cudasharedmemory/region/{name}/register``: Triton's CPU-build 400;
+- ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: 200, empty body (the body
+  is ignored).
+
+The client's address (``HttpRequest.client``; None on a unix socket) goes with register and
+unregister for ``--client-shm local``. Routes are in :data:`ROUTES`, appended to the REST
+frontend's table; errors go through its one translator.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from v2proxy.codecs import side
+from v2proxy.codecs.json import dumps
+from v2proxy.errors import InvalidRequest
+from v2proxy.frontends.rest_infer import headers_of
+from v2proxy.http.request import HttpRequest
+
+if TYPE_CHECKING:
+    from v2proxy.frontends.rest import Answer, Handler, RestFrontend
+
+_JSON = (b"content-type", b"application/json")
+
+
+def _name(m: re.Match[str]) -> str:
+    return unquote(m.group("name") or "")
+
+
+def _peer(r: HttpRequest) -> str | None:
+    client = r.client
+    return None if client is None else str(client[0])
+
+
+async def status(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
+    regions = await fe.pipeline.shm_status(m.group("kind"), _name(m), headers_of(r))
+    return 200, [_JSON], dumps(regions)
+
+
+async def register(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
+    name, kind = _name(m), m.group("kind")
+    body = await fe.read_body(r)
+    if not name:
+        raise InvalidRequest(f"'region name' is necessary to register {kind} shared memory region")
+    if kind == "cuda":
+        await fe.pipeline.cuda_shm_register(name, _peer(r), headers_of(r))
+    else:
+        key, offset, byte_size = side.shm_register_body(body)
+        await fe.pipeline.shm_register(name, key, offset, byte_size, _peer(r), headers_of(r))
+    return 200, [_JSON], b""
+
+
+async def unregister(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
+    await fe.pipeline.shm_unregister(m.group("kind"), _name(m), _peer(r), headers_of(r))
+    return 200, [_JSON], b""
+
+
+_SHM = r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<name>[^/]+))?"
+
+#: (path pattern, {method: handler}, operation label), as the REST frontend's ROUTES
+ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
+    (re.compile(_SHM + "/status"), {"GET": status}, "side"),
+    (re.compile(_SHM + "/register"), {"POST": register}, "side"),
+    (re.compile(_SHM + "/unregister"), {"POST": unregister}, "side"),
+]

@@ -1,0 +1,143 @@
+"""The system shared-memory regions clients registered with this process (reference §4.1),
+reference counted so that no mapping is closed under a request.
+
+Contract (implements :class:`v2proxy.shm_stage.Regions`):
+
+- :meth:`Registry.register` checks, in Triton's order: the key (:func:`system.normal_key`), the
+  name is new (``already in manager``, ALREADY_EXISTS; a region awaiting its deferred unregister
+  still holds its name), then opens and maps the object (:func:`system.open_region`: object
+  size, zero size).
+- :meth:`Registry.acquire` hands a region to a request and counts it as a user; an unknown name,
+  or one being unregistered, is Triton's ``Unable to find shared memory region``.
+- :meth:`Registry.unregister` of a region in use marks it: it stays listed by :meth:`status`
+  and is closed when its last user calls :meth:`release` (Triton's deferred unregister); an
+  unknown name is a no-op success; ``""`` unregisters all.
+- The ``v2proxy_shm_registered_regions`` / ``_bytes`` gauges (``kind="system"``) follow the
+  listed regions when cells are given.
+
+Single-threaded (the event loop): no locks. Per process: with ``--workers N`` each worker has its
+own regions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from v2proxy.errors import AlreadyExists, NotFound
+from v2proxy.shm import system
+from v2proxy.shm_stage import Region
+
+
+class _Cell(Protocol):
+    def inc(self, amount: float = 1.0) -> None: ...
+    def dec(self, amount: float = 1.0) -> None: ...
+
+
+class Mapped(Region, Protocol):
+    """A region the registry can list and close (:class:`system.SystemRegion`)."""
+
+    key: str
+    offset: int
+
+    def close(self) -> None: ...
+
+
+Opener = Callable[[str, str, int, int], Mapped]
+
+
+@dataclass(slots=True)
+class _Entry:
+    region: Mapped
+    users: int = 0
+    doomed: bool = False
+
+
+class Registry:
+    """The regions by name; ``gauges``: (regions, bytes) metric cells, or None."""
+
+    def __init__(
+        self,
+        opener: Opener = system.open_region,
+        gauges: tuple[_Cell, _Cell] | None = None,
+    ) -> None:
+        self._open = opener
+        self._gauges = gauges
+        self._entries: dict[str, _Entry] = {}
+
+    # ------------------------------------------------------------------ side operations
+
+    def status(self, name: str) -> list[dict[str, Any]]:
+        if name:
+            entry = self._entries.get(name)
+            if entry is None:
+                raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            return [_status(entry.region)]
+        return [_status(self._entries[n].region) for n in sorted(self._entries)]
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        system.normal_key(name, key)
+        if name in self._entries:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        region = self._open(name, key, offset, byte_size)
+        self._entries[name] = _Entry(region)
+        self._count(region, 1)
+
+    def unregister(self, name: str) -> None:
+        for n in [name] if name else list(self._entries):
+            entry = self._entries.get(n)
+            if entry is None:
+                continue
+            if entry.users:
+                entry.doomed = True  # closed by the last release
+            else:
+                self._remove(n, entry)
+
+    def close(self) -> None:
+        """Unregister everything (when the proxy stops)."""
+        self.unregister("")
+
+    # ------------------------------------------------------------------ requests
+
+    def acquire(self, name: str) -> Region:
+        entry = self._entries.get(name)
+        if entry is None or entry.doomed:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        entry.users += 1
+        return entry.region
+
+    def release(self, region: Region) -> None:
+        entry = self._entries.get(region.name)
+        if entry is None or entry.region is not region:
+            return
+        entry.users -= 1
+        if entry.users <= 0 and entry.doomed:
+            self._remove(region.name, entry)
+
+    def users(self, name: str) -> int:
+        """How many requests hold ``name`` now (tests, diagnostics)."""
+        entry = self._entries.get(name)
+        return 0 if entry is None else entry.users
+
+    # ------------------------------------------------------------------ internals
+
+    def _remove(self, name: str, entry: _Entry) -> None:
+        del self._entries[name]
+        self._count(entry.region, -1)
+        entry.region.close()
+
+    def _count(self, region: Mapped, sign: int) -> None:
+        if self._gauges is not None:
+            regions, size = self._gauges
+            regions.inc(sign)
+            size.inc(sign * region.byte_size)
+
+
+def _status(region: Mapped) -> dict[str, Any]:
+    return {
+        "name": region.name,
+        "key": region.key,
+        "offset": region.offset,
+        "byte_size": region.byte_size,
+    }

@@ -1,0 +1,266 @@
+"""System shared memory as stages of the pipeline (reference §4.1, §4.2): the side operations'
+rules (who may register, CUDA on a CPU proxy) and, per inference request, stage 3 (inputs read
+from the client's registered regions), stage 4 (outputs planned into them) and stage 6 (the
+backend's outputs written there).
+
+Contract:
+
+- The regions live behind the :class:`Regions` port (:class:`v2proxy.shm.registry.Registry`,
+  wired by ``app.py``); this module only sees :class:`Region` handles. A request holds every
+  region it names from :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the
+  request ends, whatever happens), so an unregister meanwhile is deferred and no mapping is ever
+  closed under a request.
+- Inputs become views into the region (no copy); their shm parameters are dropped, so the backend
+  sees ordinary tensors. Outputs in shm lose their shm parameters too: the backend is asked for
+  them normally and :meth:`Use.write_outputs` copies its answer into the region, marking the
+  tensor ``in_shm`` (REST: name, datatype, shape only; gRPC: an empty raw slot).
+- Every offset and size is checked with Triton's rules and texts before memory is touched
+  (:func:`locate`: offset, integer overflow against 2^64-1, end), and each region's object is
+  checked to still hold the registered bytes (:meth:`Region.check`, an ``fstat``) right before
+  the proxy reads it (here, just before the backend call) and before it writes it. A client that
+  truncates its object between that check and the backend's encoding of the request could still
+  fault the process: that window is the backend call's start, with no await in this module.
+- Errors never name the shared-memory key (Triton PR 8269).
+
+Pure: no I/O library (checked by tools/check_layers.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Protocol
+
+from v2proxy.codecs.dtypes import check_tensor_size
+from v2proxy.errors import Forbidden, InvalidRequest, NotFound, ProxyError, Unsupported
+from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.postprocess.classification import WITH_SHM
+
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+BYTE_SIZE = "shared_memory_byte_size"
+SHM_PARAMS = frozenset({REGION, OFFSET, BYTE_SIZE})
+#: the largest size_t: Triton's overflow check compares against it
+SIZE_MAX = 2**64 - 1
+CLIENT_SHM_MODES = ("off", "local", "on")
+WITH_BINARY = "Output can't set both 'shared_memory_region' and 'binary_data'"
+
+
+class Region(Protocol):
+    """A registered region as a request uses it (offsets are relative to its start)."""
+
+    name: str
+    byte_size: int
+
+    def check(self) -> None:
+        """Raise a ProxyError when the object no longer holds the registered bytes."""
+        ...
+
+    def view(self, offset: int, size: int) -> memoryview:
+        """``size`` bytes at ``offset`` (bounds checked by the caller)."""
+        ...
+
+    def write(self, offset: int, data: Buffer) -> None:
+        """Copy ``data`` to ``offset`` (bounds checked by the caller)."""
+        ...
+
+
+class Regions(Protocol):
+    """The registered regions of one process (:class:`v2proxy.shm.registry.Registry`)."""
+
+    def acquire(self, name: str) -> Region:
+        """The region named ``name``, held until :meth:`release` (NotFound if unknown)."""
+        ...
+
+    def release(self, region: Region) -> None: ...
+
+    def status(self, name: str) -> list[dict[str, Any]]:
+        """Triton's status list, sorted by name; one entry when ``name`` is given."""
+        ...
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+
+    def unregister(self, name: str) -> None:
+        """Unregister one region ("" = all); in-use regions go when their last user ends."""
+        ...
+
+
+# ---------------------------------------------------------------------- side operations
+
+
+def is_local(peer: str | None) -> bool:
+    """Whether a client address is on this host: None (a unix socket) or a loopback IP."""
+    if peer is None:
+        return True
+    try:
+        ip = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def check_client(mode: str, peer: str | None) -> None:
+    """``--client-shm``: may this client register or unregister regions?"""
+    if mode == "on":
+        return
+    if mode == "off":
+        raise Unsupported(
+            "Client shared memory is disabled: this v2proxy was started with --client-shm off"
+        )
+    if not is_local(peer):
+        raise Forbidden(
+            "Client shared memory is allowed only from loopback or a unix socket"
+            " (--client-shm local): this client connected from another host"
+        )
+
+
+def cuda_status(regions: Regions | None, name: str) -> list[dict[str, Any]]:
+    """No CUDA region can exist on this proxy (yet): an empty list, or Triton's 404s."""
+    if not name:
+        return []
+    if regions is not None:
+        try:
+            regions.status(name)
+        except NotFound:
+            pass
+        else:
+            raise NotFound(
+                f"The region named '{name}' is registered as system shared memory, not CUDA"
+                " shared memory"
+            )
+    raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+
+
+def cuda_register(name: str) -> None:
+    """Triton's answer on a build without GPUs (reference §4.3)."""
+    raise InvalidRequest(
+        f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+    )
+
+
+# ---------------------------------------------------------------------- inference
+
+
+def locate(name: str, region_size: int, offset: int, byte_size: int) -> None:
+    """Triton's checks of a tensor's place in a region (``GetMemoryInfo``), in its order."""
+    if offset >= region_size:
+        raise InvalidRequest(f"Invalid offset for shared memory region: '{name}'")
+    if byte_size > SIZE_MAX - offset:
+        raise InvalidRequest(
+            f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds"
+            f" maximum value ({SIZE_MAX}) for region '{name}'"
+        )
+    if offset + byte_size > region_size:
+        raise InvalidRequest(f"Invalid offset + byte size for shared memory region: '{name}'")
+
+
+def _reference(params: dict[str, Any], tensor: str) -> tuple[str, int, int]:
+    """(region, offset, byte_size) of a tensor's shm parameters (HTTP rules: offset and
+    byte_size default to 0)."""
+    region = params[REGION]
+    if not isinstance(region, str):
+        raise InvalidRequest(
+            f"invalid value type for '{REGION}' parameter for tensor '{tensor}', expected"
+            " string_param."
+        )
+    values = []
+    for key in (OFFSET, BYTE_SIZE):
+        v = params.get(key, 0)
+        if type(v) is not int or v < 0:
+            raise InvalidRequest(
+                f"invalid value for '{key}' parameter for tensor '{tensor}', expected a"
+                " non-negative integer"
+            )
+        values.append(v)
+    return region, values[0], values[1]
+
+
+def _without_shm(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k not in SHM_PARAMS}
+
+
+class Use:
+    """The regions one request holds, and where its shm outputs go."""
+
+    __slots__ = ("held", "outputs", "regions")
+
+    def __init__(self, regions: Regions) -> None:
+        self.regions = regions
+        self.held: dict[str, Region] = {}
+        #: output name -> (region, offset, byte_size)
+        self.outputs: dict[str, tuple[Region, int, int]] = {}
+
+    def acquire(self, name: str) -> Region:
+        region = self.held.get(name)
+        if region is None:
+            region = self.regions.acquire(name)
+            self.held[name] = region
+        return region
+
+    def release(self) -> None:
+        """Give every region back (idempotent); an unregister waiting on them completes."""
+        held, self.held = self.held, {}
+        for region in held.values():
+            self.regions.release(region)
+
+    def write_outputs(self, response: InferResponse) -> None:
+        """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500
+        text otherwise) and the region's object checked to still be whole."""
+        for t in response.outputs:
+            target = self.outputs.get(t.name)
+            if target is None or t.in_shm:
+                continue
+            region, offset, size = target
+            n = memoryview(t.data).nbytes
+            if n > size:
+                raise ProxyError(
+                    f"shared memory size specified with the request for output '{t.name}'"
+                    f" ({size} bytes) should be at least {n} bytes to hold the results"
+                )
+            if n:
+                region.check()
+                region.write(offset, t.data)
+            t.data = b""
+            t.parameters = {}
+            t.in_shm = True
+
+
+def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
+    """Stages 3 and 4 for shared memory: None when the request names no region (one dict
+    lookup per tensor that has parameters). Otherwise its shm inputs become views into their
+    regions and its shm outputs are planned; the regions are held by the returned :class:`Use`
+    (released here if this fails)."""
+    inputs = [t for t in request.inputs if t.parameters and REGION in t.parameters]
+    outputs = [o for o in request.outputs or () if o.parameters and REGION in o.parameters]
+    if not inputs and not outputs:
+        return None
+    for o in outputs:  # parse-time errors first, as Triton's frontends raise them
+        if "classification" in o.parameters:
+            raise InvalidRequest(WITH_SHM)
+        if o.parameters.get("binary_data") is True:
+            raise InvalidRequest(WITH_BINARY)
+    refs = [_reference(t.parameters, t.name) for t in inputs]
+    out_refs = [_reference(o.parameters, o.name) for o in outputs]
+    if regions is None:
+        name = (refs or out_refs)[0][0]
+        raise NotFound(f"Unable to find shared memory region: '{name}'")
+    use = Use(regions)
+    try:
+        for t, (name, offset, size) in zip(inputs, refs, strict=True):
+            region = use.acquire(name)
+            locate(name, region.byte_size, offset, size)
+            region.check()
+            t.data = region.view(offset, size)
+            t.parameters = _without_shm(t.parameters)
+            check_tensor_size(t, f"input '{t.name}' for model '{request.model_name}'")
+        for o, (name, offset, size) in zip(outputs, out_refs, strict=True):
+            region = use.acquire(name)
+            locate(name, region.byte_size, offset, size)
+            use.outputs[o.name] = (region, offset, size)
+            o.parameters = _without_shm(o.parameters)
+            o.parameters.pop("binary_data", None)
+    except BaseException:
+        use.release()
+        raise
+    return use
