@@ -135,7 +135,7 @@ def stages(repeat: int) -> None:
 class _DropBackend:
     """Takes a relayed body and answers at once (the pipeline's own cost, without sockets)."""
 
-    async def can_relay(self, binary: bool) -> bool:
+    async def can_relay(self, binary: bool, size: int = 0) -> bool:
         return not binary
 
     async def relay_infer(

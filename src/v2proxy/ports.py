@@ -106,8 +106,9 @@ class Backend(Protocol):
     ) -> dict[str, Any]: ...
 
     # the REST↔REST pass-through fast path
-    async def can_relay(self, binary: bool) -> bool:
-        """Whether an /infer body of this form (binary-framed or JSON) can be sent unchanged."""
+    async def can_relay(self, binary: bool, size: int = 0) -> bool:
+        """Whether an /infer body of this form (binary-framed or JSON) and ``size`` bytes is
+        best sent unchanged (a backend may prefer another form for a large body)."""
         ...
 
     async def relay_infer(

@@ -128,7 +128,8 @@ class Relay:
         binary = ihcl is not None
         if not nothing_to_do(request, binary):
             return None
-        if not await self.backend.can_relay(binary):
+        size = body.length if isinstance(body, StreamedBody) else len(body)
+        if not await self.backend.can_relay(binary, size):
             return None
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
@@ -152,7 +153,7 @@ class Relay:
         # more than the copy.
         keeper = _Keeper(length, self._take_buffer(length))
         try:
-            if not await self.backend.can_relay(False):
+            if not await self.backend.can_relay(False, length):
                 async for _ in _kept(body, keeper):
                     pass
                 return decode_request(keeper.view(), None, model, version, self.max_input_size)

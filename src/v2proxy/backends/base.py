@@ -29,7 +29,7 @@ class DecodedOnly:
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
 
-    async def can_relay(self, binary: bool) -> bool:
+    async def can_relay(self, binary: bool, size: int = 0) -> bool:
         return False
 
     async def relay_infer(

@@ -88,8 +88,8 @@ class MeteredBackend:
             "forward", "", self.inner.forward(method, target, headers, body)
         )
 
-    async def can_relay(self, binary: bool) -> bool:
-        return await self.inner.can_relay(binary)
+    async def can_relay(self, binary: bool, size: int = 0) -> bool:
+        return await self.inner.can_relay(binary, size)
 
     # ------------------------------------------------------------------ the rest, timed alike
 

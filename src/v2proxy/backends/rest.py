@@ -42,6 +42,7 @@ from v2proxy.backends.rest_answers import (
     relayed_headers,
     unknown_model,
 )
+from v2proxy.backends.rest_encoding import Encoding
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BackendUnavailable, BadGateway, CodecError, ProxyError
@@ -123,8 +124,7 @@ class RestBackend:
         connections: int = 100,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._encoding = encoding
-        self._binary: bool | None = {"json": False, "binary": True}.get(encoding)
+        self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._connections = connections
@@ -219,17 +219,23 @@ class RestBackend:
             raise unknown_model(model, "")
         return status == 200
 
-    async def uses_binary(self) -> bool:
-        """Whether requests go binary: fixed by configuration, or asked of the backend once."""
-        if self._binary is None:
-            meta = await self.server_metadata()
-            ext = meta.get("extensions")
-            self._binary = isinstance(ext, list) and "binary_tensor_data" in ext
-            log.info("backend %s binary tensors: %s", self.base_url, self._binary)
-        return self._binary
-
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        binary = await self.uses_binary()
+        binary = await self.encoding.binary()
+        if not binary and self.encoding.try_unlisted(request):
+            try:
+                response = await self._infer_as(request, headers, True)
+            except BackendError as exc:
+                if not 400 <= exc.http_status < 500:  # a refusal (4xx): nothing ran
+                    raise
+                self.encoding.unlisted(False, f"refused binary tensors: {exc.message}")
+            else:
+                self.encoding.unlisted(True)
+                return response
+        return await self._infer_as(request, headers, binary)
+
+    async def _infer_as(
+        self, request: InferRequest, headers: Headers, binary: bool
+    ) -> InferResponse:
         try:
             chunks, ihcl = binc.encode_request(request, binary=binary)
         except CodecError as exc:
@@ -256,12 +262,10 @@ class RestBackend:
 
     # ------------------------------------------------------------------ pass-through
 
-    async def can_relay(self, binary: bool) -> bool:
-        """Binary bodies go unchanged to backends that take binary tensors; JSON ones to any
-        backend, unless ``--backend-encoding binary`` asked for binary tensors always."""
-        if binary:
-            return await self.uses_binary()
-        return self._encoding != "binary"
+    async def can_relay(self, binary: bool, size: int = 0) -> bool:
+        """Binary bodies go unchanged to backends that take binary tensors, JSON ones as
+        :meth:`Encoding.relays` decides."""
+        return await self.encoding.relays(binary, size)
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers

@@ -5,7 +5,7 @@ Run with the python of the kserve venv made by setup_peers.sh:
     .cache/peers/kserve/bin/python tests/interop/peers/kserve_server.py \
         --http-port 8080 --grpc-port 8081
 
-Hosts three tiny v2 models written against KServe's own v2 API
+Hosts four tiny v2 models written against KServe's own v2 API
 (kserve.Model + InferRequest / InferResponse / InferOutput), so REST
 /v2/models/{m}/infer and the gRPC GRPCInferenceService both go through
 KServe's native encoding (binary vs JSON outputs, requested outputs, ...):
@@ -13,6 +13,7 @@ KServe's native encoding (binary vs JSON outputs, requested outputs, ...):
     simple           INT32 INPUT0, INPUT1 [N,16] or [16] -> OUTPUT0 = a+b, OUTPUT1 = a-b
     simple_identity  BYTES INPUT0 [-1]                  -> OUTPUT0 (same bytes)
     identity_fp32    FP32  INPUT0 [-1]                  -> OUTPUT0 (same values)
+    identity_fp16    FP16  INPUT0 [-1]                  -> OUTPUT0 (same values)
 
 Everything is logged to stderr (stdout is redirected onto stderr).
 KServe 0.21 hard-codes its listen addresses (HTTP 0.0.0.0, gRPC [::]);
@@ -223,6 +224,7 @@ def main() -> None:
         SimpleModel("simple"),
         IdentityModel("simple_identity", "BYTES"),
         IdentityModel("identity_fp32", "FP32"),
+        IdentityModel("identity_fp16", "FP16"),
     ]
     kserve.ModelServer(
         http_port=ARGS.http_port,
