@@ -43,9 +43,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
-from urllib.parse import unquote
 
-from v2proxy import shm_stage
+from v2proxy import restricted, shm_stage
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
 from v2proxy.model import Buffer, InferRequest, InferResponse
@@ -324,7 +323,7 @@ class Pipeline:
     ) -> ForwardResponse:
         """Any other REST request (``generate``, unknown paths) passed through to a REST
         backend; ``target`` is origin-form. Other backends answer NotFound/Unsupported."""
-        self._allow(passthrough_group(target), headers)
+        self._allow(restricted.passthrough_group(target), headers)
         return await self.backend.forward(method, target, headers, body)
 
     # ------------------------------------------------------------------ shared memory
@@ -391,26 +390,3 @@ class Pipeline:
             max_batch_size = mbs
         self._metadata[key] = (now, metadata, max_batch_size)
         return metadata, max_batch_size
-
-
-#: path words -> the API group a passed-through request belongs to, first match wins; matched
-#: on the percent-decoded, lowercased path anywhere in it, so that no spelling of a restricted
-#: path (``/v2/%72epository/...``, a trailing slash, a doubled one) slips through as another
-_PATH_GROUPS = (
-    ("repository", "model-repository"),
-    ("sharedmemory", "shared-memory"),
-    ("logging", "logging"),
-    ("trace", "trace"),
-    ("stats", "statistics"),
-    ("/config", "model-config"),
-    ("/models/", "inference"),
-)
-
-
-def passthrough_group(target: str) -> str:
-    """The API group of a request passed through to the backend."""
-    path = unquote(target.split("?", 1)[0]).lower()
-    for word, group in _PATH_GROUPS:
-        if word in path:
-            return group
-    return "metadata"

@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from v2proxy.errors import Forbidden
 
@@ -171,3 +172,26 @@ class RestrictedPolicy:
             ok |= hmac.compare_digest(got.strip(b" \t"), expected)
         if not ok:
             raise Forbidden(f"This API is restricted, expecting header '{self.header[0]}'")
+
+
+#: path words -> the API group a passed-through request belongs to, first match wins; matched
+#: on the percent-decoded, lowercased path anywhere in it, so that no spelling of a restricted
+#: path (``/v2/%72epository/...``, a trailing slash, a doubled one) slips through as another
+_PATH_GROUPS = (
+    ("repository", "model-repository"),
+    ("sharedmemory", "shared-memory"),
+    ("logging", "logging"),
+    ("trace", "trace"),
+    ("stats", "statistics"),
+    ("/config", "model-config"),
+    ("/models/", "inference"),
+)
+
+
+def passthrough_group(target: str) -> str:
+    """The API group of a request passed through to the backend."""
+    path = unquote(target.split("?", 1)[0]).lower()
+    for word, group in _PATH_GROUPS:
+        if word in path:
+            return group
+    return "metadata"

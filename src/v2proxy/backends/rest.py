@@ -43,6 +43,7 @@ from v2proxy.backends.rest_answers import (
     unknown_model,
 )
 from v2proxy.backends.rest_encoding import Encoding
+from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_headers
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BackendUnavailable, BadGateway, CodecError, ProxyError
@@ -56,58 +57,6 @@ log = logging.getLogger(__name__)
 
 #: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
 READ_WHOLE = 256 * 1024
-#: client headers not passed on with the requests whose body this backend writes
-_OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})
-
-
-class _NoChunks:
-    """The body of an answer read whole: no pieces (stateless, so one serves every answer)."""
-
-    __slots__ = ()
-
-    def __aiter__(self) -> _NoChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        raise StopAsyncIteration
-
-
-_NO_CHUNKS = _NoChunks()
-
-
-#: what _infer_headers adds (never changed by its users: the HTTP client only reads them)
-_JSON_ONLY: Headers = [(b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json")]
-
-
-def _infer_headers(headers: Headers, ihcl: int | None) -> Headers:
-    """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
-    requests without one), and an uncompressed answer asked for (it is read or relayed)."""
-    if not headers and ihcl is None:
-        return _JSON_ONLY  # the usual small JSON request, which forwards no header
-    out = forwardable(headers, _OWN)
-    out.append((b"Accept-Encoding", b"identity"))
-    if ihcl is None:
-        out.append((b"Content-Type", b"application/json"))
-    else:
-        out.append((b"Content-Type", b"application/octet-stream"))
-        out.append((b"Inference-Header-Content-Length", b"%d" % ihcl))
-    return out
-
-
-#: model paths built (quoted) once, at most this many remembered
-_PATHS_KEPT = 1024
-_PATHS: dict[tuple[str, str], str] = {}
-
-
-def _model_path(model: str, version: str) -> str:
-    path = _PATHS.get((model, version))
-    if path is None:
-        path = f"/v2/models/{quote(model, safe='')}"
-        if version:
-            path = f"{path}/versions/{version}"
-        if len(_PATHS) < _PATHS_KEPT:
-            _PATHS[(model, version)] = path
-    return path
 
 
 class RestBackend:
@@ -125,6 +74,7 @@ class RestBackend:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
+        self._paths = ModelPaths()
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._connections = connections
@@ -206,15 +156,15 @@ class RestBackend:
         return obj
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
-        status, obj = await self._get_json(_model_path(model, version), "model metadata")
+        status, obj = await self._get_json(self._paths(model, version), "model metadata")
         return model_answer(status, obj, model)
 
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
-        status, obj = await self._get_json(_model_path(model, version) + "/config", "model config")
+        status, obj = await self._get_json(self._paths(model, version) + "/config", "model config")
         return model_answer(status, obj, model)
 
     async def model_ready(self, model: str, version: str) -> bool:
-        status = await self._status(_model_path(model, version) + "/ready", "model ready")
+        status = await self._status(self._paths(model, version) + "/ready", "model ready")
         if status == 404:
             raise unknown_model(model, "")
         return status == 200
@@ -243,9 +193,9 @@ class RestBackend:
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
-        path = _model_path(request.model_name, request.model_version) + "/infer"
+        path = self._paths(request.model_name, request.model_version) + "/infer"
         resp, body = await self._call(
-            "POST", path, _infer_headers(headers, ihcl), chunks, "inference"
+            "POST", path, infer_headers(headers, ihcl), chunks, "inference"
         )
         raise_for_status(resp.status, body, request.model_name)
         resp_ihcl = resp.header(IHCL)
@@ -272,7 +222,7 @@ class RestBackend:
     ) -> ForwardResponse:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
         pass the answer back unchanged once it is seen to be a v2 answer."""
-        target = self._prefix + _model_path(model, version) + "/infer"
+        target = self._prefix + self._paths(model, version) + "/infer"
         timeout = self._timeout
         if isinstance(body, StreamedBody):
             resp, length, content = await self._relay_streamed(target, body, ihcl, headers)
@@ -282,7 +232,7 @@ class RestBackend:
                 resp = await self.client.request(
                     "POST",
                     target,
-                    _infer_headers(headers, ihcl),
+                    infer_headers(headers, ihcl),
                     [body],
                     read_timeout=timeout,
                     call_timeout=timeout,
@@ -303,7 +253,7 @@ class RestBackend:
             resp.close()
             raise
         if content is not None:
-            return ForwardResponse(200, relayed, _NO_CHUNKS, content=content, length=length)
+            return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
         return self._streamed(resp, "inference", relayed)
 
     async def _relay_streamed(
@@ -318,7 +268,7 @@ class RestBackend:
                 resp = await self.client.request(
                     "POST",
                     target,
-                    _infer_headers(headers, ihcl),
+                    infer_headers(headers, ihcl),
                     payload,
                     read_timeout=self._timeout,
                 )
@@ -365,14 +315,14 @@ class RestBackend:
             content = await resp.read() if whole else None
         out = forwardable(resp.headers)
         if content is not None:
-            return ForwardResponse(resp.status, out, _NO_CHUNKS, content=content, length=length)
+            return ForwardResponse(resp.status, out, NO_CHUNKS, content=content, length=length)
         return self._streamed(resp, what, out)
 
     # ------------------------------------------------------------------ side operations
 
     async def _side(self, method: str, path: str, headers: Headers, body: Any = None) -> Any:
         """A side endpoint's JSON answer; non-200 answers raised with their status."""
-        out = forwardable(headers, _OWN)
+        out = forwardable(headers, OWN)
         if body is not None:
             out.append((b"Content-Type", b"application/json"))
         payload: list[Buffer] | None = None if body is None else [dumps(body)]
@@ -381,7 +331,7 @@ class RestBackend:
         return json_answer(raw, path, "backend answer")
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
-        path = _model_path(model, version) + "/stats" if model else "/v2/models/stats"
+        path = self._paths(model, version) + "/stats" if model else "/v2/models/stats"
         obj = await self._side("GET", path, headers)
         if not isinstance(obj, dict):
             raise BadGateway(f"invalid answer from backend to {path}: not a JSON object")
@@ -403,7 +353,7 @@ class RestBackend:
     async def trace_settings(
         self, model: str, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]:
-        path = _model_path(model, "") + "/trace/setting" if model else "/v2/trace/setting"
+        path = self._paths(model, "") + "/trace/setting" if model else "/v2/trace/setting"
         method = "GET" if update is None else "POST"
         obj = await self._side(method, path, headers, update)
         return obj if isinstance(obj, dict) else {}

@@ -68,7 +68,7 @@ def _model(m: re.Match[str]) -> tuple[str, str]:
 
 class RestFrontend:
     """Serves the v2 REST API on top of a :class:`Pipeline`; records every request but
-    ``/metrics`` scrapes (:class:`~v2proxy.metrics.FrontendRecorder`)."""
+    ``/metrics`` scrapes (:class:`~v2proxy.recorders.FrontendRecorder`)."""
 
     def __init__(
         self,
