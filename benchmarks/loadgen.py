@@ -36,6 +36,8 @@ class Measurement:
     cpu_us_per_req: dict[str, float] = field(default_factory=dict)
     #: req/s of each round, when this is the median of several runs (:func:`median_of`)
     round_rps: list[float] = field(default_factory=list)
+    #: the proxy's CPU µs per request of each round (None: that round gave none)
+    round_proxy_us: list[float | None] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -65,6 +67,7 @@ def median_of(runs: list[Measurement]) -> Measurement:
         cpu_pct=med_dict([m.cpu_pct for m in runs]),
         cpu_us_per_req=med_dict([m.cpu_us_per_req for m in runs]),
         round_rps=[round(m.rps, 1) for m in runs],
+        round_proxy_us=[m.cpu_us_per_req.get("proxy") for m in runs],
     )
 
 

@@ -24,6 +24,7 @@ import platform
 import resource
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,26 @@ V2PROXY_CONFIGS: dict[str, list[str]] = {
     # in front of Triton (a-triton, b-triton, c-triton)
     "v2proxy-triton-json": ["--backend", "http://{triton_http}", "--backend-encoding", "json"],
     "v2proxy-triton-binary": ["--backend", "http://{triton_http}", "--backend-encoding", "binary"],
+    # d-triton: large JSON bodies go to Triton as binary tensors, the client answered in JSON
+    "v2proxy-triton-auto": ["--backend", "http://{triton_http}", "--backend-encoding", "auto"],
+    # metrics-triton: the same relay with metrics on (the default, said) and off, two processes
+    # started alike and used by this scenario only
+    "v2proxy-triton-json-metrics": [
+        "--backend",
+        "http://{triton_http}",
+        "--backend-encoding",
+        "json",
+        "--metrics",
+        "on",
+    ],
+    "v2proxy-triton-json-nometrics": [
+        "--backend",
+        "http://{triton_http}",
+        "--backend-encoding",
+        "json",
+        "--metrics",
+        "off",
+    ],
 }
 #: which backend endpoint a placeholder of V2PROXY_CONFIGS stands for
 BACKEND_OF_PLACEHOLDER = {
@@ -100,6 +121,9 @@ class Scenario:
     anchor: str | None = None
     #: measured in the same rounds as this scenario (its systems take turns with ours)
     rounds_with: str | None = None
+    #: measured in ``Durations.many_rounds`` rounds instead of ``rounds`` (a small difference
+    #: between two systems on a noisy machine)
+    many_rounds: bool = False
 
 
 SMALL = (FIXED, 1)
@@ -210,8 +234,34 @@ SCENARIOS = [
         ],
         SMALL,
     ),
+    Scenario(
+        "d-triton",
+        "Triton: 1M FP32 JSON (v2proxy auto: binary tensors to Triton)",
+        "fp32_1m_json",
+        [
+            ("direct", "direct-triton"),
+            ("nginx", "nginx-triton"),
+            ("v2proxy-auto", "v2proxy-triton-auto"),
+            ("v2proxy-json", "v2proxy-triton-json"),
+        ],
+        (1,),
+        big=True,
+    ),
+    # the cost of --metrics on: the same v2proxy in front of Triton with metrics on and off,
+    # taking turns in many rounds (the difference is a few percent; the machine is noisy)
+    Scenario(
+        "metrics-triton",
+        "Triton: small JSON relayed, --metrics on vs off",
+        "simple_json",
+        [
+            ("v2proxy-metrics-on", "v2proxy-triton-json-metrics"),
+            ("v2proxy-metrics-off", "v2proxy-triton-json-nometrics"),
+        ],
+        (FIXED,),
+        many_rounds=True,
+    ),
 ]
-TRITON_SCENARIOS = ("a-triton", "b-triton", "c-triton")
+TRITON_SCENARIOS = ("a-triton", "b-triton", "c-triton", "d-triton", "metrics-triton")
 
 
 @dataclass
@@ -297,6 +347,24 @@ TARGETS = [
         1.3,
     ),
     Target(
+        "d-triton-time",
+        "(d, Triton) 1M FP32 JSON: through v2proxy auto >= 2.5 x faster than straight to Triton",
+        ("mean", ("d-triton", "direct", 1), ("d-triton", "v2proxy-auto", 1)),
+        ">=",
+        2.5,
+    ),
+    Target(
+        "metrics-cost",
+        "metrics cost: proxy CPU per small request at c={c}, --metrics on <= 1.05 x off",
+        (
+            "cpu",
+            ("metrics-triton", "v2proxy-metrics-on", FIXED),
+            ("metrics-triton", "v2proxy-metrics-off", FIXED),
+        ),
+        "<=",
+        1.05,
+    ),
+    Target(
         "codec-decode",
         "codec: JSON decode of 1M FP32 >= 2 x faster than orjson.loads + numpy.array",
         ("micro", "JSON decode 1M FP32"),
@@ -331,10 +399,16 @@ class Durations:
     micro_quick: bool
     shm: float
     rounds: int
+    #: rounds of a scenario with ``many_rounds``
+    many_rounds: int
 
 
-FULL = Durations(small=2.0, big=2.0, warmup=1.0, micro_quick=False, shm=5.0, rounds=5)
-QUICK = Durations(small=1.0, big=2.0, warmup=1.0, micro_quick=True, shm=2.0, rounds=2)
+FULL = Durations(
+    small=2.0, big=2.0, warmup=1.0, micro_quick=False, shm=5.0, rounds=5, many_rounds=15
+)
+QUICK = Durations(
+    small=1.0, big=2.0, warmup=1.0, micro_quick=True, shm=2.0, rounds=2, many_rounds=4
+)
 
 # --------------------------------------------------------------------------- systems
 
@@ -681,7 +755,8 @@ class Runner:
         runs: dict[int, list[loadgen.Measurement]] = {
             id(r): [] for _, _, _, rows in live for r in rows
         }
-        for n in range(self.d.rounds):
+        rounds = max(self.d.many_rounds if sc.many_rounds else self.d.rounds for sc in group)
+        for n in range(rounds):
             shift = n % len(live)
             for sc, label, ep, rows in live[shift:] + live[:shift]:
                 duration = self.d.big if sc.big else self.d.small
@@ -700,7 +775,7 @@ class Runner:
                         runs[id(row)].append(m)
                     log(
                         f"({sc.id}) {label} c={_concurrency_label(sc, row.concurrency)}"
-                        f" round {n + 1}/{self.d.rounds}: "
+                        f" round {n + 1}/{rounds}: "
                         + (
                             row.error
                             or f"{m.rps:.1f} req/s, p50 {_ms(m.p50_ms)} ms, p99 {_ms(m.p99_ms)} ms"
@@ -816,6 +891,7 @@ def evaluate_targets(
     runner: Runner, micro: dict[str, Any] | None, shm_result: dict[str, Any]
 ) -> list[dict[str, Any]]:
     out = []
+    mc = metrics_cost(runner)
     for t in TARGETS:
         value: float | None = None
         detail = ""
@@ -857,6 +933,11 @@ def evaluate_targets(
                 )
             else:
                 detail = shm_result.get("status", "not measured")
+        if t.id == "metrics-cost" and mc is not None and mc["paired_median"] is not None:
+            detail += (
+                f" ({100 * mc['cost']:+.1f} %); rounds' on/off {mc['paired_min']:.2f}"
+                f"-{mc['paired_max']:.2f}, median {mc['paired_median']:.3f}"
+            )
         holds: bool | None = None
         if value is not None:
             holds = value >= t.threshold if t.op == ">=" else value <= t.threshold
@@ -875,6 +956,50 @@ def evaluate_targets(
             }
         )
     return out
+
+
+def metrics_cost(runner: Runner) -> dict[str, Any] | None:
+    """The metrics-triton scenario in detail: v2proxy's CPU µs per request with --metrics on
+    and off (medians of the rounds), the cost on / off - 1, and the ratio of each round's pair
+    (on and off measured one after the other in the same round) with its spread."""
+    on = runner.find("metrics-triton", "v2proxy-metrics-on", FIXED)
+    off = runner.find("metrics-triton", "v2proxy-metrics-off", FIXED)
+    a, b = _metric(on, "cpu"), _metric(off, "cpu")
+    if a is None or not b or on is None or off is None:
+        return None
+    assert on.measurement is not None and off.measurement is not None
+    pairs = [
+        x / y
+        for x, y in zip(on.measurement.round_proxy_us, off.measurement.round_proxy_us, strict=False)
+        if x is not None and y
+    ]
+    return {
+        "on_us": a,
+        "off_us": b,
+        "cost": a / b - 1,
+        "on_rounds_us": on.measurement.round_proxy_us,
+        "off_rounds_us": off.measurement.round_proxy_us,
+        "paired_ratios": [round(r, 4) for r in pairs],
+        "paired_median": statistics.median(pairs) if pairs else None,
+        "paired_min": min(pairs) if pairs else None,
+        "paired_max": max(pairs) if pairs else None,
+    }
+
+
+def metrics_cost_line(mc: dict[str, Any] | None) -> str:
+    if mc is None:
+        return ""
+    text = (
+        f"Metrics cost (metrics-triton, c=16): v2proxy {mc['on_us']:.0f} µs CPU/request with"
+        f" --metrics on, {mc['off_us']:.0f} with off: {100 * mc['cost']:+.1f} % (medians of"
+        f" {len(mc['on_rounds_us'])} rounds)"
+    )
+    if mc["paired_median"] is not None:
+        text += (
+            f"; each round's on/off: median {mc['paired_median']:.3f}, range"
+            f" {mc['paired_min']:.3f}-{mc['paired_max']:.3f}"
+        )
+    return text + "."
 
 
 # --------------------------------------------------------------------------- reporting
@@ -1054,7 +1179,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         default="",
         help="comma-separated scenario ids to run (a,b,c,d-mlserver,d-binary,e,f-grpc,f-rest,"
-        "a-triton,b-triton,c-triton,g,micro); default all",
+        "a-triton,b-triton,c-triton,d-triton,metrics-triton,g,micro); default all",
     )
     p.add_argument(
         "--v2proxy-args",
@@ -1178,6 +1303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = evaluate_targets(runner, micro, shm_result)
     cpu = cpu_summary.summarize(runner.find, [s.id for s in scenarios], [args.concurrency, 1])
+    mc = metrics_cost(runner)
     elapsed = time.monotonic() - t0
     by_id = {s.id: s for s in SCENARIOS}
     rows = table_rows(runner, by_id)
@@ -1202,6 +1328,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [r.as_dict() for r in runner.rows],
         "targets": targets,
         "cpu_per_request_triton": cpu,
+        "metrics_cost": mc,
         "micro": micro,
         "shared_memory": shm_result,
     }
@@ -1244,6 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
             if cpu
             else []
         ),
+        *([metrics_cost_line(mc), ""] if mc else []),
         format_text_table(micro_header, micro_rows(micro), "lrrrl") if micro else "",
         "",
         format_text_table(target_header, target_rows(targets), "lrll"),
@@ -1262,14 +1390,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f"; wrk -t{WRK_THREADS} -c{args.concurrency}, h2load"
         f" {'x'.join(map(str, grpc_shape(args.concurrency)))} (connections x streams),"
-        f" every row the median of {durations.rounds} rounds of {durations.small:g} s (small"
-        f" bodies) or {durations.big:g} s (large ones), the systems of a scenario taking turns.",
+        f" every row the median of {durations.rounds} rounds (metrics-triton:"
+        f" {durations.many_rounds}) of {durations.small:g} s (small bodies) or"
+        f" {durations.big:g} s (large ones), the systems of a scenario taking turns.",
         "",
         md_table(legend_header, legend),
         "",
         md_table(COLUMNS, rows),
         "",
         *([cpu_title, "", md_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""] if cpu else []),
+        *([metrics_cost_line(mc), ""] if mc else []),
         md_table(micro_header, micro_rows(micro)) if micro else "",
         "",
         md_table(target_header, target_rows(targets)),
