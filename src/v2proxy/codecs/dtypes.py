@@ -36,6 +36,19 @@ NUMPY_DTYPE: dict[Datatype, np.dtype[np.generic]] = {
 ITEM_SIZE: dict[Datatype, int] = {dt: npdt.itemsize for dt, npdt in NUMPY_DTYPE.items()}
 
 _DATATYPES = {dt.value: dt for dt in Datatype}
+#: the integer datatypes, signed and unsigned
+INTEGER_TYPES = frozenset(
+    {
+        Datatype.UINT8,
+        Datatype.UINT16,
+        Datatype.UINT32,
+        Datatype.UINT64,
+        Datatype.INT8,
+        Datatype.INT16,
+        Datatype.INT32,
+        Datatype.INT64,
+    }
+)
 _LEN = struct.Struct("<I")
 
 

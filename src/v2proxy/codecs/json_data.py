@@ -26,6 +26,7 @@ import orjson
 import simdjson
 
 from v2proxy.codecs.dtypes import (
+    INTEGER_TYPES,
     ITEM_SIZE,
     NUMPY_DTYPE,
     byte_view,
@@ -41,16 +42,7 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: overhead dominates below that)
 SMALL_ARRAY = 256
 
-_INT_TYPES = {
-    Datatype.UINT8,
-    Datatype.UINT16,
-    Datatype.UINT32,
-    Datatype.UINT64,
-    Datatype.INT8,
-    Datatype.INT16,
-    Datatype.INT32,
-    Datatype.INT64,
-}
+_INT_TYPES = INTEGER_TYPES
 _FLOAT_TYPES = {Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from v2proxy.codecs.dtypes import NUMPY_DTYPE, serialize_bytes
+from v2proxy.codecs.dtypes import INTEGER_TYPES, NUMPY_DTYPE, serialize_bytes
 from v2proxy.errors import InvalidRequest
 from v2proxy.model import Datatype, Tensor, element_count
 
@@ -39,16 +39,7 @@ MAX_ROW_ELEMENTS = 1_000_000
 _INSERTION_SORT_MAX = 16
 
 _FLOATS = frozenset({Datatype.FP32, Datatype.FP64})
-_SUPPORTED = _FLOATS | {
-    Datatype.UINT8,
-    Datatype.UINT16,
-    Datatype.UINT32,
-    Datatype.UINT64,
-    Datatype.INT8,
-    Datatype.INT16,
-    Datatype.INT32,
-    Datatype.INT64,
-}
+_SUPPORTED = _FLOATS | INTEGER_TYPES
 
 BAD_COUNT = (
     "Unable to set 'classification': attempt to access JSON non-unsigned-integer as"
