@@ -42,6 +42,7 @@ from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
 from v2proxy.request_log import setup_logging
 from v2proxy.shm.registry import Registry
+from v2proxy.shm.shared import SharedRegistry
 
 log = logging.getLogger("v2proxy")
 
@@ -66,9 +67,13 @@ def build_backend(settings: Settings) -> Backend:
 
 
 def build_pipeline(
-    settings: Settings, backend: Backend, metrics: AnyMetrics | None = None
+    settings: Settings,
+    backend: Backend,
+    metrics: AnyMetrics | None = None,
+    shm_folder: str | None = None,
 ) -> Pipeline:
-    """The one core every frontend goes through, with the clients' shared-memory regions."""
+    """The one core every frontend goes through, with the clients' shared-memory regions: this
+    process's own, or those recorded in ``shm_folder`` that every worker shares."""
     gauges = None
     if isinstance(metrics, Metrics):
         gauges = (
@@ -80,7 +85,9 @@ def build_pipeline(
         settings.max_input_size,
         settings.restricted,
         settings.models,
-        shm=Registry(gauges=gauges),
+        shm=Registry(gauges=gauges)
+        if shm_folder is None
+        else SharedRegistry(shm_folder, gauges=gauges),
         client_shm=settings.client_shm,
     )
 
@@ -148,12 +155,14 @@ async def serve(
     settings: Settings,
     on_ready: Callable[[int, int], None] | None = None,
     reuse_port: bool = False,
+    shm_folder: str | None = None,
 ) -> None:
-    """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
+    """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish.
+    ``shm_folder``: the shared-memory registry all workers share (``--workers N``)."""
     metrics = build_metrics(settings)
     backend = metered(build_backend(settings), metrics)
     await backend.start()
-    pipeline = build_pipeline(settings, backend, metrics)
+    pipeline = build_pipeline(settings, backend, metrics, shm_folder)
     http_server = build_http_server(settings, build_rest(settings, pipeline, metrics))
     grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics)
     try:
@@ -183,6 +192,7 @@ async def serve(
         on_ready(http_port, grpc_port)
     metrics.start()
     probe = asyncio.create_task(_probe_backend(backend, settings))
+    sweeper = asyncio.create_task(_sweep_shm(pipeline))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -199,10 +209,21 @@ async def serve(
             grpc_server.stop(settings.drain_timeout), http_server.close(settings.drain_timeout)
         )
         probe.cancel()
+        sweeper.cancel()
         await backend.close()
-        if isinstance(pipeline.shm, Registry):
+        if isinstance(pipeline.shm, Registry | SharedRegistry):
             pipeline.shm.close()
         metrics.stop()
+
+
+async def _sweep_shm(pipeline: Pipeline) -> None:
+    """Every second, unmap the shared regions other workers unregistered (``--workers N``)."""
+    shm = pipeline.shm
+    if not isinstance(shm, SharedRegistry):
+        return
+    while True:
+        await asyncio.sleep(1.0)
+        shm.sweep()
 
 
 async def _probe_backend(backend: Backend, settings: Settings) -> None:
@@ -220,14 +241,14 @@ async def _probe_backend(backend: Backend, settings: Settings) -> None:
     log.warning("backend unreachable at start-up", extra={"request": fields})
 
 
-def _run_one(settings: Settings, reuse_port: bool) -> None:
+def _run_one(settings: Settings, reuse_port: bool, shm_folder: str | None = None) -> None:
     try:
         if settings.event_loop == "uvloop":
             import uvloop
 
-            uvloop.run(serve(settings, reuse_port=reuse_port))
+            uvloop.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
         else:
-            asyncio.run(serve(settings, reuse_port=reuse_port))
+            asyncio.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
     except StartError as exc:
         log.error("%s", exc)
         raise SystemExit(1) from None
@@ -245,21 +266,27 @@ def run(settings: Settings) -> None:
 def _supervise(settings: Settings) -> None:
     """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let
     them share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on
-    SIGTERM/SIGINT. Their metrics meet in a fresh multiprocess folder, removed at exit."""
+    SIGTERM/SIGINT. Their metrics meet in a fresh multiprocess folder, and the clients'
+    shared-memory registrations in another (records, :mod:`v2proxy.shm.shared`), both private
+    to this user and removed at exit."""
     folder = tempfile.mkdtemp(prefix="v2proxy-metrics-")
+    shm_folder = tempfile.mkdtemp(prefix="v2proxy-shm-")
     enable_multiprocess(folder)
     try:
-        _supervise_workers(settings, folder)
+        _supervise_workers(settings, folder, shm_folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(shm_folder, ignore_errors=True)
 
 
-def _supervise_workers(settings: Settings, folder: str) -> None:
+def _supervise_workers(settings: Settings, folder: str, shm_folder: str) -> None:
     ctx = multiprocessing.get_context("fork")
     stopping = False
 
     def start(i: int) -> multiprocessing.process.BaseProcess:
-        proc = ctx.Process(target=_run_one, args=(settings, True), name=f"v2proxy-worker-{i}")
+        proc = ctx.Process(
+            target=_run_one, args=(settings, True, shm_folder), name=f"v2proxy-worker-{i}"
+        )
         proc.start()
         return proc
 

@@ -6,10 +6,11 @@ backend's outputs written there).
 Contract:
 
 - The regions live behind the :class:`Regions` port (:class:`v2proxy.shm.registry.Registry`,
-  wired by ``app.py``); this module only sees :class:`Region` handles. A request holds every
-  region it names from :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the
-  request ends, whatever happens), so an unregister meanwhile is deferred and no mapping is ever
-  closed under a request.
+  or :class:`v2proxy.shm.shared.SharedRegistry` with ``--workers N``; wired by ``app.py``);
+  this module only sees :class:`Region` handles. A request holds every region it names from
+  :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the request ends,
+  whatever happens), so an unregister meanwhile is deferred and no mapping is ever closed under
+  a request.
 - Inputs become views into the region (no copy); their shm parameters are dropped, so the backend
   sees ordinary tensors. Outputs in shm lose their shm parameters too: the backend is asked for
   them normally and :meth:`Use.write_outputs` copies its answer into the region, marking the
@@ -65,7 +66,8 @@ class Region(Protocol):
 
 
 class Regions(Protocol):
-    """The registered regions of one process (:class:`v2proxy.shm.registry.Registry`)."""
+    """The registered regions (:class:`v2proxy.shm.registry.Registry`: one process's,
+    :class:`v2proxy.shm.shared.SharedRegistry`: those every worker shares)."""
 
     def acquire(self, name: str) -> Region:
         """The region named ``name``, held until :meth:`release` (NotFound if unknown)."""

@@ -15,8 +15,8 @@ Contract (implements :class:`v2proxy.shm_stage.Regions`):
 - The ``v2proxy_shm_registered_regions`` / ``_bytes`` gauges (``kind="system"``) follow the
   listed regions when cells are given.
 
-Single-threaded (the event loop): no locks. Per process: with ``--workers N`` each worker has its
-own regions.
+Single-threaded (the event loop): no locks. One process's regions: with ``--workers N`` the
+workers share :class:`v2proxy.shm.shared.SharedRegistry` instead.
 """
 
 from __future__ import annotations

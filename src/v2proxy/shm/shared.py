@@ -1,0 +1,277 @@
+"""The system shared-memory regions of ``--workers N``: one registry all workers see, kept as
+small record files in a folder the supervisor creates before forking (and removes at exit).
+
+Contract (implements :class:`v2proxy.shm_stage.Regions`, same errors and texts as
+:class:`v2proxy.shm.registry.Registry`):
+
+- A registration is one record file (name, key, offset, byte_size, kind) named by the SHA-256
+  of the region's name, created complete and atomically (written to a temporary file, then
+  ``os.link``: an existing record is Triton's ``already in manager``, also when two workers race
+  for one name). :meth:`status` lists the records, :meth:`unregister` removes them, so every
+  worker answers the same.
+- Each worker maps a region lazily, on the first request that names it, and keeps its own
+  mapping and reference counts. Before it uses a cached mapping it ``stat``\\ s the record (one
+  ``stat`` per region a request names): a record removed, or replaced by a re-registration
+  (another inode or mtime), drops the cached mapping (closed when its last user ends).
+- Deferred unregister: a worker asked to unregister a region its own requests hold rewrites the
+  record as ``doomed`` (still listed, no new users anywhere, the name still taken) and removes
+  it when its last such request ends. Requests that hold the region in *other* workers keep
+  their mapping until they end, but the record goes at once (status stops listing it). A doomed
+  record whose worker died is dropped by whoever reads it next.
+- :meth:`sweep` drops cached mappings whose record went (the server calls it every second, so a
+  worker does not keep an unregistered client's memory mapped).
+- Gauges (``livesum`` over workers): +1 by the worker that creates a record, -1 by the one that
+  removes it; a worker that dies takes its part of the sums with it.
+
+Single-threaded per worker (its event loop); between workers the file system orders things.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from typing import Any
+
+from v2proxy.errors import AlreadyExists, NotFound
+from v2proxy.shm import system
+from v2proxy.shm.registry import Mapped, Opener, _Cell
+from v2proxy.shm_stage import Region
+
+Ident = tuple[int, int]  # (st_ino, st_mtime_ns) of a record
+
+
+class _Entry:
+    __slots__ = ("doomed", "ident", "path", "region", "users")
+
+    def __init__(self, region: Mapped, path: str, ident: Ident) -> None:
+        self.region = region
+        self.path = path
+        self.ident = ident
+        self.users = 0
+        self.doomed = False  # by this worker: it removes the record at the last release
+
+
+class SharedRegistry:
+    """The regions recorded in ``folder``; ``gauges``: (regions, bytes) metric cells, or None."""
+
+    def __init__(
+        self,
+        folder: str,
+        opener: Opener = system.open_region,
+        gauges: tuple[_Cell, _Cell] | None = None,
+    ) -> None:
+        self._folder = folder
+        self._open = opener
+        self._gauges = gauges
+        self._entries: dict[str, _Entry] = {}  # this worker's mappings
+        self._old: dict[int, _Entry] = {}  # id(region) -> dropped entries still in use
+        self._seq = 0
+
+    # ------------------------------------------------------------------ side operations
+
+    def status(self, name: str) -> list[dict[str, Any]]:
+        if name:
+            found = self._read(self._path(name))
+            if found is None:
+                raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            return [_status(found[0])]
+        return [_status(r) for r in self._records()]
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        system.normal_key(name, key)
+        path = self._path(name)
+        if self._read(path) is not None:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        region = self._open(name, key, offset, byte_size)
+        record = {"name": name, "key": key, "offset": offset, "byte_size": byte_size}
+        try:
+            ident = self._write(path, {**record, "kind": "system"}, create=True)
+        except FileExistsError:
+            region.close()
+            raise AlreadyExists(f"shared memory region '{name}' already in manager") from None
+        except BaseException:
+            region.close()
+            raise
+        self._drop(name)
+        self._entries[name] = _Entry(region, path, ident)
+        self._count(byte_size, 1)
+
+    def unregister(self, name: str) -> None:
+        for n in [name] if name else [r["name"] for r in self._records()]:
+            path = self._path(n)
+            entry = self._entries.get(n)
+            if entry is not None and entry.doomed:
+                continue  # already waiting for this worker's requests
+            found = self._read(path)
+            if found is None:
+                self._drop(n)
+                continue
+            record, ident = found
+            if record.get("doomed"):
+                continue  # another worker's deferred unregister
+            if entry is not None and entry.users and entry.ident == ident:
+                entry.ident = self._write(path, {**record, "doomed": os.getpid()}, create=False)
+                entry.doomed = True  # the record goes with this worker's last user
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                self._count(record["byte_size"], -1)
+            self._drop(n)
+
+    def sweep(self) -> None:
+        """Drop the cached mappings whose record was removed or replaced."""
+        for name, entry in list(self._entries.items()):
+            if not entry.doomed and _ident(entry.path) != entry.ident:
+                self._drop(name)
+
+    def close(self) -> None:
+        """Unmap this worker's regions (when it stops); the records stay for the others."""
+        for name, entry in list(self._entries.items()):
+            if entry.doomed:
+                self._remove_record(entry)
+            del self._entries[name]
+            entry.region.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def acquire(self, name: str) -> Region:
+        entry = self._entries.get(name)
+        path = self._path(name) if entry is None else entry.path
+        if entry is None or _ident(path) != entry.ident:
+            found = self._read(path)
+            if found is None or found[0].get("doomed"):
+                if entry is not None and not entry.doomed:
+                    self._drop(name)
+                raise NotFound(f"Unable to find shared memory region: '{name}'")
+            record, ident = found
+            self._drop(name)
+            region = self._open(name, record["key"], record["offset"], record["byte_size"])
+            entry = self._entries[name] = _Entry(region, path, ident)
+        elif entry.doomed:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        entry.users += 1
+        return entry.region
+
+    def release(self, region: Region) -> None:
+        entry = self._entries.get(region.name)
+        if entry is None or entry.region is not region:
+            old = self._old.get(id(region))
+            if old is not None:
+                old.users -= 1
+                if old.users <= 0:
+                    del self._old[id(region)]
+                    old.region.close()
+            return
+        entry.users -= 1
+        if entry.users <= 0 and entry.doomed:
+            del self._entries[region.name]
+            self._remove_record(entry)
+            entry.region.close()
+
+    def users(self, name: str) -> int:
+        """How many requests of this worker hold ``name`` now (tests, diagnostics)."""
+        entry = self._entries.get(name)
+        return 0 if entry is None else entry.users
+
+    # ------------------------------------------------------------------ internals
+
+    def _path(self, name: str) -> str:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+        return os.path.join(self._folder, digest)
+
+    def _drop(self, name: str) -> None:
+        """Forget this worker's mapping of ``name``: closed now, or by its last user."""
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        if entry.users:
+            self._old[id(entry.region)] = entry
+        else:
+            entry.region.close()
+
+    def _remove_record(self, entry: _Entry) -> None:
+        if _ident(entry.path) == entry.ident:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                self._count(entry.region.byte_size, -1)
+
+    def _records(self) -> list[dict[str, Any]]:
+        found = []
+        with os.scandir(self._folder) as it:
+            for e in it:
+                if not e.name.startswith("."):
+                    one = self._read(e.path)
+                    if one is not None:
+                        found.append(one[0])
+        return sorted(found, key=lambda r: r["name"])
+
+    def _read(self, path: str) -> tuple[dict[str, Any], Ident] | None:
+        """A record and its identity; None when there is none (or its doomer died)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            record: dict[str, Any] = json.loads(os.read(fd, st.st_size + 1))
+        finally:
+            os.close(fd)
+        doomer = record.get("doomed")
+        if doomer and doomer != os.getpid() and not _alive(doomer):
+            if _ident(path) == (st.st_ino, st.st_mtime_ns):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return None
+        return record, (st.st_ino, st.st_mtime_ns)
+
+    def _write(self, path: str, record: dict[str, Any], create: bool) -> Ident:
+        """Put ``record`` at ``path`` whole: linked (FileExistsError if one is there) or
+        replacing it."""
+        self._seq += 1
+        tmp = os.path.join(self._folder, f".tmp-{os.getpid()}-{self._seq}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, json.dumps(record).encode())
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        try:
+            if create:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+        finally:
+            if create:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        return st.st_ino, st.st_mtime_ns
+
+    def _count(self, size: int, sign: int) -> None:
+        if self._gauges is not None:
+            regions, total = self._gauges
+            regions.inc(sign)
+            total.inc(sign * size)
+
+
+def _ident(path: str) -> Ident | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _status(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record[k] for k in ("name", "key", "offset", "byte_size")}
