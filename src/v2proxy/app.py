@@ -30,7 +30,7 @@ from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics import SHM_BYTES, SHM_REGIONS
+from v2proxy.metrics import SHM_BYTES, SHM_REGIONS, SHM_TENSORS
 from v2proxy.metrics_export import (
     AnyMetrics,
     Metrics,
@@ -74,20 +74,21 @@ def build_pipeline(
 ) -> Pipeline:
     """The one core every frontend goes through, with the clients' shared-memory regions: this
     process's own, or those recorded in ``shm_folder`` that every worker shares."""
-    gauges = None
+    gauges = tensors = None
     if isinstance(metrics, Metrics):
         gauges = (
             metrics.store(SHM_REGIONS).child("system"),
             metrics.store(SHM_BYTES).child("system"),
         )
+        tensors = {d: metrics.store(SHM_TENSORS).child(d) for d in ("input", "output")}
     return Pipeline(
         backend,
         settings.max_input_size,
         settings.restricted,
         settings.models,
-        shm=Registry(gauges=gauges)
+        shm=Registry(gauges=gauges, tensors=tensors)
         if shm_folder is None
-        else SharedRegistry(shm_folder, gauges=gauges),
+        else SharedRegistry(shm_folder, gauges=gauges, tensors=tensors),
         client_shm=settings.client_shm,
     )
 

@@ -124,6 +124,12 @@ SHM_BYTES = Family(
     "Bytes of the shared-memory regions registered by clients.",
     ("kind",),
 )
+SHM_TENSORS = Family(
+    "v2proxy_shm_tensors_total",
+    "counter",
+    "Inference tensors read from (input) or written to (output) clients' shared-memory regions.",
+    ("direction",),  # input | output
+)
 # Filled by the MindIE adapter (issue "MindIE").
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
@@ -153,6 +159,7 @@ FAMILIES = (
     BACKEND_RETRIES,
     SHM_REGIONS,
     SHM_BYTES,
+    SHM_TENSORS,
     TTFT,
     TPOT,
 )

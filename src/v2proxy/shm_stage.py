@@ -85,6 +85,10 @@ class Regions(Protocol):
         """Unregister one region ("" = all); in-use regions go when their last user ends."""
         ...
 
+    def served(self, direction: str, n: int) -> None:
+        """Count ``n`` tensors read (``"input"``) or written (``"output"``) in regions."""
+        ...
+
 
 # ---------------------------------------------------------------------- side operations
 
@@ -209,6 +213,7 @@ class Use:
     def write_outputs(self, response: InferResponse) -> None:
         """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500
         text otherwise) and the region's object checked to still be whole."""
+        written = 0
         for t in response.outputs:
             target = self.outputs.get(t.name)
             if target is None or t.in_shm:
@@ -226,6 +231,9 @@ class Use:
             t.data = b""
             t.parameters = {}
             t.in_shm = True
+            written += 1
+        if written:
+            self.regions.served("output", written)
 
 
 def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
@@ -265,4 +273,6 @@ def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
     except BaseException:
         use.release()
         raise
+    if inputs:
+        regions.served("input", len(inputs))
     return use

@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from procs import Proc, v2proxy
+from test_metrics_workers import _scrape, _sum
 from test_workers import _children
 
 CLIENTS = {"http": httpclient, "grpc": grpcclient}
@@ -68,6 +69,8 @@ def _status(kind: str, p: Proc) -> list[tuple[str, str, int, int]]:
 def test_regions_shared_by_workers(workers: Proc, kind: str) -> None:
     mod = CLIENTS[kind]
     made: list[Any] = []
+    time.sleep(1.5)  # the workers flushed their counters of any earlier test
+    before = _scrape(workers.port)
     try:
         inputs = []
         for i in range(REGIONS):
@@ -108,6 +111,7 @@ def test_regions_shared_by_workers(workers: Proc, kind: str) -> None:
             np.testing.assert_array_equal(shm.get_contents_as_numpy(out, np.int32, [1, 16]), a + b)
             got1 = shm.get_contents_as_numpy(out, np.int32, [1, 16], offset=64)
             np.testing.assert_array_equal(got1, a - b)
+        _tensors_counted(workers, before, 2 * CALLS, 2 * CALLS)
         for name in names[: REGIONS // 2]:  # one by one, through fresh connections
             with fresh(kind, workers) as c:
                 c.unregister_system_shared_memory(name)
@@ -130,3 +134,18 @@ def test_regions_shared_by_workers(workers: Proc, kind: str) -> None:
         for h in made:
             with contextlib.suppress(Exception):
                 shm.destroy_shared_memory_region(h)
+
+
+def _tensors_counted(p: Proc, before: Any, inputs: int, outputs: int) -> None:
+    """``v2proxy_shm_tensors_total`` on /metrics (summed over the workers) grew by exactly
+    ``inputs`` / ``outputs``."""
+    name = "v2proxy_shm_tensors_total"
+    want = {"input": inputs, "output": outputs}
+    deadline = time.monotonic() + 10  # workers flush every second
+    while True:
+        now = _scrape(p.port)
+        got = {d: _sum(now, name, direction=d) - _sum(before, name, direction=d) for d in want}
+        if all(got[d] >= want[d] for d in want) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert got == want

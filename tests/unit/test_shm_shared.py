@@ -18,7 +18,8 @@ import pytest
 
 from v2proxy.errors import AlreadyExists, InvalidRequest, NotFound, ProxyError
 from v2proxy.metrics import Counter
-from v2proxy.model import Datatype, InferRequest, Tensor
+from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
 from v2proxy.shm_stage import resolve
 
@@ -142,12 +143,29 @@ def test_record_of_a_dead_worker_is_dropped(key: str, tmp_path: Path) -> None:
     a.close()
 
 
-def test_resolve_through_shared(key: str, pair: tuple[SharedRegistry, SharedRegistry]) -> None:
-    a, b = pair
-    a.register("in", key, 0, 128)
+@pytest.mark.parametrize("shared", [True, False])
+def test_resolve_counts_tensors(key: str, tmp_path: Path, shared: bool) -> None:
+    tensors = {"input": Counter(), "output": Counter()}
+    reg: Any = (
+        SharedRegistry(str(tmp_path), tensors=tensors) if shared else Registry(tensors=tensors)
+    )
+    # shared: registered by another worker, used by this one
+    (SharedRegistry(str(tmp_path)) if shared else reg).register("in", key, 0, 128)
     shm: dict[str, Any] = {"shared_memory_region": "in", "shared_memory_byte_size": 64}
-    req = InferRequest("simple", [Tensor("INPUT0", Datatype.INT32, (1, 16), b"", shm)], None)
-    use = resolve(req, b)
-    assert use is not None and b.users("in") == 1
+    out = {"shared_memory_region": "in", "shared_memory_byte_size": 64, "shared_memory_offset": 64}
+    req = InferRequest(
+        "simple",
+        [Tensor(n, Datatype.INT32, (1, 16), b"", dict(shm)) for n in ("INPUT0", "INPUT1")],
+        [RequestedOutput("OUTPUT0", out), RequestedOutput("OUTPUT1")],
+    )
+    use = resolve(req, reg)
+    assert use is not None and reg.users("in") == 1
+    assert (tensors["input"].value, tensors["output"].value) == (2, 0)
+    answer = [Tensor(n, Datatype.INT32, (1, 16), b"\1" * 64) for n in ("OUTPUT0", "OUTPUT1")]
+    use.write_outputs(InferResponse("simple", answer))
+    assert (tensors["input"].value, tensors["output"].value) == (2, 1)
     use.release()
-    assert b.users("in") == 0
+    assert reg.users("in") == 0
+    assert resolve(InferRequest("simple", [], None), reg) is None
+    assert (tensors["input"].value, tensors["output"].value) == (2, 1)
+    reg.close()

@@ -61,9 +61,11 @@ class Registry:
         self,
         opener: Opener = system.open_region,
         gauges: tuple[_Cell, _Cell] | None = None,
+        tensors: dict[str, _Cell] | None = None,
     ) -> None:
         self._open = opener
         self._gauges = gauges
+        self._tensors = tensors
         self._entries: dict[str, _Entry] = {}
 
     # ------------------------------------------------------------------ side operations
@@ -99,6 +101,10 @@ class Registry:
         self.unregister("")
 
     # ------------------------------------------------------------------ requests
+
+    def served(self, direction: str, n: int) -> None:
+        if self._tensors is not None:
+            self._tensors[direction].inc(n)
 
     def acquire(self, name: str) -> Region:
         entry = self._entries.get(name)

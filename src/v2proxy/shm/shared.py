@@ -61,10 +61,12 @@ class SharedRegistry:
         folder: str,
         opener: Opener = system.open_region,
         gauges: tuple[_Cell, _Cell] | None = None,
+        tensors: dict[str, _Cell] | None = None,
     ) -> None:
         self._folder = folder
         self._open = opener
         self._gauges = gauges
+        self._tensors = tensors
         self._entries: dict[str, _Entry] = {}  # this worker's mappings
         self._old: dict[int, _Entry] = {}  # id(region) -> dropped entries still in use
         self._seq = 0
@@ -135,6 +137,10 @@ class SharedRegistry:
             entry.region.close()
 
     # ------------------------------------------------------------------ requests
+
+    def served(self, direction: str, n: int) -> None:
+        if self._tensors is not None:
+            self._tensors[direction].inc(n)
 
     def acquire(self, name: str) -> Region:
         entry = self._entries.get(name)
