@@ -19,3 +19,25 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], Any]]:
     return LOOPS
+
+
+def _gpu_missing() -> str | None:
+    """Why ``gpu`` tests cannot run here (None: they can): cupy, cuda-python (tritonclient's
+    cuda_shared_memory) and a CUDA device are all needed."""
+    try:
+        import cupy  # type: ignore[import-not-found,unused-ignore]
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+        import tritonclient.utils.cuda_shared_memory  # noqa: F401
+    except Exception as exc:  # ImportError, or cupy finding no driver
+        return f"needs cupy, cuda-python and a CUDA GPU ({type(exc).__name__}: {exc})"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    reason = _gpu_missing() if gpu else None
+    if reason is not None:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=reason))

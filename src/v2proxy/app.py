@@ -17,6 +17,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -41,6 +42,7 @@ from v2proxy.metrics_export import (
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
 from v2proxy.request_log import setup_logging
+from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
 
@@ -71,24 +73,37 @@ def build_pipeline(
     backend: Backend,
     metrics: AnyMetrics | None = None,
     shm_folder: str | None = None,
+    cuda_adapter: CudaAdapter | Literal["auto"] | None = "auto",
 ) -> Pipeline:
     """The one core every frontend goes through, with the clients' shared-memory regions: this
-    process's own, or those recorded in ``shm_folder`` that every worker shares."""
-    gauges = tensors = None
+    process's own, or those recorded in ``shm_folder`` that every worker shares. CUDA regions go
+    through ``cuda_adapter`` ("auto": cupy when it and a GPU are there; None: none)."""
+    gauges = cuda_gauges = tensors = None
     if isinstance(metrics, Metrics):
-        gauges = (
-            metrics.store(SHM_REGIONS).child("system"),
-            metrics.store(SHM_BYTES).child("system"),
+        gauges, cuda_gauges = (
+            (metrics.store(SHM_REGIONS).child(k), metrics.store(SHM_BYTES).child(k))
+            for k in ("system", "cuda")
         )
         tensors = {d: metrics.store(SHM_TENSORS).child(d) for d in ("input", "output")}
+    if cuda_adapter == "auto":
+        cuda_adapter = default_adapter()
+    shm = (
+        Registry(gauges=gauges, tensors=tensors, cuda_adapter=cuda_adapter, cuda_gauges=cuda_gauges)
+        if shm_folder is None
+        else SharedRegistry(
+            shm_folder,
+            gauges=gauges,
+            tensors=tensors,
+            cuda_adapter=cuda_adapter,
+            cuda_gauges=cuda_gauges,
+        )
+    )
     return Pipeline(
         backend,
         settings.max_input_size,
         settings.restricted,
         settings.models,
-        shm=Registry(gauges=gauges, tensors=tensors)
-        if shm_folder is None
-        else SharedRegistry(shm_folder, gauges=gauges, tensors=tensors),
+        shm=shm,
         client_shm=settings.client_shm,
     )
 

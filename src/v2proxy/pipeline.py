@@ -331,12 +331,10 @@ class Pipeline:
     async def shm_status(self, kind: str, name: str, headers: Headers) -> list[dict[str, Any]]:
         """Status of the ``kind`` ("system" | "cuda") regions, all or the one named."""
         self._allow("shared-memory", headers)
-        if kind == "cuda":
-            return shm_stage.cuda_status(self.shm, name)
         if self.shm is not None:
-            return self.shm.status(name)
+            return self.shm.status(name, kind)
         if name:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
         return []
 
     async def shm_register(
@@ -350,10 +348,16 @@ class Pipeline:
             raise Unsupported("system shared memory is not available in this v2proxy")
         self.shm.register(name, key, offset, byte_size)
 
-    async def cuda_shm_register(self, name: str, peer: str | None, headers: Headers) -> None:
+    async def cuda_shm_register(
+        self, name: str, handle: bytes, device: int, size: int, peer: str | None, headers: Headers
+    ) -> None:
+        """Register a client's ``cudaIpcMemHandle_t`` (no CUDA adapter: Triton's CPU text)."""
         self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
-        shm_stage.cuda_register(name)
+        if self.shm is None:
+            shm_stage.cuda_register(name)
+        else:
+            self.shm.register_cuda(name, handle, device, size)
 
     async def shm_unregister(
         self, kind: str, name: str, peer: str | None, headers: Headers
@@ -361,8 +365,8 @@ class Pipeline:
         """Unregister one region ("": all); a region in use goes when its requests end."""
         self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
-        if kind == "system" and self.shm is not None:
-            self.shm.unregister(name)
+        if self.shm is not None:
+            self.shm.unregister(name, kind)
 
     # ------------------------------------------------------------------ model metadata cache
 

@@ -75,14 +75,20 @@ class Regions(Protocol):
 
     def release(self, region: Region) -> None: ...
 
-    def status(self, name: str) -> list[dict[str, Any]]:
-        """Triton's status list, sorted by name; one entry when ``name`` is given."""
+    def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
+        """Triton's status list of the ``kind`` ("system" | "cuda") regions, sorted by name;
+        one entry when ``name`` is given."""
         ...
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
 
-    def unregister(self, name: str) -> None:
-        """Unregister one region ("" = all); in-use regions go when their last user ends."""
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """A CUDA region (Triton's CPU-build text when this proxy has no CUDA adapter)."""
+        ...
+
+    def unregister(self, name: str, kind: str = "system") -> None:
+        """Unregister one region of ``kind`` ("" = all of them); in-use regions go when their
+        last user ends; a name of the other kind is left alone."""
         ...
 
     def served(self, direction: str, n: int) -> None:
@@ -121,25 +127,8 @@ def check_client(mode: str, peer: str | None) -> None:
         )
 
 
-def cuda_status(regions: Regions | None, name: str) -> list[dict[str, Any]]:
-    """No CUDA region can exist on this proxy (yet): an empty list, or Triton's 404s."""
-    if not name:
-        return []
-    if regions is not None:
-        try:
-            regions.status(name)
-        except NotFound:
-            pass
-        else:
-            raise NotFound(
-                f"The region named '{name}' is registered as system shared memory, not CUDA"
-                " shared memory"
-            )
-    raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
-
-
 def cuda_register(name: str) -> None:
-    """Triton's answer on a build without GPUs (reference §4.3)."""
+    """Triton's answer on a build without GPUs or without cupy (reference §4.3)."""
     raise InvalidRequest(
         f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
     )

@@ -10,6 +10,7 @@ Errors are CodecError (400) naming the field. Pure: no I/O.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from v2proxy.codecs.json import loads
@@ -74,3 +75,37 @@ def shm_register_body(body: Buffer) -> tuple[str, int, int]:
             )
         values.append(v)
     return key, values[0], values[1]
+
+
+def cuda_register_body(body: Buffer) -> tuple[bytes, int, int]:
+    """``POST /v2/cudasharedmemory/region/{name}/register``: (raw handle, device_id, byte_size)
+    from ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}`` (reference §4.3; Triton
+    answers 500 for a missing ``b64``, ``device_id`` or ``byte_size``, v2proxy 400). The base64
+    is decoded leniently, as libb64 does; anything but 64 bytes is Triton's 400."""
+    if not bytes(body).strip():
+        raise CodecError("failed to parse the request JSON buffer: The document is empty.")
+    obj = _object(body, "shared memory register request")
+    if "raw_handle" not in obj:
+        raise CodecError("Shared memory register request has no 'raw_handle' field")
+    raw = obj["raw_handle"]
+    b64 = raw.get("b64") if isinstance(raw, dict) else None
+    if not isinstance(b64, str):
+        raise CodecError("Shared memory register request has no 'raw_handle.b64' string")
+    try:
+        handle = base64.b64decode(b64 + "=" * (-len(b64) % 4))
+    except ValueError:
+        handle = b""
+    if len(handle) != 64:
+        raise CodecError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+    values = []
+    for field in ("device_id", "byte_size"):
+        if field not in obj:
+            raise CodecError(f"Shared memory register request has no '{field}' field")
+        v = obj[field]
+        if type(v) is not int or v < 0:
+            raise CodecError(
+                f"Invalid value for '{field}' of the shared memory register request: expected a"
+                " non-negative integer"
+            )
+        values.append(v)
+    return handle, values[0], values[1]

@@ -1,6 +1,6 @@
 """The shared-memory RPCs of the gRPC frontend (reference §4.4), each one call of the pipeline
 (group ``shared-memory``): ``SystemSharedMemoryStatus/Register/Unregister`` and the CUDA three
-(status empty, register Triton's CPU-build error, unregister a no-op success).
+(the raw handle's bytes as sent; without a CUDA adapter register is Triton's CPU-build error).
 
 The client's address for ``--client-shm local`` comes from ``context.peer()`` (:func:`peer_host`:
 ``ipv4:127.0.0.1:5000`` -> ``127.0.0.1``, ``ipv6:[::1]:5000`` -> ``::1``, ``unix:...`` -> None).
@@ -83,7 +83,9 @@ async def CudaSharedMemoryStatus(
 async def CudaSharedMemoryRegister(
     fe: GrpcFrontend, r: pb.CudaSharedMemoryRegisterRequest, c: Context
 ) -> pb.CudaSharedMemoryRegisterResponse:
-    await fe.pipeline.cuda_shm_register(r.name, _peer(c), forwarded_headers(c))
+    await fe.pipeline.cuda_shm_register(
+        r.name, r.raw_handle, r.device_id, r.byte_size, _peer(c), forwarded_headers(c)
+    )
     return pb.CudaSharedMemoryRegisterResponse()
 
 

@@ -4,7 +4,8 @@ pipeline (group ``shared-memory``):
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status``: 200, Triton's JSON array;
 - ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
   "byte_size"}``: 200, empty body (no name: Triton's 400);
-- ``POST /v2/cudasharedmemory/region/{name}/register``: Triton's CPU-build 400;
+- ``POST /v2/cudasharedmemory/region/{name}/register`` with ``{"raw_handle": {"b64"},
+  "device_id", "byte_size"}``: 200, empty body (Triton's CPU-build 400 without a CUDA adapter);
 - ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: 200, empty body (the body
   is ignored).
 
@@ -51,7 +52,8 @@ async def register(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer
     if not name:
         raise InvalidRequest(f"'region name' is necessary to register {kind} shared memory region")
     if kind == "cuda":
-        await fe.pipeline.cuda_shm_register(name, _peer(r), headers_of(r))
+        handle, device_id, size = side.cuda_register_body(body)
+        await fe.pipeline.cuda_shm_register(name, handle, device_id, size, _peer(r), headers_of(r))
     else:
         key, offset, byte_size = side.shm_register_body(body)
         await fe.pipeline.shm_register(name, key, offset, byte_size, _peer(r), headers_of(r))

@@ -12,8 +12,12 @@ Contract (implements :class:`v2proxy.shm_stage.Regions`):
 - :meth:`Registry.unregister` of a region in use marks it: it stays listed by :meth:`status`
   and is closed when its last user calls :meth:`release` (Triton's deferred unregister); an
   unknown name is a no-op success; ``""`` unregisters all.
-- The ``v2proxy_shm_registered_regions`` / ``_bytes`` gauges (``kind="system"``) follow the
-  listed regions when cells are given.
+- CUDA regions (:mod:`v2proxy.shm.cuda`, kind ``cuda``) share the names and the reference
+  counts: :meth:`Registry.register_cuda` opens a client's IPC handle through the adapter (none:
+  Triton's CPU-build text); :meth:`status` and :meth:`unregister` take the kind, a name of the
+  other kind being Triton's 404 for status and a no-op for unregister.
+- The ``v2proxy_shm_registered_regions`` / ``_bytes`` gauges (``kind="system"|"cuda"``) follow
+  the listed regions when cells are given.
 
 Single-threaded (the event loop): no locks. One process's regions: with ``--workers N`` the
 workers share :class:`v2proxy.shm.shared.SharedRegistry` instead.
@@ -26,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from v2proxy.errors import AlreadyExists, NotFound
-from v2proxy.shm import system
-from v2proxy.shm_stage import Region
+from v2proxy.shm import cuda, system
+from v2proxy.shm_stage import Region, cuda_register
 
 
 class _Cell(Protocol):
@@ -49,7 +53,8 @@ Opener = Callable[[str, str, int, int], Mapped]
 
 @dataclass(slots=True)
 class _Entry:
-    region: Mapped
+    region: Mapped | cuda.CudaRegion
+    kind: str = "system"
     users: int = 0
     doomed: bool = False
 
@@ -62,21 +67,27 @@ class Registry:
         opener: Opener = system.open_region,
         gauges: tuple[_Cell, _Cell] | None = None,
         tensors: dict[str, _Cell] | None = None,
+        cuda_adapter: cuda.CudaAdapter | None = None,
+        cuda_gauges: tuple[_Cell, _Cell] | None = None,
     ) -> None:
         self._open = opener
-        self._gauges = gauges
+        self._gauges = {"system": gauges, "cuda": cuda_gauges}
         self._tensors = tensors
+        self._cuda = cuda_adapter
         self._entries: dict[str, _Entry] = {}
 
     # ------------------------------------------------------------------ side operations
 
-    def status(self, name: str) -> list[dict[str, Any]]:
+    def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
             entry = self._entries.get(name)
             if entry is None:
-                raise NotFound(f"Unable to find system shared memory region: '{name}'")
+                raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+            if entry.kind != kind:
+                raise NotFound(cuda.wrong_kind(name, entry.kind, kind))
             return [_status(entry.region)]
-        return [_status(self._entries[n].region) for n in sorted(self._entries)]
+        found = (self._entries[n] for n in sorted(self._entries))
+        return [_status(e.region) for e in found if e.kind == kind]
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         system.normal_key(name, key)
@@ -86,10 +97,20 @@ class Registry:
         self._entries[name] = _Entry(region)
         self._count(region, 1)
 
-    def unregister(self, name: str) -> None:
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        if self._cuda is None:
+            cuda_register(name)  # Triton's CPU-build answer
+        if name in self._entries:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        assert self._cuda is not None
+        region = cuda.open_region(self._cuda, name, raw_handle, device_id, byte_size)
+        self._entries[name] = _Entry(region, "cuda")
+        self._count(region, 1)
+
+    def unregister(self, name: str, kind: str = "system") -> None:
         for n in [name] if name else list(self._entries):
             entry = self._entries.get(n)
-            if entry is None:
+            if entry is None or entry.kind != kind:
                 continue
             if entry.users:
                 entry.doomed = True  # closed by the last release
@@ -98,7 +119,8 @@ class Registry:
 
     def close(self) -> None:
         """Unregister everything (when the proxy stops)."""
-        self.unregister("")
+        self.unregister("", "system")
+        self.unregister("", "cuda")
 
     # ------------------------------------------------------------------ requests
 
@@ -133,14 +155,17 @@ class Registry:
         self._count(entry.region, -1)
         entry.region.close()
 
-    def _count(self, region: Mapped, sign: int) -> None:
-        if self._gauges is not None:
-            regions, size = self._gauges
+    def _count(self, region: Mapped | cuda.CudaRegion, sign: int) -> None:
+        gauges = self._gauges["cuda" if isinstance(region, cuda.CudaRegion) else "system"]
+        if gauges is not None:
+            regions, size = gauges
             regions.inc(sign)
             size.inc(sign * region.byte_size)
 
 
-def _status(region: Mapped) -> dict[str, Any]:
+def _status(region: Mapped | cuda.CudaRegion) -> dict[str, Any]:
+    if isinstance(region, cuda.CudaRegion):
+        return region.status()
     return {
         "name": region.name,
         "key": region.key,

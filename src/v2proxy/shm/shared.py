@@ -20,6 +20,9 @@ Contract (implements :class:`v2proxy.shm_stage.Regions`, same errors and texts a
   record whose worker died is dropped by whoever reads it next.
 - :meth:`sweep` drops cached mappings whose record went (the server calls it every second, so a
   worker does not keep an unregistered client's memory mapped).
+- CUDA regions (kind ``cuda``) are records too (the handle base64-encoded): each worker opens
+  the IPC handle through its own adapter lazily, as it maps system regions; status and
+  unregister take the kind as :class:`v2proxy.shm.registry.Registry` does.
 - Gauges (``livesum`` over workers): +1 by the worker that creates a record, -1 by the one that
   removes it; a worker that dies takes its part of the sums with it.
 
@@ -28,6 +31,7 @@ Single-threaded per worker (its event loop); between workers the file system ord
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -35,9 +39,9 @@ import os
 from typing import Any
 
 from v2proxy.errors import AlreadyExists, NotFound
-from v2proxy.shm import system
+from v2proxy.shm import cuda, system
 from v2proxy.shm.registry import Mapped, Opener, _Cell
-from v2proxy.shm_stage import Region
+from v2proxy.shm_stage import Region, cuda_register
 
 Ident = tuple[int, int]  # (st_ino, st_mtime_ns) of a record
 
@@ -45,7 +49,7 @@ Ident = tuple[int, int]  # (st_ino, st_mtime_ns) of a record
 class _Entry:
     __slots__ = ("doomed", "ident", "path", "region", "users")
 
-    def __init__(self, region: Mapped, path: str, ident: Ident) -> None:
+    def __init__(self, region: Mapped | cuda.CudaRegion, path: str, ident: Ident) -> None:
         self.region = region
         self.path = path
         self.ident = ident
@@ -62,10 +66,13 @@ class SharedRegistry:
         opener: Opener = system.open_region,
         gauges: tuple[_Cell, _Cell] | None = None,
         tensors: dict[str, _Cell] | None = None,
+        cuda_adapter: cuda.CudaAdapter | None = None,
+        cuda_gauges: tuple[_Cell, _Cell] | None = None,
     ) -> None:
         self._folder = folder
         self._open = opener
-        self._gauges = gauges
+        self._cuda = cuda_adapter
+        self._gauges = {"system": gauges, "cuda": cuda_gauges}
         self._tensors = tensors
         self._entries: dict[str, _Entry] = {}  # this worker's mappings
         self._old: dict[int, _Entry] = {}  # id(region) -> dropped entries still in use
@@ -73,13 +80,15 @@ class SharedRegistry:
 
     # ------------------------------------------------------------------ side operations
 
-    def status(self, name: str) -> list[dict[str, Any]]:
+    def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
             found = self._read(self._path(name))
             if found is None:
-                raise NotFound(f"Unable to find system shared memory region: '{name}'")
+                raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+            if _kind(found[0]) != kind:
+                raise NotFound(cuda.wrong_kind(name, _kind(found[0]), kind))
             return [_status(found[0])]
-        return [_status(r) for r in self._records()]
+        return [_status(r) for r in self._records() if _kind(r) == kind]
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         system.normal_key(name, key)
@@ -88,8 +97,24 @@ class SharedRegistry:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
         region = self._open(name, key, offset, byte_size)
         record = {"name": name, "key": key, "offset": offset, "byte_size": byte_size}
+        self._create(path, {**record, "kind": "system"}, region)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        if self._cuda is None:
+            cuda_register(name)  # Triton's CPU-build answer
+        path = self._path(name)
+        if self._read(path) is not None:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        assert self._cuda is not None
+        region = cuda.open_region(self._cuda, name, raw_handle, device_id, byte_size)
+        handle = base64.b64encode(raw_handle).decode()
+        record = {"name": name, "device_id": device_id, "byte_size": byte_size}
+        self._create(path, {**record, "raw_handle": handle, "kind": "cuda"}, region)
+
+    def _create(self, path: str, record: dict[str, Any], region: Mapped | cuda.CudaRegion) -> None:
+        name = record["name"]
         try:
-            ident = self._write(path, {**record, "kind": "system"}, create=True)
+            ident = self._write(path, record, create=True)
         except FileExistsError:
             region.close()
             raise AlreadyExists(f"shared memory region '{name}' already in manager") from None
@@ -98,10 +123,11 @@ class SharedRegistry:
             raise
         self._drop(name)
         self._entries[name] = _Entry(region, path, ident)
-        self._count(byte_size, 1)
+        self._count(record["kind"], record["byte_size"], 1)
 
-    def unregister(self, name: str) -> None:
-        for n in [name] if name else [r["name"] for r in self._records()]:
+    def unregister(self, name: str, kind: str = "system") -> None:
+        records = [] if name else self._records()
+        for n in [name] if name else [r["name"] for r in records if _kind(r) == kind]:
             path = self._path(n)
             entry = self._entries.get(n)
             if entry is not None and entry.doomed:
@@ -111,6 +137,8 @@ class SharedRegistry:
                 self._drop(n)
                 continue
             record, ident = found
+            if _kind(record) != kind:
+                continue  # a region of the other kind: Triton leaves it alone
             if record.get("doomed"):
                 continue  # another worker's deferred unregister
             if entry is not None and entry.users and entry.ident == ident:
@@ -119,7 +147,7 @@ class SharedRegistry:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-                self._count(record["byte_size"], -1)
+                self._count(_kind(record), record["byte_size"], -1)
             self._drop(n)
 
     def sweep(self) -> None:
@@ -153,7 +181,7 @@ class SharedRegistry:
                 raise NotFound(f"Unable to find shared memory region: '{name}'")
             record, ident = found
             self._drop(name)
-            region = self._open(name, record["key"], record["offset"], record["byte_size"])
+            region = self._open_record(record)
             entry = self._entries[name] = _Entry(region, path, ident)
         elif entry.doomed:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
@@ -187,6 +215,17 @@ class SharedRegistry:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
         return os.path.join(self._folder, digest)
 
+    def _open_record(self, record: dict[str, Any]) -> Mapped | cuda.CudaRegion:
+        """This worker's mapping (system) or opened IPC handle (cuda) of a record."""
+        name, size = record["name"], record["byte_size"]
+        if _kind(record) == "system":
+            return self._open(name, record["key"], record["offset"], size)
+        if self._cuda is None:
+            cuda_register(name)
+        assert self._cuda is not None
+        handle = base64.b64decode(record["raw_handle"])
+        return cuda.open_region(self._cuda, name, handle, record["device_id"], size)
+
     def _drop(self, name: str) -> None:
         """Forget this worker's mapping of ``name``: closed now, or by its last user."""
         entry = self._entries.pop(name, None)
@@ -201,7 +240,8 @@ class SharedRegistry:
         if _ident(entry.path) == entry.ident:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
-                self._count(entry.region.byte_size, -1)
+                kind = "cuda" if isinstance(entry.region, cuda.CudaRegion) else "system"
+                self._count(kind, entry.region.byte_size, -1)
 
     def _records(self) -> list[dict[str, Any]]:
         found = []
@@ -254,9 +294,10 @@ class SharedRegistry:
                     os.unlink(tmp)
         return st.st_ino, st.st_mtime_ns
 
-    def _count(self, size: int, sign: int) -> None:
-        if self._gauges is not None:
-            regions, total = self._gauges
+    def _count(self, kind: str, size: int, sign: int) -> None:
+        gauges = self._gauges[kind]
+        if gauges is not None:
+            regions, total = gauges
             regions.inc(sign)
             total.inc(sign * size)
 
@@ -279,5 +320,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _kind(record: dict[str, Any]) -> str:
+    return str(record.get("kind", "system"))
+
+
 def _status(record: dict[str, Any]) -> dict[str, Any]:
+    if _kind(record) == "cuda":
+        return {k: record[k] for k in ("name", "device_id", "byte_size")}
     return {k: record[k] for k in ("name", "key", "offset", "byte_size")}
