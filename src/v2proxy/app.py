@@ -26,12 +26,13 @@ from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.metered import metered
 from v2proxy.backends.rest import RestBackend
+from v2proxy.backends.staging import Stager
 from v2proxy.config import Settings
 from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics import SHM_BYTES, SHM_REGIONS, SHM_TENSORS
+from v2proxy.metrics import SHM_BYTES, SHM_REGIONS, SHM_STAGING, SHM_TENSORS
 from v2proxy.metrics_export import (
     AnyMetrics,
     Metrics,
@@ -49,15 +50,20 @@ from v2proxy.shm.shared import SharedRegistry
 log = logging.getLogger("v2proxy")
 
 
-def build_backend(settings: Settings) -> Backend:
+def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Backend:
     target = settings.backend
     if target.kind == "builtin":
         return BuiltinBackend(server_name=settings.server_name)
+    counts = None
+    if isinstance(metrics, Metrics):
+        counts = {r: metrics.store(SHM_STAGING).child(r) for r in ("hit", "miss", "fallback")}
+    staging = Stager(settings.backend_shm, settings.backend_shm_threshold, counts=counts)
     if target.kind == "grpc":
         return GrpcBackend(
             target.url,
             timeout=settings.backend_timeout,
             max_message_size=settings.grpc_max_message_size,
+            staging=staging,
         )
     return RestBackend(
         target.url,
@@ -65,6 +71,7 @@ def build_backend(settings: Settings) -> Backend:
         timeout=settings.backend_timeout,
         connect_timeout=settings.backend_connect_timeout,
         connections=settings.backend_connections,
+        staging=staging,
     )
 
 
@@ -176,7 +183,7 @@ async def serve(
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish.
     ``shm_folder``: the shared-memory registry all workers share (``--workers N``)."""
     metrics = build_metrics(settings)
-    backend = metered(build_backend(settings), metrics)
+    backend = metered(build_backend(settings, metrics), metrics)
     await backend.start()
     pipeline = build_pipeline(settings, backend, metrics, shm_folder)
     http_server = build_http_server(settings, build_rest(settings, pipeline, metrics))

@@ -185,7 +185,14 @@ def parser() -> argparse.ArgumentParser:
         "--backend-shm",
         choices=("off", "system", "auto"),
         help="stage large tensors in the backend's own shared memory: off, system (always) or"
-        f" auto (default: when the backend has the extension and shares /dev/shm); {_LATER}",
+        " auto (default: when the backend has the extension and shares /dev/shm)",
+    )
+    serve.add_argument(
+        "--backend-shm-threshold",
+        type=int,
+        metavar="BYTES",
+        help="inputs and outputs of at least this many bytes are staged in the backend's shared"
+        " memory (default 65536)",
     )
     serve.add_argument(
         "--config",

@@ -109,6 +109,7 @@ class Settings:
     server_name: str = "v2proxy"
     client_shm: str = "local"
     backend_shm: str = "auto"
+    backend_shm_threshold: int = 64 * 1024
     restricted: RestrictedPolicy = field(default_factory=RestrictedPolicy)
     models: Mapping[str, ModelSettings] = field(default_factory=lambda: MappingProxyType({}))
     mindie: MindieSettings | None = None
@@ -227,6 +228,7 @@ PARSERS: dict[str, Any] = {
     "metrics": _switch,
     "client_shm": _choice("off", "local", "on"),
     "backend_shm": _choice("off", "system", "auto"),
+    "backend_shm_threshold": _positive_int,
     "restricted_api": parse_groups,
     "restricted_api_header": parse_header,
 }

@@ -130,6 +130,14 @@ SHM_TENSORS = Family(
     "Inference tensors read from (input) or written to (output) clients' shared-memory regions.",
     ("direction",),  # input | output
 )
+SHM_STAGING = Family(
+    "v2proxy_shm_staging_total",
+    "counter",
+    "Inference requests with an input over --backend-shm-threshold: staged in the backend's"
+    " shared memory (hit), sent over the socket (miss), or sent again with their data after"
+    " the backend refused staged tensors (fallback).",
+    ("result",),  # hit | miss | fallback
+)
 # Filled by the MindIE adapter (issue "MindIE").
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
@@ -160,6 +168,7 @@ FAMILIES = (
     SHM_REGIONS,
     SHM_BYTES,
     SHM_TENSORS,
+    SHM_STAGING,
     TTFT,
     TPOT,
 )

@@ -22,6 +22,7 @@ import grpc
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
 from v2proxy.errors import (
@@ -75,8 +76,16 @@ class GrpcBackend(DecodedOnly):
     name = "grpc"
     other_v2_error = Unsupported
 
-    def __init__(self, target: str, timeout: float = 60.0, max_message_size: int = 2**31 - 1):
+    def __init__(
+        self,
+        target: str,
+        timeout: float = 60.0,
+        max_message_size: int = 2**31 - 1,
+        staging: Stager | None = None,
+    ):
         self.target = target
+        #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
+        self.staging = staging
         self._timeout = timeout
         self._options = [
             ("grpc.max_send_message_length", max_message_size),
@@ -101,6 +110,8 @@ class GrpcBackend(DecodedOnly):
         )
 
     async def close(self) -> None:
+        if self.staging is not None and self._channel is not None:
+            await self.staging.close(self)
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None
@@ -189,6 +200,12 @@ class GrpcBackend(DecodedOnly):
             # the stream and answers when the model gave exactly one response, as the builtin
             # models do.
             return await single_response(request.model_name, self.stream_infer(request, headers))
+        staging = self.staging
+        if staging is not None and staging.wanted(request):
+            return await staging.infer(self, request, lambda r: self._model_infer(r, headers))
+        return await self._model_infer(request, headers)
+
+    async def _model_infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         msg = grpcc.request_to_proto(request)
         resp = await self._call(
             "ModelInfer", msg, "inference", request.model_name, _metadata(headers)
@@ -242,6 +259,17 @@ class GrpcBackend(DecodedOnly):
                         break
         finally:
             call.cancel()
+
+    # ------------------------------------------------------------------ staging regions
+
+    async def register_staging(self, name: str, key: str, byte_size: int) -> None:
+        """Register one of v2proxy's own regions (``--backend-shm``) with the backend."""
+        req = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=byte_size)
+        await self._call("SystemSharedMemoryRegister", req, "SystemSharedMemoryRegister")
+
+    async def unregister_staging(self, name: str) -> None:
+        req = pb.SystemSharedMemoryUnregisterRequest(name=name)
+        await self._call("SystemSharedMemoryUnregister", req, "SystemSharedMemoryUnregister")
 
     # ------------------------------------------------------------------ side operations
 

@@ -44,6 +44,7 @@ from v2proxy.backends.rest_answers import (
 )
 from v2proxy.backends.rest_encoding import Encoding
 from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_headers
+from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BackendUnavailable, BadGateway, CodecError, ProxyError
@@ -71,6 +72,7 @@ class RestBackend:
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
         connections: int = 100,
+        staging: Stager | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
@@ -84,6 +86,8 @@ class RestBackend:
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._client: HttpClient | None = None
+        #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
+        self.staging = staging
 
     async def start(self) -> None:
         self._client = HttpClient(
@@ -95,6 +99,8 @@ class RestBackend:
         )
 
     async def close(self) -> None:
+        if self.staging is not None and self._client is not None:
+            await self.staging.close(self)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -170,6 +176,12 @@ class RestBackend:
         return status == 200
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
+        staging = self.staging
+        if staging is not None and staging.wanted(request):
+            return await staging.infer(self, request, lambda r: self._infer(r, headers))
+        return await self._infer(request, headers)
+
+    async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         binary = await self.encoding.binary()
         if not binary and self.encoding.try_unlisted(request):
             try:
@@ -317,6 +329,17 @@ class RestBackend:
         if content is not None:
             return ForwardResponse(resp.status, out, NO_CHUNKS, content=content, length=length)
         return self._streamed(resp, what, out)
+
+    # ------------------------------------------------------------------ staging regions
+
+    async def register_staging(self, name: str, key: str, byte_size: int) -> None:
+        """Register one of v2proxy's own regions (``--backend-shm``) with the backend."""
+        path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register"
+        await self._side("POST", path, [], {"key": key, "offset": 0, "byte_size": byte_size})
+
+    async def unregister_staging(self, name: str) -> None:
+        path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/unregister"
+        await self._side("POST", path, [], {})
 
     # ------------------------------------------------------------------ side operations
 

@@ -245,7 +245,9 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
     for t in req.inputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
         tparams = dict(t.parameters)
-        if binary_inputs:
+        if "shared_memory_region" in tparams:  # staged in the backend's shared memory
+            pass
+        elif binary_inputs:
             tparams["binary_data_size"] = memoryview(t.data).nbytes
         else:
             entry["data"] = tensor_data_json(t)
@@ -255,7 +257,13 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
     obj["inputs"] = inputs
     if req.outputs is not None:
         obj["outputs"] = [
-            {"name": o.name, "parameters": {**o.parameters, "binary_data": binary_outputs}}
+            {
+                "name": o.name,
+                "parameters": {
+                    **o.parameters,
+                    "binary_data": binary_outputs and "shared_memory_region" not in o.parameters,
+                },
+            }
             for o in req.outputs
         ]
     return obj

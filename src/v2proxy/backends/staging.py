@@ -1,0 +1,323 @@
+"""``--backend-shm``: large tensors staged in v2proxy's own shared-memory regions registered with
+the backend, so that they never cross the socket (REST and gRPC backends alike).
+
+- ``off`` never stages. ``auto`` stages when the backend lists ``system_shared_memory`` in its
+  server metadata and registers a region v2proxy created (it shares ``/dev/shm``); ``system``
+  skips the extension check but still registers. The probe runs once, lazily, on the first
+  request with an input of at least ``--backend-shm-threshold`` bytes; its region is the pool's
+  first (kept registered and reused). Its answer is kept; a backend that could not be asked
+  (down) is asked again on a later request.
+- A staged request borrows one pooled region (:mod:`v2proxy.shm.staging`): inputs of at least
+  the threshold are copied into it at aligned offsets and sent as ``shared_memory_region``,
+  ``shared_memory_offset``, ``shared_memory_byte_size``; outputs of at least the threshold whose
+  size the model metadata fixes (every dimension known, fixed-size datatype; not classification)
+  are requested into it, and copied out of it once the answer is read. Then the region goes back
+  to the pool. A request that does not fit the pool is sent as it is.
+- Relayed requests never come here: only the backends' ``infer`` stages.
+- A backend that refuses staged tensors (an error naming shared memory, or a failed register)
+  gets the request again with its data, and no staging from then on (logged once).
+- :meth:`Stager.close` unlinks the pool's objects and unregisters them from the backend.
+- Counted (``v2proxy_shm_staging_total{result}``): ``hit`` (a request staged), ``miss`` (a
+  request with an input over the threshold sent over the socket), ``fallback`` (a refusal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from v2proxy.codecs.dtypes import ITEM_SIZE
+from v2proxy.errors import (
+    BackendUnavailable,
+    BadGateway,
+    GatewayTimeout,
+    ProxyError,
+)
+from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.shm.staging import MIN_REGION, StagingPool, StagingRegion, aligned
+
+log = logging.getLogger(__name__)
+
+#: the most bytes of staging regions one process keeps
+POOL_MAX = 1024 * 1024 * 1024
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+SIZE = "shared_memory_byte_size"
+_NOT_A_REFUSAL = (BackendUnavailable, GatewayTimeout, BadGateway)
+
+
+class StagingPort(Protocol):
+    """What a backend offers the stager."""
+
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
+    async def register_staging(self, name: str, key: str, byte_size: int) -> None: ...
+    async def unregister_staging(self, name: str) -> None: ...
+
+
+class Cell(Protocol):
+    """A counter cell (:class:`v2proxy.metrics.Counter`)."""
+
+    def inc(self, amount: float = 1.0) -> None: ...
+
+
+Send = Callable[[InferRequest], Awaitable[InferResponse]]
+
+
+@dataclass(slots=True)
+class _Plan:
+    region: StagingRegion
+    request: InferRequest
+    #: staged outputs: name -> (offset, capacity)
+    outputs: dict[str, tuple[int, int]]
+
+
+def _nbytes(t: Tensor) -> int:
+    return memoryview(t.data).nbytes
+
+
+def _fixed_size(entry: Any) -> int | None:
+    """Bytes of a metadata output whose shape and datatype fix its size, else None."""
+    try:
+        datatype = Datatype(entry.get("datatype"))
+        shape = [int(d) for d in entry.get("shape", ())]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if datatype is Datatype.BYTES or any(d < 0 for d in shape):
+        return None
+    n = ITEM_SIZE[datatype]
+    for d in shape:
+        n *= d
+    return n
+
+
+class Stager:
+    """One backend's staging (see the module docstring)."""
+
+    def __init__(
+        self,
+        mode: str,
+        threshold: int,
+        max_bytes: int = POOL_MAX,
+        counts: dict[str, Cell] | None = None,
+    ) -> None:
+        self.mode = mode
+        self.threshold = threshold
+        self.max_bytes = max_bytes
+        self.counts = counts
+        #: whether the backend takes staged tensors (None: not asked yet)
+        self.usable: bool | None = False if mode == "off" else None
+        self.pool: StagingPool | None = None
+        self._lock = asyncio.Lock()
+        #: per (model, version): output name -> fixed byte size (None: not fixed), in order
+        self._sizes: dict[tuple[str, str], dict[str, int | None]] = {}
+
+    def _count(self, result: str) -> None:
+        if self.counts is not None:
+            self.counts[result].inc()
+
+    def wanted(self, request: InferRequest) -> bool:
+        """Whether ``request`` has an input of at least the threshold (cheap)."""
+        threshold = self.threshold
+        return any(_nbytes(t) >= threshold for t in request.inputs)
+
+    async def infer(self, port: StagingPort, request: InferRequest, send: Send) -> InferResponse:
+        """``request`` sent through ``send``, staged when it is worth it and possible."""
+        if not self.wanted(request):
+            return await send(request)
+        if self.usable is not True and not await self._probe(port):
+            self._count("miss")
+            return await send(request)
+        plan = await self._plan(port, request)
+        if plan is None:
+            self._count("miss")
+            return await send(request)
+        assert self.pool is not None
+        keep = True
+        try:
+            try:
+                response = await send(plan.request)
+            except ProxyError as exc:
+                if isinstance(exc, _NOT_A_REFUSAL) or "shared memory" not in exc.message.lower():
+                    raise
+                keep = False
+                await self._refused(port, f"refused staged tensors: {exc.message}")
+                self._count("fallback")
+                return await send(request)
+            self._count("hit")
+            self._read_outputs(plan, response)
+            return response
+        finally:
+            if self.pool is not None:
+                self.pool.release(plan.region, keep)
+
+    # ------------------------------------------------------------------ probe
+
+    async def _probe(self, port: StagingPort) -> bool:
+        async with self._lock:
+            if self.usable is None:
+                try:
+                    self.usable = await self._ask(port)
+                except ProxyError as exc:  # the backend could not be asked: again later
+                    log.debug("backend shared memory not probed: %s", exc)
+                    return False
+                log.info(
+                    "backend shared memory (--backend-shm %s): %s",
+                    self.mode,
+                    "staging tensors" if self.usable else "not used",
+                )
+        return self.usable is True
+
+    async def _ask(self, port: StagingPort) -> bool:
+        if self.mode == "auto":
+            ext = (await port.server_metadata()).get("extensions")
+            if not isinstance(ext, list) or "system_shared_memory" not in ext:
+                log.info("backend does not list system_shared_memory")
+                return False
+        self.pool = StagingPool(self.max_bytes, f"v2proxy-{os.getpid()}-{os.urandom(3).hex()}")
+        region, _ = self.pool.acquire(MIN_REGION)
+        assert region is not None
+        try:
+            await self._register(port, region)
+        except ProxyError as exc:
+            if isinstance(exc, _NOT_A_REFUSAL):
+                self.pool.release(region, keep=False)
+                self.pool = None
+                raise
+            log.info("backend cannot open v2proxy's shared memory: %s", exc)
+            self.pool.release(region, keep=False)
+            self.pool = None
+            return False
+        self.pool.release(region)
+        return True
+
+    @staticmethod
+    async def _register(port: StagingPort, region: StagingRegion) -> None:
+        await port.register_staging(region.name, region.key, region.size)
+        region.registered = True
+
+    async def _refused(self, port: StagingPort, why: str) -> None:
+        """No staging from now on; the pool's regions unregistered and unlinked."""
+        if self.usable:
+            log.warning("backend shared memory: %s; tensors are sent over the socket", why)
+        self.usable = False
+        await self.close(port)
+
+    # ------------------------------------------------------------------ requests
+
+    async def _output_sizes(
+        self, port: StagingPort, request: InferRequest
+    ) -> dict[str, int | None]:
+        key = (request.model_name, request.model_version)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            try:
+                meta = await port.model_metadata(*key)
+            except ProxyError:
+                return {}
+            outputs = meta.get("outputs")
+            sizes = {}
+            for entry in outputs if isinstance(outputs, list) else ():
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    sizes[entry["name"]] = _fixed_size(entry)
+            if len(self._sizes) < 1024:
+                self._sizes[key] = sizes
+        return sizes
+
+    async def _plan(self, port: StagingPort, request: InferRequest) -> _Plan | None:
+        threshold = self.threshold
+        offset = 0
+        in_offsets: dict[int, int] = {}
+        for i, t in enumerate(request.inputs):
+            if _nbytes(t) >= threshold:
+                in_offsets[i] = offset
+                offset = aligned(offset + _nbytes(t))
+        sizes = await self._output_sizes(port, request)
+        listed = request.outputs
+        wanted = [RequestedOutput(name) for name in sizes] if listed is None else list(listed)
+        out_offsets: dict[str, tuple[int, int]] = {}
+        for o in wanted:
+            n = sizes.get(o.name)
+            if n is not None and n >= threshold and "classification" not in o.parameters:
+                out_offsets[o.name] = (offset, n)
+                offset = aligned(offset + n)
+        pool = self.pool
+        if pool is None:
+            return None
+        region, dropped = pool.acquire(offset)
+        for old in dropped:
+            if old.registered:
+                with contextlib.suppress(ProxyError):
+                    await port.unregister_staging(old.name)
+        if region is None:
+            return None
+        if not region.registered:
+            try:
+                await self._register(port, region)
+            except ProxyError as exc:
+                pool.release(region, keep=False)
+                if not isinstance(exc, _NOT_A_REFUSAL):
+                    await self._refused(port, f"refused a staging region: {exc.message}")
+                return None
+        inputs = list(request.inputs)
+        for i, off in in_offsets.items():
+            t = inputs[i]
+            n = _nbytes(t)
+            region.write(off, t.data)
+            params = {**t.parameters, REGION: region.name, OFFSET: off, SIZE: n}
+            inputs[i] = Tensor(t.name, t.datatype, t.shape, b"", params)
+        outputs: list[RequestedOutput] | None = None
+        if listed is not None or out_offsets:
+            outputs = []
+            for o in wanted:
+                if o.name in out_offsets:
+                    off, n = out_offsets[o.name]
+                    params = {k: v for k, v in o.parameters.items() if k != "binary_data"}
+                    params.update({REGION: region.name, OFFSET: off, SIZE: n})
+                    outputs.append(RequestedOutput(o.name, params))
+                else:
+                    outputs.append(o)
+        staged = InferRequest(
+            model_name=request.model_name,
+            inputs=inputs,
+            outputs=outputs,
+            id=request.id,
+            parameters=request.parameters,
+            model_version=request.model_version,
+        )
+        return _Plan(region, staged, out_offsets)
+
+    @staticmethod
+    def _read_outputs(plan: _Plan, response: InferResponse) -> None:
+        """Copy the staged outputs out of the region into the response."""
+        for t in response.outputs:
+            where = plan.outputs.get(t.name)
+            if where is None:
+                continue
+            off, capacity = where
+            n = ITEM_SIZE.get(t.datatype, 0)
+            for d in t.shape:
+                n *= d
+            if _nbytes(t) or n > capacity or t.datatype is Datatype.BYTES:
+                raise BadGateway(
+                    f"invalid inference response from backend: output '{t.name}' was asked"
+                    f" into shared memory ({capacity} bytes) but answered {n} bytes otherwise"
+                )
+            t.data = plan.region.read(off, n)
+            for k in (REGION, OFFSET, SIZE):
+                t.parameters.pop(k, None)
+
+    async def close(self, port: StagingPort) -> None:
+        """Unlink every region and unregister them from the backend (at shutdown)."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        for region in pool.close():
+            with contextlib.suppress(ProxyError, OSError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await port.unregister_staging(region.name)

@@ -1,0 +1,165 @@
+"""``--backend-shm``: v2proxy stages large inputs in its own shared-memory regions registered with
+the real Triton (REST and gRPC backends), so they never cross the socket. Staging is seen in
+``v2proxy_shm_staging_total`` and in Triton's own region status; small tensors, ``off`` and a
+backend without the extension (MLServer) send data as before; the pool's objects are unlinked
+(and unregistered from Triton) when v2proxy exits."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from procs import Proc, v2proxy
+from test_metrics_workers import _scrape, _sum
+
+STAGING = "v2proxy_shm_staging_total"
+MiB = 1024 * 1024
+
+
+def _counts(p: Proc) -> dict[str, float]:
+    samples = _scrape(p.port)
+    return {r: _sum(samples, STAGING, result=r) for r in ("hit", "miss", "fallback")}
+
+
+def _objects(pid: int) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"v2proxy-{pid}-"))
+
+
+def _identity(p: Proc, data: np.ndarray, kind: str = "http") -> np.ndarray:
+    mod = httpclient if kind == "http" else grpcclient
+    url = p.url if kind == "http" else p.grpc_url
+    client = mod.InferenceServerClient(url)
+    try:
+        inp = mod.InferInput("INPUT0", list(data.shape), "FP32")
+        if kind == "http":
+            inp.set_data_from_numpy(data, binary_data=True)
+            out = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)]
+        else:
+            inp.set_data_from_numpy(data)
+            out = [grpcclient.InferRequestedOutput("OUTPUT0")]
+        result = client.infer("identity_fp32", [inp], outputs=out)
+        return result.as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def _triton_regions(backend_urls, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
+    rest, _ = backend_urls("triton")
+    client = httpclient.InferenceServerClient(rest.split("://", 1)[1])
+    try:
+        status = client.get_system_shared_memory_status()
+    finally:
+        client.close()
+    return sorted(r["name"] for r in status if r["name"].startswith(f"v2proxy-{pid}-"))
+
+
+@contextlib.contextmanager
+def _proxy(backend: str, *extra: str) -> Iterator[Proc]:
+    with v2proxy("serve", "--backend", backend, *extra, name="shm-staging") as p:
+        yield p
+
+
+@pytest.fixture(scope="module", params=["rest", "grpc"])
+def triton_url(request: pytest.FixtureRequest, backend_urls) -> str:  # type: ignore[no-untyped-def]
+    rest, grpc = backend_urls("triton")
+    return rest if request.param == "rest" else f"grpc://{grpc}"
+
+
+@pytest.fixture(scope="module")
+def staged(triton_url: str) -> Iterator[Proc]:
+    with _proxy(triton_url, "--backend-shm", "auto", "--restricted-api", "none") as p:
+        yield p
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_large_input_is_staged(staged: Proc, kind: str, triton_url: str, backend_urls) -> None:  # type: ignore[no-untyped-def]
+    data = np.random.default_rng(1).standard_normal(MiB // 4).astype(np.float32)
+    before = _counts(staged)
+    for _ in range(3):
+        assert np.array_equal(_identity(staged, data, kind), data)
+    after = _counts(staged)
+    if kind == "http" and not triton_url.startswith("grpc://"):
+        # a binary HTTP body to a REST backend is relayed unchanged: never staged
+        assert after == before
+        return
+    assert after["hit"] - before["hit"] == 3
+    assert after["miss"] == before["miss"] and after["fallback"] == 0
+    # the pool's regions (the probe's and one for 1 MiB, reused) are registered with Triton
+    names = _triton_regions(backend_urls, staged.pid)
+    assert names and names == _objects(staged.pid)
+    assert len(names) <= 2
+
+
+def test_small_tensors_are_not_staged(staged: Proc) -> None:
+    data = np.arange(1000, dtype=np.float32)
+    before = _counts(staged)
+    assert np.array_equal(_identity(staged, data), data)
+    assert _counts(staged) == before
+
+
+def test_client_shm_input_is_staged(staged: Proc) -> None:
+    """A client's shm input in front of Triton: copied once into a staging region."""
+    data = np.random.default_rng(2).standard_normal(MiB // 4).astype(np.float32)
+    key = f"/v2proxy_test_staging_{os.getpid()}"
+    handle = shm.create_shared_memory_region("stage_in", key, data.nbytes)
+    client = httpclient.InferenceServerClient(staged.url)
+    try:
+        shm.set_shared_memory_region(handle, [data])
+        client.register_system_shared_memory("stage_in", key, data.nbytes)
+        inp = httpclient.InferInput("INPUT0", [data.size], "FP32")
+        inp.set_shared_memory("stage_in", data.nbytes)
+        before = _counts(staged)
+        result = client.infer("identity_fp32", [inp])
+        assert np.array_equal(result.as_numpy("OUTPUT0"), data)
+        assert _counts(staged)["hit"] == before["hit"] + 1
+    finally:
+        with contextlib.suppress(Exception):
+            client.unregister_system_shared_memory("stage_in")
+        client.close()
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_off_never_stages(triton_url: str) -> None:
+    data = np.random.default_rng(3).standard_normal(MiB // 4).astype(np.float32)
+    with _proxy(triton_url, "--backend-shm", "off") as p:
+        assert np.array_equal(_identity(p, data, "grpc"), data)
+        counts = _counts(p)
+        assert counts["hit"] == 0 and counts["miss"] == 1
+        assert _objects(p.pid) == []
+
+
+def test_threshold_setting(triton_url: str) -> None:
+    data = np.random.default_rng(4).standard_normal(MiB // 4).astype(np.float32)
+    with _proxy(triton_url, "--backend-shm-threshold", str(2 * MiB)) as p:
+        assert np.array_equal(_identity(p, data, "grpc"), data)
+        assert _counts(p) == {"hit": 0, "miss": 0, "fallback": 0}
+
+
+def test_exit_unlinks_and_unregisters(triton_url: str, backend_urls) -> None:  # type: ignore[no-untyped-def]
+    data = np.random.default_rng(5).standard_normal(4 * MiB // 4).astype(np.float32)
+    with _proxy(triton_url, "--backend-shm", "system") as p:
+        pid = p.pid
+        assert np.array_equal(_identity(p, data, "grpc"), data)
+        assert _counts(p)["hit"] == 1
+        assert len(_objects(pid)) == 2  # the probe's region and a 4 MiB one
+        assert _triton_regions(backend_urls, pid) == _objects(pid)
+    assert _objects(pid) == []
+    assert _triton_regions(backend_urls, pid) == []
+
+
+@pytest.mark.parametrize("proto", ["rest", "grpc"])
+def test_mlserver_auto_does_not_stage(proto: str, backend_urls) -> None:  # type: ignore[no-untyped-def]
+    rest, grpc = backend_urls("mlserver")
+    data = np.random.default_rng(6).standard_normal(MiB // 4).astype(np.float32)
+    with _proxy(rest if proto == "rest" else f"grpc://{grpc}") as p:
+        for _ in range(2):
+            assert np.array_equal(_identity(p, data), data)
+        counts = _counts(p)
+        assert counts["hit"] == 0 and counts["miss"] == 2 and counts["fallback"] == 0
+        assert _objects(p.pid) == []
