@@ -24,6 +24,7 @@ import contextlib
 import os
 import re
 import selectors
+import shlex
 import shutil
 import socket
 import statistics
@@ -195,12 +196,15 @@ def backend(kind: str) -> Iterator[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def proxy(src: str, url: str, callgrind: Path | None) -> Iterator[tuple[int, int]]:
-    """(port, pid) of ``v2proxy serve`` run from source tree ``src``."""
+def proxy(
+    src: str, url: str, callgrind: Path | None, extra: list[str] | None = None
+) -> Iterator[tuple[int, int]]:
+    """(port, pid) of ``v2proxy serve`` run from source tree ``src`` (``extra``: more
+    ``serve`` arguments)."""
     port = free_port()
     cmd = [sys.executable, "-m", "v2proxy", "serve", "--backend", url, "--host", HOST]
     cmd += ["--http-port", str(port), "--grpc-port", str(free_port())]
-    cmd += ["--event-loop", "uvloop", "--log-level", "warning"]
+    cmd += ["--event-loop", "uvloop", "--log-level", "warning", *(extra or [])]
     if callgrind is not None:
         cmd = [
             "valgrind",
@@ -215,10 +219,16 @@ def proxy(src: str, url: str, callgrind: Path | None) -> Iterator[tuple[int, int
 
 
 def measure(
-    src: str, url: str, backend_pid: int, n: int, concurrencies: list[int], warmup: int
+    src: str,
+    url: str,
+    backend_pid: int,
+    n: int,
+    concurrencies: list[int],
+    warmup: int,
+    extra: list[str] | None = None,
 ) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
-    with proxy(src, url, None) as (port, pid):
+    with proxy(src, url, None, extra) as (port, pid):
         req = request_bytes(port)
         drive(port, req, warmup, max(concurrencies))
         for c in concurrencies:
@@ -238,13 +248,13 @@ def measure(
     return out
 
 
-def callgrind_run(src: str, url: str, n: int, warmup: int) -> float:
+def callgrind_run(src: str, url: str, n: int, warmup: int, extra: list[str] | None = None) -> float:
     """Instructions per request of the proxy (valgrind callgrind, c=1)."""
     if shutil.which("callgrind_control") is None:
         raise SystemExit("callgrind_control not found")
     folder = Path(tempfile.mkdtemp(prefix="proxy_cpu_"))
     out = folder / "callgrind.out"
-    with proxy(src, url, out) as (port, pid):
+    with proxy(src, url, out, extra) as (port, pid):
         req = request_bytes(port)
         drive(port, req, warmup, 1)
         subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
@@ -267,7 +277,13 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--callgrind", action="store_true", help="instructions per request instead")
+    ap.add_argument(
+        "--serve-args",
+        default="",
+        help="extra `v2proxy serve` arguments, e.g. '--metrics off'",
+    )
     args = ap.parse_args()
+    extra = shlex.split(args.serve_args)
     srcs = args.src or [str(REPO / "src")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, list[dict[int, dict[str, float]]]] = {s: [] for s in srcs}
@@ -279,12 +295,12 @@ def main() -> int:
         if args.callgrind:
             for _ in range(args.rounds):
                 for s in srcs:
-                    ir = callgrind_run(s, url, args.n, min(args.warmup, 200))
+                    ir = callgrind_run(s, url, args.n, min(args.warmup, 200), extra)
                     print(f"{s}: {ir:,.0f} instructions/request (c=1)", flush=True)
             return 0
         for r in range(args.rounds):
             for s in srcs:
-                res = measure(s, url, backend_pid, args.n, concurrencies, args.warmup)
+                res = measure(s, url, backend_pid, args.n, concurrencies, args.warmup, extra)
                 results[s].append(res)
                 for c, m in res.items():
                     print(
