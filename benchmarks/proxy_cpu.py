@@ -185,7 +185,7 @@ def backend(kind: str) -> Iterator[tuple[str, int]]:
         import launch  # type: ignore[import-not-found]
 
         with launch.triton_server(launch.peers_dir()) as peer:
-            yield peer.http_url, peer.pid
+            yield peer.base_url, peer.pid  # http_url is host:port, no scheme
         return
     port = free_port()
     cmd = [sys.executable, "-m", "v2proxy", "reference-server", "--host", HOST]
