@@ -77,6 +77,17 @@ def shm_proxy(
     return _shm_proxy(request.param, stack, servers, shm_proxies)
 
 
+@pytest.fixture(params=[b for b in BACKENDS if b in STRING_BACKENDS])
+def string_shm_proxy(
+    request: pytest.FixtureRequest,
+    stack: contextlib.ExitStack,
+    servers: Servers,
+    shm_proxies: dict[str, Proc],
+) -> Proc:
+    """The same, in front of the backends that serve ``simple_string``."""
+    return _shm_proxy(request.param, stack, servers, shm_proxies)
+
+
 def _shm_proxy(
     backend: str, stack: contextlib.ExitStack, servers: Servers, cache: dict[str, Proc]
 ) -> Proc:
@@ -156,10 +167,9 @@ def test_simple_shm_client_flow(shm_proxy: Proc, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
-def test_simple_shm_string_client_flow(shm_proxy: Proc, kind: str, backend_param: str) -> None:
+def test_simple_shm_string_client_flow(string_shm_proxy: Proc, kind: str) -> None:
     """simple_{http,grpc}_shm_string_client.py: BYTES inputs and outputs in shared memory."""
-    if backend_param not in STRING_BACKENDS:
-        pytest.skip(f"{backend_param} serves no simple_string")
+    shm_proxy = string_shm_proxy
     c, mod = _client(kind, shm_proxy), CLIENTS[kind]
     c.unregister_system_shared_memory()
     a = np.array([str(x).encode() for x in range(16)], dtype=np.object_).reshape(1, 16)
@@ -189,11 +199,6 @@ def test_simple_shm_string_client_flow(shm_proxy: Proc, kind: str, backend_param
         assert [int(x) for x in got0.reshape(-1)] == [x + 1 for x in range(16)]
         assert [int(x) for x in got1.reshape(-1)] == [x - 1 for x in range(16)]
         c.unregister_system_shared_memory()
-
-
-@pytest.fixture
-def backend_param(request: pytest.FixtureRequest) -> str:
-    return str(request.node.callspec.params["shm_proxy"])
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
