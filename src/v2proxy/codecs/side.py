@@ -60,21 +60,8 @@ def shm_register_body(body: Buffer) -> tuple[str, int, int]:
     key = obj["key"]
     if not isinstance(key, str):
         raise CodecError("Invalid value for 'key' of the shared memory register request")
-    values = []
-    for field in ("offset", "byte_size"):
-        if field not in obj:
-            if field == "offset":
-                values.append(0)
-                continue
-            raise CodecError("Shared memory register request has no 'byte_size' field")
-        v = obj[field]
-        if type(v) is not int or v < 0:
-            raise CodecError(
-                f"Invalid value for '{field}' of the shared memory register request: expected a"
-                " non-negative integer"
-            )
-        values.append(v)
-    return key, values[0], values[1]
+    offset = _count(obj, "offset") if "offset" in obj else 0
+    return key, offset, _count(obj, "byte_size")
 
 
 def cuda_register_body(body: Buffer) -> tuple[bytes, int, int]:
@@ -97,15 +84,17 @@ def cuda_register_body(body: Buffer) -> tuple[bytes, int, int]:
         handle = b""
     if len(handle) != 64:
         raise CodecError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-    values = []
-    for field in ("device_id", "byte_size"):
-        if field not in obj:
-            raise CodecError(f"Shared memory register request has no '{field}' field")
-        v = obj[field]
-        if type(v) is not int or v < 0:
-            raise CodecError(
-                f"Invalid value for '{field}' of the shared memory register request: expected a"
-                " non-negative integer"
-            )
-        values.append(v)
-    return handle, values[0], values[1]
+    return handle, _count(obj, "device_id"), _count(obj, "byte_size")
+
+
+def _count(obj: dict[str, Any], field: str) -> int:
+    """A required non-negative integer field of a shared-memory register request."""
+    if field not in obj:
+        raise CodecError(f"Shared memory register request has no '{field}' field")
+    v = obj[field]
+    if type(v) is not int or v < 0:
+        raise CodecError(
+            f"Invalid value for '{field}' of the shared memory register request: expected a"
+            " non-negative integer"
+        )
+    return v
