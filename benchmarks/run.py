@@ -64,6 +64,37 @@ V2PROXY_CONFIGS: dict[str, list[str]] = {
         "--restricted-api",
         "model-repository,logging,trace",
     ],
+    # (g) in front of the JSON-only MLServer (client shared memory read and written by v2proxy)
+    "v2proxy-mlserver-shm": [
+        "--backend",
+        "http://{mlserver_http}",
+        "--backend-encoding",
+        "auto",
+        "--restricted-api",
+        "model-repository,logging,trace",
+    ],
+    # (g) in front of Triton, binary tensors to it, without and with backend staging (v2proxy's
+    # own POSIX regions registered with Triton for inputs and outputs of 64 KiB and more)
+    "v2proxy-triton-shm-off": [
+        "--backend",
+        "http://{triton_http}",
+        "--backend-encoding",
+        "binary",
+        "--backend-shm",
+        "off",
+        "--restricted-api",
+        "model-repository,logging,trace",
+    ],
+    "v2proxy-triton-shm-auto": [
+        "--backend",
+        "http://{triton_http}",
+        "--backend-encoding",
+        "binary",
+        "--backend-shm",
+        "auto",
+        "--restricted-api",
+        "model-repository,logging,trace",
+    ],
     # in front of Triton (a-triton, b-triton, c-triton)
     "v2proxy-triton-json": ["--backend", "http://{triton_http}", "--backend-encoding", "json"],
     "v2proxy-triton-binary": ["--backend", "http://{triton_http}", "--backend-encoding", "binary"],
@@ -381,10 +412,34 @@ TARGETS = [
     Target(
         "g-shm",
         "(g) 64 MiB through shared memory >= 5 x faster than the binary HTTP body",
-        ("shm",),
+        ("shm", "builtin"),
         ">=",
         5.0,
     ),
+    Target(
+        "g-shm-triton-off",
+        "(g, Triton) 64 MiB through shared memory >= 5 x faster than the binary HTTP body,"
+        " --backend-shm off",
+        ("shm", "triton-shm-off"),
+        ">=",
+        5.0,
+    ),
+    Target(
+        "g-shm-triton-auto",
+        "(g, Triton) 64 MiB through shared memory >= 5 x faster than the binary HTTP body,"
+        " --backend-shm auto (staging)",
+        ("shm", "triton-shm-auto"),
+        ">=",
+        5.0,
+    ),
+]
+#: (g): (label, V2PROXY_CONFIGS key, what the backend is), measured in this order; the MLServer
+#: ratio is reported without a target (its JSON hop dominates both ways)
+SHM_SYSTEMS = [
+    ("builtin", "v2proxy-builtin", "builtin models (v2proxy is the server)"),
+    ("mlserver", "v2proxy-mlserver-shm", "MLServer, JSON to it (no shared memory)"),
+    ("triton-shm-off", "v2proxy-triton-shm-off", "Triton, binary tensors, --backend-shm off"),
+    ("triton-shm-auto", "v2proxy-triton-shm-auto", "Triton, binary tensors, staged (auto)"),
 ]
 
 
@@ -398,16 +453,32 @@ class Durations:
     warmup: float
     micro_quick: bool
     shm: float
+    #: (g): at least this many timed requests each way (MLServer takes ~11 s per request)
+    shm_min_runs: int
     rounds: int
     #: rounds of a scenario with ``many_rounds``
     many_rounds: int
 
 
 FULL = Durations(
-    small=2.0, big=2.0, warmup=1.0, micro_quick=False, shm=5.0, rounds=5, many_rounds=15
+    small=2.0,
+    big=2.0,
+    warmup=1.0,
+    micro_quick=False,
+    shm=5.0,
+    shm_min_runs=3,
+    rounds=5,
+    many_rounds=15,
 )
 QUICK = Durations(
-    small=1.0, big=2.0, warmup=1.0, micro_quick=True, shm=2.0, rounds=2, many_rounds=4
+    small=1.0,
+    big=2.0,
+    warmup=1.0,
+    micro_quick=True,
+    shm=2.0,
+    shm_min_runs=1,
+    rounds=2,
+    many_rounds=4,
 )
 
 # --------------------------------------------------------------------------- systems
@@ -888,7 +959,7 @@ def _metric(row: Row | None, kind: str) -> float | None:
 
 
 def evaluate_targets(
-    runner: Runner, micro: dict[str, Any] | None, shm_result: dict[str, Any]
+    runner: Runner, micro: dict[str, Any] | None, shm_result: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     out = []
     mc = metrics_cost(runner)
@@ -925,14 +996,14 @@ def evaluate_targets(
             else:
                 detail = (case or {}).get("error") or "micro-benchmark not run"
         elif kind == "shm":
-            if shm_result.get("speedup"):
-                value = shm_result["speedup"]
+            one = shm_result.get(t.metric[1]) or {"status": "not measured in this run"}
+            if one.get("speedup"):
+                value = one["speedup"]
                 detail = (
-                    f"{shm_result['body_mean_ms']:.1f} ms body / {shm_result['shm_mean_ms']:.1f}"
-                    " ms shared memory"
+                    f"{one['body_mean_ms']:.1f} ms body / {one['shm_mean_ms']:.1f} ms shared memory"
                 )
             else:
-                detail = shm_result.get("status", "not measured")
+                detail = one.get("status", "not measured")
         if t.id == "metrics-cost" and mc is not None and mc["paired_median"] is not None:
             detail += (
                 f" ({100 * mc['cost']:+.1f} %); rounds' on/off {mc['paired_min']:.2f}"
@@ -1227,20 +1298,56 @@ def _run_micro(quick: bool) -> dict[str, Any]:
     return result
 
 
-def _run_shm(systems: Systems, rest: dict[str, bodies_mod.Body], seconds: float) -> dict[str, Any]:
-    ep = systems.endpoints.get("v2proxy-builtin")
+def _run_shm_one(
+    systems: Systems, key: str, body: bodies_mod.Body, seconds: float, min_runs: int
+) -> dict[str, Any]:
+    ep = systems.endpoints.get(key)
     if ep is None or ep.usable() is not None or ep.http_port is None:
-        why = ep.usable() if ep else "v2proxy-builtin not configured"
+        why = ep.usable() if ep else f"{key} not configured"
         return {"status": f"error: {_bare(why or '')}"}
     why_not = shm.probe(ep.http_port)
     if why_not is not None:
         return {"status": f"not available (v2proxy: {why_not})"}
     try:
-        result: dict[str, Any] = shm.measure(ep.http_port, rest["fp32_64mib_binary"], seconds)
+        result: dict[str, Any] = shm.measure(ep.http_port, body, seconds, min_runs)
     except Exception as exc:
         return {"status": loadgen.one_line(f"error: {type(exc).__name__}: {exc}", 400)}
     result["status"] = "ok"
     return result
+
+
+def _run_shm(
+    systems: Systems, rest: dict[str, bodies_mod.Body], seconds: float, min_runs: int
+) -> dict[str, dict[str, Any]]:
+    """(g) for every system of SHM_SYSTEMS, one after the other: label -> shm.measure's result
+    (or {"status": why not})."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, key, _ in SHM_SYSTEMS:
+        out[label] = _run_shm_one(systems, key, rest["fp32_64mib_binary"], seconds, min_runs)
+        log(f"(g) {label}: {out[label]['status']}")
+    return out
+
+
+def shm_rows(shm_result: dict[str, dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for label, _, what in SHM_SYSTEMS:
+        r = shm_result.get(label)
+        if r is None:
+            continue
+        if r.get("speedup"):
+            rows.append(
+                [
+                    label,
+                    what,
+                    f"{r['body_mean_ms']:.1f}",
+                    f"{r['shm_mean_ms']:.1f}",
+                    f"{r['speedup']:.2f}",
+                    f"{r['body_requests']}/{r['shm_requests']}",
+                ]
+            )
+        else:
+            rows.append([label, what, _short(r.get("status", "not measured")), "", "", ""])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1277,8 +1384,8 @@ def main(argv: list[str] | None = None) -> int:
         log("starting the systems")
         systems = Systems(workdir, stack, args)
         keys = {k for s in scenarios for _, k in s.systems}
-        need_mls = any("mlserver" in k for k in keys)
-        need_triton = any("triton" in k for k in keys)
+        need_mls = run_shm or any("mlserver" in k for k in keys)
+        need_triton = run_shm or any("triton" in k for k in keys)
         systems.start_all(tools, need_mls, need_triton, args.start_timeout)
         for key, ep in systems.endpoints.items():
             status = ep.error or f"http {ep.http_port}, grpc {ep.grpc_port}"
@@ -1287,11 +1394,10 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(systems, rest, grpc, durations, workdir, args.concurrency)
         runner.run(scenarios)
 
-        shm_result: dict[str, Any] = {"status": "not measured in this run"}
+        shm_result: dict[str, dict[str, Any]] = {}
         if run_shm:
             log("(g) shared memory")
-            shm_result = _run_shm(systems, rest, durations.shm)
-            log(f"(g) {shm_result['status']}")
+            shm_result = _run_shm(systems, rest, durations.shm, durations.shm_min_runs)
         endpoints = {
             k: {"cmd": ep.cmd, "status": ep.error or "ok"} for k, ep in systems.endpoints.items()
         }
@@ -1348,6 +1454,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     micro_header = ["codec case", "v2proxy ms", "alternative ms", "speedup", "what"]
     target_header = ["target", "measured", "verdict", "detail"]
+    shm_header = ["(g) in front of", "backend", "body ms", "shm ms", "body/shm", "requests b/s"]
+    shm_title = (
+        "(g) 64 MiB FP32 in and out, binary HTTP body vs client shared memory (mean time per"
+        " request, one at a time):"
+    )
+    g_rows = shm_rows(shm_result)
     cpu_title = (
         "CPU per request in front of Triton (proxy process group, /proc utime+stime over the"
         " run / requests completed; medians of the rounds):"
@@ -1372,6 +1484,7 @@ def main(argv: list[str] | None = None) -> int:
             else []
         ),
         *([metrics_cost_line(mc), ""] if mc else []),
+        *([shm_title, format_text_table(shm_header, g_rows, "llrrrr"), ""] if g_rows else []),
         format_text_table(micro_header, micro_rows(micro), "lrrrl") if micro else "",
         "",
         format_text_table(target_header, target_rows(targets), "lrll"),
@@ -1400,6 +1513,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *([cpu_title, "", md_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""] if cpu else []),
         *([metrics_cost_line(mc), ""] if mc else []),
+        *([shm_title, "", md_table(shm_header, g_rows), ""] if g_rows else []),
         md_table(micro_header, micro_rows(micro)) if micro else "",
         "",
         md_table(target_header, target_rows(targets)),

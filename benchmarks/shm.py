@@ -1,14 +1,14 @@
 """Scenario (g): a 64 MiB input through system shared memory against the binary HTTP body.
 
-v2proxy has no shared-memory path yet; ``probe`` tells whether the proxy accepts a system
-shared-memory registration (HTTP 200 from ``/v2/systemsharedmemory/region/NAME/register``) and
-why not. When it does, ``measure`` times the same ``identity_fp32`` request (64 MiB FP32 in, the
-same out) two ways against one v2proxy with the builtin backend, so that only the client-proxy
-hop differs: input and output in registered POSIX shared-memory regions (the request body is a
-few hundred bytes of JSON) versus the binary-tensor HTTP body both ways. Both loops run in this
-Python process with ``http.client``, one request at a time; the figure is the mean time per
-request. Regions are created with ``multiprocessing.shared_memory`` and always unregistered and
-unlinked again.
+``probe`` tells whether the proxy accepts a system shared-memory registration (HTTP 200 from
+``/v2/systemsharedmemory/region/NAME/register``) and why not. When it does, ``measure`` times the
+same ``identity_fp32`` request (64 MiB FP32 in, the same out) two ways against one v2proxy (run.py
+calls it for v2proxy in front of the builtin models, MLServer and Triton), so that only the
+client-proxy hop differs: input and output in registered POSIX shared-memory regions (the request
+body is a few hundred bytes of JSON) versus the binary-tensor HTTP body both ways. Both loops run
+in this Python process with ``http.client``, one request at a time; the figure is the mean time
+per request. Regions are created with ``multiprocessing.shared_memory`` and always unregistered
+and unlinked again.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def _timed_loop(send: object, seconds: float, min_runs: int = 3) -> list[float]:
     return times
 
 
-def measure(port: int, binary_body: Body, seconds: float) -> dict[str, object]:
-    """Mean seconds per 64 MiB request through shared memory and through the binary body."""
+def measure(port: int, binary_body: Body, seconds: float, min_runs: int = 3) -> dict[str, object]:
+    """Mean seconds per 64 MiB request through shared memory and through the binary body
+    (each way: one untimed request, then at least ``min_runs`` for at least ``seconds``)."""
     count = SIZE // 4
     values = np.random.default_rng(5).random(count, dtype=np.float32)
     with _region(port, SIZE) as (in_name, in_seg), _region(port, SIZE) as (out_name, out_seg):
@@ -124,7 +125,7 @@ def measure(port: int, binary_body: Body, seconds: float) -> dict[str, object]:
         via_shm()
         if bytes(out_seg.buf[:SIZE]) != values.tobytes():
             raise RuntimeError("the output region does not hold the input after the request")
-        shm_times = _timed_loop(via_shm, seconds)
+        shm_times = _timed_loop(via_shm, seconds, min_runs)
 
     payload = binary_body.path.read_bytes()
 
@@ -136,7 +137,7 @@ def measure(port: int, binary_body: Body, seconds: float) -> dict[str, object]:
         return elapsed
 
     via_body()
-    body_times = _timed_loop(via_body, seconds)
+    body_times = _timed_loop(via_body, seconds, min_runs)
     shm_mean, body_mean = float(np.mean(shm_times)), float(np.mean(body_times))
     return {
         "shm_mean_ms": shm_mean * 1000,
