@@ -164,6 +164,12 @@ CASES: dict[str, Case] = {
         method="HEAD",
     ),
     "head-chunked": Case(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", method="HEAD"),
+    "head-then-stray-bytes": Case(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        headers={b"content-length": b"5"},
+        method="HEAD",
+        reused=False,
+    ),
     "100-continue-then-200": Case(
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", body=b"ok"
     ),
@@ -294,7 +300,9 @@ async def test_conformance(serve, monkeypatch: pytest.MonkeyPatch, name: str, pi
         for k, v in case.headers.items():
             assert resp.header(k) == v
         assert await resp.read() == case.body
-        assert resp.keep_alive == (case.reused or name == "bytes-past-the-answer")
+        assert resp.keep_alive == (
+            case.reused or name in ("bytes-past-the-answer", "head-then-stray-bytes")
+        )
     resp = await client.request("GET", "/next", [])
     assert await resp.read() == b"ok"
     assert srv.accepts == (1 if case.reused else 2)

@@ -48,7 +48,6 @@ class ClientConnection(AnswerFlow):
         "_head_only",
         "_max_head",
         "_parser",
-        "_partial",
         "_remaining",
         "_seen",
         "_stale",
@@ -79,7 +78,6 @@ class ClientConnection(AnswerFlow):
         self._stale = False  # the parser was left inside a message: a new one is needed
         self._state = _IDLE
         self._head_only = False
-        self._partial = bytearray()
         self._seen = self._remaining = 0
         self.reused = self.closed = self.got_answer = self.head_done = self.body_done = False
         self.reusable = self.keep = True
@@ -123,10 +121,7 @@ class ClientConnection(AnswerFlow):
             self.got_answer = True
             self._seen += len(data)
         try:
-            if state == _HEAD and self._head_only:
-                self._feed_heads(data)
-            else:
-                self._parser.feed_data(data)
+            self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ProtocolError("the answer switches protocols, which was not asked for"))
             return
@@ -146,22 +141,6 @@ class ClientConnection(AnswerFlow):
         elif state == _BODY and self._remaining > 0:
             self._state = _RAW
             self._stale = True
-
-    def _feed_heads(self, data: bytes) -> None:
-        """The answer to a HEAD request: llhttp is given the heads only (it would take the
-        Content-Length that describes a GET as a body to wait for)."""
-        buf = self._partial
-        buf += data
-        while self._state == _HEAD:
-            i = buf.find(b"\r\n\r\n")
-            if i < 0:
-                return
-            head = bytes(buf[: i + 4])
-            del buf[: i + 4]
-            self._parser.feed_data(head)
-        if buf:
-            self.reusable = False
-            buf.clear()
 
     def eof_received(self) -> bool | None:
         self._end(None)
@@ -250,6 +229,12 @@ class ClientConnection(AnswerFlow):
         return len(self.reason) + 15 + sum(len(n) + len(v) + 4 for n, v in self.headers)
 
     def on_body(self, body: bytes) -> None:
+        if self._state != _BODY:
+            # bytes past an answer to HEAD, which llhttp (not knowing the method) takes for
+            # the body its Content-Length announces: the connection is not reused (the parser,
+            # left inside that "body", is replaced before the next exchange)
+            self.reusable = False
+            return
         if self._remaining:
             self._remaining -= len(body)
         self._push(body)
