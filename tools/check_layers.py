@@ -44,6 +44,8 @@ FORBIDDEN = {
     "v2proxy.recorders",
     "v2proxy.request_log",
     "v2proxy.config",
+    "v2proxy.config_sections",
+    "v2proxy.config_values",
 }
 
 

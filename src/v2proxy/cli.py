@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from v2proxy import __version__
-from v2proxy.config import ConfigError, load_settings
+from v2proxy.config import load_settings
+from v2proxy.config_sections import ConfigError
 from v2proxy.restricted import GROUPS
 
 _LATER = "takes effect with the shared-memory extension"

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from v2proxy.cli import parser
-from v2proxy.config import (
-    PARSERS,
-    BackendTarget,
-    ConfigError,
-    MindieSettings,
-    load_settings,
-)
+from v2proxy.config import PARSERS, BackendTarget, load_settings
+from v2proxy.config_sections import ConfigError, MindieSettings
 from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,14 +27,14 @@ from v2proxy.postprocess.classification import classify
 
 
 class OutputLabels(Protocol):
-    """The settings of one output (``config.OutputSettings``)."""
+    """The settings of one output (``config_sections.OutputSettings``)."""
 
     @property
     def labels(self) -> tuple[str, ...]: ...
 
 
 class ModelLabels(Protocol):
-    """The settings of one model (``config.ModelSettings``)."""
+    """The settings of one model (``config_sections.ModelSettings``)."""
 
     @property
     def outputs(self) -> Mapping[str, OutputLabels]: ...

@@ -1,0 +1,158 @@
+"""The two sections of the YAML config file besides the option keys (DESIGN.md "Product
+contract"), parsed and checked once at start-up into frozen objects; see config.py's docstring
+for what they hold. Label files are read here. A bad section stops the start with one line
+naming the file and the key (:class:`ConfigError`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from v2proxy.config_values import choice, int_range, positive_int, text
+
+MiB = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A configuration value is invalid; the message is one line naming the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSettings:
+    """Settings of one output of one model: its class labels (line i = class i)."""
+
+    labels: tuple[str, ...] = field(repr=False)
+    labels_path: str = ""  # the file they were read from, absolute
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """Per-model settings (``models.<name>`` in the YAML file)."""
+
+    outputs: Mapping[str, OutputSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class MindieSettings:
+    """``mindie:`` — serving MindIE's native ``POST /infer`` from a v2 model.
+
+    ``profile`` says how text and sampling knobs map to that model's tensors: ``trtllm`` (the
+    TensorRT-LLM ``ensemble``), ``vllm`` (Triton's vLLM backend) or ``generate`` (any server with
+    the generate extension). ``max_new_tokens`` and ``timeout`` (seconds) apply when a request
+    gives none (MindIE's defaults: 20 and 600); ``max_input_chars`` bounds ``inputs`` in UTF-16
+    code units (MindIE's documented 4 Mi); ``seed_input`` names the TensorRT-LLM seed tensor
+    (``seed``, or ``random_seed`` before May 2025).
+    """
+
+    model: str
+    profile: str = "trtllm"
+    max_new_tokens: int = 20
+    max_input_chars: int = 4 * MiB
+    timeout: int = 600
+    seed_input: str = "seed"
+
+
+MINDIE_PARSERS: dict[str, Any] = {
+    "model": text,
+    "profile": choice("trtllm", "vllm", "generate"),
+    "max_new_tokens": int_range(1, 2**31 - 1),
+    "max_input_chars": positive_int,
+    "timeout": int_range(1, 65535),
+    "seed_input": choice("seed", "random_seed"),
+}
+
+
+def _yaml_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {str: "a string", list: "a list", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _mapping(value: Any, file: str, key: str, what: str, allowed: Any = None) -> dict[str, Any]:
+    """``value`` as a mapping with string keys (all in ``allowed`` when given), else one line."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{file}: {key}: must be a mapping of {what}, not {_yaml_kind(value)}")
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if isinstance(k, bool) or not isinstance(k, str | int):
+            raise ConfigError(f"{file}: {key}: {k!r} is not a valid name")
+        name = str(k)
+        if allowed is not None:  # setting keys, spelt with - or _ as at the top level
+            name = name.replace("-", "_")
+            if name not in allowed:
+                known = ", ".join(sorted(allowed))
+                raise ConfigError(f"{file}: {key}.{k}: unknown key (known: {known})")
+        out[name] = v
+    return out
+
+
+def parse_models(raw: Any, file: str, folder: Path) -> Mapping[str, ModelSettings]:
+    models: dict[str, ModelSettings] = {}
+    for name, value in _mapping(raw, file, "models", "model names").items():
+        where = f"models.{name}"
+        model = _mapping(value, file, where, "model settings", allowed={"outputs"})
+        outputs: dict[str, OutputSettings] = {}
+        for out_name, out_value in _mapping(
+            model.get("outputs", {}), file, f"{where}.outputs", "output names"
+        ).items():
+            key = f"{where}.outputs.{out_name}"
+            out = _mapping(out_value, file, key, "output settings", allowed={"labels"})
+            if "labels" not in out:
+                raise ConfigError(f"{file}: {key}.labels: missing (the path of a label file)")
+            outputs[out_name] = _read_labels(out["labels"], file, f"{key}.labels", folder)
+        models[name] = ModelSettings(MappingProxyType(outputs))
+    return MappingProxyType(models)
+
+
+def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
+    """One label per line, UTF-8; relative paths from the working directory, else ``folder``."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{file}: {key}: must be the path of a label file")
+    path = Path(raw).expanduser()
+    where = ""
+    if not path.is_absolute():
+        here = Path.cwd() / path
+        path = here if here.exists() else folder / path
+        where = f" (looked in the working directory and in {folder})"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            where = ""
+        raise ConfigError(f"{file}: {key}: cannot read '{raw}': {exc.strerror}{where}") from None
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{file}: {key}: '{raw}' is not UTF-8 text"
+            f" (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last label
+    labels = tuple(line.removesuffix("\r") for line in lines)
+    if not any(labels):
+        raise ConfigError(f"{file}: {key}: '{raw}' holds no labels")
+    return OutputSettings(labels, str(path.absolute()))
+
+
+def parse_mindie(raw: Any, file: str) -> MindieSettings:
+    section = _mapping(raw, file, "mindie", "MindIE settings", allowed=set(MINDIE_PARSERS))
+    if "model" not in section:
+        raise ConfigError(f"{file}: mindie.model: missing (the v2 model that serves /infer)")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        try:
+            values[key] = MINDIE_PARSERS[key](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{file}: mindie.{key}: {exc} (got {value!r})") from None
+    if "seed_input" in values and values.get("profile", "trtllm") != "trtllm":
+        raise ConfigError(f"{file}: mindie.seed_input: only applies to profile 'trtllm'")
+    return MindieSettings(**values)
