@@ -153,21 +153,13 @@ class GrpcFrontend:
             rec.inflight.inc()
             call = Call("stream_infer", "")
             try:
-                try:
+                with call:
                     r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
                     call.model = r.model_name
                     async for out in self._stream_one(r, headers):
                         data = out.SerializeToString()
                         call.n_out += len(data)
                         await queue.put(data)
-                except ProxyError as exc:
-                    call.failed(exc)
-                except asyncio.CancelledError:
-                    call.cancelled()
-                    raise
-                except Exception as exc:
-                    log.exception("unexpected error in ModelStreamInfer")
-                    call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
                 if call.exc is not None:
                     if raise_errors:
                         await queue.put(call.exc)

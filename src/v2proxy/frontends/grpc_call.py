@@ -97,20 +97,13 @@ def guard(
         rec.inflight.inc()
         call = Call(op, "")
         try:
-            msg = parse(message_type, data, rpc)
-            if field is not None:
-                call.model = getattr(msg, field)
-            out = (await fn(msg, context)).SerializeToString()
-            call.n_out = len(out)
-            return out
-        except ProxyError as exc:
-            call.failed(exc)
-        except asyncio.CancelledError:
-            call.cancelled()
-            raise
-        except Exception as exc:
-            log.exception("unexpected error in gRPC handler")
-            call.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
+            with call:
+                msg = parse(message_type, data, rpc)
+                if field is not None:
+                    call.model = getattr(msg, field)
+                out = (await fn(msg, context)).SerializeToString()
+                call.n_out = len(out)
+                return out
         finally:
             rec.inflight.dec()
             call.record(rec, context, t0, len(data), path)
@@ -142,6 +135,28 @@ class Call:
     def cancelled(self) -> None:
         self.failed(ProxyError("cancelled by the client"), "client_disconnected")
         self.status = 499
+
+    def __enter__(self) -> Call:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any
+    ) -> bool:
+        """The one mapping of what a call raised: a ProxyError is its failure; a cancellation
+        is recorded and goes on; anything else is logged once and answered as internal."""
+        if exc is None:
+            return False
+        if isinstance(exc, ProxyError):
+            self.failed(exc)
+            return True
+        if isinstance(exc, asyncio.CancelledError):
+            self.cancelled()
+            return False
+        if isinstance(exc, Exception):
+            log.exception("unexpected error in gRPC %s", self.op, exc_info=exc)
+            self.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
+            return True
+        return False
 
     def record(
         self, rec: FrontendRecorder, context: Context, t0: float, n_in: int, path: str
