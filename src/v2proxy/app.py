@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.metered import metered
+from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.staging import Stager
 from v2proxy.config import Settings
@@ -54,6 +55,14 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
     target = settings.backend
     if target.kind == "builtin":
         return BuiltinBackend(server_name=settings.server_name)
+    if target.kind == "mindie":
+        return MindieBackend(
+            target.url,
+            model=settings.mindie.model if settings.mindie is not None else "llm",
+            timeout=settings.backend_timeout,
+            connect_timeout=settings.backend_connect_timeout,
+            connections=settings.backend_connections,
+        )
     counts = None
     if isinstance(metrics, Metrics):
         counts = {r: metrics.store(SHM_STAGING).child(r) for r in ("hit", "miss", "fallback")}
@@ -120,7 +129,9 @@ def build_metrics(settings: Settings) -> AnyMetrics:
     Workers of ``--workers N`` report through the supervisor's multiprocess folder."""
     if not settings.metrics:
         return NullMetrics()
-    protocol = {"builtin": "builtin", "grpc": "grpc"}.get(settings.backend.kind, "rest")
+    protocol = {"builtin": "builtin", "grpc": "grpc", "mindie": "mindie"}.get(
+        settings.backend.kind, "rest"
+    )
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if settings.workers > 1 else None
     return Metrics(CollectorRegistry(auto_describe=True), protocol, folder)
 

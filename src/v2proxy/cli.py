@@ -157,7 +157,8 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         metavar="URL",
         help="'builtin' (default: the reference models in-process), http://host:port (a v2 REST"
-        " server) or grpc://host:port (a v2 gRPC server)",
+        " server), grpc://host:port (a v2 gRPC server) or mindie://host:port (a MindIE"
+        " server's native /infer, served as the v2 model mindie.model, default llm)",
     )
     serve.add_argument(
         "--backend-encoding",

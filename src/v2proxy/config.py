@@ -48,8 +48,8 @@ from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy, parse_groups, p
 
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
-    """Where the model server is: ``kind`` is builtin, http, https or grpc (``url`` is then
-    host:port)."""
+    """Where the model server is: ``kind`` is builtin, http, https (``url`` the base URL), grpc
+    or mindie (``url`` is then host:port)."""
 
     kind: str
     url: str = ""
@@ -94,12 +94,17 @@ def parse_backend(v: Any) -> BackendTarget:
     if text == "builtin":
         return BackendTarget("builtin")
     parts = urlsplit(text)
-    if parts.scheme not in ("http", "https", "grpc") or not parts.hostname or not parts.port:
+    if (
+        parts.scheme not in ("http", "https", "grpc", "mindie")
+        or not parts.hostname
+        or not parts.port
+    ):
         raise ValueError(
-            "must be 'builtin', http://host:port (a v2 REST server) or grpc://host:port"
+            "must be 'builtin', http://host:port (a v2 REST server), grpc://host:port or"
+            " mindie://host:port (a MindIE server's native /infer)"
         )
-    if parts.scheme == "grpc":
-        return BackendTarget("grpc", parts.netloc)
+    if parts.scheme in ("grpc", "mindie"):
+        return BackendTarget(parts.scheme, parts.netloc)
     return BackendTarget(parts.scheme, text.rstrip("/"))
 
 

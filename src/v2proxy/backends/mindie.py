@@ -1,0 +1,248 @@
+"""The MindIE backend (``--backend mindie://host:port``): a Huawei MindIE server's native
+``POST /infer`` (text, and SSE streams) served to v2 clients as one v2 model, ``mindie.model``
+(default ``llm``), with the builtin ``llm``'s tensors, metadata and config (decoupled), so that
+REST v2 infer and gRPC ``ModelInfer``/``ModelStreamInfer`` (one response per token) work in
+front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure and lives in
+:mod:`v2proxy.codecs.mindie_backend`.
+
+- Every call goes through v2proxy's own HTTP client pool to MindIE's service port (plain HTTP).
+  A non-stream /infer is bounded as a whole by ``--backend-timeout``; a stream by it between
+  its events. A v2 client that goes away (its stream cancelled) closes the connection to MindIE,
+  which drops the request.
+- Health follows MindIE's: ready when its ``GET /v2/health/ready`` answers 200 (it answers a
+  bare 503 while unhealthy); the model is ready when the server is. Server metadata is MindIE's
+  ``GET /v2``.
+- Other model names (and versions other than "" and "1") answer Triton's ``Request for unknown
+  model``. MindIE has no statistics, repository, trace or logging API: those answer 501
+  (the repository index lists the one model), and other REST paths 404.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.builtin import unknown_model, validate_inputs
+from v2proxy.backends.rest_answers import failure, json_answer, mapped
+from v2proxy.codecs import mindie_backend as mb
+from v2proxy.codecs.json import dumps
+from v2proxy.errors import BackendUnavailable, InvalidRequest, ProxyError, Unsupported
+from v2proxy.http.client import HttpClient
+from v2proxy.http.client_response import ClientResponse
+from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
+from v2proxy.ports import Headers
+from v2proxy.reference.models import ModelSpec, TensorSpec
+
+PLATFORM = "mindie"
+_JSON = [(b"content-type", b"application/json")]
+
+
+def _no_compute(inputs: Any) -> Iterator[Any]:  # the model runs in MindIE, never here
+    raise Unsupported("the MindIE model is computed by MindIE")
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The builtin ``llm``'s tensors under ``name`` (its exclude_input_in_output aside: MindIE
+    never echoes the prompt)."""
+
+    def opt(n: str, d: Datatype) -> TensorSpec:
+        return TensorSpec(n, d, (1,), optional=True)
+
+    return ModelSpec(
+        name,
+        (
+            TensorSpec("text_input", Datatype.BYTES, (1,)),
+            opt("max_tokens", Datatype.INT32),
+            opt("stream", Datatype.BOOL),
+            opt("temperature", Datatype.FP32),
+            opt("top_k", Datatype.INT32),
+            opt("top_p", Datatype.FP32),
+            opt("seed", Datatype.UINT64),
+        ),
+        (TensorSpec(mb.OUTPUT, Datatype.BYTES, (-1,)),),
+        0,
+        _no_compute,
+        decoupled=True,
+    )
+
+
+class MindieBackend(DecodedOnly):
+    """Serves MindIE at ``address`` (host:port) as the v2 model ``model``."""
+
+    name = "mindie"
+
+    def __init__(
+        self,
+        address: str,
+        model: str = "llm",
+        timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+        connections: int = 100,
+    ) -> None:
+        host, _, port = address.rpartition(":")
+        self._host = host.strip("[]") or "127.0.0.1"
+        self._port = int(port)
+        self.base_url = f"mindie://{address}"
+        self.model = model
+        self.spec = model_spec(model)
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._connections = connections
+        self._client: HttpClient | None = None
+
+    async def start(self) -> None:
+        self._client = HttpClient(
+            self._host,
+            self._port,
+            limit=self._connections,
+            connect_timeout=self._connect_timeout,
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> HttpClient:
+        if self._client is None:
+            raise BackendUnavailable("the MindIE backend is not started")
+        return self._client
+
+    def _check(self, model: str, version: str) -> None:
+        if model != self.model:
+            raise unknown_model(model)
+        if version not in ("", "1"):
+            raise unknown_model(model, version)
+
+    async def _call(
+        self, method: str, target: str, body: list[Buffer] | None, what: str
+    ) -> tuple[ClientResponse, bytes | bytearray]:
+        """One call read whole within --backend-timeout."""
+        try:
+            resp = await self.client.request(
+                method,
+                target,
+                _JSON if body is not None else [],
+                body,
+                call_timeout=self._timeout,
+            )
+            return resp, await resp.read()
+        except Exception as exc:
+            mapped_exc = failure(exc, self.base_url, self._timeout, what)
+            if mapped_exc is None:
+                raise
+            raise mapped_exc from None
+
+    # ------------------------------------------------------------------ health and metadata
+
+    async def server_ready(self) -> bool:
+        resp, _ = await self._call("GET", "/v2/health/ready", None, "health/ready")
+        return resp.status == 200
+
+    async def server_metadata(self) -> dict[str, Any]:
+        resp, body = await self._call("GET", "/v2", None, "server metadata")
+        if resp.status != 200:
+            raise mb.error_for(resp.status, body)
+        obj = json_answer(body, "/v2", "backend response")
+        if not isinstance(obj, dict):
+            obj = {}
+        return {"name": "mindie", "version": "", "extensions": [], **obj}
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        self._check(model, version)
+        return {**self.spec.metadata(), "platform": PLATFORM}
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        self._check(model, version)
+        return {**self.spec.config(), "platform": PLATFORM, "backend": PLATFORM}
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        self._check(model, version)
+        return await self.server_ready()
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
+        return await single_response(request.model_name, self.stream_infer(request, headers))
+
+    async def stream_infer(
+        self, request: InferRequest, headers: Headers
+    ) -> AsyncIterator[InferResponse]:
+        """MindIE's answer to one request: one response, or one per token when ``stream``."""
+        self._check(request.model_name, request.model_version)
+        inputs = validate_inputs(self.spec, request)
+        if request.outputs is not None:
+            for o in request.outputs:
+                if o.name != mb.OUTPUT:
+                    raise InvalidRequest(
+                        f"unexpected inference output '{o.name}' for model '{self.model}'"
+                    )
+        call = mb.infer_body(inputs, request.parameters)
+        payload: list[Buffer] = [dumps(call.body)]
+        if not call.stream:
+            resp, body = await self._call("POST", "/infer", payload, "inference")
+            if resp.status != 200:
+                raise mb.error_for(resp.status, body)
+            yield mb.non_stream_response(self.model, request.id or None, bytes(body))
+            return
+        async for response in self._stream(request, payload):
+            yield response
+
+    async def _stream(
+        self, request: InferRequest, payload: list[Buffer]
+    ) -> AsyncIterator[InferResponse]:
+        with mapped(self.base_url, self._timeout, "inference"):
+            resp = await self.client.request(
+                "POST", "/infer", _JSON, payload, read_timeout=self._timeout
+            )
+        try:
+            if resp.status != 200:
+                with mapped(self.base_url, self._timeout, "inference"):
+                    body = await resp.read()
+                raise mb.error_for(resp.status, body)
+            parser = mb.SseParser()
+            mapper = mb.StreamMapper(self.model, request.id or None)
+            chunks = resp.iter_chunks()
+            while True:
+                with mapped(self.base_url, self._timeout, "inference stream"):
+                    chunk = await anext(chunks, None)
+                events = parser.feed(chunk) if chunk is not None else parser.finish()
+                for event in events:
+                    out = mapper.map(event)
+                    if out is not None:
+                        yield out
+                if chunk is None:
+                    break
+            mapper.end()
+        finally:
+            resp.close()
+
+    # ------------------------------------------------------------------ side operations
+
+    async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
+        raise Unsupported("statistics are not available from a MindIE backend")
+
+    async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
+        try:
+            up = await self.server_ready()
+        except ProxyError:
+            up = False
+        if ready and not up:
+            return []
+        state = "READY" if up else "UNAVAILABLE"
+        return [{"name": self.model, "version": "1", "state": state, "reason": ""}]
+
+    async def repository_load(
+        self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
+    ) -> None:
+        raise Unsupported("a MindIE backend has no model repository API")
+
+    async def trace_settings(
+        self, model: str, update: dict[str, Any] | None, headers: Headers
+    ) -> dict[str, Any]:
+        raise Unsupported("a MindIE backend has no trace API")
+
+    async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
+        raise Unsupported("a MindIE backend has no logging API")
