@@ -10,6 +10,7 @@ import pytest
 
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.dtypes import as_numpy, from_numpy, serialize_bytes
+from v2proxy.config import parse_backend
 from v2proxy.errors import (
     BackendError,
     BackendUnavailable,
@@ -279,3 +280,32 @@ def test_stream_failures(body: bytes, cls: type[ProxyError], message: str) -> No
     assert message in info.value.message
     if cls is BackendError:
         assert (info.value.http_status, info.value.grpc_code) == (500, "INTERNAL")
+
+
+# ------------------------------------------------------------------ --backend mindie://
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "url"),
+    [
+        ("mindie://127.0.0.1:1025", "mindie", "127.0.0.1:1025"),
+        ("mindie://mindie.svc:1025/", "mindie", "mindie.svc:1025"),
+        ("mindie://[::1]:1025", "mindie", "[::1]:1025"),
+    ],
+)
+def test_backend_url(value: str, kind: str, url: str) -> None:
+    target = parse_backend(value)
+    assert (target.kind, target.url) == (kind, url)
+
+
+@pytest.mark.parametrize("value", ["mindie://127.0.0.1", "mindie:1025", "mindie://:1025"])
+def test_backend_url_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=r"mindie://host:port \(a MindIE server"):
+        parse_backend(value)
+
+
+def test_backend_address_split() -> None:
+    from v2proxy.backends.mindie import MindieBackend
+
+    b = MindieBackend("[::1]:1025", model="ensemble")
+    assert (b._host, b._port, b.model, b.spec.name) == ("::1", 1025, "ensemble", "ensemble")

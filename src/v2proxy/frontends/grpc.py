@@ -207,12 +207,18 @@ class GrpcFrontend:
         _no_reserved_keys(request.parameters)
         previous: pb.ModelInferResponse | None = None
         encode = self.recorder.encode["grpc"]
-        async for response in self.pipeline.stream_infer(request, headers):
+        try:
+            async for response in self.pipeline.stream_infer(request, headers):
+                if previous is not None:
+                    yield self._stream_response(previous, flag, final=False)
+                t0 = perf_counter()
+                previous = grpcc.response_to_proto(response)
+                encode.observe(perf_counter() - t0)
+        except ProxyError:
+            # a response held back for the final flag is still sent before the error
             if previous is not None:
                 yield self._stream_response(previous, flag, final=False)
-            t0 = perf_counter()
-            previous = grpcc.response_to_proto(response)
-            encode.observe(perf_counter() - t0)
+            raise
         if previous is None:  # nothing produced: an empty final response
             previous = pb.ModelInferResponse(
                 model_name=request.model_name,

@@ -267,6 +267,8 @@ class Simulator:
         self.knobs = {**DEFAULT_KNOBS, **knobs}
         self.last: Any = None
         self.requests = 0
+        #: streams whose client went away before their end
+        self.disconnects = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -315,7 +317,8 @@ class Simulator:
     # -------------------------------------------------------------- test knobs
 
     async def get_knobs(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.knobs, "requests": self.requests})
+        counts = {"requests": self.requests, "disconnects": self.disconnects}
+        return web.json_response({**self.knobs, **counts})
 
     async def set_knobs(self, request: web.Request) -> web.Response:
         update = await request.json()
@@ -332,6 +335,7 @@ class Simulator:
         self.knobs = dict(DEFAULT_KNOBS)
         self.last = None
         self.requests = 0
+        self.disconnects = 0
         return web.json_response(self.knobs)
 
     # -------------------------------------------------------------- /infer
@@ -386,6 +390,20 @@ class Simulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
+        try:
+            return await self._events(request, resp, generated, params, t0)
+        except (ConnectionError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+
+    async def _events(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        generated: list[tuple[int, str]],
+        params: dict[str, Any],
+        t0: float,
+    ) -> web.StreamResponse:
         deadline = t0 + params["timeout"]
         fail_after = self.knobs["fail_after"]
         previous = t0

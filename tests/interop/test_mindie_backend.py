@@ -1,0 +1,397 @@
+"""v2 clients through v2proxy in front of a MindIE server (``--backend mindie://host:port``):
+tritonclient HTTP and gRPC (unary and ModelStreamInfer, one response per token) against the
+MindIE simulator (peers/mindie_sim.py, the one stand-in of this suite: MindIE needs Ascend
+hardware), including MindIE's error answers, a stream that breaks, and MindIE gone."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from peers.launch import _free_ports, _http_status, _stop
+from peers.mindie_sim import tokens
+from procs import Proc, v2proxy
+from tritonclient.utils import InferenceServerException
+
+SIM = Path(__file__).resolve().parent / "peers" / "mindie_sim.py"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class Sim:
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def post(self, path: str, body: Any) -> Any:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode())
+        with _OPENER.open(req, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def get(self, path: str) -> Any:
+        with _OPENER.open(self.url + path, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def knobs(self, **knobs: Any) -> None:
+        self.post("/sim/knobs", knobs)
+
+    def last(self) -> Any:
+        return self.get("/sim/last")["body"]
+
+
+@contextlib.contextmanager
+def mindie_sim() -> Iterator[Sim]:
+    (port,) = _free_ports(1)
+    log = Path(tempfile.mkstemp(prefix="mindie-sim-", suffix=".log")[1])
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(SIM), "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the MindIE simulator did not start:\n{log.read_text()}")
+            time.sleep(0.05)
+        yield Sim(port, proc.pid)
+    finally:
+        _stop(proc)
+        log.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[Sim]:
+    with mindie_sim() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sim(sim: Sim) -> None:
+    sim.post("/sim/reset", {})
+
+
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def proxy(request: pytest.FixtureRequest, sim: Sim) -> Iterator[Proc]:
+    backend = f"mindie://127.0.0.1:{sim.port}"
+    with v2proxy(
+        "serve", "--backend", backend, "--event-loop", request.param, name="proxy-mindie"
+    ) as p:
+        yield p
+
+
+def expected(prompt: str, n: int) -> str:
+    return "".join(text for _, text in tokens(prompt.split(), n))
+
+
+def http_inputs(prompt: str, **knobs: Any) -> list[httpclient.InferInput]:
+    text = httpclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    out = [text]
+    for name, (dtype, value) in knobs.items():
+        t = httpclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(np.array([value], dtype=_NP[dtype]))
+        out.append(t)
+    return out
+
+
+def grpc_inputs(prompt: str, **knobs: Any) -> list[grpcclient.InferInput]:
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    out = [text]
+    for name, (dtype, value) in knobs.items():
+        t = grpcclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(np.array([value], dtype=_NP[dtype]))
+        out.append(t)
+    return out
+
+
+_NP = {"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
+
+
+def stream(proxy: Proc, inputs: list[grpcclient.InferInput]) -> tuple[list[str], Any]:
+    """The texts of a ModelStreamInfer's responses until the final flag, and its error."""
+    results: queue.Queue[Any] = queue.Queue()
+    c = grpcclient.InferenceServerClient(proxy.grpc_url)
+    c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    pieces: list[str] = []
+    try:
+        c.async_stream_infer("llm", inputs, request_id="s1", enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=30)
+            if error is not None:
+                return pieces, error
+            response = result.get_response()
+            assert response.id == "s1"
+            if response.outputs:
+                pieces.append(result.as_numpy("text_output")[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                return pieces, None
+    finally:
+        c.stop_stream()
+
+
+# ------------------------------------------------------------------ inference
+
+
+def test_http_infer(proxy: Proc, sim: Sim) -> None:
+    c = httpclient.InferenceServerClient(proxy.url)
+    prompt = "My name is Olivier and I"
+    result = c.infer("llm", http_inputs(prompt, max_tokens=("INT32", 7)), request_id="r1")
+    assert result.as_numpy("text_output").tolist() == [expected(prompt, 7).encode()]
+    response = result.get_response()
+    assert response["id"] == "r1"
+    assert response["parameters"]["finish_reason"] == "length"
+    assert response["parameters"]["generated_tokens"] == 7
+    assert sim.last() == {
+        "inputs": prompt,
+        "stream": False,
+        "parameters": {"max_new_tokens": 7, "details": True},
+    }
+
+
+def test_http_infer_sampling_knobs(proxy: Proc, sim: Sim) -> None:
+    c = httpclient.InferenceServerClient(proxy.url)
+    knobs = {
+        "temperature": ("FP32", 0.5),
+        "top_k": ("INT32", 10),
+        "top_p": ("FP32", 0.95),
+        "seed": ("UINT64", 846930886),
+    }
+    result = c.infer("llm", http_inputs("中文 text", **knobs))
+    assert result.as_numpy("text_output")[0].decode() == expected("中文 text", 20)
+    assert result.get_response()["parameters"]["seed"] == 846930886
+    assert sim.last()["parameters"] == {
+        "temperature": 0.5,
+        "top_k": 10,
+        "top_p": 0.95,
+        "seed": 846930886,
+        "details": True,
+    }
+
+
+def test_grpc_infer(proxy: Proc, sim: Sim) -> None:
+    c = grpcclient.InferenceServerClient(proxy.grpc_url)
+    result = c.infer("llm", grpc_inputs("a b c", max_tokens=("INT32", 4)))
+    assert result.as_numpy("text_output").tolist() == [b"a b c a"]
+    assert sim.last()["stream"] is False
+
+
+def test_grpc_stream_infer_one_response_per_token(proxy: Proc, sim: Sim) -> None:
+    prompt = "the quick 狐狸 jumps"
+    pieces, error = stream(
+        proxy, grpc_inputs(prompt, max_tokens=("INT32", 6), stream=("BOOL", True))
+    )
+    assert error is None
+    assert pieces == [text for _, text in tokens(prompt.split(), 6)]
+    assert "".join(pieces) == expected(prompt, 6)
+    assert sim.last()["stream"] is True
+
+
+def test_grpc_stream_single_token(proxy: Proc) -> None:
+    pieces, error = stream(
+        proxy, grpc_inputs("x y", max_tokens=("INT32", 1), stream=("BOOL", True))
+    )
+    assert (pieces, error) == (["x"], None)
+
+
+def test_unary_infer_of_a_stream_request(proxy: Proc) -> None:
+    """Several responses do not fit a unary answer (as for the builtin llm)."""
+    c = grpcclient.InferenceServerClient(proxy.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        c.infer("llm", grpc_inputs("a b", max_tokens=("INT32", 3), stream=("BOOL", True)))
+    assert "answers this request with 3 responses" in info.value.message()
+
+
+# ------------------------------------------------------------------ metadata and health
+
+
+def test_metadata_and_config(proxy: Proc) -> None:
+    h = httpclient.InferenceServerClient(proxy.url)
+    meta = h.get_model_metadata("llm")
+    assert meta["name"] == "llm"
+    assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
+        ("text_input", "BYTES", [1]),
+        ("max_tokens", "INT32", [1]),
+        ("stream", "BOOL", [1]),
+        ("temperature", "FP32", [1]),
+        ("top_k", "INT32", [1]),
+        ("top_p", "FP32", [1]),
+        ("seed", "UINT64", [1]),
+    ]
+    assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
+    config = h.get_model_config("llm")
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    gconfig = g.get_model_config("llm", as_json=True)["config"]
+    assert gconfig["model_transaction_policy"] == {"decoupled": True}
+    gmeta = g.get_model_metadata("llm", as_json=True)
+    assert [i["name"] for i in gmeta["inputs"]] == [i["name"] for i in meta["inputs"]]
+
+
+def test_unknown_model(proxy: Proc) -> None:
+    h = httpclient.InferenceServerClient(proxy.url)
+    with pytest.raises(InferenceServerException) as info:
+        h.infer("ensemble", http_inputs("a"))
+    assert info.value.message() == "Request for unknown model: 'ensemble' is not found"
+    with pytest.raises(InferenceServerException) as info:
+        h.get_model_metadata("ensemble")
+    assert "Request for unknown model: 'ensemble' is not found" in info.value.message()
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        g.infer("ensemble", grpc_inputs("a"))
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_readiness_follows_mindie(proxy: Proc, sim: Sim) -> None:
+    h = httpclient.InferenceServerClient(proxy.url)
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    assert h.is_server_live() and h.is_server_ready() and h.is_model_ready("llm")
+    assert g.is_server_ready() and g.is_model_ready("llm")
+    sim.knobs(healthy=False)
+    assert h.is_server_live()
+    assert not h.is_server_ready()
+    assert not h.is_model_ready("llm")
+    assert not g.is_server_ready()
+
+
+# ------------------------------------------------------------------ MindIE's errors
+
+
+def test_validation_error_is_400_with_mindie_message(proxy: Proc) -> None:
+    message = "Parameter top_p must be in (0.0,1.0], got 1.5."
+    h = httpclient.InferenceServerClient(proxy.url)
+    with pytest.raises(InferenceServerException) as info:
+        h.infer("llm", http_inputs("a", top_p=("FP32", 1.5)))
+    assert (info.value.status(), info.value.message()) == ("400", message)
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        g.infer("llm", grpc_inputs("a", top_p=("FP32", 1.5)))
+    assert (info.value.status(), info.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+    pieces, error = stream(proxy, grpc_inputs("a", top_p=("FP32", 1.5), stream=("BOOL", True)))
+    assert pieces == []
+    assert error.message() == message
+
+
+def test_v2_off_values_are_accepted(proxy: Proc, sim: Sim) -> None:
+    """top_p 1.0, top_k 0 and temperature 0 mean "off" to v2 LLM backends; MindIE refuses them
+    as such and is sent their MindIE equivalents."""
+    h = httpclient.InferenceServerClient(proxy.url)
+    knobs = {"top_p": ("FP32", 1.0), "top_k": ("INT32", 0), "temperature": ("FP32", 0.0)}
+    result = h.infer("llm", http_inputs("a b", max_tokens=("INT32", 2), **knobs))
+    assert result.as_numpy("text_output").tolist() == [b"a b"]
+    assert sim.last()["parameters"] == {"max_new_tokens": 2, "do_sample": False, "details": True}
+
+
+@pytest.mark.parametrize(
+    ("status", "http", "grpc", "message"),
+    [
+        (500, "500", "StatusCode.INTERNAL", "Failed to get engine response."),
+        (424, "500", "StatusCode.INTERNAL", "Failed to build the engine request."),
+        (503, "503", "StatusCode.UNAVAILABLE", "The service has been stopped"),
+        (422, "400", "StatusCode.INVALID_ARGUMENT", "Failed to tokenize the inputs."),
+    ],
+)
+def test_mindie_error_statuses(
+    proxy: Proc, sim: Sim, status: int, http: str, grpc: str, message: str
+) -> None:
+    sim.knobs(error_status=status)
+    h = httpclient.InferenceServerClient(proxy.url)
+    with pytest.raises(InferenceServerException) as info:
+        h.infer("llm", http_inputs("a"))
+    assert (info.value.status(), info.value.message()) == (http, message)
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        g.infer("llm", grpc_inputs("a"))
+    assert (info.value.status(), info.value.message()) == (grpc, message)
+    pieces, error = stream(proxy, grpc_inputs("a", stream=("BOOL", True)))
+    assert (pieces, error.message()) == ([], message)
+
+
+def test_mid_stream_failure_reaches_the_stream_client(proxy: Proc, sim: Sim) -> None:
+    """MindIE's raw timeout line after two tokens: two responses, then the error."""
+    sim.knobs(fail_after=2)
+    pieces, error = stream(proxy, grpc_inputs("a b c", stream=("BOOL", True)))
+    assert pieces == ["a", " b"]
+    assert error is not None
+    assert error.message() == "MindIE stream failed: Engine callback timeout: client timeout"
+
+
+def test_stream_cut_off_reaches_the_stream_client(proxy: Proc, sim: Sim) -> None:
+    sim.knobs(fail_after=3, fail_mode="abort")
+    pieces, error = stream(proxy, grpc_inputs("a b c d", stream=("BOOL", True)))
+    assert pieces == ["a", " b", " c"]
+    assert error is not None
+    assert "failed during inference stream" in error.message()
+
+
+def test_stream_client_going_away_drops_the_mindie_request(proxy: Proc, sim: Sim) -> None:
+    sim.knobs(latency_ms=100)
+    results: queue.Queue[Any] = queue.Queue()
+    c = grpcclient.InferenceServerClient(proxy.grpc_url)
+    c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    c.async_stream_infer(
+        "llm", grpc_inputs("a b", max_tokens=("INT32", 100), stream=("BOOL", True))
+    )
+    result, error = results.get(timeout=30)
+    assert error is None and result.as_numpy("text_output")[0] == b"a"
+    c.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 10
+    while sim.get("/sim/knobs")["disconnects"] != 1:
+        assert time.monotonic() < deadline, "MindIE's stream was not dropped"
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ other set-ups
+
+
+def test_mindie_model_name_from_config(sim: Sim, tmp_path: Path) -> None:
+    config = tmp_path / "mindie.yaml"
+    config.write_text("mindie:\n  model: ensemble\n")
+    backend = f"mindie://127.0.0.1:{sim.port}"
+    with v2proxy("serve", "--backend", backend, "--config", str(config)) as p:
+        h = httpclient.InferenceServerClient(p.url)
+        assert h.get_model_metadata("ensemble")["name"] == "ensemble"
+        result = h.infer("ensemble", http_inputs("x", max_tokens=("INT32", 2)))
+        assert result.as_numpy("text_output").tolist() == [b"x x"]
+        with pytest.raises(InferenceServerException, match="unknown model: 'llm'"):
+            h.infer("llm", http_inputs("x"))
+
+
+def test_mindie_down() -> None:
+    (port,) = _free_ports(1)  # nothing listens there
+    with v2proxy("serve", "--backend", f"mindie://127.0.0.1:{port}") as p:
+        h = httpclient.InferenceServerClient(p.url)
+        assert h.is_server_live()
+        assert not h.is_server_ready()
+        with pytest.raises(InferenceServerException) as info:
+            h.infer("llm", http_inputs("a"))
+        assert info.value.status() == "503"
+        assert f"mindie://127.0.0.1:{port} is unavailable" in info.value.message()
+        g = grpcclient.InferenceServerClient(p.grpc_url)
+        with pytest.raises(InferenceServerException) as info:
+            g.infer("llm", grpc_inputs("a"))
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        pieces, error = stream(p, grpc_inputs("a", stream=("BOOL", True)))
+        assert pieces == [] and "is unavailable" in error.message()
