@@ -47,6 +47,7 @@ from typing import Any, Protocol
 from v2proxy import restricted, shm_stage
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
+from v2proxy.generate_stage import GenerateStage, Mapped
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.postprocess import stage
@@ -97,6 +98,9 @@ class Pipeline:
         self._relay = Relay(backend, max_input_size)
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
         self._backend_classifies: tuple[float, bool] | None = None
+        self.generation = GenerateStage(
+            backend, self._model_shape_info, self.stream_infer, max_input_size
+        )
 
     def _allow(self, group: str, headers: Headers) -> None:
         self.access.check(group, headers)
@@ -325,6 +329,29 @@ class Pipeline:
         backend; ``target`` is origin-form. Other backends answer NotFound/Unsupported."""
         self._allow(restricted.passthrough_group(target), headers)
         return await self.backend.forward(method, target, headers, body)
+
+    async def generate(
+        self,
+        model: str,
+        version: str,
+        target: str,
+        body: Buffer,
+        headers: Headers,
+        stream: bool,
+    ) -> ForwardResponse | Mapped:
+        """A REST ``generate``/``generate_stream`` request: passed through to a backend that
+        has the extension, else mapped onto :meth:`stream_infer`
+        (:mod:`v2proxy.generate_stage`)."""
+        self._allow("inference", headers)
+        return await self.generation.run(model, version, target, body, headers, stream)
+
+    def generate_objects(
+        self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A generate body (a JSON object) sent through whichever way the backend takes it;
+        the answers as generate JSON objects (:meth:`GenerateStage.objects`)."""
+        self._allow("inference", headers)
+        return self.generation.objects(model, version, obj, headers, stream)
 
     # ------------------------------------------------------------------ shared memory
 

@@ -4,8 +4,9 @@
 Each endpoint is decoded here into a call of the one :class:`Pipeline` (health, metadata,
 config, statistics, repository, trace and log settings, ``/infer`` in all its wire forms: JSON,
 binary tensors, raw binary, gzip/deflate both ways — the /infer path is in
-:mod:`v2proxy.frontends.rest_infer`). Any other path (``generate``, ``generate_stream``,
-unknown ones) is passed through to the backend untouched and streamed back.
+:mod:`v2proxy.frontends.rest_infer`; ``generate`` and ``generate_stream`` in
+:mod:`v2proxy.frontends.rest_generate`). Any other path is passed through to the backend
+untouched and streamed back.
 
 Routing is one table of (path pattern, {method: handler}); a known path with the wrong method is
 405. Every ProxyError becomes ``{"error": message}`` with its status in exactly one place
@@ -28,7 +29,7 @@ from typing import Any
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
-from v2proxy.frontends import rest_infer, rest_shm
+from v2proxy.frontends import rest_generate, rest_infer, rest_shm
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
@@ -276,6 +277,8 @@ _BOTH = ("GET", "POST")
 #: (path pattern, {method: handler}, operation: the ``operation`` label of its metrics)
 ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
     (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}, "infer"),  # the hot one first
+    (re.compile(_M + "/generate"), {"POST": rest_generate.generate}, "generate"),
+    (re.compile(_M + "/generate_stream"), {"POST": rest_generate.generate_stream}, "generate"),
     (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}, "health"),
     (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}, "health"),
     (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}, "metadata"),

@@ -1,0 +1,139 @@
+"""``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` of the REST
+frontend: Triton's generate extension (reference/mindie-adaptation.md §2.1), whatever the
+backend (:mod:`v2proxy.generate_stage` decides between passing through and mapping).
+
+- A passed-through answer is written as the backend sends it, server-sent events one by one.
+- A mapped ``generate`` answers one JSON object (:mod:`v2proxy.codecs.generate`); a model that
+  answers other than once is Triton's 400 ``generate expects model to produce exactly 1
+  response...`` (Triton itself sends that with status 200).
+- A mapped ``generate_stream`` waits for the first response before it answers: an error until
+  then is a plain ``{"error"}`` answer with its status; then ``200 text/event-stream;
+  charset=utf-8`` and one ``data: {json}\\n\\n`` event per response, written as it comes; an
+  error after that is the event ``data: {"error": "..."}`` that ends the stream.
+
+While the answer waits for the backend's next piece, the client's connection is watched (every
+:data:`WATCH_S` seconds): a client that goes away ends the wait, and the backend's stream (or
+passed-through answer) is closed, which cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from v2proxy.codecs import generate as gc
+from v2proxy.errors import ProxyError
+from v2proxy.frontends.rest_infer import headers_of
+from v2proxy.generate_stage import single
+from v2proxy.http.request import ClientDisconnected, HttpRequest
+from v2proxy.model import InferResponse
+from v2proxy.ports import ForwardResponse
+
+if TYPE_CHECKING:
+    from v2proxy.frontends.rest import Answer, RestFrontend
+
+#: how often a stream waiting for the backend checks that its client is still there
+WATCH_S = 0.2
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", gc.SSE_CONTENT_TYPE)
+_END = object()
+
+
+async def generate(fe: RestFrontend, r: HttpRequest, m: Any) -> Answer:
+    return await _generate(fe, r, m, stream=False)
+
+
+async def generate_stream(fe: RestFrontend, r: HttpRequest, m: Any) -> Answer:
+    return await _generate(fe, r, m, stream=True)
+
+
+async def _generate(fe: RestFrontend, r: HttpRequest, m: Any, stream: bool) -> Answer:
+    body = await fe.read_body(r)
+    model, version = m.group("model") or "", m.group("version") or ""
+    target = r.target.decode("latin-1")
+    outcome = await fe.pipeline.generate(model, version, target, body, headers_of(r), stream)
+    if isinstance(outcome, ForwardResponse):
+        if outcome.content is None:
+            outcome.body = _watched(r, aiter(outcome.body))
+        return outcome
+    if not stream:
+        response = await single(outcome.responses)
+        return 200, [_JSON], gc.encode(gc.response_to_generate(response))
+    responses = outcome.responses
+    try:
+        first = await _next(r, responses)
+    except BaseException:
+        await _close(responses)
+        raise
+    if first is _END:  # no response at all: an empty stream
+        return 200, [_SSE], b""
+    events = _events(r, first, responses)
+    return ForwardResponse(200, [_SSE], events, release=events.aclose)
+
+
+async def _events(
+    r: HttpRequest, first: InferResponse, responses: AsyncIterator[InferResponse]
+) -> AsyncGenerator[bytes, None]:
+    """The SSE events of the responses; closing this closes (cancels) the backend stream."""
+    try:
+        yield gc.sse_event(gc.response_to_generate(first))
+        while True:
+            try:
+                item = await _next(r, responses)
+                if item is _END:
+                    return
+                event = gc.sse_event(gc.response_to_generate(item))
+            except ProxyError as exc:
+                yield gc.error_event(exc.message)
+                return
+            yield event
+    finally:
+        await _close(responses)
+
+
+async def _watched(r: HttpRequest, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A passed-through body, given up when the client goes away while it waits."""
+    try:
+        while True:
+            item = await _next(r, chunks)
+            if item is _END:
+                return
+            yield item
+    finally:
+        await _close(chunks)
+
+
+async def _step(it: AsyncIterator[Any]) -> Any:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return _END
+
+
+async def _next(r: HttpRequest, it: AsyncIterator[Any]) -> Any:
+    """The next item of ``it`` (``_END`` after the last); ClientDisconnected when the client
+    goes away first (the pending step is cancelled)."""
+    if r.disconnected:
+        raise ClientDisconnected("client went away")
+    task = asyncio.ensure_future(_step(it))
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=WATCH_S)
+            if done:
+                return task.result()
+            if r.disconnected:
+                raise ClientDisconnected("client went away")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _close(it: AsyncIterator[Any]) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()

@@ -1,0 +1,243 @@
+"""The generate extension through any backend (reference/mindie-adaptation.md §2.1): how a
+``generate`` / ``generate_stream`` request reaches the model server.
+
+- **Passed through** to a backend that has the extension: the client's body and headers go
+  unchanged to the backend's ``forward`` and its answer (JSON, or server-sent events as they
+  come) goes back unchanged.
+- **Mapped** for one that has not: the body becomes an :class:`InferRequest`
+  (:func:`v2proxy.codecs.generate.request_from_generate`, the model's inputs from its metadata)
+  run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
+  (gRPC ``ModelStreamInfer``, the builtin models in process).
+
+Which one is decided once per backend, on its first generate request: the request is
+forwarded; a backend that takes no REST requests (``forward`` raises NotFound/Unsupported, as
+the builtin and gRPC backends do) or answers 404/405 with no error of its own (``{"detail":
+"Not Found"}``, ``{"error": "Not Found"}``, a body that is no JSON: the route does not exist)
+has no generate extension, and that request and every later one are mapped. Probing the
+server's extensions list would not do: Triton does not list ``generate`` there.
+
+:meth:`GenerateStage.objects` is the same choice for a caller that holds a generate body as a
+JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
+frontend's ``generate`` profile).
+
+Pure: awaits the backend, imports no I/O library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from v2proxy.codecs import compression
+from v2proxy.codecs import generate as gc
+from v2proxy.codecs.json import loads
+from v2proxy.errors import BackendError, CodecError, InvalidRequest, NotFound, Unsupported
+from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.ports import Backend, ForwardResponse, Headers
+
+#: (model, version) -> (metadata, max_batch_size), cached by the pipeline
+MetadataFn = Callable[[str, str], Awaitable[tuple[dict[str, Any], int | None]]]
+#: the pipeline's stream operation
+StreamFn = Callable[[InferRequest, Headers], AsyncIterator[InferResponse]]
+
+#: headers of the client's generate request that do not describe the inference request
+_NOT_INFER = frozenset(
+    {b"content-type", b"content-encoding", b"content-length", b"accept", b"accept-encoding"}
+)
+#: the most of a 404/405 answer read to decide whether the route exists
+_PROBE_READ = 64 * 1024
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield  # pragma: no cover
+
+
+@dataclass(slots=True)
+class Mapped:
+    """A generate request mapped onto v2 inference: the request and its responses (not
+    started; closing the iterator cancels the backend call)."""
+
+    request: InferRequest
+    responses: AsyncIterator[InferResponse]
+
+
+def generate_target(model: str, version: str, stream: bool) -> str:
+    """The origin-form path of a generate request."""
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+    return path + ("/generate_stream" if stream else "/generate")
+
+
+async def single(responses: AsyncIterator[InferResponse]) -> InferResponse:
+    """The one response a (non-stream) generate request needs; Triton's message otherwise."""
+    got = [r async for r in responses]
+    if len(got) != 1:
+        raise InvalidRequest(gc.NOT_ONE_RESPONSE)
+    return got[0]
+
+
+async def read_answer(answer: ForwardResponse, limit: int) -> bytes:
+    """The whole body of a forwarded answer (at most ``limit`` bytes), which is released."""
+    try:
+        if answer.content is not None:
+            return bytes(answer.content[:limit])
+        out = bytearray()
+        async for chunk in answer.body:
+            out += chunk
+            if len(out) >= limit:
+                break
+        return bytes(out[:limit])
+    finally:
+        await answer.release()
+
+
+def _route_missing(body: bytes) -> bool:
+    """Whether a 404/405 answer says the path does not exist (rather than, say, the model)."""
+    try:
+        obj = loads(body, "error")
+    except CodecError:
+        return True
+    if not isinstance(obj, dict):
+        return True
+    error = obj.get("error")
+    return not isinstance(error, str) or error == "Not Found"
+
+
+def _error_of(body: bytes, status: int) -> str:
+    """The message of a backend's generate error answer (JSON or one SSE event)."""
+    try:
+        events = gc.SseParser().feed(body + b"\n\n") if body.startswith(b"data:") else []
+        obj = events[0] if events else loads(body, "error")
+    except CodecError:
+        return body.decode("utf-8", "replace").strip()[:1000] or f"backend answered HTTP {status}"
+    if isinstance(obj, dict):
+        for key in ("error", "detail", "message"):
+            if key in obj:
+                return str(obj[key])
+    return str(obj)[:1000]
+
+
+class GenerateStage:
+    """Serves generate requests through one backend (module docstring); one per pipeline."""
+
+    def __init__(
+        self, backend: Backend, metadata: MetadataFn, stream: StreamFn, max_input_size: int
+    ) -> None:
+        self.backend = backend
+        self._metadata = metadata
+        self._stream = stream
+        self.max_input_size = max_input_size
+        #: whether the backend has the generate extension (None: not known yet)
+        self.native: bool | None = None
+
+    async def run(
+        self, model: str, version: str, target: str, body: Buffer, headers: Headers, stream: bool
+    ) -> ForwardResponse | Mapped:
+        """A client's generate request (``target``: its origin-form path, ``body`` as sent):
+        the backend's answer passed through, or the request mapped onto v2 inference."""
+        if self.native is not False:
+            answer = await self._forward(target, headers, body)
+            if answer is not None:
+                return answer
+        encoding = next((v for k, v in headers if k == b"content-encoding"), None)
+        data = compression.decompress(
+            body, None if encoding is None else encoding.decode("latin-1"), self.max_input_size
+        )
+        return await self.map(model, version, gc.parse_body(data), headers)
+
+    async def map(self, model: str, version: str, obj: dict[str, Any], headers: Headers) -> Mapped:
+        """A generate body mapped onto the pipeline's inference (errors named by field)."""
+        metadata, _ = await self._metadata(model, version)
+        request = gc.request_from_generate(obj, model, version, metadata, self.max_input_size)
+        sent = [(k, v) for k, v in headers if k not in _NOT_INFER]
+        return Mapped(request, self._stream(request, sent))
+
+    async def _forward(self, target: str, headers: Headers, body: Buffer) -> ForwardResponse | None:
+        """The backend's answer, or None when it has no generate extension (remembered)."""
+        try:
+            answer = await self.backend.forward("POST", target, headers, body)
+        except (NotFound, Unsupported):  # a backend that takes no REST requests
+            self.native = False
+            return None
+        if answer.status not in (404, 405):
+            self.native = True
+            return answer
+        content = await read_answer(answer, _PROBE_READ)
+        if _route_missing(content):
+            self.native = False
+            return None
+        self.native = True
+        return ForwardResponse(
+            answer.status, answer.headers, _no_chunks(), content=content, length=len(content)
+        )
+
+    async def objects(
+        self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Send the generate body ``obj`` for ``model`` to the backend, passed through or
+        mapped, and yield its answers as generate JSON objects: one for ``stream`` False, one
+        per response (SSE event) otherwise. Errors are raised as ProxyError: the backend's
+        error answers as :class:`BackendError` with their status (an error event in a stream
+        as status 500). ``headers``: the end-to-end headers sent on. Closing the iterator
+        early releases the backend's answer or cancels its stream."""
+        if self.native is not False:
+            out = [(k, v) for k, v in headers if k not in _NOT_INFER]
+            out.append((b"content-type", b"application/json"))
+            answer = await self._forward(
+                generate_target(model, version, stream), out, gc.encode(obj)
+            )
+            if answer is not None:
+                async for item in self._answers(answer, stream):
+                    yield item
+                return
+        mapped = await self.map(model, version, obj, headers)
+        if not stream:
+            yield gc.response_to_generate(await single(mapped.responses))
+            return
+        responses = mapped.responses
+        try:
+            async for response in responses:
+                yield gc.response_to_generate(response)
+        finally:
+            aclose = getattr(responses, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _answers(
+        self, answer: ForwardResponse, stream: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The generate objects of a passed-through answer."""
+        if answer.status != 200 or not stream:
+            body = await read_answer(answer, self.max_input_size)
+            if answer.status != 200:
+                raise BackendError(_error_of(body, answer.status), answer.status)
+            obj = loads(body, "generate answer")
+            if not isinstance(obj, dict):
+                raise BackendError("the backend's generate answer is not a JSON object", 502)
+            if "error" in obj:  # Triton answers some errors with 200
+                raise BackendError(str(obj["error"]), 400)
+            yield obj
+            return
+        parser = gc.SseParser()
+        chunks = answer.body if answer.content is None else _one(bytes(answer.content))
+        try:
+            async for chunk in chunks:
+                for event in parser.feed(chunk):
+                    yield _checked(event)
+            for event in parser.close():
+                yield _checked(event)
+        finally:
+            await answer.release()
+
+
+async def _one(content: bytes) -> AsyncIterator[bytes]:
+    yield content
+
+
+def _checked(event: Any) -> dict[str, Any]:
+    if not isinstance(event, dict):
+        raise BackendError("an event of the backend's generate stream is not a JSON object", 502)
+    if "error" in event:
+        raise BackendError(str(event["error"]), 500)
+    return event
