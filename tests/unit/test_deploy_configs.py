@@ -17,6 +17,7 @@ CASES = [
     ("mlserver.yaml", "http", "json"),
     ("grpc-bridge.yaml", "grpc", "auto"),
     ("mindie.yaml", "grpc", "auto"),
+    ("mindie-backend.yaml", "mindie", "auto"),
 ]
 
 
@@ -45,3 +46,9 @@ def test_mindie_example() -> None:
         "trtllm",
         256,
     )
+
+
+def test_mindie_backend_example() -> None:
+    s = load_settings({}, str(DEPLOY / "mindie-backend.yaml"), env={})
+    assert (s.backend.kind, s.backend.url, s.backend_timeout) == ("mindie", "127.0.0.1:1025", 600)
+    assert s.mindie is not None and s.mindie.model == "llm"
