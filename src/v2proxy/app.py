@@ -33,7 +33,13 @@ from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics import SHM_BYTES, SHM_REGIONS, SHM_STAGING, SHM_TENSORS
+from v2proxy.metrics import (
+    SHM_BYTES,
+    SHM_REGIONS,
+    SHM_STAGED_BYTES,
+    SHM_STAGING,
+    SHM_TENSORS,
+)
 from v2proxy.metrics_export import (
     AnyMetrics,
     Metrics,
@@ -63,10 +69,13 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             connect_timeout=settings.backend_connect_timeout,
             connections=settings.backend_connections,
         )
-    counts = None
+    counts = staged = None
     if isinstance(metrics, Metrics):
         counts = {r: metrics.store(SHM_STAGING).child(r) for r in ("hit", "miss", "fallback")}
-    staging = Stager(settings.backend_shm, settings.backend_shm_threshold, counts=counts)
+        staged = {d: metrics.store(SHM_STAGED_BYTES).child(d) for d in ("input", "output")}
+    staging = Stager(
+        settings.backend_shm, settings.backend_shm_threshold, counts=counts, staged_bytes=staged
+    )
     if target.kind == "grpc":
         return GrpcBackend(
             target.url,

@@ -138,6 +138,13 @@ SHM_STAGING = Family(
     " the backend refused staged tensors (fallback).",
     ("result",),  # hit | miss | fallback
 )
+SHM_STAGED_BYTES = Family(
+    "v2proxy_shm_staged_bytes_total",
+    "counter",
+    "Tensor bytes that went through the backend's shared memory instead of its socket"
+    " (--backend-shm): inputs written to, outputs read from v2proxy's staging regions.",
+    ("direction",),  # input | output
+)
 # Filled by the MindIE adapter (issue "MindIE").
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
@@ -169,6 +176,7 @@ FAMILIES = (
     SHM_BYTES,
     SHM_TENSORS,
     SHM_STAGING,
+    SHM_STAGED_BYTES,
     TTFT,
     TPOT,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 Buffer = bytes | bytearray | memoryview
 
@@ -59,6 +59,15 @@ class Tensor:
     in_shm: bool = False
 
 
+class OutputSink(Protocol):
+    """Where the client wants an output written (its shared-memory region): ``capacity`` bytes
+    at most; :meth:`write` checks the size and the destination and copies ``data`` there."""
+
+    capacity: int
+
+    def write(self, data: Buffer) -> None: ...
+
+
 @dataclass(slots=True)
 class RequestedOutput:
     """An entry of the request's ``outputs`` list: a name and its parameters
@@ -66,6 +75,9 @@ class RequestedOutput:
 
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: the client's shared-memory destination, set by the shm stage (a backend that can fill
+    #: it straight from its own staging region saves a copy; the tensor is then ``in_shm``)
+    sink: OutputSink | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,9 @@ Contract:
 - Inputs become views into the region (no copy); their shm parameters are dropped, so the backend
   sees ordinary tensors. Outputs in shm lose their shm parameters too: the backend is asked for
   them normally and :meth:`Use.write_outputs` copies its answer into the region, marking the
-  tensor ``in_shm`` (REST: name, datatype, shape only; gRPC: an empty raw slot).
+  tensor ``in_shm`` (REST: name, datatype, shape only; gRPC: an empty raw slot). Each such
+  output also carries a ``sink`` (its place in the region, with the same checks), so that a
+  backend that staged it in its own shared memory copies it across once, marking it ``in_shm``.
 - Every offset and size is checked with Triton's rules and texts before memory is touched
   (:func:`locate`: offset, integer overflow against 2^64-1, end), and each region's object is
   checked to still hold the registered bytes (:meth:`Region.check`, an ``fstat``) right before
@@ -201,28 +203,49 @@ class Use:
 
     def write_outputs(self, response: InferResponse) -> None:
         """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500
-        text otherwise) and the region's object checked to still be whole."""
+        text otherwise) and the region's object checked to still be whole. Outputs a backend
+        already wrote through their sink are ``in_shm`` and skipped."""
         written = 0
         for t in response.outputs:
             target = self.outputs.get(t.name)
             if target is None or t.in_shm:
                 continue
-            region, offset, size = target
-            n = memoryview(t.data).nbytes
-            if n > size:
-                raise ProxyError(
-                    f"shared memory size specified with the request for output '{t.name}'"
-                    f" ({size} bytes) should be at least {n} bytes to hold the results"
-                )
-            if n:
-                region.check()
-                region.write(offset, t.data)
+            _write(t.name, *target, t.data)
             t.data = b""
             t.parameters = {}
             t.in_shm = True
             written += 1
         if written:
             self.regions.served("output", written)
+
+
+def _write(name: str, region: Region, offset: int, size: int, data: Buffer) -> None:
+    n = memoryview(data).nbytes
+    if n > size:
+        raise ProxyError(
+            f"shared memory size specified with the request for output '{name}'"
+            f" ({size} bytes) should be at least {n} bytes to hold the results"
+        )
+    if n:
+        region.check()
+        region.write(offset, data)
+
+
+class _Sink:
+    """An output's place in the client's region, as :attr:`RequestedOutput.sink`."""
+
+    __slots__ = ("capacity", "name", "offset", "region", "regions")
+
+    def __init__(self, name: str, region: Region, offset: int, size: int, regions: Regions):
+        self.name = name
+        self.region = region
+        self.offset = offset
+        self.capacity = size
+        self.regions = regions
+
+    def write(self, data: Buffer) -> None:
+        _write(self.name, self.region, self.offset, self.capacity, data)
+        self.regions.served("output", 1)
 
 
 def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
@@ -257,6 +280,7 @@ def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
             region = use.acquire(name)
             locate(name, region.byte_size, offset, size)
             use.outputs[o.name] = (region, offset, size)
+            o.sink = _Sink(o.name, region, offset, size, regions)
             o.parameters = _without_shm(o.parameters)
             o.parameters.pop("binary_data", None)
     except BaseException:

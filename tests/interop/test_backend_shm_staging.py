@@ -17,6 +17,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from procs import Proc, v2proxy
 from test_metrics_workers import _scrape, _sum
+from tritonclient.utils import InferenceServerException
 
 STAGING = "v2proxy_shm_staging_total"
 MiB = 1024 * 1024
@@ -123,6 +124,65 @@ def test_client_shm_input_is_staged(staged: Proc) -> None:
             client.unregister_system_shared_memory("stage_in")
         client.close()
         shm.destroy_shared_memory_region(handle)
+
+
+def _staged_bytes(p: Proc) -> dict[str, float]:
+    samples = _scrape(p.port)
+    return {
+        d: _sum(samples, "v2proxy_shm_staged_bytes_total", direction=d) for d in ("input", "output")
+    }
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_client_shm_output_of_open_shape_is_staged(staged: Proc, kind: str) -> None:
+    """A client's shm input and output in front of Triton (OUTPUT0 has shape [-1]): the client's
+    output region bounds the answer, so the output is staged too and copied once into it; a
+    region too small for the answer gets the proxy's error and the proxy keeps staging."""
+    mod = httpclient if kind == "http" else grpcclient
+    data = np.random.default_rng(4).standard_normal(MiB // 4).astype(np.float32)
+    key_in, key_out = (f"/v2proxy_test_st{d}_{kind}_{os.getpid()}" for d in ("in", "out"))
+    h_in = shm.create_shared_memory_region("st_in", key_in, data.nbytes)
+    h_out = shm.create_shared_memory_region("st_out", key_out, data.nbytes)
+    client = mod.InferenceServerClient(staged.url if kind == "http" else staged.grpc_url)
+    try:
+        shm.set_shared_memory_region(h_in, [data])
+        client.register_system_shared_memory("st_in", key_in, data.nbytes)
+        client.register_system_shared_memory("st_out", key_out, data.nbytes)
+        inp = mod.InferInput("INPUT0", [data.size], "FP32")
+        inp.set_shared_memory("st_in", data.nbytes)
+        out = mod.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("st_out", data.nbytes)
+        before = _staged_bytes(staged)
+        result = client.infer("identity_fp32", [inp], outputs=[out])
+        answered = result.get_output("OUTPUT0")
+        shape = answered["shape"] if kind == "http" else list(answered.shape)
+        assert shape == [data.size]
+        got = shm.get_contents_as_numpy(h_out, np.float32, [data.size])
+        assert np.array_equal(got, data)
+        after = _staged_bytes(staged)
+        assert after["input"] - before["input"] == data.nbytes
+        assert after["output"] - before["output"] == data.nbytes
+
+        small = mod.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory("st_out", data.nbytes // 2)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("identity_fp32", [inp], outputs=[small])
+        assert (
+            "shared memory size specified with the request for output 'OUTPUT0'"
+            f" ({data.nbytes // 2} bytes) should be at least {data.nbytes} bytes to hold the"
+            " results"
+        ) in str(caught.value)
+        assert "request id" not in str(caught.value)
+        before = _staged_bytes(staged)
+        client.infer("identity_fp32", [inp], outputs=[out])  # still staged
+        assert _staged_bytes(staged)["output"] - before["output"] == data.nbytes
+    finally:
+        for name in ("st_in", "st_out"):
+            with contextlib.suppress(Exception):
+                client.unregister_system_shared_memory(name)
+        client.close()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
 
 
 def test_off_never_stages(triton_url: str) -> None:

@@ -12,7 +12,7 @@ import posix_ipc
 import pytest
 
 from v2proxy.backends.staging import Stager
-from v2proxy.errors import BackendError
+from v2proxy.errors import BackendError, ProxyError
 from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.shm.staging import MIN_REGION, StagingPool, region_size
 
@@ -39,9 +39,12 @@ def test_pool_sizes_reuse_bound_and_unlink() -> None:
 
 
 class FakePort:
-    def __init__(self, extensions: list[str], refuse: bool = False) -> None:
+    def __init__(
+        self, extensions: list[str], refuse: bool = False, out_shape: list[int] | None = None
+    ) -> None:
         self.extensions = extensions
         self.refuse = refuse
+        self.out_shape = [1, 32768] if out_shape is None else out_shape
         self.regions: dict[str, str] = {}
         self.sent: list[InferRequest] = []
 
@@ -49,7 +52,7 @@ class FakePort:
         return {"extensions": self.extensions}
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
-        return {"outputs": [{"name": "OUT", "datatype": "FP32", "shape": [1, 32768]}]}
+        return {"outputs": [{"name": "OUT", "datatype": "FP32", "shape": self.out_shape}]}
 
     async def register_staging(self, name: str, key: str, byte_size: int) -> None:
         self.regions[name] = key
@@ -72,6 +75,14 @@ class FakePort:
                 out = request.outputs[0] if request.outputs else None
                 if out is not None and "shared_memory_region" in out.parameters:
                     o = out.parameters["shared_memory_offset"]
+                    room = out.parameters["shared_memory_byte_size"]
+                    if room < len(data):  # Triton's text, with its request-id prefix
+                        raise BackendError(
+                            "[request id: <id_unknown>] shared memory size specified with the"
+                            f" request for output 'OUT' ({room} bytes) should be at least"
+                            f" {len(data)} bytes to hold the results",
+                            400,
+                        )
                     m[o : o + len(data)] = data
                     data = b""
         else:
@@ -139,5 +150,64 @@ def test_stager_off_and_small() -> None:
         await Stager("off", 64 * 1024).infer(port, _request(), port.send)
         await Stager("auto", 1024 * 1024).infer(port, _request(), port.send)
         assert port.regions == {} and all(r.inputs[0].data for r in port.sent)
+
+    asyncio.run(run())
+
+
+class Sink:
+    """The client's region as the shm stage hands it over (:class:`v2proxy.model.OutputSink`)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.written: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+
+@pytest.mark.parametrize("room", [128 * 1024, 256 * 1024])
+def test_open_shape_output_staged_into_client_sink(room: int) -> None:
+    """An output of open shape is staged when the client asked it into its own region, whose
+    size bounds it; the answer is copied once, from the staging region into that sink."""
+
+    async def run() -> None:
+        port = FakePort(["system_shared_memory"], out_shape=[-1, -1])
+        stager = Stager("auto", 64 * 1024)
+        sink = Sink(room)
+        req = _request()
+        req.outputs = [RequestedOutput("OUT", {}, sink)]
+        resp = await stager.infer(port, req, port.send)
+        sent = port.sent[-1].outputs
+        assert sent is not None and sent[0].parameters["shared_memory_byte_size"] == room
+        assert sent[0].parameters["shared_memory_offset"] == 128 * 1024
+        out = resp.outputs[0]
+        assert out.in_shm and out.data == b"" and out.parameters == {}
+        assert sink.written == [bytes(_request().inputs[0].data)]
+        # without a sink the open shape is not staged: the output crosses the socket
+        req = _request()
+        req.outputs = [RequestedOutput("OUT")]
+        resp = await stager.infer(port, req, port.send)
+        assert "shared_memory_region" not in port.sent[-1].outputs[0].parameters  # type: ignore[index]
+        assert bytes(resp.outputs[0].data) == bytes(_request().inputs[0].data)
+        await stager.close(port)
+
+    asyncio.run(run())
+
+
+def test_open_shape_sink_too_small_is_the_clients_error() -> None:
+    async def run() -> None:
+        port = FakePort(["system_shared_memory"], out_shape=[-1])
+        stager = Stager("auto", 64 * 1024)
+        req = _request()
+        req.outputs = [RequestedOutput("OUT", {}, Sink(64 * 1024))]
+        with pytest.raises(ProxyError) as caught:
+            await stager.infer(port, req, port.send)
+        assert type(caught.value) is ProxyError
+        assert caught.value.message == (
+            "shared memory size specified with the request for output 'OUT' (65536 bytes)"
+            " should be at least 131072 bytes to hold the results"
+        )
+        assert stager.usable is True  # not taken for a refusal of staging
+        await stager.close(port)
 
     asyncio.run(run())

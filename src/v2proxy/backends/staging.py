@@ -10,14 +10,19 @@ the backend, so that they never cross the socket (REST and gRPC backends alike).
 - A staged request borrows one pooled region (:mod:`v2proxy.shm.staging`): inputs of at least
   the threshold are copied into it at aligned offsets and sent as ``shared_memory_region``,
   ``shared_memory_offset``, ``shared_memory_byte_size``; outputs of at least the threshold whose
-  size the model metadata fixes (every dimension known, fixed-size datatype; not classification)
-  are requested into it, and copied out of it once the answer is read. Then the region goes back
-  to the pool. A request that does not fit the pool is sent as it is.
+  size is known are requested into it: the model metadata fixes it (every dimension known,
+  fixed-size datatype; not classification), or, for an open shape of a fixed-size datatype, the
+  client asked the output into its own shared memory (:attr:`RequestedOutput.sink`), whose size
+  bounds the answer (the backend answers Triton's "should be at least" error otherwise, passed
+  on as the proxy's own). Once the answer is read, staged outputs are copied out of the region:
+  straight into the client's region when it has one (one copy), else into the response. Then
+  the region goes back to the pool. A request that does not fit the pool is sent as it is.
 - Relayed requests never come here: only the backends' ``infer`` stages.
 - A backend that refuses staged tensors (an error naming shared memory, or a failed register)
   gets the request again with its data, and no staging from then on (logged once).
 - :meth:`Stager.close` unlinks the pool's objects and unregisters them from the backend.
-- Counted (``v2proxy_shm_staging_total{result}``): ``hit`` (a request staged), ``miss`` (a
+- Counted (``v2proxy_shm_staged_bytes_total{direction}``: the bytes that went through the
+  regions; ``v2proxy_shm_staging_total{result}``): ``hit`` (a request staged), ``miss`` (a
   request with an input over the threshold sent over the socket), ``fallback`` (a refusal).
 """
 
@@ -38,7 +43,14 @@ from v2proxy.errors import (
     GatewayTimeout,
     ProxyError,
 )
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.model import (
+    Datatype,
+    InferRequest,
+    InferResponse,
+    OutputSink,
+    RequestedOutput,
+    Tensor,
+)
 from v2proxy.shm.staging import MIN_REGION, StagingPool, StagingRegion, aligned
 
 log = logging.getLogger(__name__)
@@ -73,8 +85,16 @@ Send = Callable[[InferRequest], Awaitable[InferResponse]]
 class _Plan:
     region: StagingRegion
     request: InferRequest
-    #: staged outputs: name -> (offset, capacity)
-    outputs: dict[str, tuple[int, int]]
+    #: staged outputs: name -> (offset, capacity, the client's destination or None)
+    outputs: dict[str, tuple[int, int, OutputSink | None]]
+    #: bytes of the staged inputs
+    in_bytes: int
+
+
+#: a metadata output whose size nothing bounds (BYTES, or a datatype v2proxy does not know)
+UNBOUNDED = -1
+#: Triton's text when an output does not fit the shared memory it was asked into
+TOO_SMALL = "should be at least"
 
 
 def _nbytes(t: Tensor) -> int:
@@ -82,13 +102,16 @@ def _nbytes(t: Tensor) -> int:
 
 
 def _fixed_size(entry: Any) -> int | None:
-    """Bytes of a metadata output whose shape and datatype fix its size, else None."""
+    """Bytes of a metadata output whose shape and datatype fix its size; None when only the
+    shape is open; :data:`UNBOUNDED` for BYTES or what cannot be read."""
     try:
         datatype = Datatype(entry.get("datatype"))
         shape = [int(d) for d in entry.get("shape", ())]
     except (ValueError, TypeError, AttributeError):
-        return None
-    if datatype is Datatype.BYTES or any(d < 0 for d in shape):
+        return UNBOUNDED
+    if datatype is Datatype.BYTES:
+        return UNBOUNDED
+    if any(d < 0 for d in shape):
         return None
     n = ITEM_SIZE[datatype]
     for d in shape:
@@ -105,11 +128,14 @@ class Stager:
         threshold: int,
         max_bytes: int = POOL_MAX,
         counts: dict[str, Cell] | None = None,
+        staged_bytes: dict[str, Cell] | None = None,
     ) -> None:
         self.mode = mode
         self.threshold = threshold
         self.max_bytes = max_bytes
         self.counts = counts
+        #: "input" / "output" -> bytes that went through the staging regions
+        self.staged_bytes = staged_bytes
         #: whether the backend takes staged tensors (None: not asked yet)
         self.usable: bool | None = False if mode == "off" else None
         self.pool: StagingPool | None = None
@@ -145,12 +171,20 @@ class Stager:
             except ProxyError as exc:
                 if isinstance(exc, _NOT_A_REFUSAL) or "shared memory" not in exc.message.lower():
                     raise
+                if TOO_SMALL in exc.message and plan.outputs:
+                    # the client's region is too small for the answer (the staged place has
+                    # its size): the client's error, in the words the proxy uses for it
+                    _, sep, text = exc.message.partition("shared memory size")
+                    raise ProxyError(sep + text) from None
                 keep = False
                 await self._refused(port, f"refused staged tensors: {exc.message}")
                 self._count("fallback")
                 return await send(request)
             self._count("hit")
-            self._read_outputs(plan, response)
+            out = self._read_outputs(plan, response)
+            if self.staged_bytes is not None:
+                self.staged_bytes["input"].inc(plan.in_bytes)
+                self.staged_bytes["output"].inc(out)
             return response
         finally:
             if self.pool is not None:
@@ -233,19 +267,26 @@ class Stager:
         threshold = self.threshold
         offset = 0
         in_offsets: dict[int, int] = {}
+        offset_in = 0
         for i, t in enumerate(request.inputs):
-            if _nbytes(t) >= threshold:
+            n = _nbytes(t)
+            if n >= threshold:
                 in_offsets[i] = offset
-                offset = aligned(offset + _nbytes(t))
+                offset = aligned(offset + n)
+                offset_in += n
         sizes = await self._output_sizes(port, request)
         listed = request.outputs
         wanted = [RequestedOutput(name) for name in sizes] if listed is None else list(listed)
-        out_offsets: dict[str, tuple[int, int]] = {}
+        out_offsets: dict[str, tuple[int, int, OutputSink | None]] = {}
         for o in wanted:
-            n = sizes.get(o.name)
-            if n is not None and n >= threshold and "classification" not in o.parameters:
-                out_offsets[o.name] = (offset, n)
-                offset = aligned(offset + n)
+            if o.name not in sizes or "classification" in o.parameters:
+                continue
+            size = sizes[o.name]
+            if size is None and o.sink is not None:
+                size = o.sink.capacity
+            if size is not None and size >= threshold:
+                out_offsets[o.name] = (offset, size, o.sink)
+                offset = aligned(offset + size)
         pool = self.pool
         if pool is None:
             return None
@@ -276,10 +317,10 @@ class Stager:
             outputs = []
             for o in wanted:
                 if o.name in out_offsets:
-                    off, n = out_offsets[o.name]
+                    off, n, _ = out_offsets[o.name]
                     params = {k: v for k, v in o.parameters.items() if k != "binary_data"}
                     params.update({REGION: region.name, OFFSET: off, SIZE: n})
-                    outputs.append(RequestedOutput(o.name, params))
+                    outputs.append(RequestedOutput(o.name, params, o.sink))
                 else:
                     outputs.append(o)
         staged = InferRequest(
@@ -290,16 +331,18 @@ class Stager:
             parameters=request.parameters,
             model_version=request.model_version,
         )
-        return _Plan(region, staged, out_offsets)
+        return _Plan(region, staged, out_offsets, offset_in)
 
     @staticmethod
-    def _read_outputs(plan: _Plan, response: InferResponse) -> None:
-        """Copy the staged outputs out of the region into the response."""
+    def _read_outputs(plan: _Plan, response: InferResponse) -> int:
+        """Copy the staged outputs out of the region: into the client's region when it asked
+        for one, else into the response. Returns the bytes copied."""
+        total = 0
         for t in response.outputs:
             where = plan.outputs.get(t.name)
             if where is None:
                 continue
-            off, capacity = where
+            off, capacity, sink = where
             n = ITEM_SIZE.get(t.datatype, 0)
             for d in t.shape:
                 n *= d
@@ -308,9 +351,17 @@ class Stager:
                     f"invalid inference response from backend: output '{t.name}' was asked"
                     f" into shared memory ({capacity} bytes) but answered {n} bytes otherwise"
                 )
-            t.data = plan.region.read(off, n)
             for k in (REGION, OFFSET, SIZE):
                 t.parameters.pop(k, None)
+            total += n
+            if sink is None:
+                t.data = plan.region.read(off, n)
+                continue
+            sink.write(plan.region.view(off, n))
+            t.data = b""
+            t.parameters = {}
+            t.in_shm = True
+        return total
 
     async def close(self, port: StagingPort) -> None:
         """Unlink every region and unregister them from the backend (at shutdown)."""

@@ -72,6 +72,10 @@ class StagingRegion:
         src = memoryview(data).cast("B")
         self._view[offset : offset + src.nbytes] = src
 
+    def view(self, offset: int, size: int) -> memoryview:
+        """``size`` bytes at ``offset``, not copied (valid while the region is lent)."""
+        return self._view[offset : offset + size]
+
     def read(self, offset: int, size: int) -> bytes:
         """A copy of ``size`` bytes at ``offset`` (the region goes back to the pool after)."""
         return bytes(self._view[offset : offset + size])
