@@ -10,9 +10,9 @@ Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total``
   everything else (unknown models named by clients never become labels);
 - ``operation``: infer, stream_infer, health, metadata, side, passthrough (frontends), the
   :class:`~v2proxy.ports.Backend` method name (backend);
-- ``frontend``: rest | grpc; ``backend``: builtin | rest | grpc; ``code_class``: 2xx | 4xx |
-  5xx (gRPC errors by their HTTP equivalent, :func:`code_class`); ``wire``: json | binary | raw |
-  grpc; ``error``: the error class's kind (:func:`error_kind`).
+- ``frontend``: rest | grpc; ``backend``: builtin | rest | grpc | mindie; ``code_class``: 2xx |
+  4xx | 5xx (gRPC errors by their HTTP equivalent, :func:`code_class`); ``wire``: json | binary |
+  raw | grpc; ``error``: the error class's kind (:func:`error_kind`).
 
 The hot path never touches prometheus_client: a request adds to plain cells (:class:`Counter`,
 :class:`Gauge`, :class:`Histogram`, a bisect per observation, no locks: everything runs on the
