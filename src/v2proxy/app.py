@@ -152,7 +152,12 @@ def build_rest(
     if metrics is None:
         metrics = build_metrics(settings)
     return RestFrontend(
-        pipeline, settings.max_input_size, settings.max_body_size, metrics, settings.access_log
+        pipeline,
+        settings.max_input_size,
+        settings.max_body_size,
+        metrics,
+        settings.access_log,
+        mindie=settings.mindie,
     )
 
 

@@ -145,20 +145,27 @@ SHM_STAGED_BYTES = Family(
     " (--backend-shm): inputs written to, outputs read from v2proxy's staging regions.",
     ("direction",),  # input | output
 )
-# Filled by the MindIE adapter (issue "MindIE").
+# Filled by the MindIE adapter (issue "MindIE"); ``direction``: frontend (MindIE clients on
+# POST /infer, a v2 model behind) | backend (v2 clients, a MindIE server behind).
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
     "histogram",
-    "MindIE /infer: time from the request to its first generated token.",
-    ("model",),
+    "MindIE streams: time from the request to its first generated token.",
+    ("model", "direction"),
     TOKEN_BUCKETS,
 )
 TPOT = Family(
     "v2proxy_mindie_time_per_output_token_seconds",
     "histogram",
-    "MindIE /infer: time between generated tokens after the first.",
-    ("model",),
+    "MindIE streams: time between generated tokens after the first.",
+    ("model", "direction"),
     TOKEN_BUCKETS,
+)
+TOKENS = Family(
+    "v2proxy_mindie_generated_tokens_total",
+    "counter",
+    "MindIE requests: tokens generated (as the backend reports them, else counted).",
+    ("model", "direction"),
 )
 
 FAMILIES = (
@@ -179,6 +186,7 @@ FAMILIES = (
     SHM_STAGED_BYTES,
     TTFT,
     TPOT,
+    TOKENS,
 )
 
 # ---------------------------------------------------------------------- label values

@@ -21,7 +21,10 @@ from v2proxy.metrics import (
     REQUEST_BYTES,
     REQUESTS,
     RESPONSE_BYTES,
+    TOKENS,
+    TPOT,
     TRANSCODE,
+    TTFT,
     WIRES,
     Counter,
     Histogram,
@@ -148,3 +151,36 @@ class BackendRecorder:
                 )
             if kind is not None:
                 self._metrics.store(BACKEND_ERRORS).child(op, self.backend, kind).inc()
+
+
+class TokenRecorder:
+    """What a MindIE adapter records per request (``direction``: frontend | backend, see
+    :mod:`v2proxy.metrics`): time to the first token, time per later token, tokens generated."""
+
+    def __init__(self, metrics: AnyMetrics, direction: str) -> None:
+        self.direction = direction
+        self._metrics = metrics if isinstance(metrics, Metrics) else None
+        self._cells: dict[str, tuple[Any, Any, Any]] = {}
+
+    def _of(self, model: str) -> tuple[Any, Any, Any]:
+        cells = self._cells.get(model)
+        if cells is None:
+            m = self._metrics
+            if m is None:
+                return NULL, NULL, NULL
+            label, d = m.models.label(model, True), self.direction
+            cells = self._cells[model] = (
+                m.store(TTFT).child(label, d),
+                m.store(TPOT).child(label, d),
+                m.store(TOKENS).child(label, d),
+            )
+        return cells
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self._of(model)[0].observe(seconds)
+
+    def next_token(self, model: str, seconds: float) -> None:
+        self._of(model)[1].observe(seconds)
+
+    def generated(self, model: str, tokens: int) -> None:
+        self._of(model)[2].inc(tokens)

@@ -5,8 +5,9 @@ Each endpoint is decoded here into a call of the one :class:`Pipeline` (health, 
 config, statistics, repository, trace and log settings, ``/infer`` in all its wire forms: JSON,
 binary tensors, raw binary, gzip/deflate both ways — the /infer path is in
 :mod:`v2proxy.frontends.rest_infer`; ``generate`` and ``generate_stream`` in
-:mod:`v2proxy.frontends.rest_generate`). Any other path is passed through to the backend
-untouched and streamed back.
+:mod:`v2proxy.frontends.rest_generate`; MindIE's native ``POST /infer`` in
+:mod:`v2proxy.frontends.mindie`). Any other path is passed through to the backend untouched and
+streamed back.
 
 Routing is one table of (path pattern, {method: handler}); a known path with the wrong method is
 405. Every ProxyError becomes ``{"error": message}`` with its status in exactly one place
@@ -28,8 +29,10 @@ from typing import Any
 
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
+from v2proxy.config_sections import MindieSettings
 from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
 from v2proxy.frontends import rest_generate, rest_infer, rest_shm
+from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
@@ -78,6 +81,7 @@ class RestFrontend:
         max_body_size: int,
         metrics: AnyMetrics | None = None,
         access_log: bool = False,
+        mindie: MindieSettings | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.max_input_size = max_input_size
@@ -86,6 +90,8 @@ class RestFrontend:
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
         #: body sizes of chunked requests, read by read_body, taken by dispatch
         self._chunked_sizes: dict[HttpRequest, int] = {}
+        #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
+        self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors; then record the request
@@ -267,6 +273,10 @@ class RestFrontend:
         body = await self.read_body(request)
         return await self.pipeline.passthrough(request.method, target, headers_of(request), body)
 
+    async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
+        """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`)."""
+        return await self.mindie.infer(await self.read_body(r), headers_of(r))
+
     async def not_allowed(self, _r: HttpRequest, _m: Any) -> Answer:
         return json_answer(405, {"error": "Method Not Allowed"})
 
@@ -308,6 +318,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
         "metadata",
     ),
     *rest_shm.ROUTES,
+    (re.compile(r"/infer"), {"POST": RestFrontend.mindie_infer}, "mindie"),
 ]
 
 

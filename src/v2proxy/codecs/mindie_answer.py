@@ -1,0 +1,228 @@
+"""What a v2 backend answers, read as generated text, and MindIE's answers written from it
+(reference mindie-adaptation.md §1.3, §1.4, §2.1, §4.4-4.6, §6).
+
+Reading: each backend response becomes a :class:`Chunk` (its text, the tokens it reports, its
+finish reason) whether it came as a v2 :class:`~v2proxy.model.InferResponse` (gRPC stream,
+v2 infer, builtin) or as a generate-extension JSON object (``/generate`` or one event of
+``/generate_stream``, parsed by :class:`SseReader`, lenient about ``data:`` with or without a
+space and ``\\n\\n`` or ``\\r\\n\\r\\n`` separators). A ``{"error": ...}`` object is the
+backend failing (:class:`~v2proxy.errors.BackendError`).
+
+Writing (MindIE's shapes exactly): the non-stream body ``{"generated_text", "details"?}``;
+stream events ``data: <json>\\n\\n`` (token events with ``prefill_time``/``decode_time`` in
+milliseconds, the final event adding ``generated_text``, ``details`` or null, and
+``token.text`` null; no ``[DONE]``); errors ``{"error", "error_type"}``; and
+:data:`STREAM_TIMEOUT`, the raw line MindIE writes into a stream that ran out of time.
+
+Token counts and finish reasons a backend does not report are approximated
+(:func:`finish_reason`, :func:`count_words`): a TensorRT-LLM ensemble reports neither.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from v2proxy.codecs.dtypes import as_numpy, deserialize_bytes
+from v2proxy.codecs.json import dumps, loads
+from v2proxy.errors import BackendError, BadGateway, CodecError
+from v2proxy.model import Datatype, InferResponse
+
+#: MindIE's error types by HTTP status (§1.4)
+ERROR_TYPES = {
+    413: "Input Validation Error",
+    422: "Input Validation Error",
+    424: "Generation Error",
+    500: "Incomplete Generation",
+    503: "Service Unavailable",
+    404: "NotFoundError",
+    400: "Bad Request",
+}
+#: what MindIE writes, raw (no ``data:``), into a stream whose deadline passed
+STREAM_TIMEOUT = b"Engine callback timeout: client timeout"
+#: MindIE's message of a non-stream request whose deadline passed (500)
+TIMEOUT_MESSAGE = "Engine callback timeout: client timeout"
+#: vLLM's finish reasons -> MindIE's (§4.4; MindIE reports an abort as stop_sequence)
+_VLLM_REASONS = {"stop": "eos_token", "length": "length", "abort": "stop_sequence"}
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One backend response: generated text (a delta when streaming), the tokens it reports
+    (None: the backend does not say) and its finish reason (None: not the last, or unknown)."""
+
+    text: str
+    tokens: int | None = None
+    finish_reason: str | None = None
+
+
+def _reason(value: Any) -> str | None:
+    if isinstance(value, list):
+        value = value[-1] if value else None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str) or value in ("", "None"):
+        return None
+    return _VLLM_REASONS.get(value, value)
+
+
+def chunk_from_response(response: InferResponse) -> Chunk:
+    """The chunk of a v2 response: ``text_output`` (elements joined), the token count of
+    ``num_output_tokens`` (vLLM, summed) or ``output_log_probs`` (TensorRT-LLM, its last
+    dimension), ``finish_reason`` (vLLM)."""
+    chunk = Chunk("")
+    try:
+        for t in response.outputs:
+            if t.name == "text_output" and t.datatype is Datatype.BYTES:
+                chunk.text = "".join(
+                    e.decode("utf-8", "replace") for e in deserialize_bytes(t.data)
+                )
+            elif t.name == "num_output_tokens" and t.datatype is not Datatype.BYTES:
+                chunk.tokens = int(as_numpy(t).sum())
+            elif t.name == "output_log_probs" and t.shape and t.datatype is not Datatype.BYTES:
+                chunk.tokens = int(t.shape[-1])
+            elif t.name == "finish_reason" and t.datatype is Datatype.BYTES:
+                chunk.finish_reason = _reason(list(deserialize_bytes(t.data)))
+    except CodecError as exc:
+        raise BadGateway(f"invalid response from backend: {exc}") from None
+    return chunk
+
+
+def _log_probs_length(value: Any) -> int | None:
+    """Generated length from a JSON ``output_log_probs`` (flat or [beam][len])."""
+    if not isinstance(value, list):
+        return 1 if isinstance(value, int | float) else None
+    if value and isinstance(value[-1], list):
+        return len(value[-1])
+    return len(value)
+
+
+def chunk_from_generate(obj: Any) -> Chunk:
+    """The chunk of a generate-extension answer (one JSON object); BackendError for
+    ``{"error": ...}``."""
+    if not isinstance(obj, dict):
+        raise BadGateway("invalid generate response from backend: not a JSON object")
+    if "error" in obj:
+        raise BackendError(str(obj["error"]), 500)
+    text = obj.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(str(t) for t in text)
+    chunk = Chunk(text if isinstance(text, str) else str(text))
+    details = obj.get("details")
+    if "num_output_tokens" in obj:
+        n = obj["num_output_tokens"]
+        chunk.tokens = sum(n) if isinstance(n, list) else int(n)
+    elif "output_log_probs" in obj:
+        chunk.tokens = _log_probs_length(obj["output_log_probs"])
+    elif isinstance(details, dict) and isinstance(details.get("logprobs"), list):
+        chunk.tokens = len(details["logprobs"])
+    reason = obj.get("finish_reason")
+    if reason is None and isinstance(details, dict):
+        reason = details.get("finish_reason")
+    chunk.finish_reason = _reason(reason)
+    return chunk
+
+
+class SseReader:
+    """Server-sent events from bytes as they arrive: :meth:`feed` returns the complete events'
+    JSON objects (``data:`` lines joined; comments and other fields skipped)."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[Any]:
+        buf = (self._pending + data).replace(b"\r\n", b"\n")
+        *events, self._pending = buf.split(b"\n\n")
+        return [obj for e in events if (obj := _event(e)) is not None]
+
+    def close(self) -> list[Any]:
+        """The last event when the body ended without a blank line."""
+        rest, self._pending = self._pending, b""
+        obj = _event(rest.replace(b"\r\n", b"\n"))
+        return [] if obj is None else [obj]
+
+
+def _event(raw: bytes) -> Any:
+    lines = [ln.removeprefix(b"data:") for ln in raw.split(b"\n") if ln.startswith(b"data:")]
+    if not lines:
+        return None
+    data = b"\n".join(ln[1:] if ln.startswith(b" ") else ln for ln in lines)
+    if data.strip() == b"[DONE]":
+        return None
+    try:
+        return loads(data, "generate_stream event")
+    except CodecError as exc:
+        raise BadGateway(f"invalid generate_stream event from backend: {exc}") from None
+
+
+def strip_echo(text: str, prompt: str) -> str:
+    """The generated text of an answer that repeats the prompt first (§6.1: a model that
+    cannot be asked ``exclude_input_in_output``)."""
+    if prompt and text.startswith(prompt):
+        return text[len(prompt) :].removeprefix(" ")
+    return text
+
+
+def count_words(text: str) -> int:
+    """Approximate token count of text whose backend reports none."""
+    return len(text.split())
+
+
+def finish_reason(reported: str | None, tokens: int, max_new_tokens: int) -> str:
+    """The backend's reason when it gives one, else ``length`` when ``max_new_tokens`` were
+    generated and ``eos_token`` otherwise (an approximation; §4.4)."""
+    if reported is not None:
+        return reported
+    return "length" if tokens >= max_new_tokens else "eos_token"
+
+
+def details(reason: str, tokens: int, seed: int) -> dict[str, Any]:
+    return {"finish_reason": reason, "generated_tokens": tokens, "seed": seed}
+
+
+def text_answer(text: str, detail: dict[str, Any] | None) -> bytes:
+    """The non-stream body; ``details`` only when the client asked for it."""
+    if detail is None:
+        return dumps({"generated_text": text})
+    return dumps({"generated_text": text, "details": detail})
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+def token_event(prefill: float | None, decode: float | None, text: str, token_id: int = 0) -> bytes:
+    """One token event; ``prefill`` (first token) or ``decode`` in seconds, the other None."""
+    obj = {
+        "prefill_time": _ms(prefill),
+        "decode_time": _ms(decode),
+        "token": {"id": token_id, "text": text},
+    }
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def final_event(
+    prefill: float | None,
+    decode: float | None,
+    generated: str,
+    detail: dict[str, Any] | None,
+    token_id: int = 0,
+) -> bytes:
+    """The last event: the last token's times, the whole text, details or null, and
+    ``token.text`` null."""
+    obj = {
+        "prefill_time": _ms(prefill),
+        "decode_time": _ms(decode),
+        "generated_text": generated,
+        "details": detail,
+        "token": {"id": token_id, "text": None},
+    }
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def error_body(message: str, error_type: str) -> bytes:
+    return dumps({"error": message, "error_type": error_type})

@@ -1,0 +1,271 @@
+"""MindIE's native text/stream interface, ``POST /infer`` on the HTTP port (reference
+mindie-adaptation.md §1.2-1.4, §4; DESIGN.md "Product contract"): one more frontend of the
+one :class:`~v2proxy.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
+``mindie.profile`` mapping (default: the builtin ``llm``, profile ``trtllm``).
+
+- The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without
+  ``parameters.seed`` gets one drawn here, sent to the backend and echoed in ``details``.
+- The backend call (:mod:`v2proxy.frontends.mindie_call`) runs under the request's
+  ``timeout`` (seconds), the proxy's own deadline.
+- Non-stream: ``{"generated_text", "details"?}``.
+- Stream: ``text/event-stream`` with MindIE's framing, one event per backend response, held
+  back by one (look-ahead) so that the last token goes out as the final event, which adds
+  ``generated_text`` and ``details`` (or null) and has ``token.text`` null. ``prefill_time``
+  (first event) and ``decode_time`` (later ones) are measured here, in milliseconds, from the
+  request's dispatch to the backend and between backend responses' arrivals. Errors before the
+  first token are ordinary error answers; a failure after it is written raw into the stream
+  (no ``data:``), as MindIE does (its deadline text exactly), and the stream ends. A client
+  that goes away closes the backend call.
+- Errors: ``{"error", "error_type"}`` with MindIE's statuses, translated from the one error
+  tree in :func:`translate` (§4.6).
+
+Metrics: time to first token, time per later token, tokens generated (``direction=frontend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from v2proxy.codecs import mindie_answer as answer
+from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request
+from v2proxy.config_sections import MindieSettings
+from v2proxy.errors import (
+    BackendError,
+    BackendUnavailable,
+    BadGateway,
+    BodyTooLarge,
+    GatewayTimeout,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+    Unsupported,
+)
+from v2proxy.frontends.mindie_call import Discovery, Target, backend_chunks
+from v2proxy.metrics_export import AnyMetrics
+from v2proxy.pipeline import Pipeline
+from v2proxy.ports import ForwardResponse, Headers
+from v2proxy.recorders import TokenRecorder
+
+log = logging.getLogger("v2proxy.mindie")
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
+JSON = (b"content-type", b"application/json")
+SSE = (b"content-type", b"text/event-stream")
+DEFAULT = MindieSettings("llm")
+
+
+def translate(exc: ProxyError) -> tuple[int, str, str]:
+    """An error as MindIE answers it: status, ``error_type``, message (§4.6)."""
+    status, message = exc.http_status, exc.message
+    if isinstance(exc, BodyTooLarge):
+        status = 413
+    elif isinstance(exc, GatewayTimeout):
+        status, message = 500, answer.TIMEOUT_MESSAGE
+    elif isinstance(exc, BackendUnavailable) or status in (429, 503):
+        status = 503
+    elif isinstance(exc, NotFound | Unsupported) or status in (404, 501):
+        status = 424
+    elif isinstance(exc, InvalidRequest) or status in (400, 422):
+        status = 422
+    elif isinstance(exc, BadGateway | BackendError) or status >= 500:
+        status = 500
+    return status, answer.ERROR_TYPES.get(status, "Bad Request"), message
+
+
+def error_answer(exc: ProxyError) -> Answer:
+    status, kind, message = translate(exc)
+    return status, [JSON], answer.error_body(message, kind)
+
+
+class MindieFrontend:
+    """Serves ``POST /infer`` through the pipeline (called by the REST frontend's route)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: MindieSettings | None = None,
+        metrics: AnyMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        s = settings or DEFAULT
+        self.settings = s
+        self.limits = Limits(s.max_input_chars, s.max_new_tokens, s.timeout)
+        self.discovery = Discovery(pipeline, s.model, s.profile, s.seed_input)
+        self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
+        self._rng = rng or random.SystemRandom()
+
+    def _draw_seed(self) -> int:
+        return self._rng.getrandbits(63)
+
+    async def infer(self, body: bytes | bytearray, headers: Headers) -> Answer:
+        """The answer to one ``/infer`` body (errors in MindIE's shape)."""
+        try:
+            req = parse_request(body, self.limits, self._draw_seed)
+            target = await self.discovery.target(headers)
+            if req.stream:
+                return await self._stream(target, req, headers)
+            return await self._text(target, req, headers)
+        except ProxyError as exc:
+            return error_answer(exc)
+
+    # ------------------------------------------------------------------ non-stream
+
+    async def _text(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
+        parts: list[str] = []
+        reported: int | None = None
+        reason: str | None = None
+        n_chunks = 0
+        try:
+            async with asyncio.timeout(req.timeout):
+                async for chunk, _ in backend_chunks(self.discovery, target, req, headers):
+                    if chunk.text:
+                        parts.append(chunk.text)
+                        n_chunks += 1
+                    if chunk.tokens is not None:
+                        reported = (reported or 0) + chunk.tokens
+                    reason = chunk.finish_reason or reason
+        except TimeoutError:
+            raise BackendError(answer.TIMEOUT_MESSAGE, 500) from None
+        text = "".join(parts)
+        if not target.view.has("exclude_input_in_output"):
+            text = answer.strip_echo(text, req.text)
+        if reported is not None:
+            tokens = reported
+        else:
+            tokens = n_chunks if n_chunks > 1 else answer.count_words(text)
+        if self.tokens is not None:
+            self.tokens.generated(target.view.name, tokens)
+        detail = None
+        if req.details:
+            why = answer.finish_reason(reason, tokens, req.max_new_tokens)
+            detail = answer.details(why, tokens, req.seed)
+        return 200, [JSON], answer.text_answer(text, detail)
+
+    # ------------------------------------------------------------------ stream
+
+    async def _stream(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + req.timeout
+        t0 = time.perf_counter()
+        chunks = backend_chunks(self.discovery, target, req, headers)
+        state = _StreamState(t0, req)
+        try:
+            first = await state.next_token(chunks, deadline)
+        except TimeoutError:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise BackendError(answer.TIMEOUT_MESSAGE, 500) from None
+        except BaseException:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
+        events = self._events(target, state, first, chunks, deadline)
+
+        async def release() -> None:
+            await events.aclose()  # type: ignore[attr-defined]
+
+        return ForwardResponse(200, [SSE], events, release=release)
+
+    async def _events(
+        self,
+        target: Target,
+        state: _StreamState,
+        held: _Token | None,
+        chunks: AsyncIterator[tuple[answer.Chunk, float]],
+        deadline: float,
+    ) -> AsyncIterator[bytes]:
+        model = target.view.name
+        rec = self.tokens
+        try:
+            if held is None:  # no token at all: the final event alone
+                yield state.final(None, time.perf_counter())
+                return
+            if rec is not None:
+                rec.first_token(model, held.prefill or 0.0)
+            failure: bytes | None = None
+            while True:
+                try:
+                    nxt = await state.next_token(chunks, deadline)
+                except TimeoutError:
+                    failure = answer.STREAM_TIMEOUT
+                    break
+                except ProxyError as exc:
+                    log.warning("MindIE /infer stream broke off: %s", exc.message)
+                    failure = b"Incomplete Generation: " + exc.message.encode()
+                    break
+                if nxt is None:
+                    break
+                if rec is not None and nxt.decode is not None:
+                    rec.next_token(model, nxt.decode)
+                yield answer.token_event(held.prefill, held.decode, held.text)
+                held = nxt
+            if failure is not None:
+                yield answer.token_event(held.prefill, held.decode, held.text)
+                yield failure
+                return
+            yield state.final(held, time.perf_counter())
+        finally:
+            if rec is not None:
+                rec.generated(model, state.tokens())
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+class _Token:
+    __slots__ = ("decode", "prefill", "text")
+
+    def __init__(self, text: str, prefill: float | None, decode: float | None) -> None:
+        self.text = text
+        self.prefill = prefill
+        self.decode = decode
+
+
+class _StreamState:
+    """The running account of a stream: texts, token counts, finish reason, arrival times."""
+
+    def __init__(self, t0: float, req: MindieRequest) -> None:
+        self.t0 = t0
+        self.req = req
+        self.prev: float | None = None
+        self.parts: list[str] = []
+        self.reported: int | None = None
+        self.reason: str | None = None
+
+    def tokens(self) -> int:
+        return self.reported if self.reported is not None else len(self.parts)
+
+    async def next_token(
+        self, chunks: AsyncIterator[tuple[answer.Chunk, float]], deadline: float
+    ) -> _Token | None:
+        """The next backend response that carries text (None: the stream ended)."""
+        while True:
+            async with asyncio.timeout_at(deadline):
+                try:
+                    chunk, at = await anext(chunks)
+                except StopAsyncIteration:
+                    return None
+            if chunk.tokens is not None:
+                self.reported = (self.reported or 0) + chunk.tokens
+            self.reason = chunk.finish_reason or self.reason
+            if not chunk.text:
+                continue
+            self.parts.append(chunk.text)
+            if self.prev is None:
+                token = _Token(chunk.text, at - self.t0, None)
+            else:
+                token = _Token(chunk.text, None, at - self.prev)
+            self.prev = at
+            return token
+
+    def final(self, last: _Token | None, now: float) -> bytes:
+        req = self.req
+        detail: dict[str, Any] | None = None
+        if req.details:
+            n = self.tokens()
+            why = answer.finish_reason(self.reason, n, req.max_new_tokens)
+            detail = answer.details(why, n, req.seed)
+        if last is None:
+            return answer.final_event(now - self.t0, None, "", detail)
+        return answer.final_event(last.prefill, last.decode, "".join(self.parts), detail)

@@ -1,0 +1,205 @@
+"""The backend side of MindIE's ``/infer``: which v2 model serves it, seen how, and over which
+transport (reference mindie-adaptation.md §2, §4.1, §4.5).
+
+:class:`Discovery` looks the model (``mindie.model``) up once through the pipeline — its
+metadata and config give a :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the
+configured profile against it and logs one clear line (a WARNING when the profile cannot
+serve the model; a failed look-up is tried again on the next request).
+
+:func:`backend_chunks` sends one validated request and yields each backend response as a
+:class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
+:class:`~v2proxy.pipeline.Pipeline`:
+
+- a REST backend with a decoupled model, or with the ``generate`` profile: the generate
+  extension, ``POST /v2/models/{m}/generate_stream`` (streaming clients) or ``/generate``,
+  with the profile's body (``Pipeline.passthrough``);
+- otherwise ``Pipeline.stream_infer`` (gRPC ``ModelStreamInfer`` for a decoupled model, v2
+  ``ModelInfer``/``/infer`` for one that is not, in-process for the builtin models) with the
+  profile's tensors; the ``generate`` profile's body is mapped onto the model's inputs as
+  Triton's generate extension maps it.
+
+Leaving the iteration early (the client went away, the deadline passed) closes the backend
+call: the gRPC stream is cancelled, the HTTP answer's connection released.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from v2proxy.codecs import mindie_answer as answer
+from v2proxy.codecs import mindie_map as mapping
+from v2proxy.codecs.json import dumps, loads
+from v2proxy.codecs.mindie import MindieRequest
+from v2proxy.errors import BackendError, CodecError, ProxyError
+from v2proxy.pipeline import Pipeline
+from v2proxy.ports import Headers
+
+log = logging.getLogger("v2proxy.mindie")
+
+#: backends that take REST requests passed through (the generate extension)
+HTTP_BACKENDS = frozenset({"rest"})
+RETRY_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The model and how it is reached."""
+
+    view: mapping.ModelView
+    profile: str
+    seed_input: str
+    http: bool  # through the generate extension
+    backend: str = ""
+
+    @property
+    def transport(self) -> str:
+        if self.http:
+            return "HTTP generate/generate_stream"
+        if self.backend == "grpc":
+            return "gRPC ModelStreamInfer" if self.view.decoupled else "gRPC ModelInfer"
+        return f"{self.backend} backend's stream_infer"
+
+
+class Discovery:
+    """The target of ``/infer``, discovered on first use and kept."""
+
+    def __init__(self, pipeline: Pipeline, model: str, profile: str, seed_input: str) -> None:
+        self.pipeline = pipeline
+        self.model = model
+        self.profile = profile
+        self.seed_input = seed_input
+        self._target: Target | None = None
+        self._failed_at = 0.0
+        self._dropped: set[str] = set()
+
+    async def target(self, headers: Headers) -> Target:
+        if self._target is not None:
+            return self._target
+        p = self.pipeline
+        try:
+            metadata = await p.model_metadata(self.model, "", headers)
+        except ProxyError as exc:
+            now = time.monotonic()
+            if now - self._failed_at > RETRY_S:
+                log.warning("MindIE /infer: model '%s' not found: %s", self.model, exc.message)
+                self._failed_at = now
+            raise
+        try:
+            config = await p.model_config(self.model, "", headers)
+        except ProxyError:
+            config = {}
+        view = mapping.model_view(self.model, metadata, config)
+        name = getattr(p.backend, "name", "")
+        decoupled = view.decoupled
+        http = name in HTTP_BACKENDS and (decoupled or self.profile == "generate")
+        target = Target(view, self.profile, self.seed_input, http, name)
+        problems = mapping.profile_problems(self.profile, view)
+        guess = mapping.guess_profile(view)
+        line = (
+            f"MindIE /infer served by model '{self.model}' (profile {self.profile},"
+            f" {'decoupled' if decoupled else 'not decoupled'}, {target.transport})"
+        )
+        if problems:
+            log.warning("%s: %s; its inputs suggest profile %s", line, "; ".join(problems), guess)
+        elif self.profile not in (guess, "generate"):
+            log.warning("%s; its inputs suggest profile %s", line, guess)
+        else:
+            log.info("%s", line)
+        self._target = target
+        return target
+
+    def dropped(self, names: list[str]) -> None:
+        """Log, once per name, the knobs the model has no input for."""
+        new = [n for n in names if n not in self._dropped]
+        if new:
+            self._dropped.update(new)
+            log.info("MindIE /infer: model '%s' has no input %s: not sent", self.model, new)
+
+
+def _backend_headers(headers: Headers) -> Headers:
+    drop = {b"content-length", b"content-type", b"content-encoding", b"accept-encoding"}
+    kept = [(k, v) for k, v in headers if k not in drop]
+    return [*kept, (b"content-type", b"application/json")]
+
+
+async def backend_chunks(
+    discovery: Discovery, target: Target, req: MindieRequest, headers: Headers
+) -> AsyncIterator[tuple[answer.Chunk, float]]:
+    """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
+    view = target.view
+    stream = req.stream
+    if target.http:
+        body, dropped = mapping.generate_body(req, target.profile, view, target.seed_input, stream)
+        discovery.dropped(dropped)
+        async for item in _generate(discovery.pipeline, view.name, body, stream, headers):
+            yield item
+        return
+    if target.profile == "generate":
+        body, _ = mapping.generate_body(req, "generate", view, target.seed_input, stream)
+        values, dropped = mapping.generate_values(body, view)
+    else:
+        values, dropped = mapping.select(
+            mapping.candidate_values(req, target.profile, view, target.seed_input, stream), view
+        )
+    discovery.dropped(dropped)
+    request = mapping.infer_request(values, view)
+    responses = discovery.pipeline.stream_infer(request, headers)
+    try:
+        async for response in responses:
+            yield answer.chunk_from_response(response), time.perf_counter()
+    finally:
+        await responses.aclose()  # type: ignore[attr-defined]
+
+
+async def _generate(
+    pipeline: Pipeline, model: str, body: dict[str, Any], stream: bool, headers: Headers
+) -> AsyncIterator[tuple[answer.Chunk, float]]:
+    path = f"/v2/models/{model}/generate" + ("_stream" if stream else "")
+    resp = await pipeline.passthrough("POST", path, _backend_headers(headers), dumps(body))
+    try:
+        if resp.status != 200:
+            raise _http_error(resp.status, await _read_all(resp))
+        if not stream:
+            content = resp.content if resp.content is not None else await _read_all(resp)
+            try:
+                obj = loads(content, "generate response")
+            except CodecError as exc:
+                raise BackendError(exc.message, 502) from None
+            yield answer.chunk_from_generate(obj), time.perf_counter()
+            return
+        reader = answer.SseReader()
+        if resp.content is not None:
+            for obj in reader.feed(bytes(resp.content)) + reader.close():
+                yield answer.chunk_from_generate(obj), time.perf_counter()
+            return
+        async for data in resp.body:
+            now = time.perf_counter()
+            for obj in reader.feed(data):
+                yield answer.chunk_from_generate(obj), now
+        for obj in reader.close():
+            yield answer.chunk_from_generate(obj), time.perf_counter()
+    finally:
+        await resp.release()
+
+
+async def _read_all(resp: Any) -> bytes:
+    if resp.content is not None:
+        return bytes(resp.content)
+    parts = [bytes(c) async for c in resp.body]
+    return b"".join(parts)
+
+
+def _http_error(status: int, body: bytes) -> ProxyError:
+    """The backend's error answer (``{"error": ...}``) as an error of its status."""
+    message = body.decode("utf-8", "replace")
+    try:
+        obj = loads(body, "error")
+        if isinstance(obj, dict) and "error" in obj:
+            message = str(obj["error"])
+    except CodecError:
+        pass
+    return BackendError(message or f"backend answered {status}", status)
