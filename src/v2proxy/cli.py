@@ -1,4 +1,5 @@
-"""Command-line parsing only: ``v2proxy serve`` and ``v2proxy reference-server``.
+"""Command-line parsing only: ``v2proxy serve``, ``v2proxy reference-server`` and ``v2proxy
+inject`` (the admission webhook; its options live in v2proxy.inject.command).
 
 Every option of ``serve`` is also a YAML key of ``--config FILE`` and an environment variable
 ``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.config).
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from v2proxy import __version__
 from v2proxy.config import load_settings
 from v2proxy.config_sections import ConfigError
+from v2proxy.inject.command import add_parser as add_inject_parser
 from v2proxy.restricted import GROUPS
 
 _LATER = "takes effect with the shared-memory extension"
@@ -212,12 +214,17 @@ def parser() -> argparse.ArgumentParser:
         " binary tensors, gRPC). Environment variables are not read.",
     )
     _common(ref, 8000, "none, like Triton")
+    add_inject_parser(sub, __version__)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = vars(parser().parse_args(argv))
     command = args.pop("command")
+    if command == "inject":
+        from v2proxy.inject.command import main as inject_main
+
+        return inject_main(args, __version__)
     try:
         if command == "reference-server":
             settings = load_settings(
