@@ -1,5 +1,6 @@
 """v2 clients through v2proxy in front of a MindIE server (``--backend mindie://host:port``):
-tritonclient HTTP and gRPC (unary and ModelStreamInfer, one response per token) against the
+tritonclient HTTP and gRPC (unary and ModelStreamInfer, one response per token) and plain
+``generate``/``generate_stream`` requests against the
 MindIE simulator (peers/mindie_sim.py, the one stand-in of this suite: MindIE needs Ascend
 hardware), including MindIE's error answers, a stream that breaks, and MindIE gone."""
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -395,3 +397,91 @@ def test_mindie_down() -> None:
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         pieces, error = stream(p, grpc_inputs("a", stream=("BOOL", True)))
         assert pieces == [] and "is unavailable" in error.message()
+
+
+# ------------------------------------------------------------------ the generate extension
+
+
+def post(proxy: Proc, path: str, body: Any) -> tuple[int, str, bytes]:
+    """(status, content type, body) of a POST to v2proxy."""
+    req = urllib.request.Request(
+        proxy.base_url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with _OPENER.open(req, timeout=30) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def sse(body: bytes) -> list[Any]:
+    assert body.endswith(b"\n\n")
+    events = body[:-2].split(b"\n\n")
+    assert all(e.startswith(b"data: ") for e in events), body
+    return [json.loads(e[6:]) for e in events]
+
+
+def test_generate(proxy: Proc, sim: Sim) -> None:
+    status, ctype, body = post(
+        proxy, "/v2/models/llm/generate", {"text_input": "hello big world", "max_tokens": 5}
+    )
+    assert (status, ctype) == (200, "application/json")
+    answer = json.loads(body)
+    seed = answer.pop("seed")
+    assert isinstance(seed, int)
+    assert answer == {
+        "model_name": "llm",
+        "model_version": "1",
+        "text_output": expected("hello big world", 5),
+        "finish_reason": "length",
+        "generated_tokens": 5,
+    }
+    assert sim.last() == {
+        "inputs": "hello big world",
+        "stream": False,
+        "parameters": {"max_new_tokens": 5, "details": True},
+    }
+
+
+def test_generate_stream(proxy: Proc, sim: Sim) -> None:
+    prompt = "hello 中文 world"
+    status, ctype, body = post(
+        proxy,
+        "/v2/models/llm/generate_stream",
+        {"text_input": prompt, "parameters": {"max_tokens": 4, "stream": True, "seed": 7}},
+    )
+    assert (status, ctype) == (200, "text/event-stream; charset=utf-8")
+    events = sse(body)
+    assert [e["text_output"] for e in events] == [t for _, t in tokens(prompt.split(), 4)]
+    assert all((e["model_name"], e["model_version"]) == ("llm", "1") for e in events)
+    assert events[-1]["finish_reason"] == "length" and events[-1]["seed"] == 7
+    assert sim.last()["stream"] is True
+    assert sim.last()["parameters"]["seed"] == 7
+
+
+def test_generate_errors(proxy: Proc, sim: Sim) -> None:
+    message = "Parameter top_p must be in (0.0,1.0], got 1.5."
+    for path in ("/v2/models/llm/generate", "/v2/models/llm/generate_stream"):
+        status, _, body = post(proxy, path, {"text_input": "a", "top_p": 1.5, "stream": True})
+        assert (status, json.loads(body)) == (400, {"error": message})
+    sim.knobs(error_status=503)
+    status, _, body = post(proxy, "/v2/models/llm/generate", {"text_input": "a"})
+    assert (status, json.loads(body)) == (503, {"error": "The service has been stopped"})
+    status, _, body = post(proxy, "/v2/models/nope/generate", {"text_input": "a"})
+    assert status == 404
+    assert json.loads(body) == {"error": "Request for unknown model: 'nope' is not found"}
+
+
+def test_generate_stream_mid_stream_failure(proxy: Proc, sim: Sim) -> None:
+    sim.knobs(fail_after=2)
+    status, _, body = post(
+        proxy, "/v2/models/llm/generate_stream", {"text_input": "a b c", "stream": True}
+    )
+    assert status == 200
+    events = sse(body)
+    assert [e.get("text_output") for e in events[:2]] == ["a", " b"]
+    assert events[2:] == [
+        {"error": "MindIE stream failed: Engine callback timeout: client timeout"}
+    ]
