@@ -381,6 +381,27 @@ def test_mindie_model_name_from_config(sim: Sim, tmp_path: Path) -> None:
             h.infer("llm", http_inputs("x"))
 
 
+def test_backend_timeout(sim: Sim) -> None:
+    """--backend-timeout bounds a whole non-stream generation, and a stream between events."""
+    backend = f"mindie://127.0.0.1:{sim.port}"
+    with v2proxy("serve", "--backend", backend, "--backend-timeout", "0.5") as p:
+        sim.knobs(latency_ms=300)
+        h = httpclient.InferenceServerClient(p.url)
+        with pytest.raises(InferenceServerException) as info:
+            h.infer("llm", http_inputs("a", max_tokens=("INT32", 4)))
+        assert info.value.status() == "504"
+        assert "did not answer inference in time (--backend-timeout 0.5 s)" in (
+            info.value.message()
+        )
+        # 1.2 s in all, but never 0.5 s without an event
+        knobs = {"max_tokens": ("INT32", 4), "stream": ("BOOL", True)}
+        assert stream(p, grpc_inputs("a b", **knobs)) == (["a", " b", " a", " b"], None)
+        sim.knobs(latency_ms=800)
+        pieces, error = stream(p, grpc_inputs("a b", **knobs))
+        assert pieces == []
+        assert "did not answer inference stream in time" in error.message()
+
+
 def test_mindie_down() -> None:
     (port,) = _free_ports(1)  # nothing listens there
     with v2proxy("serve", "--backend", f"mindie://127.0.0.1:{port}") as p:
@@ -485,3 +506,118 @@ def test_generate_stream_mid_stream_failure(proxy: Proc, sim: Sim) -> None:
     assert events[2:] == [
         {"error": "MindIE stream failed: Engine callback timeout: client timeout"}
     ]
+
+
+# ------------------------------------------------------------------ the simulator itself
+
+_TOO_LONG = "Inputs must be necessary and data type must be string and length in (0, {}], but"
+_P = {"inputs": "a"}
+
+_T = "Parameter temperature must be in (0.0,3.40282e+38], got 0."
+
+
+def _p(**params: Any) -> dict[str, Any]:
+    return {"inputs": "a", "parameters": params}
+
+
+SIM_VALIDATION: list[tuple[Any, str | None]] = [
+    (b"not json", "Failed to parse context to json body"),
+    (b"[]", "Failed to parse context to json body"),
+    ({}, "Inputs must not be null"),
+    ({"inputs": None, "stream": True}, "Inputs must not be null"),
+    ({"inputs": "a", "input_id": [1]}, "Input conflict."),
+    ({"inputs": ""}, _TOO_LONG.format(8) + " the length of inputs is 0"),
+    ({"inputs": 5}, _TOO_LONG.format(8) + " the length of inputs is 0"),
+    ({"inputs": "😀😀😀😀"}, None),  # 8 UTF-16 code units
+    ({"inputs": "😀😀😀😀a"}, _TOO_LONG.format(8) + " the length of inputs is 9"),
+    ({"inputs": "", "stream": "x"}, _TOO_LONG.format(8) + " the length of inputs is 0"),
+    ({**_P, "stream": "yes"}, "stream must be boolean type."),
+    ({**_P, "parameters": []}, "parameters must be object type."),
+    (_p(temperature=0), _T),
+    (_p(temperature="1"), "temperature must be float type."),
+    (_p(top_k=0), "Parameter top_k must be in -1 || (0,2147483647], got 0"),
+    (_p(top_k=1.5), "top_k must be integer type."),
+    (_p(top_p=1.0), "Parameter top_p must be in (0.0,1.0], got 1.0."),
+    (_p(typical_p=0), "Parameter typical_p must be in (0.0,1.0], got 0."),
+    (_p(do_sample=1), "do_sample must be boolean type."),
+    (_p(seed=-1), "seed must be unsigned integer type."),
+    (
+        _p(seed=2**63),
+        "Parameter seed must be in [0, 9223372036854775807], got 9223372036854775808.",
+    ),
+    (
+        _p(repetition_penalty=0),
+        "Parameter 'repetition_penalty' must be in (0.0, 3.40282e+38], got 0.",
+    ),
+    (_p(watermark="no"), "watermark must be boolean type."),
+    (_p(priority=9), "Parameter priority must be in [1,5], got 9."),
+    (
+        _p(timeout=0),
+        "Parameter timeout must be strictly positive and small than 65535 seconds, got 0.",
+    ),
+    (_p(max_new_tokens=0), "Parameter max_new_tokens must be in (0,2147483647], got 0."),
+    (_p(details=1), "details must be boolean type."),
+    # MindIE's order: temperature before top_p; null is absent; unknown keys ignored
+    (_p(top_p=1.0, temperature=0), _T),
+    (_p(temperature=None, seed=None, best_of=3), None),
+    ({"inputs": [{"type": "text", "text": 5}]}, "Request param text must be string"),
+    ({"inputs": [{"type": "image_url", "image_url": None}]}, "Request param image_url null"),
+    (
+        {"inputs": [{"type": "image_url", "image_url": "/a.png"}] * 21},
+        "The number of multimodal url should be no more than 20",
+    ),
+    (
+        {"inputs": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": "/b"}]},
+        _TOO_LONG.format(8) + " the length of inputs is 66",
+    ),
+    ({"input_id": [1, 2]}, None),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), SIM_VALIDATION)
+def test_simulator_validation(body: Any, message: str | None) -> None:
+    """The simulator's /infer validation follows MindIE's rules, order and texts."""
+    from peers.mindie_sim import Invalid, validate
+
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if message is None:
+        validate(raw, max_chars=8)
+    else:
+        with pytest.raises(Invalid) as info:
+            validate(raw, max_chars=8)
+        assert str(info.value) == message
+
+
+def test_simulator_answers(sim: Sim) -> None:
+    req = urllib.request.Request(sim.url + "/infer", data=b'{"inputs": "a", "stream": 1}')
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _OPENER.open(req, timeout=5)
+    assert info.value.code == 422
+    assert info.value.headers["Content-Type"] == "application/json"
+    assert info.value.headers["Connection"] == "close"
+    assert json.loads(info.value.read()) == {
+        "error": "stream must be boolean type.",
+        "error_type": "Input Validation Error",
+    }
+    body = sim.post("/infer", {"inputs": "a b", "parameters": {"max_new_tokens": 3}})
+    assert body == {"generated_text": "a b a"}
+    body = sim.post("/infer", {"inputs": "a", "parameters": {"details": True, "seed": 5}})
+    assert body["details"]["seed"] == 5 and body["details"]["generated_tokens"] == 20
+    req = urllib.request.Request(
+        sim.url + "/infer",
+        data=json.dumps(
+            {"inputs": "x y", "stream": True, "parameters": {"max_new_tokens": 3}}
+        ).encode(),
+    )
+    with _OPENER.open(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        events = sse(resp.read())
+    assert [e.get("token") for e in events] == [
+        {"id": tokens(["x"], 1)[0][0], "text": "x"},
+        {"id": tokens(["y"], 1)[0][0], "text": " y"},
+        {"id": tokens(["x"], 1)[0][0], "text": None},
+    ]
+    assert events[0]["prefill_time"] is not None and events[0]["decode_time"] is None
+    assert all(e["prefill_time"] is None and e["decode_time"] is not None for e in events[1:])
+    assert events[-1]["generated_text"] == "x y x" and events[-1]["details"] is None
+    assert "generated_text" not in events[0]

@@ -222,7 +222,7 @@ def validate(body: bytes, max_chars: int) -> tuple[list[str], bool, dict[str, An
     else:
         if isinstance(inputs, list) and inputs:
             words = _check_multimodal(inputs)
-            text = json.dumps(inputs, ensure_ascii=False)
+            text = json.dumps(inputs, ensure_ascii=False, separators=(",", ":"))
         else:
             text = inputs if isinstance(inputs, str) else ""
             words = text.split()
@@ -254,10 +254,18 @@ def tokens(words: list[str], n: int) -> list[tuple[int, str]]:
     return out
 
 
+def json_answer(body: Any, status: int = 200, **headers: str) -> web.Response:
+    """A JSON answer as MindIE sends it: ``Content-Type: application/json`` (no charset)."""
+    data = json.dumps(body, ensure_ascii=False).encode()
+    return web.Response(
+        body=data, status=status, headers={"Content-Type": "application/json", **headers}
+    )
+
+
 def error_response(status: int, message: str | None = None) -> web.Response:
     kind, default = ERRORS.get(status, ("Bad Request", "Bad Request"))
     body = {"error": message or default, "error_type": kind}
-    return web.json_response(body, status=status, headers={"Connection": "close"})
+    return json_answer(body, status, Connection="close")
 
 
 class Simulator:
@@ -290,7 +298,7 @@ class Simulator:
         return None if self.knobs["healthy"] else web.Response(status=503)
 
     async def health(self, request: web.Request) -> web.Response:
-        return self._unhealthy() or web.json_response({})
+        return self._unhealthy() or json_answer({})
 
     async def model_ready(self, request: web.Request) -> web.Response:
         if request.match_info["model"] != self.model_name:
@@ -299,13 +307,13 @@ class Simulator:
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         ext = {"max_iter_times": 512, "prefill_policy_type": 0, "decode_policy_type": 0}
-        return web.json_response({"name": "MindIE Server", "version": "1.0.0", "extensions": ext})
+        return json_answer({"name": "MindIE Server", "version": "1.0.0", "extensions": ext})
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         if request.match_info["model"] != self.model_name:
             return error_response(404, f"Model {request.match_info['model']} not found")
         tensor = {"shape": [-1], "datatype": "UINT32"}
-        return web.json_response(
+        return json_answer(
             {
                 "name": self.model_name,
                 "platform": "MindIE Server",
@@ -373,7 +381,7 @@ class Simulator:
                 "generated_token_ids": [i for i, _ in generated],
                 "seed": params["seed"],
             }
-        return web.json_response(body)
+        return json_answer(body)
 
     async def _pause(self) -> None:
         delay = float(self.knobs["latency_ms"]) / 1000
