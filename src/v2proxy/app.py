@@ -49,6 +49,7 @@ from v2proxy.metrics_export import (
 )
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
+from v2proxy.recorders import TokenRecorder
 from v2proxy.request_log import setup_logging
 from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
@@ -68,6 +69,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             timeout=settings.backend_timeout,
             connect_timeout=settings.backend_connect_timeout,
             connections=settings.backend_connections,
+            tokens=TokenRecorder(metrics, "backend") if isinstance(metrics, Metrics) else None,
         )
     counts = staged = None
     if isinstance(metrics, Metrics):

@@ -226,6 +226,33 @@ def test_unary_infer_of_a_stream_request(proxy: Proc) -> None:
     assert "answers this request with 3 responses" in info.value.message()
 
 
+def metric(proxy: Proc, name: str) -> float:
+    """The value of one sample of v2proxy's /metrics (0 when absent)."""
+    with _OPENER.open(proxy.base_url + "/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                head, value = line.rsplit(" ", 1)
+                if head == name or head.startswith(name + "{"):
+                    return float(value)
+    return 0.0
+
+
+def test_token_metrics(proxy: Proc, sim: Sim) -> None:
+    """direction=backend: time to the first token, per later token, tokens generated."""
+    labels = '{direction="backend",model="llm"}'
+    ttft = "v2proxy_mindie_time_to_first_token_seconds_count" + labels
+    tpot = "v2proxy_mindie_time_per_output_token_seconds_count" + labels
+    tokens_total = "v2proxy_mindie_generated_tokens_total" + labels
+    before = [metric(proxy, m) for m in (ttft, tpot, tokens_total)]
+    knobs = {"max_tokens": ("INT32", 5), "stream": ("BOOL", True)}
+    assert len(stream(proxy, grpc_inputs("a b", **knobs))[0]) == 5
+    grpcclient.InferenceServerClient(proxy.grpc_url).infer(
+        "llm", grpc_inputs("a", max_tokens=("INT32", 3))
+    )
+    after = [metric(proxy, m) for m in (ttft, tpot, tokens_total)]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 4, 8]
+
+
 # ------------------------------------------------------------------ metadata and health
 
 

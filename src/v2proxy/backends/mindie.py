@@ -12,6 +12,10 @@ front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure a
 - Health follows MindIE's: ready when its ``GET /v2/health/ready`` answers 200 (it answers a
   bare 503 while unhealthy); the model is ready when the server is. Server metadata is MindIE's
   ``GET /v2``.
+- Token timings (``tokens``, injected by app.py: the ``direction=backend`` MindIE metrics): a
+  stream's first token event is timed from the request, each later one from the one before;
+  tokens generated are counted from the token events (a non-stream answer: its
+  ``details.generated_tokens``).
 - Other model names (and versions other than "" and "1") answer Triton's ``Request for unknown
   model``. MindIE has no statistics, repository, trace or logging API: those answer 501
   (the repository index lists the one model), and other REST paths 404.
@@ -20,7 +24,8 @@ front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from time import perf_counter
+from typing import Any, Protocol
 
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.backends.builtin import unknown_model, validate_inputs
@@ -67,6 +72,14 @@ def model_spec(name: str) -> ModelSpec:
     )
 
 
+class TokenSink(Protocol):
+    """Where token timings go (:class:`v2proxy.recorders.TokenRecorder`)."""
+
+    def first_token(self, model: str, seconds: float) -> None: ...
+    def next_token(self, model: str, seconds: float) -> None: ...
+    def generated(self, model: str, tokens: int) -> None: ...
+
+
 class MindieBackend(DecodedOnly):
     """Serves MindIE at ``address`` (host:port) as the v2 model ``model``."""
 
@@ -79,6 +92,7 @@ class MindieBackend(DecodedOnly):
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
         connections: int = 100,
+        tokens: TokenSink | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._host = host.strip("[]") or "127.0.0.1"
@@ -90,6 +104,7 @@ class MindieBackend(DecodedOnly):
         self._connect_timeout = connect_timeout
         self._connections = connections
         self._client: HttpClient | None = None
+        self.tokens = tokens
 
     async def start(self) -> None:
         self._client = HttpClient(
@@ -185,7 +200,11 @@ class MindieBackend(DecodedOnly):
             resp, body = await self._call("POST", "/infer", payload, "inference")
             if resp.status != 200:
                 raise mb.error_for(resp.status, body)
-            yield mb.non_stream_response(self.model, request.id or None, bytes(body))
+            response = mb.non_stream_response(self.model, request.id or None, bytes(body))
+            count = response.parameters.get("generated_tokens")
+            if self.tokens is not None and isinstance(count, int):
+                self.tokens.generated(self.model, count)
+            yield response
             return
         async for response in self._stream(request, payload):
             yield response
@@ -193,6 +212,9 @@ class MindieBackend(DecodedOnly):
     async def _stream(
         self, request: InferRequest, payload: list[Buffer]
     ) -> AsyncIterator[InferResponse]:
+        sink = self.tokens
+        count = 0
+        before = perf_counter()
         with mapped(self.base_url, self._timeout, "inference"):
             resp = await self.client.request(
                 "POST", "/infer", _JSON, payload, read_timeout=self._timeout
@@ -210,6 +232,14 @@ class MindieBackend(DecodedOnly):
                     chunk = await anext(chunks, None)
                 events = parser.feed(chunk) if chunk is not None else parser.finish()
                 for event in events:
+                    if sink is not None and isinstance(event, dict) and "token" in event:
+                        now = perf_counter()
+                        if count == 0:
+                            sink.first_token(self.model, now - before)
+                        else:
+                            sink.next_token(self.model, now - before)
+                        before = now
+                        count += 1
                     out = mapper.map(event)
                     if out is not None:
                         yield out
@@ -218,6 +248,8 @@ class MindieBackend(DecodedOnly):
             mapper.end()
         finally:
             resp.close()
+            if sink is not None and count:
+                sink.generated(self.model, count)
 
     # ------------------------------------------------------------------ side operations
 
