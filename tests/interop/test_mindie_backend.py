@@ -272,6 +272,9 @@ def test_metadata_and_config(proxy: Proc) -> None:
     assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
     config = h.get_model_config("llm")
     assert config["model_transaction_policy"] == {"decoupled": True}
+    server = h.get_server_metadata()
+    assert (server["name"], server["version"]) == ("MindIE Server", "1.0.0")
+    assert all(isinstance(e, str) for e in server["extensions"])
     g = grpcclient.InferenceServerClient(proxy.grpc_url)
     gconfig = g.get_model_config("llm", as_json=True)["config"]
     assert gconfig["model_transaction_policy"] == {"decoupled": True}

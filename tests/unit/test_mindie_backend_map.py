@@ -208,9 +208,11 @@ def run_stream(pieces: list[bytes]) -> list[InferResponse]:
     return out
 
 
+@pytest.mark.parametrize("crlf", [False, True])
 @pytest.mark.parametrize("size", [1, 2, 7, 64, len(SEED_STREAM)])
-def test_stream_in_any_pieces(size: int) -> None:
-    pieces = [SEED_STREAM[i : i + size] for i in range(0, len(SEED_STREAM), size)]
+def test_stream_in_any_pieces(size: int, crlf: bool) -> None:
+    body = SEED_STREAM.replace(b"\n", b"\r\n") if crlf else SEED_STREAM
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
     out = run_stream(pieces)
     assert [text_of(r) for r in out] == ["am", " a", " French"]
     assert [r.parameters for r in out] == [

@@ -11,7 +11,7 @@ front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure a
   which drops the request.
 - Health follows MindIE's: ready when its ``GET /v2/health/ready`` answers 200 (it answers a
   bare 503 while unhealthy); the model is ready when the server is. Server metadata is MindIE's
-  ``GET /v2``.
+  ``GET /v2`` (``{"name": "mindie"}`` where it has none).
 - Token timings (``tokens``, injected by app.py: the ``direction=backend`` MindIE metrics): a
   stream's first token event is timed from the request, each later one from the one before;
   tokens generated are counted from the token events (a non-stream answer: its
@@ -158,9 +158,11 @@ class MindieBackend(DecodedOnly):
 
     async def server_metadata(self) -> dict[str, Any]:
         resp, body = await self._call("GET", "/v2", None, "server metadata")
-        if resp.status != 200:
+        obj: Any = {}
+        if resp.status == 200:
+            obj = json_answer(body, "/v2", "backend response")
+        elif resp.status != 404:  # a MindIE without the route: its name only
             raise mb.error_for(resp.status, body)
-        obj = json_answer(body, "/v2", "backend response")
         if not isinstance(obj, dict):
             obj = {}
         return {"name": "mindie", "version": "", "extensions": [], **obj}
