@@ -2,10 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PEERS_DIR ?= .cache/peers
+DEPLOY_TOOLS ?= .cache/deploy-tools
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck layers pytest peers clean
+.PHONY: install run test lint typecheck layers pytest peers deploy-tools clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "make: installing v2proxy and its test tools into $(VENV) (about a minute the first time)"
@@ -35,8 +36,13 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/python tools/check_layers.py
 
-pytest: $(STAMP) peers
-	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/pytest
+# helm for the chart checks of tests/deploy (hadolint and kubernetes-validate come with .[dev])
+deploy-tools:
+	bash deploy/install_helm.sh $(DEPLOY_TOOLS)
+
+pytest: $(STAMP) peers deploy-tools
+	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) V2PROXY_DEPLOY_TOOLS=$(abspath $(DEPLOY_TOOLS)) \
+		$(BIN)/pytest
 
 test: lint typecheck layers pytest
 

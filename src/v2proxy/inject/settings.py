@@ -125,6 +125,13 @@ def _text(v: Any) -> str:
     return text
 
 
+def _pull_policy(v: Any) -> str:
+    text = str(v).strip()
+    if text not in ("Always", "IfNotPresent", "Never"):
+        raise ValueError("must be one of Always, IfNotPresent, Never")
+    return text
+
+
 def _resources(v: Any) -> Mapping[str, Any]:
     if not isinstance(v, dict) or set(v) - {"requests", "limits"}:
         raise ValueError("must be a mapping with requests and/or limits")
@@ -152,7 +159,7 @@ ANNOTATIONS: dict[str, tuple[str, _Parser]] = {
 #: key of the --sidecar-config file -> (field, parser)
 DEFAULT_KEYS: dict[str, tuple[str, _Parser]] = {
     "image": ("image", _text),
-    "imagePullPolicy": ("image_pull_policy", choice("Always", "IfNotPresent", "Never")),
+    "imagePullPolicy": ("image_pull_policy", _pull_policy),
     "mode": ("mode", choice(*MODES)),
     "backend": ("backend", _backend),
     "backendEncoding": ("backend_encoding", choice("auto", "json", "binary")),

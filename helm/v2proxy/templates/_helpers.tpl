@@ -1,0 +1,84 @@
+{{/*
+Names and labels. These helpers read only .Values and .Release (never .Chart), so that a parent
+chart calling the v2proxy.sidecar.* templates with its .Values.v2proxy gets the same names as
+this chart's own objects (the ConfigMap, for one).
+*/}}
+{{- define "v2proxy.name" -}}
+{{- default "v2proxy" .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "v2proxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "v2proxy.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "v2proxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "v2proxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "v2proxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "v2proxy.labels" -}}
+helm.sh/chart: {{ include "v2proxy.chart" . }}
+{{ include "v2proxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: v2proxy
+{{- end }}
+
+{{- define "v2proxy.image" -}}
+{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
+{{- end }}
+
+{{/* "native" or "classic": sidecar.mode, auto from the cluster version (native from 1.29). */}}
+{{- define "v2proxy.sidecarMode" -}}
+{{- $mode := .Values.sidecar.mode }}
+{{- if eq $mode "auto" }}
+{{- if semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version }}native{{ else }}classic{{ end }}
+{{- else }}
+{{- $mode }}
+{{- end }}
+{{- end }}
+
+{{/* Seconds a pod needs to stop: the pre-stop pause, the drain, and a margin. */}}
+{{- define "v2proxy.terminationGracePeriodSeconds" -}}
+{{- add (int .Values.proxy.preStopSleepSeconds) (int .Values.proxy.drainTimeout) 5 }}
+{{- end }}
+
+{{- define "v2proxy.configName" -}}
+{{- printf "%s-config" (include "v2proxy.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The config file (only the mindie: section: every other setting is an argument). */}}
+{{- define "v2proxy.configFile" -}}
+mindie:
+  {{- toYaml .Values.proxy.mindie | nindent 2 }}
+{{- end }}
+
+{{/*
+The arguments after the first nine (which the webhook also sets from annotations): settings
+the chart exposes beyond those, then proxy.extraArgs. The webhook passes these as its sidecar's
+extra arguments, so a chart sidecar and an injected one run with the same command line.
+*/}}
+{{- define "v2proxy.moreArgs" -}}
+- --backend-timeout={{ .Values.proxy.backendTimeout }}
+- --backend-shm-threshold={{ int .Values.proxy.backendShmThreshold }}
+- --log-level={{ .Values.proxy.logLevel }}
+- --workers={{ int .Values.proxy.workers }}
+- --metrics={{ ternary "on" "off" .Values.proxy.metrics }}
+- --access-log={{ ternary "on" "off" .Values.proxy.accessLog }}
+{{- range .Values.proxy.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,468 @@
+"""The Helm chart helm/v2proxy: `helm lint`, and `helm template` of each shape and of the values'
+main combinations, every manifest valid for Kubernetes 1.29-1.33 (kubernetes-validate --strict),
+plus what each shape must contain: the sidecar native or classic, the shared /dev/shm, probes,
+grace period, monitors only with the Prometheus Operator's API, the webhook and its
+certificates, the dashboard; the rendered arguments and config file are accepted by v2proxy
+itself, and the webhook injects the same container as the chart renders."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from cryptography import x509
+
+from tests.deploy.deploytools import (
+    CHART,
+    CRD_KINDS,
+    ROOT,
+    documents,
+    helm,
+    run,
+    schema_errors,
+)
+from v2proxy.cli import parser
+from v2proxy.config import load_settings
+from v2proxy.inject.patch import review
+from v2proxy.inject.settings import load_defaults
+
+PARENT = Path(__file__).parent / "charts" / "model-server"
+NS = "serving"
+
+
+@cache
+def render(*args: str, chart: str = str(CHART)) -> tuple[dict[str, Any], ...]:
+    out = run(helm(), "template", "rel", chart, "--namespace", NS, *args)
+    return tuple(documents(out))
+
+
+def kinds(docs: tuple[dict[str, Any], ...]) -> list[tuple[str, str]]:
+    return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, (kind, name, kinds(docs))
+    return found[0]
+
+
+def pod_spec(docs: tuple[dict[str, Any], ...], name: str = "rel-v2proxy") -> dict[str, Any]:
+    spec: dict[str, Any] = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+    return spec
+
+
+def by_name(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [i for i in items if i["name"] == name]
+    return found
+
+
+def assert_valid(docs: tuple[dict[str, Any], ...]) -> None:
+    errors = []
+    for d in docs:
+        if (d["apiVersion"], d["kind"]) in CRD_KINDS:
+            continue  # no schema in kubernetes-validate; checked field by field below
+        errors += schema_errors(d)
+    assert errors == []
+
+
+def serve_args(container: dict[str, Any]) -> dict[str, Any]:
+    """The container's arguments as `v2proxy serve` parses them (SystemExit if refused)."""
+    assert container["args"][0] == "serve"
+    return vars(parser().parse_args(container["args"]))
+
+
+# ------------------------------------------------------------------ lint and the matrix
+
+SHAPES: dict[str, tuple[str, ...]] = {
+    "standalone": (),
+    "standalone-remote-grpc": (
+        "--set=proxy.backend=grpc://triton.models.svc:8001",
+        "--set=proxy.logFormat=text",
+        "--set=proxy.workers=2",
+        "--set=proxy.accessLog=true",
+        "--set=proxy.extraArgs={--max-input-size=134217728}",
+        "--set=service.type=LoadBalancer",
+    ),
+    "sidecar-native": (
+        "--set=modelServer.enabled=true",
+        "--set=proxy.backend=http://127.0.0.1:8000",
+        "--kube-version=1.33.0",
+    ),
+    "sidecar-auto-old-cluster": (
+        "--set=modelServer.enabled=true",
+        "--set=proxy.backend=http://127.0.0.1:8000",
+        "--kube-version=1.28.0",
+    ),
+    "sidecar-classic-forced": (
+        "--set=modelServer.enabled=true",
+        "--set=sidecar.mode=classic",
+        "--set=proxy.backend=http://127.0.0.1:8000",
+    ),
+    "sidecar-no-shm": (
+        "--set=modelServer.enabled=true",
+        "--set=sharedMemory.enabled=false",
+        "--set=proxy.clientShm=off",
+        "--set=proxy.backendShm=off",
+    ),
+    "mindie": (
+        "--set=proxy.backend=grpc://127.0.0.1:8001",
+        "--set=proxy.mindie.model=ensemble",
+        "--set=proxy.mindie.profile=trtllm",
+        "--set=proxy.mindie.max_new_tokens=256",
+        "--set=modelServer.enabled=true",
+    ),
+    "monitoring-with-operator": (
+        "--set=monitoring.podMonitor.enabled=true",
+        "--set=monitoring.serviceMonitor.enabled=true",
+        "--api-versions=monitoring.coreos.com/v1",
+    ),
+    "monitoring-without-operator": (
+        "--set=monitoring.podMonitor.enabled=true",
+        "--set=monitoring.serviceMonitor.enabled=true",
+    ),
+    "injector-helm-certs": ("--set=injector.enabled=true", "--set=deployment.enabled=false"),
+    "injector-old-cluster": ("--set=injector.enabled=true", "--kube-version=1.28.0"),
+    "injector-cert-manager": (
+        "--set=injector.enabled=true",
+        "--set=injector.certificates.source=cert-manager",
+        "--api-versions=cert-manager.io/v1",
+    ),
+}
+
+
+def test_helm_lint() -> None:
+    out = run(helm(), "lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_rendered_manifests_validate(shape: str) -> None:
+    # helm lint cannot declare the cluster's APIs (--api-versions): cert-manager is linted by
+    # rendering only (without its API the chart refuses to render, tested below)
+    if "--api-versions=cert-manager.io/v1" not in SHAPES[shape]:
+        lint_args = [a for a in SHAPES[shape] if not a.startswith("--api-versions")]
+        run(helm(), "lint", "--strict", str(CHART), *lint_args)
+    assert_valid(render(*SHAPES[shape]))
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("proxy.backend=tcp://triton:8000", "at '/proxy/backend': 'tcp://triton:8000' does not"),
+        ("sidecar.mode=sometimes", "at '/sidecar/mode': value must be one of"),
+        ("sharedMemory.sizeLimit=lots", "at '/sharedMemory/sizeLimit': 'lots' does not match"),
+        ("proxy.clientShm=maybe", "at '/proxy/clientShm': value must be one of"),
+        ("proxy.mindie.profile=vllm", "at '/proxy/mindie': properties 'model' required"),
+        ("injector.failurePolicy=Retry", "at '/injector/failurePolicy': value must be one of"),
+        ("replicas=2", "additional properties 'replicas' not allowed"),
+    ],
+)
+def test_values_schema_refuses(setting: str, message: str) -> None:
+    proc = subprocess.run(
+        [helm(), "template", "rel", str(CHART), f"--set={setting}"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_values_file_is_the_schema_default() -> None:
+    """values.yaml holds every key the schema knows at the top level (nothing undocumented)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(schema["properties"]) - {"global"} == set(values)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert values["image"]["tag"] == chart["appVersion"]
+
+
+# ------------------------------------------------------------------ the shapes
+
+
+def test_standalone() -> None:
+    docs = render()
+    assert kinds(docs) == [
+        ("ConfigMap", "rel-v2proxy-dashboard"),
+        ("Deployment", "rel-v2proxy"),
+        ("Pod", "rel-v2proxy-test-infer"),
+        ("Service", "rel-v2proxy"),
+    ]
+    spec = pod_spec(docs)
+    assert "initContainers" not in spec
+    (c,) = spec["containers"]
+    assert c["name"] == "v2proxy" and "restartPolicy" not in c
+    assert serve_args(c)["backend"] == "builtin"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "v2proxy-http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "v2proxy-http"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "v2proxy-http"}
+    assert c["securityContext"]["runAsNonRoot"] is True
+    # a proxy alone shares no memory: no /dev/shm volume
+    assert [v["name"] for v in spec["volumes"]] == ["v2proxy-tmp"]
+    assert spec["terminationGracePeriodSeconds"] == 5 + 30 + 5
+    svc = one(docs, "Service")
+    names = {p["name"] for p in c["ports"]}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names
+    assert svc["spec"]["selector"].items() <= spec_labels(docs).items()
+
+
+def spec_labels(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    labels: dict[str, str] = one(docs, "Deployment", "rel-v2proxy")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    return labels
+
+
+def test_settings_become_arguments_v2proxy_accepts() -> None:
+    (c,) = pod_spec(render(*SHAPES["standalone-remote-grpc"]))["containers"]
+    args = serve_args(c)
+    settings = load_settings(args, None, env={})
+    assert settings.backend.kind == "grpc" and settings.backend.url == "triton.models.svc:8001"
+    assert (settings.log_format, settings.workers, settings.access_log) == ("text", 2, True)
+    assert settings.max_input_size == 134217728 and settings.drain_timeout == 30
+
+
+def test_sidecar_native() -> None:
+    docs = render(*SHAPES["sidecar-native"])
+    spec = pod_spec(docs)
+    (side,) = spec["initContainers"]
+    assert side["name"] == "v2proxy" and side["restartPolicy"] == "Always"
+    (server,) = spec["containers"]
+    assert server["name"] == "model-server"
+    shm = {"name": "v2proxy-shm", "mountPath": "/dev/shm"}
+    assert shm in server["volumeMounts"] and shm in side["volumeMounts"]
+    assert by_name(spec["volumes"], "v2proxy-shm")["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": "1Gi",
+    }
+    assert load_settings(serve_args(side), None, env={}).backend.url == "http://127.0.0.1:8000"
+
+
+@pytest.mark.parametrize("shape", ["sidecar-auto-old-cluster", "sidecar-classic-forced"])
+def test_sidecar_classic(shape: str) -> None:
+    spec = pod_spec(render(*SHAPES[shape]))
+    assert "initContainers" not in spec
+    assert [c["name"] for c in spec["containers"]] == ["model-server", "v2proxy"]
+    assert "restartPolicy" not in spec["containers"][1]
+    assert {"name": "v2proxy-shm", "mountPath": "/dev/shm"} in spec["containers"][1]["volumeMounts"]
+
+
+def test_sidecar_without_shared_memory() -> None:
+    spec = pod_spec(render(*SHAPES["sidecar-no-shm"]))
+    assert "volumeMounts" not in spec["containers"][0]
+    assert [v["name"] for v in spec["volumes"]] == ["v2proxy-tmp"]
+    args = serve_args(spec["initContainers"][0])
+    assert (args["client_shm"], args["backend_shm"]) == ("off", "off")
+
+
+def test_mindie_config_file(tmp_path: Path) -> None:
+    docs = render(*SHAPES["mindie"])
+    cm = one(docs, "ConfigMap", "rel-v2proxy-config")
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    spec = pod_spec(docs)
+    side = spec["initContainers"][0]
+    args = serve_args(side)
+    assert args["config"] == "/etc/v2proxy/config.yaml"
+    args["config"] = str(tmp_path / "config.yaml")  # where the ConfigMap would be mounted
+    settings = load_settings(args, None, env={})
+    assert settings.mindie is not None
+    assert (settings.mindie.model, settings.mindie.profile, settings.mindie.max_new_tokens) == (
+        "ensemble",
+        "trtllm",
+        256,
+    )
+    assert by_name(spec["volumes"], "v2proxy-config")["configMap"] == {
+        "name": cm["metadata"]["name"]
+    }
+    assert {"name": "v2proxy-config", "mountPath": "/etc/v2proxy", "readOnly": True} in side[
+        "volumeMounts"
+    ]
+    # a change of the file rolls the pods
+    annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    other = one(render(*SHAPES["mindie"], "--set=proxy.mindie.max_new_tokens=64"), "Deployment")
+    assert (
+        annotations["checksum/config"]
+        != (other["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+    )
+
+
+def test_monitors_only_with_the_operator_api() -> None:
+    assert not {"PodMonitor", "ServiceMonitor"} & {
+        d["kind"] for d in render(*SHAPES["monitoring-without-operator"])
+    }
+    docs = render(*SHAPES["monitoring-with-operator"])
+    labels = spec_labels(docs)
+    pm = one(docs, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pm["spec"]["podMetricsEndpoints"] == [
+        {"port": "v2proxy-http", "path": "/metrics", "interval": "30s"}
+    ]
+    sm = one(docs, "ServiceMonitor")
+    assert (
+        sm["spec"]["selector"]["matchLabels"].items()
+        <= one(docs, "Service")["metadata"]["labels"].items()
+    )
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+
+
+def test_dashboard_configmap() -> None:
+    cm = one(render(), "ConfigMap", "rel-v2proxy-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((ROOT / "config" / "grafana" / "v2proxy-dashboard.json").read_text())
+    assert json.loads(cm["data"]["v2proxy-dashboard.json"]) == shipped
+    titles = [p["title"] for p in shipped["panels"]]
+    assert "Shared memory registered by clients" in titles
+    assert "MindIE token timings (p50 / p99)" in titles
+
+
+def test_helm_test_pod_sends_one_infer() -> None:
+    pod = one(render(), "Pod", "rel-v2proxy-test-infer")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (c,) = pod["spec"]["containers"]
+    assert c["env"] == [{"name": "URL", "value": "http://rel-v2proxy:9000/v2/models/simple/infer"}]
+    compile(c["args"][0], "test-infer", "exec")  # the script is Python
+
+
+# ------------------------------------------------------------------ the webhook
+
+
+def webhook_parts(docs: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["clientConfig"]["service"] == {
+        "name": "rel-v2proxy-injector",
+        "namespace": NS,
+        "path": "/mutate",
+        "port": 443,
+    }
+    assert hook["namespaceSelector"] == {"matchLabels": {"v2proxy.io/injection": "enabled"}}
+    assert hook["rules"][0]["resources"] == ["pods"]
+    assert hook["rules"][0]["operations"] == ["CREATE"]
+    deploy = one(docs, "Deployment", "rel-v2proxy-injector")
+    svc = one(docs, "Service", "rel-v2proxy-injector")
+    pod = deploy["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (c,) = pod["spec"]["containers"]
+    assert c["args"][0] == "inject"
+    args = vars(parser().parse_args(c["args"]))
+    assert args["port"] == c["ports"][0]["containerPort"]
+    secret = by_name(pod["spec"]["volumes"], "tls")["secret"]["secretName"]
+    assert secret == "rel-v2proxy-injector-tls"
+    return hook, pod
+
+
+def test_injector_with_chart_made_certificates() -> None:
+    docs = render(*SHAPES["injector-helm-certs"])
+    assert not [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-v2proxy"
+    ]
+    hook, _ = webhook_parts(docs)
+    secret = one(docs, "Secret", "rel-v2proxy-injector-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"rel-v2proxy-injector.{NS}.svc" in names.get_values_for_type(x509.DNSName)
+
+
+def test_injector_with_cert_manager() -> None:
+    docs = render(*SHAPES["injector-cert-manager"])
+    hook, _ = webhook_parts(docs)
+    assert "caBundle" not in hook["clientConfig"]
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NS}/rel-v2proxy-injector"
+    }
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["secretName"] == "rel-v2proxy-injector-tls"
+    assert f"rel-v2proxy-injector.{NS}.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": "rel-v2proxy-injector", "kind": "Issuer"}
+    assert one(docs, "Issuer")["spec"] == {"selfSigned": {}}
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    # without cert-manager's API the install stops with a clear line
+    proc = subprocess.run(
+        [helm(), "template", "rel", str(CHART), *SHAPES["injector-cert-manager"][:2]],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "needs cert-manager (API cert-manager.io/v1)" in proc.stderr
+
+
+def sidecar_defaults(docs: tuple[dict[str, Any], ...]) -> Any:
+    cm = one(docs, "ConfigMap", "rel-v2proxy-injector")
+    return load_defaults(yaml.safe_load(cm["data"]["sidecar.yaml"]))
+
+
+@pytest.mark.parametrize(
+    ("shape", "mode"), [("injector-helm-certs", "native"), ("injector-old-cluster", "classic")]
+)
+def test_injector_mode_from_cluster_version(shape: str, mode: str) -> None:
+    assert sidecar_defaults(render(*SHAPES[shape])).mode == mode
+
+
+def test_injected_sidecar_is_the_charts_sidecar() -> None:
+    """The webhook (configured by the chart) injects the very container the chart renders."""
+    chart = pod_spec(render(*SHAPES["sidecar-native"]))["initContainers"][0]
+    defaults = sidecar_defaults(render(*SHAPES["injector-helm-certs"]))
+    body = json.loads((Path(__file__).parent / "admission" / "review-triton.json").read_text())
+    resp = review(body, defaults)["response"]
+    pod = jsonpatch.apply_patch(
+        body["request"]["object"], json.loads(base64.b64decode(resp["patch"]))
+    )
+    (injected,) = pod["spec"]["initContainers"]
+    assert injected == chart
+
+
+# ------------------------------------------------------------------ a chart that includes it
+
+
+@pytest.fixture(scope="module")
+def parent_chart(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("charts") / "model-server"
+    shutil.copytree(PARENT, folder)
+    shutil.copytree(CHART, folder / "charts" / "v2proxy")
+    run(helm(), "lint", "--strict", str(folder))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("kube", "native"), [("1.33.0", True), ("1.29.0", True), ("1.28.0", False)]
+)
+def test_parent_chart_includes_the_sidecar(parent_chart: str, kube: str, native: bool) -> None:
+    docs = render(
+        f"--kube-version={kube}", "--set=v2proxy.proxy.mindie.model=ensemble", chart=parent_chart
+    )
+    assert_valid(docs)
+    spec = pod_spec(docs, "rel-triton")
+    if native:
+        (side,) = spec["initContainers"]
+        assert side["restartPolicy"] == "Always"
+        assert [c["name"] for c in spec["containers"]] == ["triton"]
+    else:
+        assert "initContainers" not in spec
+        assert [c["name"] for c in spec["containers"]] == ["triton", "v2proxy"]
+        side = spec["containers"][1]
+    assert {"name": "v2proxy-shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    # the subchart's ConfigMap, under the name the sidecar mounts
+    cm = one(docs, "ConfigMap")
+    assert by_name(spec["volumes"], "v2proxy-config")["configMap"]["name"] == cm["metadata"]["name"]
+    assert serve_args(side)["backend"] == "http://127.0.0.1:8000"
+    assert spec["terminationGracePeriodSeconds"] == 40
+    # the parent's own Deployment only: the subchart's is switched off
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"] == ["rel-triton"]
