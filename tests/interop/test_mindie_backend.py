@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import socket
 import subprocess
 import sys
 import tempfile
@@ -536,6 +537,25 @@ def test_generate_stream_mid_stream_failure(proxy: Proc, sim: Sim) -> None:
     assert events[2:] == [
         {"error": "MindIE stream failed: Engine callback timeout: client timeout"}
     ]
+
+
+def test_generate_stream_client_going_away_drops_the_mindie_request(proxy: Proc, sim: Sim) -> None:
+    sim.knobs(latency_ms=100)
+    body = json.dumps({"text_input": "a b", "max_tokens": 100, "stream": True}).encode()
+    head = (
+        f"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        got = b""
+        while b"data: " not in got:
+            got += sock.recv(4096)
+        assert got.startswith(b"HTTP/1.1 200")
+    deadline = time.monotonic() + 10
+    while sim.get("/sim/knobs")["disconnects"] != 1:
+        assert time.monotonic() < deadline, "MindIE's stream was not dropped"
+        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ the simulator itself
