@@ -130,6 +130,12 @@ SHAPES: dict[str, tuple[str, ...]] = {
     ),
     "injector-helm-certs": ("--set=injector.enabled=true", "--set=deployment.enabled=false"),
     "injector-old-cluster": ("--set=injector.enabled=true", "--kube-version=1.28.0"),
+    "injector-with-proxy-and-monitors": (
+        "--set=injector.enabled=true",
+        "--set=monitoring.podMonitor.enabled=true",
+        "--set=monitoring.serviceMonitor.enabled=true",
+        "--api-versions=monitoring.coreos.com/v1",
+    ),
     "injector-cert-manager": (
         "--set=injector.enabled=true",
         "--set=injector.certificates.source=cert-manager",
@@ -466,3 +472,41 @@ def test_parent_chart_includes_the_sidecar(parent_chart: str, kube: str, native:
     assert spec["terminationGracePeriodSeconds"] == 40
     # the parent's own Deployment only: the subchart's is switched off
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"] == ["rel-triton"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels and Exists expressions) matches ``labels``."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "Exists"
+        if e["key"] not in labels:
+            return False
+    return True
+
+
+def test_proxy_and_injector_selectors_do_not_overlap() -> None:
+    docs = render(*SHAPES["injector-with-proxy-and-monitors"])
+    proxy = one(docs, "Deployment", "rel-v2proxy")
+    injector = one(docs, "Deployment", "rel-v2proxy-injector")
+    proxy_pod = proxy["spec"]["template"]["metadata"]["labels"]
+    injector_pod = injector["spec"]["template"]["metadata"]["labels"]
+    assert selects(proxy["spec"]["selector"], proxy_pod)
+    assert not selects(proxy["spec"]["selector"], injector_pod)
+    assert not selects(injector["spec"]["selector"], proxy_pod)
+    svc = one(docs, "Service", "rel-v2proxy")
+    assert not selects({"matchLabels": svc["spec"]["selector"]}, injector_pod)
+    sm = one(docs, "ServiceMonitor")
+    assert selects(sm["spec"]["selector"], svc["metadata"]["labels"])
+    assert not selects(
+        sm["spec"]["selector"], one(docs, "Service", "rel-v2proxy-injector")["metadata"]["labels"]
+    )
+    own = one(docs, "PodMonitor", "rel-v2proxy")
+    assert selects(own["spec"]["selector"], proxy_pod)
+    assert not selects(own["spec"]["selector"], injector_pod)
+    # the injected pods, wherever they are: the webhook labels them
+    injected = one(docs, "PodMonitor", "rel-v2proxy-injected")
+    assert injected["spec"]["namespaceSelector"] == {"any": True}
+    assert selects(injected["spec"]["selector"], {"app": "triton", "v2proxy.io/injected": "native"})
+    assert not selects(injected["spec"]["selector"], proxy_pod)
+    assert injected["spec"]["podMetricsEndpoints"][0]["port"] == "v2proxy-http"

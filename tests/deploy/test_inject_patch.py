@@ -92,6 +92,11 @@ def test_native_sidecar_and_new_shm_volume() -> None:
     assert len(spec["containers"]) == 1  # the app container untouched otherwise
     assert spec["terminationGracePeriodSeconds"] == 40  # 5 s pre-stop + 30 s drain + 5
     assert pod["metadata"]["annotations"]["v2proxy.io/injected"] == "native"
+    assert pod["metadata"]["labels"] == {
+        "app": "triton",
+        "pod-template-hash": "7d9f8b6c5",
+        "v2proxy.io/injected": "native",
+    }
 
 
 def test_classic_sidecar_for_old_clusters() -> None:
@@ -155,6 +160,13 @@ def test_existing_shm_reused_and_annotations_applied() -> None:
         {"name": "dshm", "mountPath": "/dev/shm"}
     ]
     assert spec["terminationGracePeriodSeconds"] == 70  # absent before: 5 + 60 + 5
+    assert pod["metadata"]["labels"] == {"app": "mlserver", "v2proxy.io/injected": "native"}
+
+
+def test_label_added_to_a_pod_without_labels() -> None:
+    body = load("review-triton.json")
+    del body["request"]["object"]["metadata"]["labels"]
+    assert patched(body)["metadata"]["labels"] == {"v2proxy.io/injected": "native"}
 
 
 def test_not_annotated_left_alone() -> None:

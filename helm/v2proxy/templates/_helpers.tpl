@@ -29,6 +29,12 @@ app.kubernetes.io/name: {{ include "v2proxy.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The proxy's pods and Service (the injector's carry component: injector instead). */}}
+{{- define "v2proxy.proxySelectorLabels" -}}
+{{ include "v2proxy.selectorLabels" . }}
+app.kubernetes.io/component: proxy
+{{- end }}
+
 {{- define "v2proxy.labels" -}}
 helm.sh/chart: {{ include "v2proxy.chart" . }}
 {{ include "v2proxy.selectorLabels" . }}

@@ -19,7 +19,8 @@
      the app containers, which wait for its startup probe, and stops after them) or classic
      (the last container, for clusters before 1.29);
   4. ``terminationGracePeriodSeconds`` raised to pre-stop pause + drain + 5 s when lower;
-  5. the annotation ``v2proxy.io/injected: <mode>``.
+  5. the annotation and the label ``v2proxy.io/injected: <mode>`` (the label lets a
+     PodMonitor select injected pods in any namespace).
 
 An exception inside :func:`review` is the webhook's own failure: the pod is allowed unchanged
 and the response carries a warning (pod creation never waits on this webhook's bugs; the chart
@@ -205,6 +206,10 @@ def pod_patch(pod: Mapping[str, Any], defaults: SidecarSettings) -> Decision:
             {"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": s.grace_period()}
         )
     patch.append({"op": "add", "path": f"/metadata/annotations/{_esc(INJECTED)}", "value": s.mode})
+    if meta.get("labels"):
+        patch.append({"op": "add", "path": f"/metadata/labels/{_esc(INJECTED)}", "value": s.mode})
+    else:
+        patch.append({"op": "add", "path": "/metadata/labels", "value": {INJECTED: s.mode}})
     return Decision(patch, f"injected ({s.mode})")
 
 
