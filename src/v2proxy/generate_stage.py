@@ -9,12 +9,14 @@
   run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
   (gRPC ``ModelStreamInfer``, the builtin models in process).
 
-Which one is decided once per backend, on its first generate request: the request is
-forwarded; a backend that takes no REST requests (``forward`` raises NotFound/Unsupported, as
-the builtin and gRPC backends do) or answers 404/405 with no error of its own (``{"detail":
-"Not Found"}``, ``{"error": "Not Found"}``, a body that is no JSON: the route does not exist)
-has no generate extension, and that request and every later one are mapped. Probing the
-server's extensions list would not do: Triton does not list ``generate`` there.
+Which one is decided once per backend, from its server metadata (``GET /v2``): a server named
+``triton`` (Triton does not list ``generate`` among its extensions) or one that lists
+``generate`` (v2proxy does) gets the request passed through; any other is mapped. MLServer's
+``/generate`` route is no Triton generate (it takes a v2 /infer body), so it is mapped too. A
+backend that takes no REST requests after all (``forward`` raises NotFound/Unsupported, as the
+gRPC backends do) or answers 404/405 with no error of its own (``{"detail": "Not Found"}``,
+``{"error": "Not Found"}``, a body that is no JSON: the route does not exist) is mapped from
+then on. A backend whose metadata cannot be had gets the request forwarded (and asked again).
 
 :meth:`GenerateStage.objects` is the same choice for a caller that holds a generate body as a
 JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
@@ -32,7 +34,14 @@ from typing import Any
 from v2proxy.codecs import compression
 from v2proxy.codecs import generate as gc
 from v2proxy.codecs.json import loads
-from v2proxy.errors import BackendError, CodecError, InvalidRequest, NotFound, Unsupported
+from v2proxy.errors import (
+    BackendError,
+    CodecError,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+    Unsupported,
+)
 from v2proxy.model import Buffer, InferRequest, InferResponse
 from v2proxy.ports import Backend, ForwardResponse, Headers
 
@@ -136,7 +145,7 @@ class GenerateStage:
     ) -> ForwardResponse | Mapped:
         """A client's generate request (``target``: its origin-form path, ``body`` as sent):
         the backend's answer passed through, or the request mapped onto v2 inference."""
-        if self.native is not False:
+        if await self._native():
             answer = await self._forward(target, headers, body)
             if answer is not None:
                 return answer
@@ -152,6 +161,21 @@ class GenerateStage:
         request = gc.request_from_generate(obj, model, version, metadata, self.max_input_size)
         sent = [(k, v) for k, v in headers if k not in _NOT_INFER]
         return Mapped(request, self._stream(request, sent))
+
+    async def _native(self) -> bool:
+        """Whether the backend has Triton's generate extension (asked once). A backend whose
+        metadata cannot be had now is asked again next time; meanwhile its requests are
+        forwarded (and mapped if the route turns out not to exist)."""
+        if self.native is None:
+            try:
+                meta = await self.backend.server_metadata()
+            except ProxyError:
+                return True
+            ext = meta.get("extensions")
+            self.native = meta.get("name") == "triton" or (
+                isinstance(ext, list) and "generate" in ext
+            )
+        return self.native
 
     async def _forward(self, target: str, headers: Headers, body: Buffer) -> ForwardResponse | None:
         """The backend's answer, or None when it has no generate extension (remembered)."""
@@ -181,7 +205,7 @@ class GenerateStage:
         error answers as :class:`BackendError` with their status (an error event in a stream
         as status 500). ``headers``: the end-to-end headers sent on. Closing the iterator
         early releases the backend's answer or cancels its stream."""
-        if self.native is not False:
+        if await self._native():
             out = [(k, v) for k, v in headers if k not in _NOT_INFER]
             out.append((b"content-type", b"application/json"))
             answer = await self._forward(

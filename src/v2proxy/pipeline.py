@@ -57,7 +57,7 @@ from v2proxy.relay import Relay
 METADATA_TTL_S = 30.0
 
 #: The extensions v2proxy provides to clients whatever the backend has.
-PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory")
+PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
 
 
 class AccessPolicy(Protocol):

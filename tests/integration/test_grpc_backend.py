@@ -66,7 +66,7 @@ async def test_rest_only_paths_through_grpc_backend_are_501(
     make_client: Factory, slow_grpc_backend: str
 ) -> None:
     proxy = await proxy_to(make_client, slow_grpc_backend)
-    resp = await proxy.post("/v2/models/llm/generate", data=b'{"text_input": "x"}')
+    resp = await proxy.post("/v2/models/llm/unknown_operation", data=b'{"text_input": "x"}')
     assert resp.status == 501
     assert "not available through a gRPC backend" in (await resp.json())["error"]
 
