@@ -137,7 +137,8 @@ class MindieFrontend:
         if reported is not None:
             tokens = reported
         else:
-            tokens = n_chunks if n_chunks > 1 else answer.count_words(text)
+            # a decoupled model streamed one token per response; else approximated
+            tokens = n_chunks if target.view.decoupled else answer.count_words(text)
         if self.tokens is not None:
             self.tokens.generated(target.view.name, tokens)
         detail = None

@@ -3,16 +3,18 @@ transport (reference mindie-adaptation.md §2, §4.1, §4.5).
 
 :class:`Discovery` looks the model (``mindie.model``) up once through the pipeline — its
 metadata and config give a :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the
-configured profile against it and logs one clear line (a WARNING when the profile cannot
+configured profile against it (the seed input is taken under the name the model has, ``seed`` or
+``random_seed``) and logs one clear line (a WARNING when the profile cannot
 serve the model; a failed look-up is tried again on the next request).
 
-:func:`backend_chunks` sends one validated request and yields each backend response as a
+:func:`backend_chunks` sends one validated request (a decoupled model is always asked to
+stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
 :class:`~v2proxy.pipeline.Pipeline`:
 
 - a REST backend with a decoupled model, or with the ``generate`` profile: the generate
-  extension, ``POST /v2/models/{m}/generate_stream`` (streaming clients) or ``/generate``,
-  with the profile's body (``Pipeline.passthrough``);
+  extension with the profile's body (``Pipeline.passthrough``): ``generate_stream`` when the
+  model streams, ``/generate`` otherwise;
 - otherwise ``Pipeline.stream_infer`` (gRPC ``ModelStreamInfer`` for a decoupled model, v2
   ``ModelInfer``/``/infer`` for one that is not, in-process for the builtin models) with the
   profile's tensors; the ``generate`` profile's body is mapped onto the model's inputs as
@@ -96,7 +98,11 @@ class Discovery:
         name = getattr(p.backend, "name", "")
         decoupled = view.decoupled
         http = name in HTTP_BACKENDS and (decoupled or self.profile == "generate")
-        target = Target(view, self.profile, self.seed_input, http, name)
+        seed_input = self.seed_input
+        if not view.has(seed_input):  # named the other way (renamed May 2025, §6.3)
+            other = "random_seed" if seed_input == "seed" else "seed"
+            seed_input = other if view.has(other) else seed_input
+        target = Target(view, self.profile, seed_input, http, name)
         problems = mapping.profile_problems(self.profile, view)
         guess = mapping.guess_profile(view)
         line = (
@@ -131,7 +137,11 @@ async def backend_chunks(
 ) -> AsyncIterator[tuple[answer.Chunk, float]]:
     """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
     view = target.view
-    stream = req.stream
+    # A decoupled model is always asked to stream, whether the client streams or not: its
+    # tokens are counted exactly, and a request that the deadline or the client's going away
+    # ends is cancelled at its next token (Triton notices a closed connection only when it
+    # writes, and does not cancel a /generate request at all).
+    stream = req.stream or view.decoupled
     if target.http:
         body, dropped = mapping.generate_body(req, target.profile, view, target.seed_input, stream)
         discovery.dropped(dropped)
@@ -197,9 +207,13 @@ def _http_error(status: int, body: bytes) -> ProxyError:
     """The backend's error answer (``{"error": ...}``) as an error of its status."""
     message = body.decode("utf-8", "replace")
     try:
-        obj = loads(body, "error")
+        if body.lstrip().startswith(b"data:"):  # generate_stream failing before its first event
+            events = answer.SseReader().feed(body + b"\n\n")
+            obj = events[0] if events else None
+        else:
+            obj = loads(body, "error")
         if isinstance(obj, dict) and "error" in obj:
             message = str(obj["error"])
-    except CodecError:
+    except ProxyError:
         pass
     return BackendError(message or f"backend answered {status}", status)

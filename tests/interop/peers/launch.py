@@ -348,7 +348,7 @@ def mlserver_server(peers_dir: PathLike | None = None, timeout: float | None = N
 def triton_server(peers_dir: PathLike | None = None, timeout: float | None = None):
     """Context manager: a Triton Inference Server (2.51, python backend) serving triton_models/:
     the builtin reference models simple, simple_string, simple_identity, identity_fp32,
-    classifier and the decoupled llm."""
+    classifier and the decoupled llm, and the toy LLM ensemble with TensorRT-LLM's tensors."""
     return _peer(
         "triton",
         "triton",

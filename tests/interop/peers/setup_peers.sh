@@ -7,6 +7,8 @@
 #   DIR/kserve    <- requirements-kserve.txt   (KServe ModelServer)
 #   DIR/mlserver  <- requirements-mlserver.txt (MLServer)
 #   DIR/triton    <- requirements-triton.txt   (Triton Inference Server, from nvidia-pytriton)
+#   DIR/aisbench  <- requirements-aisbench.txt (AISBench, whose MindieStreamApi is a MindIE client;
+#                    it pulls torch with its CUDA wheels: several GB, 5-10 minutes the first time)
 #
 # For Triton the venv also gets a runnable server tree, DIR/triton/tritonserver: a copy of the
 # wheel's pytriton/tritonserver with the python backend stub for the venv's Python at
@@ -133,7 +135,7 @@ build() {
     echo "$name: ready after $((SECONDS - start))s" >&2
 }
 
-names=(kserve mlserver triton)
+names=(kserve mlserver triton aisbench)
 stale=()
 for n in "${names[@]}"; do
     want="$(sha256_of "$HERE/requirements-$n.txt")"
@@ -144,7 +146,8 @@ done
 if ((${#stale[@]})); then
     echo "setup_peers: building the peer model servers' venvs (${stale[*]}) in parallel under $DIR;" \
         "the first time this usually takes 3-5 minutes (pip downloads KServe, MLServer and" \
-        "Triton's ~55 MB wheel), afterwards it is instant" >&2
+        "Triton's ~55 MB wheel; AISBench's torch, several GB, takes 5-10), afterwards it is" \
+        "instant" >&2
 fi
 pids=()
 for n in "${names[@]}"; do
