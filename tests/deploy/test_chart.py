@@ -112,6 +112,11 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "--set=proxy.clientShm=off",
         "--set=proxy.backendShm=off",
     ),
+    "mindie-backend": (
+        "--set=modelServer.enabled=true",
+        "--set=proxy.backend=mindie://127.0.0.1:1025",
+        "--set=proxy.mindie.model=mindie",
+    ),
     "mindie": (
         "--set=proxy.backend=grpc://127.0.0.1:8001",
         "--set=proxy.mindie.model=ensemble",
@@ -328,6 +333,7 @@ def test_dashboard_configmap() -> None:
     titles = [p["title"] for p in shipped["panels"]]
     assert "Shared memory registered by clients" in titles
     assert "MindIE token timings (p50 / p99)" in titles
+    assert "MindIE tokens generated" in titles
 
 
 def test_helm_test_pod_sends_one_infer() -> None:
@@ -510,3 +516,15 @@ def test_proxy_and_injector_selectors_do_not_overlap() -> None:
     assert selects(injected["spec"]["selector"], {"app": "triton", "v2proxy.io/injected": "native"})
     assert not selects(injected["spec"]["selector"], proxy_pod)
     assert injected["spec"]["podMetricsEndpoints"][0]["port"] == "v2proxy-http"
+
+
+def test_mindie_backend_accepted_by_v2proxy(tmp_path: Path) -> None:
+    docs = render(*SHAPES["mindie-backend"])
+    (tmp_path / "config.yaml").write_text(
+        one(docs, "ConfigMap", "rel-v2proxy-config")["data"]["config.yaml"]
+    )
+    args = serve_args(pod_spec(docs)["initContainers"][0])
+    args["config"] = str(tmp_path / "config.yaml")
+    settings = load_settings(args, None, env={})
+    assert (settings.backend.kind, settings.backend.url) == ("mindie", "127.0.0.1:1025")
+    assert settings.mindie is not None and settings.mindie.model == "mindie"
