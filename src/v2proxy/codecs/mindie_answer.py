@@ -4,9 +4,8 @@
 Reading: each backend response becomes a :class:`Chunk` (its text, the tokens it reports, its
 finish reason) whether it came as a v2 :class:`~v2proxy.model.InferResponse` (gRPC stream,
 v2 infer, builtin) or as a generate-extension JSON object (``/generate`` or one event of
-``/generate_stream``, parsed by :class:`SseReader`, lenient about ``data:`` with or without a
-space and ``\\n\\n`` or ``\\r\\n\\r\\n`` separators). A ``{"error": ...}`` object is the
-backend failing (:class:`~v2proxy.errors.BackendError`).
+``/generate_stream``, as :meth:`~v2proxy.pipeline.Pipeline.generate_objects` yields them). A
+``{"error": ...}`` object is the backend failing (:class:`~v2proxy.errors.BackendError`).
 
 Writing (MindIE's shapes exactly): the non-stream body ``{"generated_text", "details"?}``;
 stream events ``data: <json>\\n\\n`` (token events with ``prefill_time``/``decode_time`` in
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v2proxy.codecs.dtypes import as_numpy, deserialize_bytes
-from v2proxy.codecs.json import dumps, loads
+from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BadGateway, CodecError
 from v2proxy.model import Datatype, InferResponse
 
@@ -123,40 +122,6 @@ def chunk_from_generate(obj: Any) -> Chunk:
         reason = details.get("finish_reason")
     chunk.finish_reason = _reason(reason)
     return chunk
-
-
-class SseReader:
-    """Server-sent events from bytes as they arrive: :meth:`feed` returns the complete events'
-    JSON objects (``data:`` lines joined; comments and other fields skipped)."""
-
-    __slots__ = ("_pending",)
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[Any]:
-        buf = (self._pending + data).replace(b"\r\n", b"\n")
-        *events, self._pending = buf.split(b"\n\n")
-        return [obj for e in events if (obj := _event(e)) is not None]
-
-    def close(self) -> list[Any]:
-        """The last event when the body ended without a blank line."""
-        rest, self._pending = self._pending, b""
-        obj = _event(rest.replace(b"\r\n", b"\n"))
-        return [] if obj is None else [obj]
-
-
-def _event(raw: bytes) -> Any:
-    lines = [ln.removeprefix(b"data:") for ln in raw.split(b"\n") if ln.startswith(b"data:")]
-    if not lines:
-        return None
-    data = b"\n".join(ln[1:] if ln.startswith(b" ") else ln for ln in lines)
-    if data.strip() == b"[DONE]":
-        return None
-    try:
-        return loads(data, "generate_stream event")
-    except CodecError as exc:
-        raise BadGateway(f"invalid generate_stream event from backend: {exc}") from None
 
 
 def strip_echo(text: str, prompt: str) -> str:

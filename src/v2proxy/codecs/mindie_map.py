@@ -227,14 +227,6 @@ def generate_body(
     return body, []
 
 
-def generate_values(body: dict[str, Any], view: ModelView) -> tuple[dict[str, Any], list[str]]:
-    """A generate body's keys that name model inputs, as Triton's generate extension maps
-    them (top-level keys and ``parameters`` keys alike); the other keys are returned."""
-    flat = {k: v for k, v in body.items() if k != "parameters"}
-    flat.update(body.get("parameters") or {})
-    return select(flat, view)
-
-
 def _array(name: str, datatype: Datatype, value: Any) -> Tensor:
     items = value if isinstance(value, list) else [value]
     if datatype is Datatype.BYTES:

@@ -12,13 +12,13 @@ stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
 :class:`~v2proxy.pipeline.Pipeline`:
 
-- a REST backend with a decoupled model, or with the ``generate`` profile: the generate
-  extension with the profile's body (``Pipeline.passthrough``): ``generate_stream`` when the
-  model streams, ``/generate`` otherwise;
+- the ``generate`` profile, and a REST backend's decoupled model: the generate extension with
+  the profile's body, ``Pipeline.generate_objects`` (on a REST backend ``generate_stream`` when
+  the model streams, ``/generate`` otherwise; on others mapped onto the model's inputs as
+  Triton's generate extension maps them);
 - otherwise ``Pipeline.stream_infer`` (gRPC ``ModelStreamInfer`` for a decoupled model, v2
   ``ModelInfer``/``/infer`` for one that is not, in-process for the builtin models) with the
-  profile's tensors; the ``generate`` profile's body is mapped onto the model's inputs as
-  Triton's generate extension maps it.
+  profile's tensors.
 
 Leaving the iteration early (the client went away, the deadline passed) closes the backend
 call: the gRPC stream is cancelled, the HTTP answer's connection released.
@@ -30,13 +30,11 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs import mindie_map as mapping
-from v2proxy.codecs.json import dumps, loads
 from v2proxy.codecs.mindie import MindieRequest
-from v2proxy.errors import BackendError, CodecError, ProxyError
+from v2proxy.errors import ProxyError
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Headers
 
@@ -126,12 +124,6 @@ class Discovery:
             log.info("MindIE /infer: model '%s' has no input %s: not sent", self.model, new)
 
 
-def _backend_headers(headers: Headers) -> Headers:
-    drop = {b"content-length", b"content-type", b"content-encoding", b"accept-encoding"}
-    kept = [(k, v) for k, v in headers if k not in drop]
-    return [*kept, (b"content-type", b"application/json")]
-
-
 async def backend_chunks(
     discovery: Discovery, target: Target, req: MindieRequest, headers: Headers
 ) -> AsyncIterator[tuple[answer.Chunk, float]]:
@@ -142,78 +134,24 @@ async def backend_chunks(
     # ends is cancelled at its next token (Triton notices a closed connection only when it
     # writes, and does not cancel a /generate request at all).
     stream = req.stream or view.decoupled
-    if target.http:
+    pipeline = discovery.pipeline
+    if target.http or target.profile == "generate":
         body, dropped = mapping.generate_body(req, target.profile, view, target.seed_input, stream)
         discovery.dropped(dropped)
-        async for item in _generate(discovery.pipeline, view.name, body, stream, headers):
-            yield item
+        objects = pipeline.generate_objects(view.name, "", body, headers, stream)
+        try:
+            async for obj in objects:
+                yield answer.chunk_from_generate(obj), time.perf_counter()
+        finally:
+            await objects.aclose()  # type: ignore[attr-defined]
         return
-    if target.profile == "generate":
-        body, _ = mapping.generate_body(req, "generate", view, target.seed_input, stream)
-        values, dropped = mapping.generate_values(body, view)
-    else:
-        values, dropped = mapping.select(
-            mapping.candidate_values(req, target.profile, view, target.seed_input, stream), view
-        )
+    values, dropped = mapping.select(
+        mapping.candidate_values(req, target.profile, view, target.seed_input, stream), view
+    )
     discovery.dropped(dropped)
-    request = mapping.infer_request(values, view)
-    responses = discovery.pipeline.stream_infer(request, headers)
+    responses = pipeline.stream_infer(mapping.infer_request(values, view), headers)
     try:
         async for response in responses:
             yield answer.chunk_from_response(response), time.perf_counter()
     finally:
         await responses.aclose()  # type: ignore[attr-defined]
-
-
-async def _generate(
-    pipeline: Pipeline, model: str, body: dict[str, Any], stream: bool, headers: Headers
-) -> AsyncIterator[tuple[answer.Chunk, float]]:
-    path = f"/v2/models/{model}/generate" + ("_stream" if stream else "")
-    resp = await pipeline.passthrough("POST", path, _backend_headers(headers), dumps(body))
-    try:
-        if resp.status != 200:
-            raise _http_error(resp.status, await _read_all(resp))
-        if not stream:
-            content = resp.content if resp.content is not None else await _read_all(resp)
-            try:
-                obj = loads(content, "generate response")
-            except CodecError as exc:
-                raise BackendError(exc.message, 502) from None
-            yield answer.chunk_from_generate(obj), time.perf_counter()
-            return
-        reader = answer.SseReader()
-        if resp.content is not None:
-            for obj in reader.feed(bytes(resp.content)) + reader.close():
-                yield answer.chunk_from_generate(obj), time.perf_counter()
-            return
-        async for data in resp.body:
-            now = time.perf_counter()
-            for obj in reader.feed(data):
-                yield answer.chunk_from_generate(obj), now
-        for obj in reader.close():
-            yield answer.chunk_from_generate(obj), time.perf_counter()
-    finally:
-        await resp.release()
-
-
-async def _read_all(resp: Any) -> bytes:
-    if resp.content is not None:
-        return bytes(resp.content)
-    parts = [bytes(c) async for c in resp.body]
-    return b"".join(parts)
-
-
-def _http_error(status: int, body: bytes) -> ProxyError:
-    """The backend's error answer (``{"error": ...}``) as an error of its status."""
-    message = body.decode("utf-8", "replace")
-    try:
-        if body.lstrip().startswith(b"data:"):  # generate_stream failing before its first event
-            events = answer.SseReader().feed(body + b"\n\n")
-            obj = events[0] if events else None
-        else:
-            obj = loads(body, "error")
-        if isinstance(obj, dict) and "error" in obj:
-            message = str(obj["error"])
-    except ProxyError:
-        pass
-    return BackendError(message or f"backend answered {status}", status)
