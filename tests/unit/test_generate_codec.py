@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from v2proxy.codecs import generate as gc
 from v2proxy.codecs.dtypes import as_numpy, deserialize_bytes, serialize_bytes
@@ -491,3 +493,33 @@ def test_model_inputs_skips_malformed_entries() -> None:
         ]
     }
     assert gc.model_inputs(metadata) == {"a": (FP32, (1,))}
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+_KNOBS = st.fixed_dictionaries(
+    {"text_input": _TEXT},
+    optional={
+        "max_tokens": st.integers(-(2**31), 2**31 - 1),
+        "stream": st.booleans(),
+        "exclude_input_in_output": st.booleans(),
+        "temperature": st.floats(allow_nan=False, allow_infinity=False, width=32),
+        "top_k": st.integers(-(2**31), 2**31 - 1),
+        "seed": st.integers(0, 2**64 - 1),
+        "id": _TEXT,
+    },
+)
+
+
+@given(_KNOBS, st.booleans())
+def test_round_trip_property(body: dict[str, Any], nest: bool) -> None:
+    """Any llm body decodes, and its inputs answered as outputs give its values back (as
+    scalars, whether sent bare or in an array of one)."""
+    sent = {k: ([v] if nest and k != "id" else v) for k, v in body.items()}
+    req = gc.request_from_generate(sent, "llm", "", LLM)
+    resp = InferResponse("llm", req.inputs, "1", id=req.id)
+    answer = orjson.loads(gc.encode(gc.response_to_generate(resp)))
+    for key, value in body.items():
+        if key == "id":
+            assert answer.get("id") == (value or None)
+        else:
+            assert answer[key] == value, key
