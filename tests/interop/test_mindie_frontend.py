@@ -59,6 +59,8 @@ TARGETS: dict[str, tuple[str, dict[str, Any]]] = {
     "triton-http": ("triton-rest", {"model": "ensemble", "profile": "trtllm"}),
     "triton-grpc": ("triton-grpc", {"model": "ensemble", "profile": "trtllm"}),
     "triton-generate": ("triton-rest", {"model": "llm", "profile": "generate"}),
+    "triton-vllm-http": ("triton-rest", {"model": "vllm_model", "profile": "vllm"}),
+    "triton-vllm-grpc": ("triton-grpc", {"model": "vllm_model", "profile": "vllm"}),
     "builtin-generate": ("builtin", {"model": "llm", "profile": "generate"}),
     "builtin-small": ("builtin", {"model": "llm", "max_input_chars": 8, "max_new_tokens": 3}),
     "triton-missing": ("triton-rest", {"model": "nope"}),
@@ -120,7 +122,16 @@ def cancelled(triton_urls: tuple[str, str]) -> int:
     return int(answer["text_output"])
 
 
-STREAMING = ["builtin", "triton-http", "triton-grpc", "triton-generate", "builtin-generate"]
+STREAMING = [
+    "builtin",
+    "triton-http",
+    "triton-grpc",
+    "triton-generate",
+    "builtin-generate",
+    "triton-vllm-http",
+    "triton-vllm-grpc",
+]
+VLLM = ["triton-vllm-http", "triton-vllm-grpc"]
 TRITON = ["triton-http", "triton-grpc"]
 
 # ---------------------------------------------------------------------- non-stream
@@ -154,6 +165,34 @@ def test_text_answer_plain_default_length_and_drawn_seed(
         assert isinstance(seed, int) and 0 <= seed < 2**63
         seeds.append(seed)
     assert seeds[0] != seeds[1]
+
+
+@pytest.mark.parametrize("target", VLLM)
+def test_vllm_finish_reason_and_knobs_vllm_does_not_know(
+    get_proxy: Callable[[str], Proc], target: str
+) -> None:
+    proxy = get_proxy(target)
+    # typical_p, watermark, priority would make vLLM's SamplingParams fail: never forwarded
+    params = {
+        "details": True,
+        "seed": 5,
+        "typical_p": 0.5,
+        "watermark": True,
+        "priority": 1,
+        "do_sample": False,
+        "max_new_tokens": 10,
+    }
+    status, _, raw = post(proxy, {"inputs": "a b <eos> c", "parameters": params})
+    assert status == 200, raw
+    assert json.loads(raw) == {
+        "generated_text": "a b",
+        "details": {"finish_reason": "eos_token", "generated_tokens": 2, "seed": 5},
+    }
+    status, _, raw = post(proxy, {"inputs": "a b <eos> c", "stream": True, "parameters": params})
+    evs, rest = events(raw)
+    assert rest == b"" and [e["token"]["text"] for e in evs] == ["a", None]
+    assert evs[-1]["generated_text"] == "a b"
+    assert evs[-1]["details"] == {"finish_reason": "eos_token", "generated_tokens": 2, "seed": 5}
 
 
 # ---------------------------------------------------------------------- stream
