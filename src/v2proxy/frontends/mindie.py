@@ -167,6 +167,7 @@ class MindieFrontend:
 
         async def release() -> None:
             await events.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()  # type: ignore[attr-defined]  # events may never have started
 
         return ForwardResponse(200, [SSE], events, release=release)
 
