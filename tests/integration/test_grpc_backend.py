@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import grpc
@@ -92,3 +93,103 @@ def test_grpc_metadata_forwarding_drops_framing_headers() -> None:
         (b"x-request-id", b"r1"),
         (b"authorization", b"Bearer t"),
     ]
+
+
+def _streaming_backend(gaps: list[float]) -> grpc.aio.Server:
+    """A gRPC server with one decoupled model ``llm`` whose ModelStreamInfer sends one token
+    after each of ``gaps`` (seconds), then the final flag."""
+
+    async def metadata(_request: Any, _context: Any) -> Any:
+        return pb.ModelMetadataResponse(
+            name="llm",
+            versions=["1"],
+            platform="python",
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(
+                name="text_input", datatype="BYTES", shape=[1])],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(
+                name="text_output", datatype="BYTES", shape=[1])],
+        )  # fmt: skip
+
+    async def config(_request: Any, _context: Any) -> Any:
+        resp = pb.ModelConfigResponse()
+        resp.config.name = "llm"
+        resp.config.model_transaction_policy.decoupled = True
+        return resp
+
+    async def stream(requests: Any, _context: Any) -> Any:
+        async for _ in requests:
+            for i, gap in enumerate(gaps):
+                await asyncio.sleep(gap)
+                token = f"t{i}".encode()
+                out = pb.ModelInferResponse(model_name="llm", model_version="1")
+                t = out.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+                out.raw_output_contents.append(len(token).to_bytes(4, "little") + token)
+                out.parameters["triton_final_response"].bool_param = False
+                yield pb.ModelStreamInferResponse(infer_response=out)
+                del t
+            last = pb.ModelInferResponse(model_name="llm", model_version="1")
+            last.parameters["triton_final_response"].bool_param = True
+            yield pb.ModelStreamInferResponse(infer_response=last)
+
+    def unary(fn: Any, req: Any, resp: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "inference.GRPCInferenceService",
+                {
+                    "ModelMetadata": unary(
+                        metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
+                    ),
+                    "ModelConfig": unary(config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+                    "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                        stream,
+                        request_deserializer=pb.ModelInferRequest.FromString,
+                        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+                    ),
+                },
+            )
+        ]
+    )
+    return server
+
+
+@pytest.mark.parametrize(
+    ("gaps", "tokens", "error"),
+    [
+        # five tokens 0.25 s apart: 1.25 s in all, longer than --backend-timeout 0.6 s
+        ([0.25] * 5, ["t0", "t1", "t2", "t3", "t4"], None),
+        # the backend goes silent for longer than --backend-timeout after two tokens
+        ([0.05, 0.05, 1.5], ["t0", "t1"], "sent no response of the stream for 0.6 s"),
+    ],
+)
+async def test_grpc_stream_deadline_is_per_response(
+    make_client: Factory, gaps: list[float], tokens: list[str], error: str | None
+) -> None:
+    """--backend-timeout bounds each response of a decoupled stream, not the whole stream
+    (an LLM stream may last far longer than it)."""
+    server = _streaming_backend(gaps)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        proxy = await proxy_to(make_client, f"grpc://127.0.0.1:{port}", backend_timeout=0.6)
+        resp = await proxy.post("/v2/models/llm/generate_stream", data=b'{"text_input": "a b"}')
+        assert resp.status == 200
+        events = [
+            json.loads(line[len(b"data: ") :])
+            for line in (await resp.read()).split(b"\n")
+            if line.startswith(b"data: ")
+        ]
+        got = [e["text_output"] for e in events if "text_output" in e]
+        assert got == tokens
+        errors = [e["error"] for e in events if "error" in e]
+        if error is None:
+            assert errors == []
+        else:
+            assert len(errors) == 1 and error in errors[0]
+    finally:
+        await server.stop(0)

@@ -198,7 +198,12 @@ class BuiltinBackend(DecodedOnly):
         start = time.perf_counter_ns()
         try:
             inputs = validate_inputs(spec, request)
-            results = [select_outputs(spec, request, out) for out in spec.compute(inputs)]
+            produced = spec.compute(inputs)
+            # the first response is made before any is sent, so that a bad request fails whole;
+            # the rest are made one at a time as the client takes them (a long stream starts
+            # at once and never sits in memory)
+            first = next(produced, None)
+            outputs = None if first is None else select_outputs(spec, request, first)
         except ProxyError:
             stats.failure += 1
             stats.failure_ns += time.perf_counter_ns() - start
@@ -206,10 +211,12 @@ class BuiltinBackend(DecodedOnly):
         stats.success += 1
         stats.success_ns += time.perf_counter_ns() - start
         stats.last_inference_ms = int(time.time() * 1000)
-        for outputs in results:
+        while outputs is not None:
             yield InferResponse(
                 model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
             )
+            nxt = next(produced, None)
+            outputs = None if nxt is None else select_outputs(spec, request, nxt)
 
     # ------------------------------------------------------------------ side operations
 

@@ -12,6 +12,7 @@ every request over it) to a v2 gRPC model server.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -241,12 +242,22 @@ class GrpcBackend(DecodedOnly):
             return
         msg = grpcc.request_to_proto(request)
         msg.parameters["triton_enable_empty_final_response"].bool_param = True
-        call = self._calls["ModelStreamInfer"](
-            iter([msg]), timeout=self._timeout, metadata=_metadata(headers)
-        )
+        # No deadline on the whole call: an LLM stream may last far longer than
+        # --backend-timeout. The backend has that long for each response instead.
+        call = self._calls["ModelStreamInfer"](iter([msg]), metadata=_metadata(headers))
         try:
             with self._mapped("streaming inference", request.model_name):
-                async for item in call:
+                while True:
+                    try:
+                        async with asyncio.timeout(self._timeout):
+                            item = await call.read()
+                    except TimeoutError:
+                        raise GatewayTimeout(
+                            f"backend at {self.target} sent no response of the stream for"
+                            f" {self._timeout:g} s (--backend-timeout)"
+                        ) from None
+                    if item is grpc.aio.EOF:  # type: ignore[attr-defined]
+                        break
                     if item.error_message:
                         raise BackendError(item.error_message, 400, "INVALID_ARGUMENT")
                     resp = item.infer_response
