@@ -22,6 +22,7 @@ from typing import Literal
 import grpc
 from prometheus_client import CollectorRegistry
 
+from v2proxy.admission import AdmissionGate
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.metered import metered
@@ -132,6 +133,7 @@ def build_pipeline(
         settings.models,
         shm=shm,
         client_shm=settings.client_shm,
+        max_tensors=settings.max_tensors,
     )
 
 
@@ -148,9 +150,13 @@ def build_metrics(settings: Settings) -> AnyMetrics:
 
 
 def build_rest(
-    settings: Settings, pipeline: Pipeline, metrics: AnyMetrics | None = None
+    settings: Settings,
+    pipeline: Pipeline,
+    metrics: AnyMetrics | None = None,
+    gate: AdmissionGate | None = None,
 ) -> RestFrontend:
-    """The REST frontend on ``pipeline`` (serve it with :func:`build_http_server`)."""
+    """The REST frontend on ``pipeline`` (serve it with :func:`build_http_server`); ``gate``:
+    the process's admission gate (default: one of its own, of ``--max-concurrency``)."""
     if metrics is None:
         metrics = build_metrics(settings)
     return RestFrontend(
@@ -160,6 +166,7 @@ def build_rest(
         metrics,
         settings.access_log,
         mindie=settings.mindie,
+        gate=gate or AdmissionGate(settings.max_concurrency),
     )
 
 
@@ -180,8 +187,11 @@ def build_grpc_server(
     pipeline: Pipeline,
     reuse_port: bool = False,
     metrics: AnyMetrics | None = None,
+    gate: AdmissionGate | None = None,
 ) -> grpc.aio.Server:
-    """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
+    """The grpc.aio server for the v2 gRPC API (not yet bound to a port). No
+    ``maximum_concurrent_rpcs``: grpc would refuse health checks too; ``gate`` (default: one
+    of its own, of ``--max-concurrency``) refuses calls but health and metadata."""
     size = settings.grpc_max_message_size
     server = grpc.aio.server(
         options=[
@@ -192,7 +202,8 @@ def build_grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    frontend = GrpcFrontend(pipeline, metrics, settings.access_log)
+    gate = gate or AdmissionGate(settings.max_concurrency)
+    frontend = GrpcFrontend(pipeline, metrics, settings.access_log, gate)
     server.add_generic_rpc_handlers(frontend.handlers())
     return server
 
@@ -213,8 +224,9 @@ async def serve(
     backend = metered(build_backend(settings, metrics), metrics)
     await backend.start()
     pipeline = build_pipeline(settings, backend, metrics, shm_folder)
-    http_server = build_http_server(settings, build_rest(settings, pipeline, metrics))
-    grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics)
+    gate = AdmissionGate(settings.max_concurrency)  # one per process, REST and gRPC together
+    http_server = build_http_server(settings, build_rest(settings, pipeline, metrics, gate))
+    grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics, gate)
     try:
         http_port = await http_server.start(
             settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048

@@ -50,6 +50,21 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
         help="hard cap on any HTTP request body in bytes, 413 beyond it (default 2 GiB - 1)",
     )
     p.add_argument(
+        "--max-tensors",
+        type=int,
+        metavar="N",
+        help="most inputs, and most requested outputs, one inference request may name (400"
+        " beyond it; default 1024)",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        metavar="N",
+        help="most requests in progress at once per worker, REST and gRPC together (a stream"
+        " counts as one while open); beyond it 503 with Retry-After, gRPC RESOURCE_EXHAUSTED;"
+        " health, metadata and /metrics are never refused; 0: no limit (default 1024)",
+    )
+    p.add_argument(
         "--client-shm",
         choices=("off", "local", "on"),
         help="who may register shared memory: off, local (default: peers on loopback or a unix"

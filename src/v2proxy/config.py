@@ -38,6 +38,7 @@ from v2proxy.config_sections import (
 )
 from v2proxy.config_values import (
     choice,
+    non_negative_int,
     port,
     positive_float,
     positive_int,
@@ -67,6 +68,8 @@ class Settings:
     grpc_max_message_size: int = 2**31 - 1
     max_input_size: int = 64 * MiB
     max_body_size: int = 2048 * MiB - 1
+    max_tensors: int = 1024
+    max_concurrency: int = 1024
     backend_timeout: float = 60.0
     backend_connect_timeout: float = 5.0
     backend_connections: int = 100
@@ -117,6 +120,8 @@ PARSERS: dict[str, Any] = {
     "grpc_max_message_size": positive_int,
     "max_input_size": positive_int,
     "max_body_size": positive_int,
+    "max_tensors": positive_int,
+    "max_concurrency": non_negative_int,
     "backend_timeout": positive_float,
     "backend_connect_timeout": positive_float,
     "backend_connections": positive_int,

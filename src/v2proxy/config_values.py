@@ -29,6 +29,13 @@ def positive_int(v: Any) -> int:
     return n
 
 
+def non_negative_int(v: Any) -> int:
+    n = integer(v)
+    if n < 0:
+        raise ValueError("must be an integer >= 0")
+    return n
+
+
 def int_range(low: int, high: int) -> Any:
     def parse(v: Any) -> int:
         n = integer(v)

@@ -82,6 +82,14 @@ class Unsupported(ProxyError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class Overloaded(ProxyError):
+    """The proxy is serving as many requests as ``--max-concurrency`` allows: refused at once,
+    to be retried later (REST: 503 with ``Retry-After``; gRPC: RESOURCE_EXHAUSTED)."""
+
+    http_status = 503
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
 class BackendError(ProxyError):
     """The backend answered with an error of its own; status and message are passed on."""
 

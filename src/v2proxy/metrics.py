@@ -104,6 +104,13 @@ BACKEND_ERRORS = Family(
     " timeout, bad_gateway (broken or non-v2 answer).",
     ("operation", "backend", "error"),
 )
+REJECTED = Family(
+    "v2proxy_requests_rejected_total",
+    "counter",
+    "Requests refused before any work was done, by reason: max_concurrency (more requests in"
+    " progress than --max-concurrency allows; answered 503 / RESOURCE_EXHAUSTED).",
+    ("frontend", "reason"),
+)
 # Filled once the HTTP client reports the idle-connection retries it makes (http/client.py).
 BACKEND_RETRIES = Family(
     "v2proxy_backend_retries_total",
@@ -173,6 +180,7 @@ FAMILIES = (
     ERRORS,
     DURATION,
     IN_FLIGHT,
+    REJECTED,
     REQUEST_BYTES,
     RESPONSE_BYTES,
     TRANSCODE,
@@ -213,6 +221,7 @@ _ERROR_KINDS = {
     "BadGateway": "bad_gateway",
     "BackendUnavailable": "backend_unavailable",
     "GatewayTimeout": "gateway_timeout",
+    "Overloaded": "overloaded",
 }
 _kind_cache: dict[type, str] = {}
 

@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from v2proxy import restricted, shm_stage
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
 from v2proxy.generate_stage import GenerateStage, Mapped
@@ -84,18 +85,21 @@ class Pipeline:
         models: Mapping[str, stage.ModelLabels] | None = None,
         shm: shm_stage.Regions | None = None,
         client_shm: str = "local",
+        max_tensors: int = DEFAULT_MAX_TENSORS,
     ) -> None:
         self.backend = backend
         #: set when the proxy stops: readiness turns false while requests in flight finish
         self.draining = False
         self.max_input_size = max_input_size
+        #: --max-tensors: inputs, and requested outputs, per request at most (the decoders')
+        self.max_tensors = max_tensors
         self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
         self.models: Mapping[str, stage.ModelLabels] = models or {}
         #: the clients' system shared-memory regions (None: none can be registered)
         self.shm = shm
         self.client_shm = client_shm
-        self._relay = Relay(backend, max_input_size)
+        self._relay = Relay(backend, max_input_size, max_tensors)
         self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
         self._backend_classifies: tuple[float, bool] | None = None
         self.generation = GenerateStage(

@@ -18,6 +18,7 @@ from v2proxy.metrics import (
     ERRORS,
     IN_FLIGHT,
     NULL,
+    REJECTED,
     REQUEST_BYTES,
     REQUESTS,
     RESPONSE_BYTES,
@@ -61,12 +62,15 @@ class FrontendRecorder:
             self._metrics = metrics
             self._models = metrics.models
             self.inflight: Any = metrics.store(IN_FLIGHT).child(frontend)
+            #: requests refused by the admission gate (--max-concurrency)
+            self.rejected: Any = metrics.store(REJECTED).child(frontend, "max_concurrency")
             transcode = metrics.store(TRANSCODE)
             self.decode: dict[str, Any] = {w: transcode.child(frontend, "decode", w) for w in WIRES}
             self.encode: dict[str, Any] = {w: transcode.child(frontend, "encode", w) for w in WIRES}
         else:
             self.enabled = False
             self.inflight = NULL
+            self.rejected = NULL
             self.decode = dict.fromkeys(WIRES, NULL)
             self.encode = dict.fromkeys(WIRES, NULL)
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from v2proxy.codecs.binary import check_json_size, decode_request
 from v2proxy.codecs.json_stream import StreamCheck
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.errors import InvalidRequest, ProxyError
 from v2proxy.model import Datatype, InferRequest
 from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
@@ -111,9 +112,12 @@ def nothing_to_do(request: InferRequest, binary: bool) -> bool:
 class Relay:
     """The pass-through fast path in front of one backend."""
 
-    def __init__(self, backend: Backend, max_input_size: int) -> None:
+    def __init__(
+        self, backend: Backend, max_input_size: int, max_tensors: int = DEFAULT_MAX_TENSORS
+    ) -> None:
         self.backend = backend
         self.max_input_size = max_input_size
+        self.max_tensors = max_tensors
         self._buffers: list[bytearray] = []
 
     async def relay(
@@ -156,7 +160,9 @@ class Relay:
             if not await self.backend.can_relay(False, length):
                 async for _ in _kept(body, keeper):
                     pass
-                return decode_request(keeper.view(), None, model, version, self.max_input_size)
+                return decode_request(
+                    keeper.view(), None, model, version, self.max_input_size, self.max_tensors
+                )
             return await self._relay_checked(model, version, body, keeper, headers)
         except _NotRelayed as stop:
             return stop.request
@@ -166,7 +172,7 @@ class Relay:
     async def _relay_checked(
         self, model: str, version: str, body: StreamedBody, keeper: _Keeper, headers: Headers
     ) -> ForwardResponse:
-        check = StreamCheck(model, version, self.max_input_size)
+        check = StreamCheck(model, version, self.max_input_size, self.max_tensors)
         hold_from = max(body.length - HOLD_BACK, 0)
 
         async def checked() -> AsyncIterator[bytes]:
@@ -183,7 +189,9 @@ class Relay:
                 # undecided, or the tensors' bytes are needed: the full decoder decides (and
                 # names the field at fault)
                 view = keeper.view()
-                request = decode_request(view, None, model, version, self.max_input_size)
+                request = decode_request(
+                    view, None, model, version, self.max_input_size, self.max_tensors
+                )
                 if not nothing_to_do(request, binary=False):
                     raise _NotRelayed(request)
             yield bytes(keeper.view()[hold_from:])

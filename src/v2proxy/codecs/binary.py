@@ -22,6 +22,7 @@ from v2proxy.codecs.json_v2 import (
     response_from_obj,
     response_to_obj,
 )
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.sections import BinaryReader, SizeOnlyReader
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
@@ -68,13 +69,14 @@ def decode_request(
     model_name: str,
     model_version: str = "",
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
     """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
     header, section = _split(body, ihcl, max_input_size)
     reader = None if section is None else BinaryReader(section)
-    return _request(header, reader, model_name, model_version, max_input_size)
+    return _request(header, reader, model_name, model_version, max_input_size, max_tensors)
 
 
 def decode_request_header(
@@ -83,13 +85,14 @@ def decode_request_header(
     model_name: str,
     model_version: str = "",
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
     """Decode and check the JSON header of a binary-framed request whose binary section (of
     ``section_length`` bytes) is still to come: every check but the tensors' bytes is made;
     binary inputs carry no data."""
     head, _ = _split(header, None, max_input_size)
     reader = SizeOnlyReader(section_length)
-    return _request(head, reader, model_name, model_version, max_input_size)
+    return _request(head, reader, model_name, model_version, max_input_size, max_tensors)
 
 
 def _request(
@@ -98,12 +101,15 @@ def _request(
     model_name: str,
     model_version: str,
     max_input_size: int,
+    max_tensors: int,
 ) -> InferRequest:
     """The request in a JSON ``header``; ``reader`` hands out its binary section's bytes."""
     if len(header) == 0:
         raise CodecError("failed to parse the request JSON buffer: the request body is empty")
     obj = parse_header(header)
-    return request_from_obj(obj, model_name, model_version, reader, max_input_size)
+    return request_from_obj(
+        obj, model_name, model_version, reader, max_input_size, max_tensors=max_tensors
+    )
 
 
 def encode_request(req: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:

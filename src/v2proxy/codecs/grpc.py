@@ -8,6 +8,9 @@ carry every output in ``raw_output_contents`` (an empty entry for shared-memory 
 typed contents. Responses read from a backend may mix typed contents and raw entries (KServe 0.21
 does): both are accepted.
 
+Requests are held to :mod:`v2proxy.codecs.limits` (inputs and outputs per request, bytes decoded
+from typed contents).
+
 Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
 model config, statistics) to and from their messages.
 
@@ -25,7 +28,14 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.codecs.dtypes import NUMPY_DTYPE, parse_datatype, serialize_bytes
+from v2proxy.codecs.dtypes import (
+    NUMPY_DTYPE,
+    expected_byte_size,
+    parse_datatype,
+    serialize_bytes,
+)
+from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
 from v2proxy.errors import CodecError
 from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -146,9 +156,18 @@ def contents_to_bytes(
     return arr.astype(NUMPY_DTYPE[datatype]).tobytes()
 
 
-def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
-    """Decode a ModelInferRequest (raw slots in order, typed contents, shm references)."""
+def request_from_proto(
+    msg: pb.ModelInferRequest,
+    max_tensors: int = DEFAULT_MAX_TENSORS,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> InferRequest:
+    """Decode a ModelInferRequest (raw slots in order, typed contents, shm references): at
+    most ``max_tensors`` inputs and requested outputs, at most ``max_input_size`` bytes decoded
+    from typed contents together (:mod:`v2proxy.codecs.limits`)."""
     model = msg.model_name
+    check_count(len(msg.inputs), max_tensors, "inputs")
+    check_count(len(msg.outputs), max_tensors, "outputs")
+    decoded = DecodedTotal(max_input_size)
     raw = msg.raw_input_contents
     next_raw = 0
     inputs: list[Tensor] = []
@@ -175,7 +194,12 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
                     f"contents field must not be specified when using raw_input_contents for"
                     f" '{inp.name}' for model '{model}'"
                 )
+            size = expected_byte_size(datatype, shape)
+            if size is not None:  # known from the shape: counted before converting
+                decoded.add(size, where)
             data = contents_to_bytes(inp.contents, datatype, shape, where)
+            if size is None:
+                decoded.add(len(data), where)
         else:
             if next_raw >= len(raw):
                 raise CodecError(f"unable to find data for {where} in request.")

@@ -21,6 +21,7 @@ from v2proxy.codecs.dtypes import ITEM_SIZE
 from v2proxy.codecs.json import loads
 from v2proxy.codecs.json_data import BUFFER_TYPES, INT_RANGES
 from v2proxy.codecs.json_v2 import request_from_obj
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.errors import CodecError, PayloadTooLarge
 from v2proxy.model import Datatype, InferRequest
 
@@ -54,10 +55,13 @@ class StreamCheck:
     differs from the full decoder's.
     """
 
-    def __init__(self, model: str, version: str, max_input_size: int) -> None:
+    def __init__(
+        self, model: str, version: str, max_input_size: int, max_tensors: int = DEFAULT_MAX_TENSORS
+    ) -> None:
         self._model = model
         self._version = version
         self._max = max_input_size
+        self._max_tensors = max_tensors
         self._gave_up = False
         self._size = 0
         self._skeleton = bytearray()
@@ -97,7 +101,15 @@ class StreamCheck:
             return None
         try:
             obj = loads(self._skeleton)
-            return request_from_obj(obj, self._model, self._version, None, self._max, self._checked)
+            return request_from_obj(
+                obj,
+                self._model,
+                self._version,
+                None,
+                self._max,
+                self._checked,
+                max_tensors=self._max_tensors,
+            )
         except (CodecError, PayloadTooLarge):
             return None
 

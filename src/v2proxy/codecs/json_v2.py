@@ -10,6 +10,8 @@
 - ``request_from_obj(..., checked=...)`` takes inputs whose numbers were checked already by
   :mod:`v2proxy.codecs.json_stream` (which relays large bodies while they arrive).
 - ``dumps_tree`` serializes a header, writing NaN/Infinity literals like Triton.
+- Requests are held to :mod:`v2proxy.codecs.limits`: at most ``max_tensors`` inputs and
+  requested outputs, at most ``max_input_size`` bytes decoded from all ``data`` arrays together.
 
 Pure: no I/O. Errors are CodecError naming the field at fault.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from v2proxy.codecs.dtypes import ITEM_SIZE, parse_datatype, parse_shape
+from v2proxy.codecs.dtypes import ITEM_SIZE, expected_byte_size, parse_datatype, parse_shape
 from v2proxy.codecs.json import dumps
 from v2proxy.codecs.json_data import (
     DEFAULT_MAX_INPUT_SIZE,
@@ -29,6 +31,7 @@ from v2proxy.codecs.json_data import (
     data_to_buffer,
     tensor_data_json,
 )
+from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
 from v2proxy.codecs.sections import BinaryReader
 from v2proxy.errors import CodecError
 from v2proxy.model import (
@@ -115,10 +118,12 @@ def request_from_obj(
     binary: BinaryReader | None,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     checked: dict[int, tuple[Datatype, int]] | None = None,
+    max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
     """Build an InferRequest from a parsed v2 JSON request header. ``checked`` names inputs
     (by index) whose ``data`` was checked already (by :class:`StreamCheck`: its datatype and
-    element count); those tensors carry no bytes."""
+    element count); those tensors carry no bytes. At most ``max_tensors`` inputs and requested
+    outputs; at most ``max_input_size`` bytes decoded from the ``data`` arrays together."""
     if type(obj) is not dict:
         raise CodecError("Unable to parse the request: expected a JSON object")
     req_id = obj.get("id")
@@ -135,6 +140,11 @@ def request_from_obj(
     raw_inputs = obj.get("inputs")
     if type(raw_inputs) is not list:
         raise CodecError("Unable to parse 'inputs': expected a JSON array of input tensors")
+    check_count(len(raw_inputs), max_tensors, "inputs")
+    raw_outputs = obj.get("outputs")
+    if type(raw_outputs) is list:
+        check_count(len(raw_outputs), max_tensors, "outputs")
+    decoded = DecodedTotal(max_input_size)
     inputs: list[Tensor] = []
     seen: set[str] = set()
     for i, item in enumerate(raw_inputs):
@@ -161,10 +171,18 @@ def request_from_obj(
             )
         source = present[0]
         data: bytes | memoryview
+        if source == "data":
+            size = expected_byte_size(datatype, shape)
+            # known from the shape: counted before decoding (one input over the limit on its
+            # own is data_to_buffer's to name)
+            if size is not None and size <= max_input_size:
+                decoded.add(size, where)
         if source == "data" and checked is not None and i in checked:
             data = _checked_data(checked[i], datatype, shape, where, max_input_size)
         elif source == "data":
             data = data_to_buffer(item["data"], datatype, shape, where, max_input_size)
+            if size is None:
+                decoded.add(len(data), where)
         elif source == "binary_data_size":
             data = _binary_data(
                 tparams,
@@ -178,7 +196,7 @@ def request_from_obj(
         else:
             data = b""  # shared memory: resolved by the pipeline
         inputs.append(Tensor(name, datatype, shape, data, tparams))
-    outputs = _requested_outputs(obj.get("outputs"))
+    outputs = _requested_outputs(raw_outputs)
     if binary is not None:
         binary.finish(model_name)
     return InferRequest(

@@ -9,7 +9,9 @@ becomes a gRPC status in exactly one place (:func:`~v2proxy.frontends.grpc_call.
 call is recorded (metrics, log lines; each message of a stream is recorded on its own).
 ModelStreamInfer answers each request on the stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
-true`` header.
+true`` header. Every call but health and metadata holds a slot of the process's
+:class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
+runs; a ModelStreamInfer stream holds one for as long as it is open.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from time import perf_counter
 from typing import Any
 
@@ -26,9 +28,10 @@ import grpc
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto import health_pb2
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
+from v2proxy.admission import AdmissionGate
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
-from v2proxy.errors import CodecError, ProxyError, Unsupported
+from v2proxy.errors import CodecError, Overloaded, ProxyError, Unsupported
 from v2proxy.frontends import grpc_shm
 from v2proxy.frontends.grpc_call import (
     HEALTH_SERVICE,
@@ -37,6 +40,7 @@ from v2proxy.frontends.grpc_call import (
     forwarded_headers,
     guard,
     parse,
+    refusal_trailers,
     status_code,
 )
 from v2proxy.metrics_export import AnyMetrics, NullMetrics
@@ -63,22 +67,32 @@ class GrpcFrontend:
     """Serves the v2 gRPC API on top of a :class:`Pipeline`."""
 
     def __init__(
-        self, pipeline: Pipeline, metrics: AnyMetrics | None = None, access_log: bool = False
+        self,
+        pipeline: Pipeline,
+        metrics: AnyMetrics | None = None,
+        access_log: bool = False,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
+        #: --max-concurrency, shared with the REST frontend (default: no limit)
+        self.gate = gate or AdmissionGate()
+        #: --max-tensors, --max-input-size (the request decoder's limits)
+        self._limits = (pipeline.max_tensors, pipeline.max_input_size)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         # answers leave the handlers serialized (bytes), so that their size is known
-        rec = self.recorder
+        rec, gate = self.recorder, self.gate
         unary = {
-            name: grpc.unary_unary_rpc_method_handler(guard(getattr(self, name), req, name, rec))
+            name: grpc.unary_unary_rpc_method_handler(
+                guard(getattr(self, name), req, name, rec, gate)
+            )
             for name, (req, _resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec)
+                guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec, gate)
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.Watch,
@@ -125,7 +139,7 @@ class GrpcFrontend:
 
     async def ModelInfer(self, r: pb.ModelInferRequest, c: Context) -> pb.ModelInferResponse:
         t0 = perf_counter()
-        request = grpcc.request_from_proto(r)
+        request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
         _no_reserved_keys(request.parameters)
         response = await self.pipeline.infer(request, forwarded_headers(c))
@@ -138,7 +152,28 @@ class GrpcFrontend:
         self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[bytes]:
         """Each request message is served (and recorded) on its own; answers are serialized
-        here, errors too unless the client asked for them as the stream's status."""
+        here, errors too unless the client asked for them as the stream's status. The stream
+        holds one admission slot while it is open (refused at once when none is free)."""
+        path = f"/{SERVICE}/ModelStreamInfer"
+        try:
+            held = self.gate.enter("stream_infer")
+        except Overloaded as exc:
+            refused = Call("stream_infer", "")
+            refused.failed(exc)
+            refused.record(self.recorder, context, perf_counter(), 0, path)
+            trailers = refusal_trailers(exc, self.recorder)
+            await context.abort(status_code(exc), exc.message, trailers)
+        try:
+            async with contextlib.aclosing(self._stream(requests, context, path)) as stream:
+                async for item in stream:
+                    yield item
+        finally:
+            if held:
+                self.gate.leave()
+
+    async def _stream(
+        self, requests: AsyncIterator[bytes], context: Context, path: str
+    ) -> AsyncGenerator[bytes, None]:
         raise_errors = any(
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
         )
@@ -146,7 +181,6 @@ class GrpcFrontend:
         queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         rec = self.recorder
-        path = f"/{SERVICE}/ModelStreamInfer"
 
         async def serve_one(msg: bytes) -> None:
             t0 = perf_counter()
@@ -201,7 +235,7 @@ class GrpcFrontend:
         self, r: pb.ModelInferRequest, headers: Headers
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         t0 = perf_counter()
-        request = grpcc.request_from_proto(r)
+        request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
         flag = request.parameters.pop(_EMPTY_FINAL, False) is True
         _no_reserved_keys(request.parameters)

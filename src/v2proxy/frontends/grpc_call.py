@@ -3,7 +3,9 @@
 be UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`, DESIGN.md
 rule 2), the answer serialized (so that its size is known), the call recorded (metrics and log
 lines, :class:`Call`; each message of a stream is recorded on its own), and the end-to-end
-request metadata forwarded to the backend (:func:`forwarded_headers`).
+request metadata forwarded to the backend (:func:`forwarded_headers`). A call is admitted first
+by the process's :class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``): refused, it is
+RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms`` (:func:`refusal_trailers`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from v2proxy._proto.service import SERVICE
-from v2proxy.errors import CodecError, ProxyError
+from v2proxy.admission import RETRY_AFTER_S, AdmissionGate
+from v2proxy.errors import CodecError, Overloaded, ProxyError
 from v2proxy.http_io import HOP_BY_HOP
 from v2proxy.metrics import error_kind
 from v2proxy.ports import Headers
@@ -46,6 +49,15 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 def status_code(exc: ProxyError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN)
+
+
+def refusal_trailers(exc: ProxyError, rec: FrontendRecorder) -> tuple[tuple[str, str], ...]:
+    """The trailers of a failed call: an admission refusal is counted and tells gRPC's retry
+    policy when to try again (``grpc-retry-pushback-ms``)."""
+    if not isinstance(exc, Overloaded):
+        return ()
+    rec.rejected.inc()
+    return (("grpc-retry-pushback-ms", str(RETRY_AFTER_S * 1000)),)
 
 
 def parse(message_type: Any, data: bytes, rpc: str) -> Any:
@@ -85,19 +97,23 @@ def guard(
     message_type: Any,
     rpc: str,
     rec: FrontendRecorder,
+    gate: AdmissionGate | None = None,
 ) -> Callable[[bytes, Context], Any]:
     """The one translator from the error tree to gRPC status; it also serializes the answer
     and records the call (metrics, log lines)."""
     op = _OPERATIONS.get(rpc, "side")
     field = _MODEL_FIELDS.get(rpc)
     path = f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
+    admission = gate or AdmissionGate()
 
     async def handler(data: bytes, context: Context) -> Any:
         t0 = perf_counter()
         rec.inflight.inc()
         call = Call(op, "")
+        held = False
         try:
             with call:
+                held = admission.enter(op)
                 msg = parse(message_type, data, rpc)
                 if field is not None:
                     call.model = getattr(msg, field)
@@ -105,11 +121,14 @@ def guard(
                 call.n_out = len(out)
                 return out
         finally:
+            if held:
+                admission.leave()
             rec.inflight.dec()
             call.record(rec, context, t0, len(data), path)
         failure = call.exc
         assert failure is not None
-        await context.abort(status_code(failure), failure.message)
+        trailers = refusal_trailers(failure, rec)
+        await context.abort(status_code(failure), failure.message, trailers)
 
     return handler
 

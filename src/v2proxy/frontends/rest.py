@@ -16,7 +16,9 @@ backend as the bytes the client sent; ``x-request-id`` is echoed on every answer
 
 ``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
 passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
-(metrics of :mod:`v2proxy.metrics`, a WARNING line per failed request, the access log).
+(metrics of :mod:`v2proxy.metrics`, a WARNING line per failed request, the access log), and
+admitted there first by the process's :class:`~v2proxy.admission.AdmissionGate`
+(``--max-concurrency``: 503 with ``Retry-After`` beyond it, before the body is read).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any
 
+from v2proxy.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.config_sections import MindieSettings
-from v2proxy.errors import BodyTooLarge, InvalidRequest, ProxyError, Unsupported
+from v2proxy.errors import BodyTooLarge, InvalidRequest, Overloaded, ProxyError, Unsupported
 from v2proxy.frontends import rest_generate, rest_infer, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
@@ -63,6 +66,8 @@ def error_answer(exc: ProxyError) -> Answer:
     status, headers, body = json_answer(exc.http_status, {"error": exc.message})  # type: ignore[misc]
     if isinstance(exc, Unsupported) and "compression" in exc.message:
         headers.append((b"accept-encoding", b"gzip, deflate"))
+    elif isinstance(exc, Overloaded):
+        headers.append((b"retry-after", b"%d" % RETRY_AFTER_S))
     return status, headers, body
 
 
@@ -82,8 +87,11 @@ class RestFrontend:
         metrics: AnyMetrics | None = None,
         access_log: bool = False,
         mindie: MindieSettings | None = None,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.pipeline = pipeline
+        #: --max-concurrency, shared with the gRPC frontend (default: no limit)
+        self.gate = gate or AdmissionGate()
         self.max_input_size = max_input_size
         self.max_body_size = max_body_size
         self.metrics: AnyMetrics = metrics or NullMetrics()
@@ -105,12 +113,16 @@ class RestFrontend:
         handler, m, op = _find(request)
         model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
+        held = False
         try:
             try:
+                held = self.gate.enter(op)
                 answer = await handler(self, request, m)
             except ProxyError as exc:
                 answer = error_answer(exc)
                 error, cause = error_kind(exc), exc.message
+                if isinstance(exc, Overloaded):
+                    rec.rejected.inc()
             rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
                 status = answer.status
@@ -136,6 +148,8 @@ class RestFrontend:
             status, error, cause = 500, "internal", f"internal error: {type(exc).__name__}"
             raise
         finally:
+            if held:
+                self.gate.leave()
             rec.inflight.dec()
             self._record(request, t0, op, model, status, error, cause, wire_out, n_out)
 

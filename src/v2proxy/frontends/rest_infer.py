@@ -119,7 +119,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             chunks = aiter(r.chunks())
             header, extra = await _prefix(chunks, ihcl)
             probe = binc.decode_request_header(
-                header, length - ihcl, model, version, fe.max_input_size
+                header, length - ihcl, model, version, fe.max_input_size, fe.pipeline.max_tensors
             )
             streamed = StreamedBody(length, _then(bytes(header) + extra, chunks))
             relayed = await fe.pipeline.relay(probe, streamed, ihcl, forwarded)
@@ -137,7 +137,9 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
         request = await fe.pipeline.decode_raw(data, model, version)
         fe.recorder.decode["raw"].observe(perf_counter() - t0)
     else:
-        request = binc.decode_request(data, ihcl, model, version, fe.max_input_size)
+        request = binc.decode_request(
+            data, ihcl, model, version, fe.max_input_size, fe.pipeline.max_tensors
+        )
         fe.recorder.decode["json" if ihcl is None else "binary"].observe(perf_counter() - t0)
         if encoding is None and isinstance(data, bytes | bytearray):
             relayed = await fe.pipeline.relay(request, data, ihcl, forwarded)

@@ -1,0 +1,65 @@
+"""The admission gate: at most ``--max-concurrency`` requests in progress per process, the
+rest refused at once (Envoy's overload manager, uvicorn's ``--limit-concurrency``).
+
+One :class:`AdmissionGate` per process is shared by the REST and gRPC frontends (app.py builds
+it), so both count against the same limit; with ``--workers N`` each worker has its own gate
+(N x the limit in all). A request holds its slot from the moment its head arrives (before its
+body is read) until its answer is complete; a stream (REST ``generate_stream``, an SSE answer
+passed through, gRPC ``ModelStreamInfer``) holds one slot for as long as it is open, whatever
+number of messages it carries.
+
+Operations that probes and monitoring depend on are never refused and never counted: health
+(live, ready, model ready, grpc.health.v1) and metadata (server, model, config); ``GET
+/metrics`` does not reach the gate at all. Under overload Kubernetes must still see a live,
+ready pod, or it would restart the one that is busy.
+
+A refusal is :class:`~v2proxy.errors.Overloaded` (503 with ``Retry-After:``
+:data:`RETRY_AFTER_S`, gRPC RESOURCE_EXHAUSTED), raised before any work is done.
+``limit`` 0 means no limit. Pure: no I/O; everything runs on the process's one event loop, so a
+plain counter suffices.
+"""
+
+from __future__ import annotations
+
+from v2proxy.errors import Overloaded
+
+#: operations (the ``operation`` label of the frontends' metrics) that are never refused
+EXEMPT = frozenset({"health", "metadata"})
+#: seconds a refused client is asked to wait (REST ``Retry-After``, gRPC retry pushback)
+RETRY_AFTER_S = 1
+
+
+class AdmissionGate:
+    """Counts the requests in progress and refuses those beyond ``limit`` (0: no limit)."""
+
+    __slots__ = ("in_use", "limit", "refused")
+
+    def __init__(self, limit: int = 0) -> None:
+        if limit < 0:
+            raise ValueError("the concurrency limit must be >= 0 (0: no limit)")
+        self.limit = limit
+        #: requests holding a slot now
+        self.in_use = 0
+        #: requests refused since the start
+        self.refused = 0
+
+    def enter(self, operation: str) -> bool:
+        """Admit a request of ``operation``: True when it took a slot (the caller must
+        :meth:`leave` once it is answered), False when it needs none (exempt operations, no
+        limit). Raises :class:`Overloaded` when every slot is taken."""
+        if self.limit == 0 or operation in EXEMPT:
+            return False
+        if self.in_use >= self.limit:
+            self.refused += 1
+            raise Overloaded(
+                f"too many requests in progress: v2proxy serves at most {self.limit} at once"
+                f" (--max-concurrency); retry after {RETRY_AFTER_S} s"
+            )
+        self.in_use += 1
+        return True
+
+    def leave(self) -> None:
+        """A request that took a slot is answered (or abandoned)."""
+        if self.in_use <= 0:
+            raise RuntimeError("AdmissionGate.leave without a matching enter")
+        self.in_use -= 1
