@@ -345,7 +345,7 @@ def test_timeout_is_the_proxy_deadline(
 ) -> None:
     proxy = get_proxy(target)
     before = cancelled(triton_urls)
-    slow = {"inputs": "a [delay=400]", "parameters": {"max_new_tokens": 10, "timeout": 1}}
+    slow = {"inputs": "a [delay=300]", "parameters": {"max_new_tokens": 10, "timeout": 1}}
     t0 = time.monotonic()
     status, _, raw = post(proxy, slow)
     assert time.monotonic() - t0 < 3
