@@ -272,3 +272,45 @@ def test_number_arrays(
     verdict = agree(body, sizes)
     if isinstance(full(body), InferRequest) and count == len(values):
         assert verdict is not None
+
+
+# A long token or a run of blanks arriving in small pieces (found by fuzzing, tests/fuzz: the
+# check kept an unfinished token and its leading blanks, and scanned them again from the start
+# with every piece: a 256 KiB string in 100-byte pieces held the event loop for ~35 s).
+
+SLOW_BODY = b'{"inputs":[{"name":"A","datatype":"FP32","shape":[2],"data":[1,2]}]}'
+
+
+def _feed_watching(body: bytes, piece: int) -> tuple[InferRequest | None, int]:
+    """The verdict on ``body`` fed in pieces, and the most bytes the check ever kept pending."""
+    sc = json_stream.StreamCheck(MODEL, "", 1 << 26)
+    most = 0
+    for i in range(0, len(body), piece):
+        sc.feed(body[i : i + piece])
+        most = max(most, len(sc._pending))
+    return sc.finish(), most
+
+
+def test_blanks_between_tokens_are_not_kept() -> None:
+    body = b" " * 300_000 + SLOW_BODY.replace(b",", b"  ,\n\t")
+    verdict, most = _feed_watching(body, 100)
+    assert most < 100  # blanks never accumulate: each piece is scanned once
+    assert verdict is not None
+    assert meta(verdict) == meta(binc.decode_request(body, None, MODEL, "", 1 << 26))
+
+
+@pytest.mark.parametrize(
+    "token", [b'"' + b"a" * 300_000 + b'"', b'"' + b'\\"' * 150_000 + b'"', b"1" * 300_000]
+)
+def test_long_token_in_small_pieces_gives_up(token: bytes) -> None:
+    body = b'{"id":' + token + b"," + SLOW_BODY[1:]
+    verdict, most = _feed_watching(body, 100)
+    assert verdict is None  # undecided: the full decoder decides
+    assert most <= (json_stream.MAX_CARRIED + 2) * 100  # never rescanned past a few pieces
+    assert isinstance(full(body), Exception if token.startswith(b"1") else InferRequest)
+
+
+def test_token_over_a_few_pieces_still_checked() -> None:
+    body = b'{"id":"' + b"x" * 500 + b'",' + SLOW_BODY[1:]
+    verdict, _ = _feed_watching(body, 100)
+    assert verdict is not None and verdict.id == "x" * 500

@@ -29,6 +29,10 @@ from v2proxy.model import Datatype, InferRequest
 SKELETON_LIMIT = 256 * 1024
 #: numbers are checked in pieces of about this many bytes
 PIECE_SIZE = 256 * 1024
+#: a token left unfinished by a piece is scanned again, from its start, with the next one: past
+#: this many pieces in a row the check gives up (a slow client's long string in small pieces
+#: would otherwise cost time quadratic in its length: seconds of event loop for 256 KiB)
+MAX_CARRIED = 8
 #: one structural token: a string, a punctuation mark, or a scalar (number, true, false, null)
 _TOKEN = re.compile(
     rb'[ \t\n\r]*(?:("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^ \t\n\r{}\[\]:,"]+))', re.DOTALL
@@ -54,6 +58,9 @@ class StreamCheck:
     an oversized skeleton, malformed JSON) makes the check give up, so that its "valid" never
     differs from the full decoder's.
     """
+
+    #: pieces in a row that ended inside the same unfinished token
+    _carried = 0
 
     def __init__(
         self, model: str, version: str, max_input_size: int, max_tensors: int = DEFAULT_MAX_TENSORS
@@ -84,10 +91,17 @@ class StreamCheck:
         if self._gave_up:
             return
         data, pos = chunk, 0
-        if self._kind == "" and self._pending:
+        carried = len(self._pending) if self._kind == "" else 0
+        if carried:
             data = self._pending + chunk
         while pos >= 0:
             pos = self._numbers(data, pos) if self._kind else self._tokens(data, pos)
+        if carried and len(self._pending) > carried:  # the same token is still unfinished
+            self._carried += 1
+            if self._carried > MAX_CARRIED:
+                self._give_up()
+        else:
+            self._carried = 0
 
     def finish(self) -> InferRequest | None:
         """The request when the body fed was a valid one; None when undecided."""
@@ -171,7 +185,7 @@ class StreamCheck:
             if mark in _OPEN:
                 stack.append([True, None, True, set()] if mark == b"{" else [False, 0, False, None])
         self._skeleton += data[start:pos]
-        self._pending = data[pos:]
+        self._pending = data[pos:].lstrip(b" \t\n\r")  # blanks between tokens: not kept
         if len(self._skeleton) + len(self._pending) > SKELETON_LIMIT:
             return self._give_up()
         return -1
