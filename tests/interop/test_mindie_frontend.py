@@ -355,7 +355,7 @@ def test_timeout_is_the_proxy_deadline(
     )
     status, _, raw = post(proxy, {**slow, "stream": True})
     evs, rest = events(raw)
-    assert status == 200 and 1 <= len(evs) <= 2
+    assert status == 200 and 1 <= len(evs) <= 3  # tokens at 0.3, 0.6, 0.9 s
     assert rest == TIMEOUT_TEXT.encode()
     deadline = time.monotonic() + 5
     while cancelled(triton_urls) < before + 2 and time.monotonic() < deadline:
