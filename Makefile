@@ -55,3 +55,15 @@ clean:
 .PHONY: bench
 bench: $(STAMP) peers
 	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/python benchmarks/run.py $(if $(QUICK),--quick,)
+
+# Coverage-guided fuzzing with atheris (never part of `make test`, which replays the committed
+# corpus): each target of tests/fuzz/targets for FUZZ_SECONDS (default 120) or FUZZ_RUNS
+# executions, one after the other, from tests/fuzz/corpus; new inputs in .cache/fuzz/corpus,
+# crashes in .cache/fuzz/crashes. FUZZ_TARGETS picks some; FUZZ_MERGE=1 minimises what was found
+# back into tests/fuzz/corpus. atheris comes with the dev extra (Linux x86_64 wheels); it is
+# installed here on demand where it is missing.
+FUZZ_SECONDS ?= 120
+.PHONY: fuzz
+fuzz: $(STAMP)
+	@$(BIN)/python -c "import atheris" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt atheris
+	$(BIN)/python tests/fuzz/run_fuzz.py --seconds $(FUZZ_SECONDS) $(if $(FUZZ_RUNS),--runs $(FUZZ_RUNS),) $(if $(FUZZ_MERGE),--merge,) $(FUZZ_TARGETS)

@@ -55,6 +55,13 @@ from v2proxy.request_log import setup_logging
 from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
+from v2proxy.tls import (
+    TlsFileError,
+    channel_credentials,
+    client_context,
+    server_context,
+    server_credentials,
+)
 
 log = logging.getLogger("v2proxy")
 
@@ -85,6 +92,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             timeout=settings.backend_timeout,
             max_message_size=settings.grpc_max_message_size,
             staging=staging,
+            credentials=channel_credentials(settings.backend_tls) if target.tls else None,
         )
     return RestBackend(
         target.url,
@@ -93,6 +101,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
         connect_timeout=settings.backend_connect_timeout,
         connections=settings.backend_connections,
         staging=staging,
+        ssl_context=client_context(settings.backend_tls) if target.tls else None,
     )
 
 
@@ -179,7 +188,8 @@ def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
         write_timeout=settings.client_body_timeout,
         max_body_size=settings.max_body_size,
     )
-    return HttpServer(frontend.dispatch, limits)
+    tls = server_context(settings.tls) if settings.tls is not None else None
+    return HttpServer(frontend.dispatch, limits, ssl_context=tls)
 
 
 def build_grpc_server(
@@ -232,7 +242,13 @@ async def serve(
             settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
         )
         address = f"[{settings.host}]" if ":" in settings.host else settings.host
-        grpc_port = grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
+        grpc_port = (
+            grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
+            if settings.tls is None
+            else grpc_server.add_secure_port(
+                f"{address}:{settings.grpc_port}", server_credentials(settings.tls)
+            )
+        )
         if grpc_port == 0:
             raise StartError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
         await grpc_server.start()
@@ -243,9 +259,11 @@ async def serve(
             raise
         raise StartError(f"cannot start listening: {exc}") from None
     log.info(
-        "v2proxy listening on http://%s:%d and grpc %s:%d (backend: %s)",
+        "v2proxy listening on %s://%s:%d and %s %s:%d (backend: %s)",
+        "http" if settings.tls is None else "https",
         settings.host,
         http_port,
+        "grpc" if settings.tls is None else "grpc over TLS",
         settings.host,
         grpc_port,
         settings.backend.url or settings.backend.kind,
@@ -311,7 +329,7 @@ def _run_one(settings: Settings, reuse_port: bool, shm_folder: str | None = None
             uvloop.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
         else:
             asyncio.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
-    except StartError as exc:
+    except (StartError, TlsFileError) as exc:  # TLS: a file changed since the start-up check
         log.error("%s", exc)
         raise SystemExit(1) from None
 

@@ -65,6 +65,23 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
         " health, metadata and /metrics are never refused; 0: no limit (default 1024)",
     )
     p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate chain: serve HTTPS and gRPC over TLS on both ports, with"
+        " --tls-key (default: no TLS)",
+    )
+    p.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="PEM private key of --tls-cert, unencrypted (default none)",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="PEM CA bundle: require client certificates signed by one of these CAs on both"
+        " ports (mutual TLS; default: no client certificates asked)",
+    )
+    p.add_argument(
         "--client-shm",
         choices=("off", "local", "on"),
         help="who may register shared memory: off, local (default: peers on loopback or a unix"
@@ -173,9 +190,27 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--backend",
         metavar="URL",
-        help="'builtin' (default: the reference models in-process), http://host:port (a v2 REST"
-        " server), grpc://host:port (a v2 gRPC server) or mindie://host:port (a MindIE"
-        " server's native /infer, served as the v2 model mindie.model, default llm)",
+        help="'builtin' (default: the reference models in-process), http://host:port or"
+        " https://host:port (a v2 REST server), grpc://host:port or grpcs://host:port (a v2"
+        " gRPC server; grpcs: over TLS) or mindie://host:port (a MindIE server's native"
+        " /infer, served as the v2 model mindie.model, default llm)",
+    )
+    serve.add_argument(
+        "--backend-ca",
+        metavar="FILE",
+        help="PEM CA bundle the https:// or grpcs:// backend's certificate must chain to"
+        " (default: the system's trust store); its host name is always checked",
+    )
+    serve.add_argument(
+        "--backend-cert",
+        metavar="FILE",
+        help="PEM client certificate presented to an https:// or grpcs:// backend, with"
+        " --backend-key (default: none)",
+    )
+    serve.add_argument(
+        "--backend-key",
+        metavar="FILE",
+        help="PEM private key of --backend-cert, unencrypted (default none)",
     )
     serve.add_argument(
         "--backend-encoding",

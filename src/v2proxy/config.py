@@ -4,6 +4,9 @@ Precedence: command line > environment (``V2PROXY_<NAME>``) > YAML file (``--con
 defaults. A bad value stops the start with one clear line (:class:`ConfigError`) naming the key;
 an unknown key anywhere in the file is refused the same way. Nothing reads configuration per
 request.
+The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
+(:func:`v2proxy.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
+the setting.
 
 Besides the option keys, the YAML file holds two sections (DESIGN.md "Product contract"):
 
@@ -44,16 +47,20 @@ from v2proxy.config_values import (
     positive_int,
     switch,
 )
+from v2proxy.config_values import text as path_text
 from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy, parse_groups, parse_header
+from v2proxy.tls import BackendTls, ListenerTls, TlsFileError
+from v2proxy.tls import check as check_tls
 
 
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
     """Where the model server is: ``kind`` is builtin, http, https (``url`` the base URL), grpc
-    or mindie (``url`` is then host:port)."""
+    or mindie (``url`` is then host:port); ``tls``: https:// or grpcs:// (kind grpc)."""
 
     kind: str
     url: str = ""
+    tls: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,9 @@ class Settings:
     restricted: RestrictedPolicy = field(default_factory=RestrictedPolicy)
     models: Mapping[str, ModelSettings] = field(default_factory=lambda: MappingProxyType({}))
     mindie: MindieSettings | None = None
+    #: --tls-cert/--tls-key/--tls-client-ca (None: plain listeners); --backend-ca/-cert/-key
+    tls: ListenerTls | None = None
+    backend_tls: BackendTls = field(default_factory=BackendTls)
 
 
 def parse_backend(v: Any) -> BackendTarget:
@@ -98,17 +108,22 @@ def parse_backend(v: Any) -> BackendTarget:
         return BackendTarget("builtin")
     parts = urlsplit(text)
     if (
-        parts.scheme not in ("http", "https", "grpc", "mindie")
+        parts.scheme not in ("http", "https", "grpc", "grpcs", "mindie")
         or not parts.hostname
         or not parts.port
     ):
         raise ValueError(
-            "must be 'builtin', http://host:port (a v2 REST server), grpc://host:port or"
-            " mindie://host:port (a MindIE server's native /infer)"
+            "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
+            " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port"
+            " (a MindIE server's native /infer)"
         )
-    if parts.scheme in ("grpc", "mindie"):
-        return BackendTarget(parts.scheme, parts.netloc)
-    return BackendTarget(parts.scheme, text.rstrip("/"))
+    if parts.scheme in ("grpc", "grpcs", "mindie"):
+        return BackendTarget(
+            "grpc" if parts.scheme == "grpcs" else parts.scheme,
+            parts.netloc,
+            parts.scheme == "grpcs",
+        )
+    return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")
 
 
 PARSERS: dict[str, Any] = {
@@ -140,6 +155,12 @@ PARSERS: dict[str, Any] = {
     "backend_shm_threshold": positive_int,
     "restricted_api": parse_groups,
     "restricted_api_header": parse_header,
+    "tls_cert": path_text,
+    "tls_key": path_text,
+    "tls_client_ca": path_text,
+    "backend_ca": path_text,
+    "backend_cert": path_text,
+    "backend_key": path_text,
 }
 SECRET = {"restricted_api_header"}  # never echoed in an error
 
@@ -190,8 +211,21 @@ def load_settings(
     parsed["restricted"] = RestrictedPolicy(
         parsed.pop("restricted_api", DEFAULT_GROUPS), parsed.pop("restricted_api_header", None)
     )
+    _tls(parsed, origin)
     known = {f.name for f in fields(Settings)}
     return Settings(**{k: v for k, v in parsed.items() if k in known}, **sections)
+
+
+def _tls(parsed: dict[str, Any], origin: dict[str, str]) -> None:
+    """Check the TLS files (read and parsed once here) into ``tls`` and ``backend_tls``."""
+    target = parsed.get("backend")
+    try:
+        parsed["tls"], parsed["backend_tls"] = check_tls(
+            parsed, isinstance(target, BackendTarget) and target.tls
+        )
+    except TlsFileError as exc:
+        where = origin.get(exc.key, f"{exc.key}={{}}").format(parsed.get(exc.key))
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _read_yaml(path: str) -> dict[str, Any]:

@@ -83,8 +83,11 @@ class GrpcBackend(DecodedOnly):
         timeout: float = 60.0,
         max_message_size: int = 2**31 - 1,
         staging: Stager | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
         self.target = target
+        #: grpcs://: TLS to the backend (None: a plain channel)
+        self._credentials = credentials
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
         self._timeout = timeout
@@ -97,7 +100,12 @@ class GrpcBackend(DecodedOnly):
         self._decoupled: dict[tuple[str, str], bool] = {}
 
     async def start(self) -> None:
-        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        if self._credentials is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        else:
+            self._channel = grpc.aio.secure_channel(
+                self.target, self._credentials, options=self._options
+            )
         for name, (req, resp) in UNARY_RPCS.items():
             self._calls[name] = self._channel.unary_unary(
                 f"/{SERVICE}/{name}",

@@ -73,6 +73,7 @@ class RestBackend:
         connect_timeout: float = 5.0,
         connections: int = 100,
         staging: Stager | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
@@ -85,6 +86,8 @@ class RestBackend:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
+        #: https://: verification against ``ssl_context``'s CAs (default: the system's)
+        self._ssl = (ssl_context or ssl.create_default_context()) if self._https else None
         self._client: HttpClient | None = None
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
@@ -93,7 +96,7 @@ class RestBackend:
         self._client = HttpClient(
             self._host,
             self._port,
-            ssl=ssl.create_default_context() if self._https else None,
+            ssl=self._ssl,
             limit=self._connections,
             connect_timeout=self._connect_timeout,
         )

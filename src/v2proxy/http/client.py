@@ -277,6 +277,10 @@ class HttpClient:
             raise ConnectTimeout(
                 f"connecting to {self._name} took over {self._connect_timeout:g} s"
             ) from None
+        except _ssl.SSLCertVerificationError as exc:  # an OSError too: first
+            raise ConnectFailed(
+                f"TLS verification of {self._name}'s certificate failed: {exc.verify_message}"
+            ) from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {self._name}: {exc}") from None
         return conn

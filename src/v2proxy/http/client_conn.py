@@ -302,7 +302,8 @@ class ClientConnection(AnswerFlow):
 
     def close(self) -> None:
         self.reusable = False
-        self.transport.close()
+        if not self.transport.is_closing():  # asyncio's TLS transport breaks if closed twice
+            self.transport.close()
 
     def _wake_drain(self) -> None:
         waiter = self._drain

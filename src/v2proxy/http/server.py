@@ -38,14 +38,18 @@ Contract (RFC 9112; the handler is never called for any of these, the answer is 
 - Closing after an answer half-closes first and drains input for :data:`LINGER` seconds, so
   that unread request bytes do not reset the connection before the client reads the answer.
 - Malformed requests log at DEBUG, never with a traceback.
+- TLS (``ssl_context``, HTTPS): the event loop's TLS transport under the same protocol; a
+  handshake not done within ``header_timeout`` is dropped; a TLS connection cannot half-close,
+  so closing after an answer closes at once (close_notify) instead of lingering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from v2proxy.http.request import (
     BodyError,
@@ -74,8 +78,11 @@ class HttpServer:
         limits: ServerLimits = DEFAULT_LIMITS,
         *,
         max_connections: int | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.handler = handler
+        #: TLS on the socket (HTTPS); the handshake must end within ``limits.header_timeout``
+        self.ssl_context = ssl_context
         self.limits = limits
         self.max_connections = max_connections
         self.conns: set[Connection] = set()
@@ -93,14 +100,24 @@ class HttpServer:
         """Listens on ``host:port`` (0: an ephemeral port); returns the bound port."""
         loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._factory, host, port, reuse_port=reuse_port or None, backlog=backlog
+            self._factory,
+            host,
+            port,
+            reuse_port=reuse_port or None,
+            backlog=backlog,
+            **self._tls(),
         )
         return self.port
 
     async def start_on(self, sock: socket.socket) -> None:
         """Serves on an already bound (and possibly listening) socket."""
         loop = self._loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._factory, sock=sock)
+        self._server = await loop.create_server(self._factory, sock=sock, **self._tls())
+
+    def _tls(self) -> dict[str, Any]:
+        if self.ssl_context is None:
+            return {}
+        return {"ssl": self.ssl_context, "ssl_handshake_timeout": self.limits.header_timeout}
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:

@@ -288,6 +288,10 @@ class Connection(ConnectionParser, ConnectionTimer):
                 t.resume_reading()
             t.write_eof()
             self._set_timer(LINGERING, LINGER)
+        elif t.is_closing():
+            # ended by the peer already (connection_lost is yet to come): asyncio's TLS
+            # transport, closed a second time, drops its protocol and breaks every later call
+            return
         else:
             t.close()
             if t.get_write_buffer_size():

@@ -1,0 +1,76 @@
+"""Fuzz target: gRPC messages (codecs.grpc): a ModelInferRequest's bytes, as grpc.aio hands a
+ModelInfer or ModelStreamInfer call to the frontend, to the internal request
+(request_from_proto); and a backend's ModelInferResponse to the internal response
+(response_from_proto).
+
+Input: a control byte, then the serialized message. Control bit 0: a response instead of a
+request. Bytes protobuf cannot parse are refused by grpc itself before any v2proxy code runs
+(the call fails with INTERNAL "failed to deserialize"): they end the run.
+
+Invariants: success or a ProxyError; a decoded request encodes for each kind of backend (gRPC,
+REST JSON and binary) and for a client's answer; a decoded response encodes for a gRPC and a
+REST client, and the gRPC encoding decodes again to the same outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fuzzlib import expect, instrumented, main, survives, take
+
+with instrumented(__name__ == "__main__"):
+    from google.protobuf.message import DecodeError
+
+    from v2proxy._proto import grpc_service_pb2 as pb
+    from v2proxy.codecs import binary as binc
+    from v2proxy.codecs import grpc as grpcc
+    from v2proxy.model import InferResponse
+
+
+def _request(body: bytes) -> None:
+    try:
+        msg = pb.ModelInferRequest.FromString(body)
+    except DecodeError:
+        return
+    req = survives(grpcc.request_from_proto, msg)
+    if req is None:
+        return
+    survives(grpcc.request_to_proto, req)
+    for binary in (False, True):
+        survives(binc.encode_request, req, binary)
+    survives(grpcc.response_to_proto, InferResponse(req.model_name, req.inputs))
+
+
+def _response(body: bytes) -> None:
+    try:
+        msg = pb.ModelInferResponse.FromString(body)
+    except DecodeError:
+        return
+    resp = survives(grpcc.response_from_proto, msg)
+    if resp is None:
+        return
+    out = survives(grpcc.response_to_proto, resp)
+    if out is not None:
+        again = survives(grpcc.response_from_proto, out)
+        expect(again is not None, "an encoded response does not decode again")
+        assert again is not None
+        for x, y in zip(resp.outputs, again.outputs, strict=True):
+            expect((x.name, x.datatype, x.shape) == (y.name, y.datatype, y.shape), f"{x} != {y}")
+            expect(bytes(x.data) == bytes(y.data), f"bytes of output {x.name!r} differ")
+    for rule in (lambda _t: False, lambda _t: True):
+        survives(binc.encode_response, resp, rule)
+
+
+def test_one_input(data: bytes) -> None:
+    control, body = take(data, 1)
+    if control & 1:
+        _response(body)
+    else:
+        _request(body)
+
+
+if __name__ == "__main__":
+    main(test_one_input)
