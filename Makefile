@@ -56,6 +56,14 @@ clean:
 bench: $(STAMP) peers
 	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/python benchmarks/run.py $(if $(QUICK),--quick,)
 
+# Soak (never part of `make test`): a fixed mixed load through v2proxy with 1, then 2 workers,
+# RSS/fds/threads/latency sampled every 10 s; `make soak SOAK_MINUTES=5` for a short run.
+# Results in benchmarks/results/soak.{json,md}. See benchmarks/README.md.
+SOAK_MINUTES ?= 30
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
+
 # Coverage-guided fuzzing with atheris (never part of `make test`, which replays the committed
 # corpus): each target of tests/fuzz/targets for FUZZ_SECONDS (default 120) or FUZZ_RUNS
 # executions, one after the other, from tests/fuzz/corpus; new inputs in .cache/fuzz/corpus,
