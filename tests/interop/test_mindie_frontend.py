@@ -36,8 +36,11 @@ def cycle(prompt: str, n: int) -> str:
 
 @contextlib.contextmanager
 def _proxy_with(tmp: Path, name: str, backend: str, **mindie: Any) -> Iterator[Proc]:
+    """v2proxy with a config file of this ``mindie:`` section (``event_loop`` at the top)."""
+    loop = mindie.pop("event_loop", "uvloop")
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text("mindie:\n" + "".join(f"  {k}: {v}\n" for k, v in mindie.items()))
+    lines = [f"event_loop: {loop}\n", "mindie:\n", *(f"  {k}: {v}\n" for k, v in mindie.items())]
+    cfg.write_text("".join(lines))
     with v2proxy("serve", "--backend", backend, "--config", str(cfg), name=name) as p:
         yield p
 
@@ -58,6 +61,15 @@ TARGETS: dict[str, tuple[str, dict[str, Any]]] = {
     "builtin": ("builtin", {"model": "llm"}),
     "triton-http": ("triton-rest", {"model": "ensemble", "profile": "trtllm"}),
     "triton-grpc": ("triton-grpc", {"model": "ensemble", "profile": "trtllm"}),
+    # the same on plain asyncio (the others run on uvloop)
+    "triton-http-asyncio": (
+        "triton-rest",
+        {"model": "ensemble", "profile": "trtllm", "event_loop": "asyncio"},
+    ),
+    "triton-grpc-asyncio": (
+        "triton-grpc",
+        {"model": "ensemble", "profile": "trtllm", "event_loop": "asyncio"},
+    ),
     "triton-generate": ("triton-rest", {"model": "llm", "profile": "generate"}),
     "triton-vllm-http": ("triton-rest", {"model": "vllm_model", "profile": "vllm"}),
     "triton-vllm-grpc": ("triton-grpc", {"model": "vllm_model", "profile": "vllm"}),
@@ -85,7 +97,7 @@ def get_proxy(
                 "triton-rest": triton_urls[0],
                 "triton-grpc": f"grpc://{triton_urls[1]}",
             }[backend]
-            proxies[name] = stack.enter_context(_proxy_with(tmp, name, url, **settings))
+            proxies[name] = stack.enter_context(_proxy_with(tmp, name, url, **dict(settings)))
         return proxies[name]
 
     return get
@@ -132,7 +144,7 @@ STREAMING = [
     "triton-vllm-grpc",
 ]
 VLLM = ["triton-vllm-http", "triton-vllm-grpc"]
-TRITON = ["triton-http", "triton-grpc"]
+TRITON = ["triton-http", "triton-grpc", "triton-http-asyncio", "triton-grpc-asyncio"]
 
 # ---------------------------------------------------------------------- non-stream
 
