@@ -550,6 +550,8 @@ def test_chunk_from_response(outputs: list[Tensor], chunk: ans.Chunk) -> None:
             {"text_output": "x", "details": {"finish_reason": "eos_token", "logprobs": [{}, {}]}},
             ans.Chunk("x", 2, "eos_token"),
         ),
+        ({"text_output": "x", "num_output_tokens": [2, 3.0]}, ans.Chunk("x", 5)),
+        ({"text_output": "x", "num_output_tokens": 10**400}, ans.Chunk("x", 10**400)),
     ],
 )
 def test_chunk_from_generate(obj: Any, chunk: ans.Chunk) -> None:
@@ -562,6 +564,24 @@ def test_generate_errors() -> None:
     assert info.value.http_status == 500
     with pytest.raises(BadGateway):
         ans.chunk_from_generate([1])
+
+
+# Found by fuzzing (tests/fuzz/targets/fuzz_mindie.py): a backend's generate answer with an empty
+# error text gave an error without a message; a count that is no number raised ValueError,
+# TypeError or OverflowError (a 500 'internal error' instead of the backend's fault).
+@pytest.mark.parametrize("error", ["", None, 0])
+def test_generate_error_always_has_a_text(error: Any) -> None:
+    with pytest.raises(BackendError) as info:
+        ans.chunk_from_generate({"error": error})
+    assert info.value.message == (
+        str(error) or "the backend's generate answer is an error without a text"
+    )
+
+
+@pytest.mark.parametrize("count", ["2", "x", None, {}, [1, "2"], 1.5, float("inf"), True, [[1]]])
+def test_generate_token_count_not_a_number(count: Any) -> None:
+    with pytest.raises(BadGateway, match="'num_output_tokens' is no count"):
+        ans.chunk_from_generate({"text_output": "x", "num_output_tokens": count})
 
 
 def test_mindie_answers_exactly() -> None:

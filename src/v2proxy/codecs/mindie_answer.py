@@ -98,21 +98,29 @@ def _log_probs_length(value: Any) -> int | None:
     return len(value)
 
 
+def _token_count(value: Any) -> int:
+    """A JSON ``num_output_tokens``: a whole number, or one per beam (summed)."""
+    values = value if isinstance(value, list) else [value]
+    if not all(type(v) is int or (type(v) is float and v.is_integer()) for v in values):
+        raise BadGateway("invalid generate response from backend: 'num_output_tokens' is no count")
+    return sum(int(v) for v in values)
+
+
 def chunk_from_generate(obj: Any) -> Chunk:
     """The chunk of a generate-extension answer (one JSON object); BackendError for
     ``{"error": ...}``."""
     if not isinstance(obj, dict):
         raise BadGateway("invalid generate response from backend: not a JSON object")
     if "error" in obj:
-        raise BackendError(str(obj["error"]), 500)
+        message = str(obj["error"]) or "the backend's generate answer is an error without a text"
+        raise BackendError(message, 500)
     text = obj.get("text_output", "")
     if isinstance(text, list):
         text = "".join(str(t) for t in text)
     chunk = Chunk(text if isinstance(text, str) else str(text))
     details = obj.get("details")
     if "num_output_tokens" in obj:
-        n = obj["num_output_tokens"]
-        chunk.tokens = sum(n) if isinstance(n, list) else int(n)
+        chunk.tokens = _token_count(obj["num_output_tokens"])
     elif "output_log_probs" in obj:
         chunk.tokens = _log_probs_length(obj["output_log_probs"])
     elif isinstance(details, dict) and isinstance(details.get("logprobs"), list):
