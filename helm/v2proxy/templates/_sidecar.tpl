@@ -19,8 +19,43 @@ your chart's values, as README "Deploying" shows):
 
 v2proxy.sidecar.initContainers renders the sidecar in native mode and nothing in classic mode,
 v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendered by this chart
-(as a dependency too) under the same name.
+(as a dependency too) under the same name. The Secrets of tls.* are yours to make.
 */}}
+
+{{- define "v2proxy.tlsDir" -}}/etc/v2proxy-tls{{- end }}
+{{- define "v2proxy.backendTlsDir" -}}/etc/v2proxy-backend-tls{{- end }}
+
+{{/* v2proxy's TLS arguments from tls.* (the Secrets mounted by v2proxy.tlsMounts). */}}
+{{- define "v2proxy.tlsArgs" -}}
+{{- $t := .Values.tls }}
+{{- if $t.secretName }}
+- --tls-cert={{ include "v2proxy.tlsDir" . }}/tls.crt
+- --tls-key={{ include "v2proxy.tlsDir" . }}/tls.key
+{{- if $t.clientAuth }}
+- --tls-client-ca={{ include "v2proxy.tlsDir" . }}/{{ $t.clientCAKey }}
+{{- end }}
+{{- end }}
+{{- if $t.backend.secretName }}
+- --backend-ca={{ include "v2proxy.backendTlsDir" . }}/{{ $t.backend.caKey }}
+{{- if $t.backend.clientCertificate }}
+- --backend-cert={{ include "v2proxy.backendTlsDir" . }}/tls.crt
+- --backend-key={{ include "v2proxy.backendTlsDir" . }}/tls.key
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A probe of ``path``; argument: dict "ctx" <context> "path" <path>. HTTPS with tls.secretName;
+a TCP check of the port with mutual TLS (kubelet presents no client certificate). */}}
+{{- define "v2proxy.probe" -}}
+{{- $t := .ctx.Values.tls }}
+{{- if and $t.secretName $t.clientAuth -}}
+tcpSocket: {port: v2proxy-http}
+{{- else if $t.secretName -}}
+httpGet: {path: {{ .path }}, port: v2proxy-http, scheme: HTTPS}
+{{- else -}}
+httpGet: {path: {{ .path }}, port: v2proxy-http}
+{{- end }}
+{{- end }}
 
 {{/* The container; argument: dict "ctx" <context> "native" <bool> "shm" <bool>. */}}
 {{- define "v2proxy.container" -}}
@@ -45,6 +80,9 @@ v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendere
     {{- if $p.mindie }}
     - --config=/etc/v2proxy/config.yaml
     {{- end }}
+    {{- with include "v2proxy.tlsArgs" .ctx | trim }}
+    {{- . | nindent 4 }}
+    {{- end }}
     {{- include "v2proxy.moreArgs" .ctx | nindent 4 }}
   {{- with $p.extraEnv }}
   env:
@@ -58,14 +96,14 @@ v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendere
       containerPort: {{ int $p.grpcPort }}
       protocol: TCP
   livenessProbe:
-    httpGet: {path: /v2/health/live, port: v2proxy-http}
+    {{- include "v2proxy.probe" (dict "ctx" .ctx "path" "/v2/health/live") | nindent 4 }}
     {{- toYaml $p.probes.liveness | nindent 4 }}
   readinessProbe:
     # ready only while the backend is (v2proxy asks it) and not while draining
-    httpGet: {path: /v2/health/ready, port: v2proxy-http}
+    {{- include "v2proxy.probe" (dict "ctx" .ctx "path" "/v2/health/ready") | nindent 4 }}
     {{- toYaml $p.probes.readiness | nindent 4 }}
   startupProbe:
-    httpGet: {path: /v2/health/live, port: v2proxy-http}
+    {{- include "v2proxy.probe" (dict "ctx" .ctx "path" "/v2/health/live") | nindent 4 }}
     {{- toYaml $p.probes.startup | nindent 4 }}
   lifecycle:
     preStop:
@@ -89,6 +127,16 @@ v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendere
     {{- if $p.mindie }}
     - name: v2proxy-config
       mountPath: /etc/v2proxy
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.secretName }}
+    - name: v2proxy-tls
+      mountPath: {{ include "v2proxy.tlsDir" .ctx }}
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.backend.secretName }}
+    - name: v2proxy-backend-tls
+      mountPath: {{ include "v2proxy.backendTlsDir" .ctx }}
       readOnly: true
     {{- end }}
 {{- end }}
@@ -128,5 +176,15 @@ v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendere
 - name: v2proxy-config
   configMap:
     name: {{ include "v2proxy.configName" . }}
+{{- end }}
+{{- if .Values.tls.secretName }}
+- name: v2proxy-tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+{{- end }}
+{{- if .Values.tls.backend.secretName }}
+- name: v2proxy-backend-tls
+  secret:
+    secretName: {{ .Values.tls.backend.secretName }}
 {{- end }}
 {{- end }}
