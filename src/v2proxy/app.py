@@ -32,6 +32,7 @@ from v2proxy.backends.staging import Stager
 from v2proxy.config import Settings
 from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
+from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
 from v2proxy.metrics import (
@@ -235,7 +236,8 @@ async def serve(
     await backend.start()
     pipeline = build_pipeline(settings, backend, metrics, shm_folder)
     gate = AdmissionGate(settings.max_concurrency)  # one per process, REST and gRPC together
-    http_server = build_http_server(settings, build_rest(settings, pipeline, metrics, gate))
+    rest = build_rest(settings, pipeline, metrics, gate)
+    http_server = build_http_server(settings, rest)
     grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics, gate)
     try:
         http_port = await http_server.start(
@@ -271,7 +273,7 @@ async def serve(
     if on_ready is not None:
         on_ready(http_port, grpc_port)
     metrics.start()
-    probe = asyncio.create_task(_probe_backend(backend, settings))
+    probe = asyncio.create_task(_probe_backend(backend, settings, rest.mindie))
     sweeper = asyncio.create_task(_sweep_shm(pipeline))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -306,8 +308,11 @@ async def _sweep_shm(pipeline: Pipeline) -> None:
         shm.sweep()
 
 
-async def _probe_backend(backend: Backend, settings: Settings) -> None:
-    """Warn once at start-up when the backend cannot be reached (serving goes on)."""
+async def _probe_backend(
+    backend: Backend, settings: Settings, mindie: MindieFrontend | None = None
+) -> None:
+    """Warn once at start-up when the backend cannot be reached (serving goes on); once it
+    answers, look up the model of a configured ``mindie:`` section (its check logs a line)."""
     try:
         async with asyncio.timeout(settings.backend_connect_timeout + 1):
             await backend.server_ready()
@@ -316,6 +321,8 @@ async def _probe_backend(backend: Backend, settings: Settings) -> None:
     except TimeoutError:
         cause = "no answer to the readiness check"
     else:
+        if mindie is not None and settings.mindie is not None:
+            await mindie.check()
         return
     fields = {"backend": settings.backend.url or settings.backend.kind, "cause": cause}
     log.warning("backend unreachable at start-up", extra={"request": fields})

@@ -324,6 +324,31 @@ def test_validation_and_utf16_length(get_proxy: Callable[[str], Proc]) -> None:
         )
 
 
+def test_profile_checked_at_start_up(tmp_path: Path, triton_urls: tuple[str, str]) -> None:
+    url = f"grpc://{triton_urls[1]}"
+    cases = [
+        (
+            {"model": "ensemble"},
+            "INFO",
+            "MindIE /infer served by model 'ensemble' (profile"
+            " trtllm, decoupled, gRPC ModelStreamInfer)",
+        ),
+        (
+            {"model": "ensemble", "profile": "vllm"},
+            "WARNING",
+            "model 'ensemble' has no input"
+            " 'sampling_parameters' (vLLM backend); its inputs suggest profile trtllm",
+        ),
+    ]
+    for i, (settings, level, line) in enumerate(cases):
+        with _proxy_with(tmp_path, f"startup{i}", url, **settings) as p:  # no request sent
+            deadline = time.monotonic() + 15
+            while line not in p.log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            logged = [ln for ln in p.log.read_text().splitlines() if line in ln]
+            assert len(logged) == 1 and f" {level} " in logged[0], p.log.read_text()
+
+
 def test_unknown_model_is_a_generation_error(get_proxy: Callable[[str], Proc]) -> None:
     status, _, raw = post(get_proxy("triton-missing"), {"inputs": "a"})
     answer = json.loads(raw)

@@ -25,6 +25,7 @@ Metrics: time to first token, time per later token, tokens generated (``directio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -98,6 +99,12 @@ class MindieFrontend:
         self.discovery = Discovery(pipeline, s.model, s.profile, s.seed_input)
         self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
         self._rng = rng or random.SystemRandom()
+
+    async def check(self) -> None:
+        """Look the model up now (at start-up): the line saying what serves ``/infer``, or a
+        warning; a failed look-up is tried again on the first request."""
+        with contextlib.suppress(ProxyError):
+            await self.discovery.target([])
 
     def _draw_seed(self) -> int:
         return self._rng.getrandbits(63)
