@@ -186,3 +186,34 @@ def test_contexts_verify_by_default(pki: Pki) -> None:
     assert server.verify_mode == ssl.CERT_REQUIRED
     assert server.minimum_version == ssl.TLSVersion.TLSv1_2
     assert server_context(_listener(pki)).verify_mode == ssl.CERT_NONE
+
+
+def _send_too_much(port: int, ca: Path) -> bytes:
+    """A blocking TLS client that announces 8 MiB, keeps sending while it may, then reads."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        size = 8 << 20
+        s.sendall(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % size)
+        chunk = b"x" * 65536
+        try:
+            for _ in range(size // len(chunk)):
+                s.sendall(chunk)
+        except OSError:
+            pass  # the server closed its side: what it answered is still to be read
+        got = b""
+        try:
+            while data := s.recv(65536):
+                got += data
+        except OSError:
+            pass
+        return got
+
+
+async def test_refusal_reaches_a_client_still_sending(start: Start, pki: Pki) -> None:
+    """413 for a body over the limit, answered while the client is still sending it: the
+    client reads the answer (the TLS close drops its input instead of resetting it)."""
+    server, _ = await start(_listener(pki), ServerLimits(max_body_size=1 << 20))
+    got = await asyncio.to_thread(_send_too_much, server.port, pki.ca)
+    assert got.startswith(b"HTTP/1.1 413 ")
+    assert got.endswith(b'{"error": "request body larger than 1048576 bytes"}')

@@ -39,8 +39,9 @@ Contract (RFC 9112; the handler is never called for any of these, the answer is 
   that unread request bytes do not reset the connection before the client reads the answer.
 - Malformed requests log at DEBUG, never with a traceback.
 - TLS (``ssl_context``, HTTPS): the event loop's TLS transport under the same protocol; a
-  handshake not done within ``header_timeout`` is dropped; a TLS connection cannot half-close,
-  so closing after an answer closes at once (close_notify) instead of lingering.
+  handshake not done within ``header_timeout`` is dropped. Closing after an answer sends
+  close_notify once the answer is flushed and drops what the client still sends until it
+  closes too, for up to ``write_timeout`` (TLS's lingering: the client reads its answer).
 """
 
 from __future__ import annotations
@@ -117,7 +118,14 @@ class HttpServer:
     def _tls(self) -> dict[str, Any]:
         if self.ssl_context is None:
             return {}
-        return {"ssl": self.ssl_context, "ssl_handshake_timeout": self.limits.header_timeout}
+        limits = self.limits
+        return {
+            "ssl": self.ssl_context,
+            "ssl_handshake_timeout": limits.header_timeout,
+            # closing: the answer's last bytes flushed, close_notify sent and the client's
+            # input read and dropped (TLS's lingering), within the write deadline
+            "ssl_shutdown_timeout": limits.write_timeout,
+        }
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
