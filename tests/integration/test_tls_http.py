@@ -58,7 +58,7 @@ async def start() -> AsyncIterator[Start]:
     ) -> tuple[HttpServer, Seen]:
         seen = Seen()
         ctx = server_context(tls)
-        ctx.sni_callback = lambda _obj, name, _ctx: seen.sni.append(name)  # type: ignore[assignment,misc]
+        ctx.sni_callback = lambda _obj, name, _ctx: seen.sni.append(name)
         server = HttpServer(echo, limits or ServerLimits(), ssl_context=ctx)
         await server.start("127.0.0.1", 0)
         servers.append(server)
