@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 from peers import launch
+from peers.launch import _free_ports, _http_status, _stop
 from procs import Proc, v2proxy
 
 TIMEOUT_TEXT = "Engine callback timeout: client timeout"
@@ -463,3 +465,54 @@ def test_aisbench_mindie_stream_api(get_proxy: Callable[[str], Proc], target: st
         # the raw failure line is no event: the client counts the request failed
         assert results[2]["success"] is False
         assert "AISBenchValueError" in results[2]["error_info"]
+
+
+# ---------------------------------------------------------------------- both directions
+
+
+@pytest.fixture(scope="module")
+def mindie_server() -> Iterator[int]:
+    """The MindIE stand-in (peers/mindie_sim.py), its port."""
+    (port,) = _free_ports(1)
+    cmd = [sys.executable, str(HERE / "peers" / "mindie_sim.py"), "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        _stop(proc)
+
+
+def test_mindie_clients_through_v2proxy_to_mindie(tmp_path: Path, mindie_server: int) -> None:
+    """MindIE's /infer on v2proxy, whose backend is a MindIE server (--backend mindie://): the
+    frontend maps onto the v2 model the backend makes of MindIE and back; a MindIE client sees
+    what MindIE itself answers (the token ids aside: a v2 text model has none)."""
+    direct = Proc("mindie", mindie_server, 0, 0, tmp_path / "none")
+    with _proxy_with(tmp_path, "both", f"mindie://127.0.0.1:{mindie_server}", model="llm") as p:
+        params = {"max_new_tokens": 7, "details": True, "seed": 11}
+        body = {"inputs": "你好 world 😀", "parameters": params}
+        (s1, _, via), (s2, _, ref) = post(p, body), post(direct, body)
+        assert (s1, s2) == (200, 200)
+        ref_obj = json.loads(ref)
+        ref_obj["details"].pop("generated_token_ids")
+        assert json.loads(via) == ref_obj
+        (s1, _, via), (s2, _, ref) = (
+            post(p, {**body, "stream": True}),
+            post(direct, {**body, "stream": True}),
+        )
+        got, want = events(via)[0], events(ref)[0]
+        for g, w in zip(got, want, strict=True):
+            assert g["token"]["text"] == w["token"]["text"]
+            assert (g["prefill_time"] is None) == (w["prefill_time"] is None)
+            assert (g["decode_time"] is None) == (w["decode_time"] is None)
+        assert got[-1]["generated_text"] == want[-1]["generated_text"]
+        assert got[-1]["details"] == want[-1]["details"]

@@ -139,7 +139,9 @@ class MindieFrontend:
         except TimeoutError:
             raise BackendError(answer.TIMEOUT_MESSAGE, 500) from None
         text = "".join(parts)
-        if not target.view.has("exclude_input_in_output"):
+        if not target.view.decoupled and not target.view.has("exclude_input_in_output"):
+            # one answer of a model that cannot be told not to echo the prompt (streamed
+            # pieces never repeat it)
             text = answer.strip_echo(text, req.text)
         if reported is not None:
             tokens = reported
