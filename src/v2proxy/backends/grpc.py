@@ -2,7 +2,12 @@
 every request over it) to a v2 gRPC model server.
 
 - Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
-  with it the call in flight.
+  with it the call in flight. A unary call is also cancelled :data:`DEADLINE_GRACE_S` after its
+  deadline from the event loop: grpcio leaves a call whose request is blocked on a backend that
+  stopped reading waiting past its deadline.
+- While the backend cannot be reached, calls fail at once (503) and the channel tries to connect
+  again at most :data:`RECONNECT_BACKOFF_MS` apart, so that it recovers within about a second of
+  the backend's return (gRPC's own backoff grows to 2 minutes).
 - gRPC status codes are mapped to the error tree here (UNAVAILABLE -> 503, DEADLINE_EXCEEDED ->
   504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...).
 - ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
@@ -41,6 +46,13 @@ from v2proxy.model import InferRequest, InferResponse
 from v2proxy.ports import Headers
 
 _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
+
+#: how long after its gRPC deadline a unary call is cancelled from the event loop (s)
+DEADLINE_GRACE_S = 0.5
+
+#: the channel's reconnect backoff, first and longest (ms): a backend that comes back is used
+#: again within about a second, whatever the length of its outage
+RECONNECT_BACKOFF_MS = (100, 1000)
 
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
@@ -94,6 +106,10 @@ class GrpcBackend(DecodedOnly):
         self._options = [
             ("grpc.max_send_message_length", max_message_size),
             ("grpc.max_receive_message_length", max_message_size),
+            # gRPC's reconnect backoff (1 s growing to 120 s) would keep failing requests for
+            # up to 2 minutes after the backend is back; a channel to one backend retries often
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
         self._channel: grpc.aio.Channel | None = None
         self._calls: dict[str, Any] = {}
@@ -169,7 +185,19 @@ class GrpcBackend(DecodedOnly):
         if self._channel is None:
             raise BackendUnavailable("the gRPC backend is not started")
         with self._mapped(what, model):
-            return await self._calls[name](request, timeout=self._timeout, metadata=metadata)
+            try:
+                # grpcio's deadline does not end a call whose request cannot be sent (a backend
+                # that stops reading mid-message): the call would wait forever, so the loop's
+                # own timeout, a little later, cancels it
+                async with asyncio.timeout(self._timeout + DEADLINE_GRACE_S):
+                    return await self._calls[name](
+                        request, timeout=self._timeout, metadata=metadata
+                    )
+            except TimeoutError:
+                raise GatewayTimeout(
+                    f"backend at {self.target} did not take {what} in time (--backend-timeout"
+                    f" {self._timeout:g} s)"
+                ) from None
 
     # ------------------------------------------------------------------ structured calls
 

@@ -9,11 +9,14 @@ pass-through (``relay_infer``, ``forward``).
   end-to-end headers go on as the bytes it sent, less those this backend sets itself.
 - ``--backend-timeout`` bounds the whole answer, head and body. An answer read whole (every
   call but the large streamed ones) is read under one deadline, kept on the HTTP client
-  connection's own timer (``call_timeout``: no timer call per request); a streamed one (a relayed
-  /infer answer over :data:`READ_WHOLE`, a large pass-through answer) gets the deadline for its
-  head and then as an idle-read deadline between its pieces: a backend that stalls mid-body
-  ends the answer (504 when nothing was sent yet), never hangs it. A request body still
-  arriving from the client does not count against the backend (:meth:`RestBackend._then_arm`).
+  connection's own timer (``call_timeout``: no timer call per request). A relayed /infer answer
+  over :data:`READ_WHOLE`, passed on as it comes, keeps what is left of that deadline for the
+  waits on its pieces, added up (the time the client takes to read them does not count): a
+  backend that stalls or trickles mid-body ends the answer by then. A large pass-through answer
+  (server-sent events) gets the deadline for its head and then as an idle-read deadline
+  between its pieces: a backend that stalls mid-body ends the answer (504 when nothing was sent
+  yet), never hangs it. A request body still arriving from the client does not count against
+  the backend; the backend's waits taking it, added up, do (:meth:`RestBackend._then_arm`).
 - A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
   Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
   the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
@@ -129,14 +132,32 @@ class RestBackend:
                 raise
             raise mapped_exc from None
 
-    def _streamed(self, resp: ClientResponse, what: str, headers: Headers) -> ForwardResponse:
+    def _streamed(
+        self, resp: ClientResponse, what: str, headers: Headers, deadline: float | None = None
+    ) -> ForwardResponse:
         """``resp`` passed on as it comes: its body's failures mapped, --backend-timeout the
-        idle-read deadline between its pieces; released by closing it."""
+        idle-read deadline between its pieces; with ``deadline`` (``loop.time()``), the waits
+        for the pieces, added up, must also end by then (the time between them, when the client
+        takes a piece, is not counted); released by closing it."""
         resp.stream()
 
         async def body() -> AsyncIterator[bytes]:
             with mapped(self.base_url, self._timeout, what):
-                async for chunk in resp.iter_chunks():
+                if deadline is None:
+                    async for chunk in resp.iter_chunks():
+                        yield chunk
+                    return
+                loop = asyncio.get_running_loop()
+                left = deadline - loop.time()
+                chunks = aiter(resp.iter_chunks())
+                while True:
+                    began = loop.time()
+                    try:
+                        async with asyncio.timeout(left):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    left -= loop.time() - began
                     yield chunk
 
         async def release() -> None:
@@ -240,9 +261,10 @@ class RestBackend:
         target = self._prefix + self._paths(model, version) + "/infer"
         timeout = self._timeout
         if isinstance(body, StreamedBody):
-            resp, length, content = await self._relay_streamed(target, body, ihcl, headers)
+            resp, length, content, due = await self._relay_streamed(target, body, ihcl, headers)
         else:
             # The client's own deadline bounds the whole answer (no asyncio.timeout per call).
+            due = asyncio.get_running_loop().time() + timeout
             try:
                 resp = await self.client.request(
                     "POST",
@@ -269,13 +291,14 @@ class RestBackend:
             raise
         if content is not None:
             return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
-        return self._streamed(resp, "inference", relayed)
+        return self._streamed(resp, "inference", relayed, due)
 
     async def _relay_streamed(
         self, target: str, body: StreamedBody, ihcl: int | None, headers: Headers
-    ) -> tuple[ClientResponse, int | None, bytes | bytearray | None]:
+    ) -> tuple[ClientResponse, int | None, bytes | bytearray | None, float]:
         """The head of the answer to a body piped through while it arrives (and the body when
-        read whole): the deadline bounds the backend's waits only (:meth:`_then_arm`)."""
+        read whole), and the deadline left for the rest of the answer (``loop.time()``): the
+        deadline bounds the backend's waits only (:meth:`_then_arm`)."""
         deadline = asyncio.timeout(None)
         payload = StreamBody(body.length, self._then_arm(body, deadline))
         with mapped(self.base_url, self._timeout, "inference"):
@@ -290,25 +313,32 @@ class RestBackend:
                 length = resp.content_length
                 whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
                 content = await resp.read() if whole else None
-        return resp, length, content
+        due = deadline.when()
+        if due is None:  # answered before the whole body was sent (waiting on the client)
+            due = asyncio.get_running_loop().time() + self._timeout
+        return resp, length, content, due
 
     async def _then_arm(
         self, body: StreamedBody, deadline: asyncio.Timeout
     ) -> AsyncIterator[bytes]:
         """The chunks of ``body``, with ``deadline`` off while the next one is awaited from the
-        client and set to --backend-timeout from each one on: waits on the backend (taking the
-        body, then answering) are bounded, a client's slow upload is not counted."""
+        client and on while the backend takes one: the backend's waits (taking the body, then
+        answering), added up, are bounded by --backend-timeout; a client's slow upload is not
+        counted."""
         loop = asyncio.get_running_loop()
         chunks = aiter(body.chunks)
+        left = self._timeout
         while True:
             deadline.reschedule(None)
             try:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
                 break
-            deadline.reschedule(loop.time() + self._timeout)
+            began = loop.time()
+            deadline.reschedule(began + left)
             yield chunk
-        deadline.reschedule(loop.time() + self._timeout)
+            left -= loop.time() - began
+        deadline.reschedule(loop.time() + left)
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer
