@@ -30,7 +30,6 @@ from tests.faults.fault_matrix import (
     Scenario,
     Stack,
     run_case,
-    run_kind,
     run_scenario,
     stack,
 )
@@ -121,7 +120,7 @@ def test_grpc_backend_reconnects_within_a_second(faults_stack: Stack) -> None:
     503 that long after the backend was back. Now the attempts stay at most about a second
     apart, and a good request succeeds within that of the backend's return."""
     relay = faults_stack.relays["grpc"]
-    assert run_kind(faults_stack, "grpc", "unary").cls == "ok"
+    assert faults_stack.run("grpc", "unary").cls == "ok"
     relay.set(Faults(refuse=True))
     relay.stop(reset=True)  # the channel's connection goes; every new one is reset
     relay.start()
@@ -129,7 +128,7 @@ def test_grpc_backend_reconnects_within_a_second(faults_stack: Stack) -> None:
     first = len(relay.attempts)
     try:
         while time.monotonic() - start < 5.0:
-            out = run_kind(faults_stack, "grpc", "unary")
+            out = faults_stack.run("grpc", "unary")
             assert out.cls == "error" and out.status == "503", out
             time.sleep(0.1)
     finally:
@@ -141,6 +140,6 @@ def test_grpc_backend_reconnects_within_a_second(faults_stack: Stack) -> None:
     longest = max([*gaps, end - attempts[-1]])
     limit = RECONNECT_BACKOFF_MS[1] / 1000 * 1.2 + 0.3  # gRPC's jitter (20 %) and a margin
     assert longest <= limit, f"attempts {gaps} s apart, then none for {end - attempts[-1]:.2f} s"
-    while (out := run_kind(faults_stack, "grpc", "unary")).cls != "ok":
+    while (out := faults_stack.run("grpc", "unary")).cls != "ok":
         assert time.monotonic() - end < limit, f"not recovered: {out}"
         time.sleep(0.05)
