@@ -426,6 +426,25 @@ def test_client_disconnect_cancels_the_backend(
     assert cancelled(triton_urls) == before + 1  # the model saw its request cancelled
 
 
+@pytest.mark.parametrize("target", TRITON)
+def test_client_disconnect_cancels_a_text_generation(
+    get_proxy: Callable[[str], Proc], target: str, triton_urls: tuple[str, str]
+) -> None:
+    """A client that does not stream writes nothing while the model generates: its going away
+    is still seen at once (not when the answer is written, 9 s later) and cancels the model."""
+    proxy = get_proxy(target)
+    before = cancelled(triton_urls)
+    body = json.dumps({"inputs": "a b [delay=150]", "parameters": {"max_new_tokens": 60}}).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
+        s.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.sendall(body)
+        time.sleep(0.6)  # the generation is under way
+    deadline = time.monotonic() + 5
+    while cancelled(triton_urls) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cancelled(triton_urls) == before + 1  # the model saw its request cancelled
+
+
 # ---------------------------------------------------------------------- AISBench
 
 

@@ -38,7 +38,7 @@ from v2proxy.frontends import rest_generate, rest_infer, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
-from v2proxy.http.request import HttpRequest, HttpResponse, nbytes
+from v2proxy.http.request import HttpRequest, HttpResponse, nbytes, unless_gone
 from v2proxy.metrics import error_kind
 from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.model import Buffer
@@ -289,7 +289,9 @@ class RestFrontend:
 
     async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
         """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`)."""
-        return await self.mindie.infer(await self.read_body(r), headers_of(r))
+        body = await self.read_body(r)
+        # a whole generation may pass without a write: the client leaving cancels it
+        return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
 
     async def not_allowed(self, _r: HttpRequest, _m: Any) -> Answer:
         return json_answer(405, {"error": "Method Not Allowed"})

@@ -11,9 +11,9 @@ backend (:mod:`v2proxy.generate_stage` decides between passing through and mappi
   charset=utf-8`` and one ``data: {json}\\n\\n`` event per response, written as it comes; an
   error after that is the event ``data: {"error": "..."}`` that ends the stream.
 
-While the answer waits for the backend's next piece, the client's connection is watched (every
-:data:`WATCH_S` seconds): a client that goes away ends the wait, and the backend's stream (or
-passed-through answer) is closed, which cancels it.
+While the answer waits for the backend's next piece, it also waits on the client's connection
+(:meth:`HttpRequest.gone`): a client that goes away ends the wait at once, and the backend's
+stream (or passed-through answer) is closed, which cancels it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from v2proxy.ports import ForwardResponse
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import Answer, RestFrontend
 
-#: how often a stream waiting for the backend checks that its client is still there
-WATCH_S = 0.2
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", gc.SSE_CONTENT_TYPE)
 _END = object()
@@ -115,16 +113,15 @@ async def _step(it: AsyncIterator[Any]) -> Any:
 async def _next(r: HttpRequest, it: AsyncIterator[Any]) -> Any:
     """The next item of ``it`` (``_END`` after the last); ClientDisconnected when the client
     goes away first (the pending step is cancelled)."""
-    if r.disconnected:
+    gone = r.gone()
+    if gone.done():
         raise ClientDisconnected("client went away")
     task = asyncio.ensure_future(_step(it))
     try:
-        while True:
-            done, _ = await asyncio.wait((task,), timeout=WATCH_S)
-            if done:
-                return task.result()
-            if r.disconnected:
-                raise ClientDisconnected("client went away")
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientDisconnected("client went away")
     finally:
         if not task.done():
             task.cancel()

@@ -23,13 +23,16 @@ answers when the handler lets them propagate: :class:`BodyTooLarge` (413) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from v2proxy.model import Buffer
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from v2proxy.http.server_state import ConnectionState as _Connection
@@ -162,6 +165,18 @@ class HttpRequest:
     def disconnected(self) -> bool:
         """The client has gone away."""
         return self._conn.lost
+
+    def gone(self) -> asyncio.Future[None]:
+        """A future done when the client goes away or closes its sending side (at once if it
+        has): a handler doing long work without reading or writing waits on it beside that
+        work to give the work up. A client that half-closes and waits for the answer is taken
+        as gone here, as uvicorn takes it; ordinary handlers still answer it."""
+        conn = self._conn
+        if conn.gone is None:
+            conn.gone = conn.loop.create_future()
+            if conn.lost or conn.eof:
+                conn.gone.set_result(None)
+        return conn.gone
 
     async def read(self, limit: int | None = None) -> bytearray:
         """The whole body. :class:`BodyTooLarge` beyond ``limit`` or ``max_body_size``."""
@@ -395,3 +410,26 @@ __all__ = [
     "ServerLimits",
     "nbytes",
 ]
+
+
+async def unless_gone(r: HttpRequest, work: Coroutine[Any, Any, T]) -> T:
+    """``work``'s result, or :class:`ClientDisconnected` when the client goes away first (then
+    ``work`` is cancelled, and with it the backend call it waits on). For handlers that may
+    wait long without reading or writing (an LLM's whole generation); the task it costs is
+    not worth it for short requests."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait((task, r.gone()), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        await _cancel(task)
+        raise
+    if task.done():
+        return task.result()
+    await _cancel(task)
+    raise ClientDisconnected("client went away")
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

@@ -88,6 +88,9 @@ class Connection(ConnectionParser, ConnectionTimer):
         if self.parsing is not None:
             self.parsing._fail(ClientDisconnected("client closed before the body ended"))
         self.closing_after = self.eof = True
+        watched = self.gone  # a client that stops sending is taken as gone by long handlers
+        if watched is not None and not watched.done():
+            watched.set_result(None)
         return True if self.serving and not self.closed else None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -106,6 +109,9 @@ class Connection(ConnectionParser, ConnectionTimer):
         parked = self.parked
         if parked is not None and not parked.done():
             parked.set_result(None)  # the serving task ends
+        watched = self.gone
+        if watched is not None and not watched.done():
+            watched.set_result(None)
         self.server._gone(self)
 
     def pause_writing(self) -> None:

@@ -30,7 +30,7 @@ NONE, IDLE, HEAD, BODY, LINGERING = range(5)
 class ConnectionState(asyncio.Protocol):
     __slots__ = (
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
-        "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "handler",
+        "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
         "head_size", "headers", "in_head", "limits", "loop", "lost", "parked", "parser",
         "parsing", "progress", "queue", "reading_paused", "received", "rejection", "server",
         "serving", "stall", "timer", "timer_kind", "transport", "url", "writing_paused",
@@ -60,6 +60,8 @@ class ConnectionState(asyncio.Protocol):
         self.rejection: tuple[int, str] | None = None
         self.reading_paused = self.body_paused = self.writing_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        #: done when the connection is lost (made on demand: :meth:`HttpRequest.gone`)
+        self.gone: asyncio.Future[None] | None = None
         self.lost = self.closed = self.broken = self.closing_after = self.eof = False
         self.timer: asyncio.TimerHandle | None = None
         self.timer_kind = NONE
