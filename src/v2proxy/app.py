@@ -79,6 +79,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             connect_timeout=settings.backend_connect_timeout,
             connections=settings.backend_connections,
             tokens=TokenRecorder(metrics, "backend") if isinstance(metrics, Metrics) else None,
+            ssl_context=client_context(settings.backend_tls) if target.tls else None,
         )
     counts = staged = None
     if isinstance(metrics, Metrics):

@@ -56,7 +56,8 @@ from v2proxy.tls import check as check_tls
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
     """Where the model server is: ``kind`` is builtin, http, https (``url`` the base URL), grpc
-    or mindie (``url`` is then host:port); ``tls``: https:// or grpcs:// (kind grpc)."""
+    or mindie (``url`` is then host:port); ``tls``: https://, grpcs:// (kind grpc) or mindies://
+    (kind mindie: MindIE's server speaks HTTPS by default)."""
 
     kind: str
     url: str = ""
@@ -108,21 +109,19 @@ def parse_backend(v: Any) -> BackendTarget:
         return BackendTarget("builtin")
     parts = urlsplit(text)
     if (
-        parts.scheme not in ("http", "https", "grpc", "grpcs", "mindie")
+        parts.scheme not in ("http", "https", "grpc", "grpcs", "mindie", "mindies")
         or not parts.hostname
         or not parts.port
     ):
         raise ValueError(
             "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
-            " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port"
-            " (a MindIE server's native /infer)"
+            " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port or"
+            " mindies://host:port (a MindIE server's native /infer)"
         )
-    if parts.scheme in ("grpc", "grpcs", "mindie"):
-        return BackendTarget(
-            "grpc" if parts.scheme == "grpcs" else parts.scheme,
-            parts.netloc,
-            parts.scheme == "grpcs",
-        )
+    if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
+        secure = parts.scheme in ("grpcs", "mindies")
+        kind = parts.scheme.removesuffix("s") if secure else parts.scheme
+        return BackendTarget(kind, parts.netloc, secure)
     return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")
 
 

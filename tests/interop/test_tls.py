@@ -31,6 +31,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from peers.launch import _free_ports, _stop
+from peers.mindie_sim import tokens
 from procs import Proc, v2proxy
 from tritonclient.utils import InferenceServerException
 
@@ -432,3 +433,56 @@ def test_client_certificate_to_backend(mtls_proxy: Proc, pki: Pki, scheme: str) 
         status, message = _infer_error(front)
         assert status in (502, 503)
         assert f"backend at {url if scheme == 'https' else url[8:]}" in message
+
+
+@contextlib.contextmanager
+def _tls_mindie(pki: Pki) -> Iterator[int]:
+    """The MindIE simulator serving HTTPS, as a MindIE server does by default."""
+    (port,) = _free_ports(1)
+    sim = Path(__file__).resolve().parent / "peers" / "mindie_sim.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(sim), "--port", str(port), "--tls-cert", str(pki.server.cert),
+         "--tls-key", str(pki.server.key)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _https_status(f"https://localhost:{port}/health", _client_ctx(pki)) != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "no MindIE simulator"
+            time.sleep(0.05)
+        yield port
+    finally:
+        _stop(proc)
+
+
+def test_proxy_to_mindie_over_tls(pki: Pki) -> None:
+    """mindies://: v2 clients reach a MindIE server over HTTPS (its default), verified against
+    --backend-ca; another CA gives 503 naming the TLS verification."""
+    with _tls_mindie(pki) as port:
+        url = f"mindies://localhost:{port}"
+        with v2proxy("serve", "--backend", url, "--backend-ca", str(pki.ca)) as front:
+            client = httpclient.InferenceServerClient(front.url)
+            try:
+                prompt = httpclient.InferInput("text_input", [1], "BYTES")
+                prompt.set_data_from_numpy(np.array([b"hello world"], dtype=object))
+                result = client.infer("llm", [prompt])
+                text = result.as_numpy("text_output")
+                words = "".join(t for _, t in tokens(["hello", "world"], 20))  # the sim's 20
+                assert text is not None and text.tolist() == [words.encode()]
+            finally:
+                client.close()
+        with v2proxy("serve", "--backend", url, "--backend-ca", str(pki.other_ca)) as front:
+            client = httpclient.InferenceServerClient(front.url)
+            try:
+                prompt = httpclient.InferInput("text_input", [1], "BYTES")
+                prompt.set_data_from_numpy(np.array([b"hello"], dtype=object))
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer("llm", [prompt])
+                assert info.value.status() == "503"
+                assert "TLS verification of" in str(info.value)
+                assert "certificate failed: unable to get local issuer certificate" in str(
+                    info.value
+                )
+            finally:
+                client.close()

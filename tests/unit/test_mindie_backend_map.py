@@ -288,21 +288,22 @@ def test_stream_failures(body: bytes, cls: type[ProxyError], message: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("value", "kind", "url"),
+    ("value", "kind", "url", "tls"),
     [
-        ("mindie://127.0.0.1:1025", "mindie", "127.0.0.1:1025"),
-        ("mindie://mindie.svc:1025/", "mindie", "mindie.svc:1025"),
-        ("mindie://[::1]:1025", "mindie", "[::1]:1025"),
+        ("mindie://127.0.0.1:1025", "mindie", "127.0.0.1:1025", False),
+        ("mindie://mindie.svc:1025/", "mindie", "mindie.svc:1025", False),
+        ("mindie://[::1]:1025", "mindie", "[::1]:1025", False),
+        ("mindies://mindie.svc:1025", "mindie", "mindie.svc:1025", True),
     ],
 )
-def test_backend_url(value: str, kind: str, url: str) -> None:
+def test_backend_url(value: str, kind: str, url: str, tls: bool) -> None:
     target = parse_backend(value)
-    assert (target.kind, target.url) == (kind, url)
+    assert (target.kind, target.url, target.tls) == (kind, url, tls)
 
 
 @pytest.mark.parametrize("value", ["mindie://127.0.0.1", "mindie:1025", "mindie://:1025"])
 def test_backend_url_refused(value: str) -> None:
-    with pytest.raises(ValueError, match=r"mindie://host:port \(a MindIE server"):
+    with pytest.raises(ValueError, match=r"mindies://host:port \(a MindIE server"):
         parse_backend(value)
 
 

@@ -23,6 +23,7 @@ front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure a
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any, Protocol
@@ -93,11 +94,14 @@ class MindieBackend(DecodedOnly):
         connect_timeout: float = 5.0,
         connections: int = 100,
         tokens: TokenSink | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._host = host.strip("[]") or "127.0.0.1"
         self._port = int(port)
-        self.base_url = f"mindie://{address}"
+        #: mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
+        self._ssl = ssl_context
+        self.base_url = f"mindie{'s' if ssl_context is not None else ''}://{address}"
         self.model = model
         self.spec = model_spec(model)
         self._timeout = timeout
@@ -110,6 +114,7 @@ class MindieBackend(DecodedOnly):
         self._client = HttpClient(
             self._host,
             self._port,
+            ssl=self._ssl,
             limit=self._connections,
             connect_timeout=self._connect_timeout,
         )

@@ -7,7 +7,7 @@ may override them with annotations (:data:`ANNOTATIONS`)::
 
     v2proxy.io/inject: "true"              # asks for the sidecar (anything else: left alone)
     v2proxy.io/sidecar-mode: native|classic
-    v2proxy.io/backend: http://127.0.0.1:8000   # also grpc://, https://, mindie://, builtin
+    v2proxy.io/backend: http://127.0.0.1:8000   # also grpc(s)://, https://, mindie(s)://, builtin
     v2proxy.io/backend-encoding: auto|json|binary
     v2proxy.io/ports: "9000,9001"          # HTTP[,gRPC]
     v2proxy.io/client-shm: off|local|on

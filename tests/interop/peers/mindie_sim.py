@@ -50,6 +50,7 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import time
 import zlib
 from typing import Any
@@ -468,13 +469,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fail-after", type=int)
     ap.add_argument("--fail-mode", choices=("timeout", "abort"))
     ap.add_argument("--error-status", type=int, choices=sorted(ERRORS))
+    ap.add_argument("--tls-cert", help="serve HTTPS (MindIE's default) with this certificate")
+    ap.add_argument("--tls-key")
     args = ap.parse_args(argv)
     knobs = _env_knobs()
     for key in ("latency_ms", "fail_after", "fail_mode", "error_status"):
         if getattr(args, key) is not None:
             knobs[key] = getattr(args, key)
     sim = Simulator(args.model_name, args.max_input_chars, knobs)
-    web.run_app(sim.app(), host=args.host, port=args.port, print=None, handle_signals=True)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    web.run_app(
+        sim.app(), host=args.host, port=args.port, print=None, handle_signals=True, ssl_context=tls
+    )
 
 
 if __name__ == "__main__":
