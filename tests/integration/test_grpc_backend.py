@@ -193,3 +193,31 @@ async def test_grpc_stream_deadline_is_per_response(
             assert len(errors) == 1 and error in errors[0]
     finally:
         await server.stop(0)
+
+
+async def test_decoupled_is_asked_again_after_a_failure() -> None:
+    """A ModelConfig failure of the moment (INTERNAL) is not kept as 'not decoupled': the next
+    request asks again; a backend without ModelConfig (UNIMPLEMENTED) is never asked again."""
+    from v2proxy.backends.grpc import GrpcBackend
+    from v2proxy.errors import BackendError, Unsupported
+
+    answers: list[Any] = [
+        BackendError("busy", 500, "INTERNAL"),
+        {"model_transaction_policy": {"decoupled": True}},
+    ]
+    backend = GrpcBackend("127.0.0.1:1")
+
+    async def model_config(_model: str, _version: str) -> dict[str, Any]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return dict(answer)
+
+    backend.model_config = model_config  # type: ignore[method-assign]
+    assert await backend.is_decoupled("llm", "") is False
+    assert await backend.is_decoupled("llm", "") is True
+    assert await backend.is_decoupled("llm", "") is True and answers == []  # kept
+
+    answers[:] = [Unsupported("no ModelConfig")]
+    assert await backend.is_decoupled("other", "") is False
+    assert await backend.is_decoupled("other", "") is False and answers == []  # asked once

@@ -263,8 +263,10 @@ class GrpcBackend(DecodedOnly):
         if key not in self._decoupled:
             try:
                 config = await self.model_config(model, version)
-            except (Unsupported, BackendError):
-                config = {}
+            except Unsupported:
+                config = {}  # no ModelConfig at all: never decoupled
+            except BackendError:
+                return False  # a failure of the moment: asked again next time
             policy = config.get("model_transaction_policy", {})
             self._decoupled[key] = isinstance(policy, dict) and policy.get("decoupled") is True
         return self._decoupled[key]
