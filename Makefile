@@ -75,3 +75,16 @@ FUZZ_SECONDS ?= 120
 fuzz: $(STAMP)
 	@$(BIN)/python -c "import atheris" 2>/dev/null || $(BIN)/python -m pip install -q -c constraints.txt atheris
 	$(BIN)/python tests/fuzz/run_fuzz.py --seconds $(FUZZ_SECONDS) $(if $(FUZZ_RUNS),--runs $(FUZZ_RUNS),) $(if $(FUZZ_MERGE),--merge,) $(FUZZ_TARGETS)
+
+# schemathesis over the OpenAPI document served at /openapi.json (never part of `make test`,
+# which runs a bounded pass in tests/interop/test_openapi_schemathesis.py): every operation
+# against v2proxy in front of the builtin models, Triton over REST and Triton over gRPC,
+# SCHEMATHESIS_EXAMPLES per operation and phase (default 100); reports and the table of figures
+# in .cache/schemathesis. SCHEMATHESIS_TARGETS picks some (builtin,triton,triton-grpc).
+SCHEMATHESIS_EXAMPLES ?= 100
+SCHEMATHESIS_TARGETS ?= builtin,triton,triton-grpc
+.PHONY: schemathesis
+schemathesis: $(STAMP) peers
+	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) $(BIN)/python tests/interop/openapi_run.py \
+		--targets $(SCHEMATHESIS_TARGETS) --max-examples $(SCHEMATHESIS_EXAMPLES) \
+		--out .cache/schemathesis

@@ -82,6 +82,14 @@ class Unsupported(ProxyError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class UnsupportedEncoding(InvalidRequest):
+    """A request ``Content-Encoding`` this server cannot decode: 415 with ``Accept-Encoding``
+    naming those it can (RFC 9110 §15.5.16; Triton answers 501, a server error for a client's
+    fault)."""
+
+    http_status = 415
+
+
 class Overloaded(ProxyError):
     """The proxy is serving as many requests as ``--max-concurrency`` allows: refused at once,
     to be retried later (REST: 503 with ``Retry-After``; gRPC: RESOURCE_EXHAUSTED)."""

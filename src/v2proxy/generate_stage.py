@@ -3,7 +3,8 @@
 
 - **Passed through** to a backend that has the extension: the client's body and headers go
   unchanged to the backend's ``forward`` and its answer (JSON, or server-sent events as they
-  come) goes back unchanged.
+  come) goes back unchanged. A body that is no JSON object is refused first (400; Triton
+  answers 500 to a client's malformed JSON); a compressed one goes as it came.
 - **Mapped** for one that has not: the body becomes an :class:`InferRequest`
   (:func:`v2proxy.codecs.generate.request_from_generate`, the model's inputs from its metadata)
   run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
@@ -145,11 +146,13 @@ class GenerateStage:
     ) -> ForwardResponse | Mapped:
         """A client's generate request (``target``: its origin-form path, ``body`` as sent):
         the backend's answer passed through, or the request mapped onto v2 inference."""
+        encoding = next((v for k, v in headers if k == b"content-encoding"), None)
         if await self._native():
+            if encoding is None or encoding.strip().lower() in (b"", b"identity"):
+                gc.parse_body(body)  # no JSON object: 400 here (Triton answers 500)
             answer = await self._forward(target, headers, body)
             if answer is not None:
                 return answer
-        encoding = next((v for k, v in headers if k == b"content-encoding"), None)
         data = compression.decompress(
             body, None if encoding is None else encoding.decode("latin-1"), self.max_input_size
         )

@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from v2proxy import restricted, shm_stage
+from v2proxy.codecs import settings
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
@@ -324,6 +325,8 @@ class Pipeline:
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
         self._allow("logging", headers)
+        if update:
+            settings.log_update(update, strict=False)  # bad values: 400 (Triton answers 503)
         return await self.backend.log_settings(update, headers)
 
     async def passthrough(

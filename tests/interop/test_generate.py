@@ -288,6 +288,16 @@ OWN: list[tuple[str, str, bytes, int, str]] = [
 ]
 
 
+def _passed_through(body: bytes) -> bool:
+    """Whether v2proxy passes the body on to Triton: a JSON object whose parameters (if any)
+    are an object; others v2proxy refuses itself (Triton answers them with 500)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("parameters", {}), dict)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "error"), [c[1:] for c in OWN], ids=[c[0] for c in OWN]
 )
@@ -296,7 +306,9 @@ def test_errors(
 ) -> None:
     name, proxy = gen_proxy
     ours = post(proxy.base_url, "/v2/models/" + path, body)
-    if name == "triton":  # passed through: Triton's own answer, whatever it is
+    if name == "triton" and _passed_through(body):
+        # passed through: Triton's own answer, whatever it is (a body that is no JSON object
+        # is refused before: Triton answers 500 to the client's malformed JSON)
         assert ours == post(triton, "/v2/models/" + path, body)
         return
     assert ours[:2] == (status, "application/json")

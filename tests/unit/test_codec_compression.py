@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from v2proxy.codecs.compression import choose_encoding, compress, decompress
-from v2proxy.errors import CodecError, PayloadTooLarge, Unsupported
+from v2proxy.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
 from v2proxy.model import Buffer
 
 PAYLOAD = b'{"inputs":[]}' + bytes(range(256)) * 40
@@ -51,11 +51,13 @@ def test_empty_gzip_stream_is_empty() -> None:
 
 
 @pytest.mark.parametrize("encoding", ["br", "compress", "zstd", "gzip, deflate", "x-gzip"])
-def test_unknown_encoding_is_501(encoding: str) -> None:
-    with pytest.raises(Unsupported) as info:
+def test_unknown_encoding_is_415(encoding: str) -> None:
+    # Triton answers 501; a content coding the server cannot decode is the client's fault, and
+    # RFC 9110 §15.5.16 names 415 for it (found by schemathesis: no 5xx for client faults)
+    with pytest.raises(UnsupportedEncoding) as info:
         decompress(gzip.compress(PAYLOAD), encoding, LIMIT)
-    assert info.value.http_status == 501
-    assert info.value.grpc_code == "UNIMPLEMENTED"
+    assert info.value.http_status == 415
+    assert info.value.grpc_code == "INVALID_ARGUMENT"
     assert "Unsupported compression type" in info.value.message
     assert encoding in info.value.message
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from v2proxy import __version__
 from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.codecs import settings
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.model import InferRequest, InferResponse, Tensor
@@ -256,11 +257,13 @@ class BuiltinBackend(DecodedOnly):
     async def trace_settings(
         self, model: str, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]:
+        if model:
+            self.spec(model)
         if update:
-            self._trace.update(update)
+            self._trace.update(settings.trace_update(update))
         return dict(self._trace)
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
         if update:
-            self._log.update(update)
+            self._log.update(settings.log_update(update))
         return dict(self._log)

@@ -1,7 +1,8 @@
 """HTTP body compression for /infer (reference §1.8).
 
 Requests: ``Content-Encoding`` gzip or deflate is inflated with zlib's automatic gzip/zlib header
-detection, bounded by the size limit; identity or none passes through; anything else is 501.
+detection, bounded by the size limit; identity or none passes through; anything else is 415
+(UnsupportedEncoding; Triton answers 501).
 Responses: ``Accept-Encoding`` is read the way Triton reads it (identity, gzip, deflate with
 q-values; ties go to the first listed; ``*`` and others ignored).
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 
-from v2proxy.errors import CodecError, PayloadTooLarge, Unsupported
+from v2proxy.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
 from v2proxy.model import Buffer
 
 SUPPORTED = ("gzip", "deflate")
@@ -26,7 +27,7 @@ def decompress(body: Buffer, encoding: str | None, limit: int) -> Buffer:
     if enc in ("", "identity"):
         return body
     if enc not in SUPPORTED:
-        raise Unsupported(f"Unsupported compression type '{encoding}'")
+        raise UnsupportedEncoding(f"Unsupported compression type '{encoding}'")
     if memoryview(body).nbytes == 0:
         raise CodecError("nothing to be decompressed")
     inflater = zlib.decompressobj(15 | 32)

@@ -62,11 +62,18 @@ _PARAMETER_TYPES = (str, int, float)  # bool is an int
 
 
 def parse_body(body: Buffer) -> dict[str, Any]:
-    """The generate request's JSON object; CodecError when the body is no JSON object."""
+    """The generate request's JSON object; CodecError when the body is no JSON object or its
+    ``parameters`` no object (checked before a body is passed through: Triton answers both
+    with 500)."""
     obj = loads(body)
     if type(obj) is not dict:
         raise CodecError(
             "the generate request must be a JSON object whose keys name the model's inputs"
+        )
+    if "parameters" in obj and type(obj["parameters"]) is not dict:
+        raise CodecError(
+            "Expected JSON object for keyword: 'parameters': attempt to access JSON"
+            " non-object as object"
         )
     return obj
 

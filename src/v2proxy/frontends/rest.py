@@ -33,8 +33,14 @@ from v2proxy.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.config_sections import MindieSettings
-from v2proxy.errors import BodyTooLarge, InvalidRequest, Overloaded, ProxyError, Unsupported
-from v2proxy.frontends import rest_generate, rest_infer, rest_shm
+from v2proxy.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    Overloaded,
+    ProxyError,
+    UnsupportedEncoding,
+)
+from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
@@ -64,7 +70,7 @@ def json_answer(status: int, obj: Any) -> Answer:
 def error_answer(exc: ProxyError) -> Answer:
     """The one translator from the error tree to HTTP."""
     status, headers, body = json_answer(exc.http_status, {"error": exc.message})  # type: ignore[misc]
-    if isinstance(exc, Unsupported) and "compression" in exc.message:
+    if isinstance(exc, UnsupportedEncoding):
         headers.append((b"accept-encoding", b"gzip, deflate"))
     elif isinstance(exc, Overloaded):
         headers.append((b"retry-after", b"%d" % RETRY_AFTER_S))
@@ -117,6 +123,9 @@ class RestFrontend:
         try:
             try:
                 held = self.gate.enter(op)
+                if op in _BODY_FIRST and handler is not RestFrontend.not_allowed:
+                    # the API group before the body is read: 403, not a body's 400
+                    self.pipeline.access.check(_group(op, request.path), headers_of(request))
                 answer = await handler(self, request, m)
             except ProxyError as exc:
                 answer = error_answer(exc)
@@ -199,6 +208,7 @@ class RestFrontend:
             answer = json_answer(404, {"error": "Not Found"})  # type: ignore[assignment]
         elif request.method not in ("GET", "HEAD"):
             answer = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[assignment]
+            answer[1].append((b"allow", b"GET, HEAD"))
         else:
             answer = 200, [(b"content-type", _METRICS_TYPE)], self.metrics.exposition()
         status, headers, body = answer
@@ -293,8 +303,16 @@ class RestFrontend:
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
 
-    async def not_allowed(self, _r: HttpRequest, _m: Any) -> Answer:
-        return json_answer(405, {"error": "Method Not Allowed"})
+    async def openapi_document(self, _r: HttpRequest, _m: Any) -> Answer:
+        """``GET /openapi.json``: the document of this API (never passed through)."""
+        return 200, list(JSON), openapi.document_json()
+
+    async def not_allowed(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+        """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6)."""
+        status, headers, body = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
+        methods = next((ms for pattern, ms, _ in ROUTES if pattern is m.re), {})
+        headers.append((b"allow", ", ".join(methods).encode()))
+        return status, headers, body
 
 
 _M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
@@ -335,6 +353,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
     ),
     *rest_shm.ROUTES,
     (re.compile(r"/infer"), {"POST": RestFrontend.mindie_infer}, "mindie"),
+    (re.compile(r"/openapi\.json"), {"GET": RestFrontend.openapi_document}, "metadata"),
 ]
 
 
@@ -346,6 +365,28 @@ def _find(request: HttpRequest) -> tuple[Handler, Any, str]:
         if m is not None:
             return methods.get(request.method, RestFrontend.not_allowed), m, op
     return RestFrontend.passthrough, None, "passthrough"
+
+
+#: operations whose handlers read and decode the body before the pipeline checks the API
+#: group (``--restricted-api``); checked first in dispatch, as Triton does (MindIE's /infer keeps
+#: its own order and error shape)
+_BODY_FIRST = frozenset({"infer", "generate", "side"})
+_SIDE_GROUPS = (
+    ("/v2/repository/", "model-repository"),
+    ("/v2/systemsharedmemory", "shared-memory"),
+    ("/v2/cudasharedmemory", "shared-memory"),
+    ("/v2/logging", "logging"),
+)
+
+
+def _group(op: str, path: str) -> str:
+    """The API group (``v2proxy.restricted``) of a routed request of a _BODY_FIRST operation."""
+    if op != "side":
+        return "inference"
+    for prefix, group in _SIDE_GROUPS:
+        if path.startswith(prefix):
+            return group
+    return "trace" if path.endswith("/trace/setting") else "statistics"
 
 
 #: the ``error`` label of error answers that are no ProxyError

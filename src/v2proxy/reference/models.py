@@ -11,7 +11,8 @@ Names and tensors are part of the product contract:
 - ``llm``: a deterministic toy LLM shaped like the TensorRT-LLM ``ensemble``: BYTES
   ``text_input`` [1] (+ optional ``max_tokens``, ``stream``, ``exclude_input_in_output`` and
   sampling knobs) -> BYTES ``text_output``; decoupled: one response per token when streaming.
-  It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16).
+  It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16, at most
+  4096, and at most 16 Mi characters in all: 400 beyond).
 
 Compute functions take numpy views of validated inputs and return the outputs of each response
 (one list for ordinary models, one per token for the streaming llm).
@@ -144,6 +145,10 @@ def _classifier(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
 
 
 LLM_DEFAULT_MAX_TOKENS = 16
+#: bounds of one generation: a client cannot make the in-process toy model block the event
+#: loop or exhaust memory (max_tokens up to INT32_MAX reaches it unchecked from /infer)
+LLM_MAX_TOKENS = 4096
+LLM_MAX_OUTPUT_CHARS = 1 << 24
 
 
 def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
@@ -159,6 +164,13 @@ def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
 def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
     """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces."""
     words = prompt.split() or ["token"]
+    cycles, rest = divmod(max_tokens, len(words))
+    size = cycles * sum(map(len, words)) + sum(map(len, words[:rest])) + max_tokens - 1
+    if size > LLM_MAX_OUTPUT_CHARS:
+        raise InvalidRequest(
+            f"model 'llm' would generate {size} characters, more than {LLM_MAX_OUTPUT_CHARS}:"
+            " ask for fewer tokens or a shorter prompt"
+        )
     return [("" if i == 0 else " ") + words[i % len(words)] for i in range(max_tokens)]
 
 
@@ -168,6 +180,8 @@ def _llm(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     max_tokens = int(_scalar(inputs, "max_tokens", LLM_DEFAULT_MAX_TOKENS))
     if max_tokens < 1:
         raise InvalidRequest("input 'max_tokens' of model 'llm' must be at least 1")
+    if max_tokens > LLM_MAX_TOKENS:
+        raise InvalidRequest(f"input 'max_tokens' of model 'llm' must be at most {LLM_MAX_TOKENS}")
     stream = bool(_scalar(inputs, "stream", False))
     exclude_input = bool(_scalar(inputs, "exclude_input_in_output", stream))
     tokens = llm_tokens(prompt, max_tokens)

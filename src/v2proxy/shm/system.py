@@ -111,13 +111,15 @@ class SystemRegion:
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
     """Open and map a client's object (``key`` as the client gave it; InvalidRequest for a bad
-    key, ProxyError 500 when no such object can be opened, as Triton)."""
+    key or one that names no object, ProxyError 500 when an object exists but cannot be opened;
+    Triton answers 500 to both, but a key naming nothing is the client's fault)."""
     posix_name = normal_key(name, key)
     try:
         mem = posix_ipc.SharedMemory(posix_name, flags=0)
     except (posix_ipc.Error, OSError, ValueError) as exc:
         cause = type(exc).__name__
-        raise ProxyError(
+        error = InvalidRequest if isinstance(exc, posix_ipc.ExistentialError) else ProxyError
+        raise error(
             f"Unable to open shared memory region: '{name}' (the key names no shared memory"
             f" object this proxy can open: {cause}; the client and v2proxy must share /dev/shm)"
         ) from None

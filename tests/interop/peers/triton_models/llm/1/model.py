@@ -15,6 +15,10 @@ class _Invalid(Exception):
     pass
 
 
+#: the most tokens one request may ask for (the builtin llm's bound)
+MAX_TOKENS = 4096
+
+
 def _scalar(request, name, default):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
@@ -47,6 +51,10 @@ class TritonPythonModel:
                 max_tokens = int(_scalar(request, "max_tokens", DEFAULT_MAX_TOKENS))
                 if max_tokens < 1:
                     raise _Invalid("input 'max_tokens' of model 'llm' must be at least 1")
+                if max_tokens > MAX_TOKENS:  # as the builtin llm: a bounded generation
+                    raise _Invalid(
+                        f"input 'max_tokens' of model 'llm' must be at most {MAX_TOKENS}"
+                    )
                 stream = bool(_scalar(request, "stream", False))
                 exclude_input = bool(_scalar(request, "exclude_input_in_output", stream))
             except _Invalid as exc:

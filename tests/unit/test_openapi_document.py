@@ -1,0 +1,176 @@
+"""The OpenAPI document of v2proxy's REST API (src/v2proxy/openapi.yaml): a valid OpenAPI 3.1
+document (schemathesis' own loader and validator), naming exactly the routes the REST frontend
+serves, with the answers every operation can give documented.
+
+Also the regressions of what schemathesis found (tests/interop/test_openapi_schemathesis.py):
+the builtin llm's bounded generation and the checked trace/log settings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import schemathesis
+
+from v2proxy.codecs import settings
+from v2proxy.errors import InvalidRequest
+from v2proxy.frontends import rest
+from v2proxy.frontends.openapi import document, document_json
+from v2proxy.reference.models import LLM_MAX_OUTPUT_CHARS, LLM_MAX_TOKENS, llm_tokens
+
+#: a value for each path parameter when a documented path is turned into a request path
+SAMPLES = {"model": "simple", "version": "1", "name": "region0"}
+#: routes outside the table: /metrics is answered before routing
+OUTSIDE_TABLE = {("GET", "/metrics")}
+#: groups that --restricted-api may restrict: every operation but these documents 403
+NEVER_RESTRICTED = {"/metrics", "/openapi.json"}
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+
+
+def _operations() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method.upper(), path, op)
+        for path, ops in document()["paths"].items()
+        for method, op in ops.items()
+    ]
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: SAMPLES[m.group(1)], path)
+
+
+def test_document_is_valid_openapi() -> None:
+    doc = document()
+    assert doc["openapi"].startswith("3.1")
+    schema = schemathesis.openapi.from_dict(doc)
+    schema.validate()  # the OpenAPI 3.1 meta-schema: raises on any violation
+    ids = [op["operationId"] for _, _, op in _operations()]
+    assert len(ids) == len(set(ids))
+
+
+def test_served_json_is_the_document() -> None:
+    import json
+
+    assert json.loads(document_json()) == document()
+    assert document_json() is document_json()  # encoded once
+
+
+def test_every_documented_operation_is_routed() -> None:
+    for method, path, _ in _operations():
+        if (method, path) in OUTSIDE_TABLE:
+            continue
+        handler, match, _op = rest._find(_Request(method, _concrete(path)))  # type: ignore[arg-type]
+        assert match is not None, f"{method} {path} is passed through, not served"
+        assert handler is not rest.RestFrontend.not_allowed, f"{method} {path} answers 405"
+
+
+def test_every_route_is_documented() -> None:
+    documented = {(m, _concrete(p)) for m, p, _ in _operations()}
+    for pattern, methods, _op in rest.ROUTES:
+        for method in methods:
+            hits = [p for m, p in documented if m == method and pattern.fullmatch(p)]
+            assert hits, f"{method} {pattern.pattern} is not in the document"
+
+
+def test_answers_documented() -> None:
+    for method, path, op in _operations():
+        codes = set(op["responses"])
+        assert "default" not in codes, f"{method} {path}: every status is listed"
+        assert any(c.startswith("2") for c in codes)
+        if path in NEVER_RESTRICTED:
+            assert "403" not in codes
+            continue
+        assert "403" in codes, f"{method} {path}: any API group may be restricted"
+        if path != "/infer":
+            assert {"502", "503", "504"} <= codes, f"{method} {path}: backend faults"
+        if "requestBody" in op:
+            assert "413" in codes, f"{method} {path}: --max-body-size"
+
+
+def test_binary_tensor_extension_described() -> None:
+    op = document()["paths"]["/v2/models/{model}/infer"]["post"]
+    assert set(op["requestBody"]["content"]) == {"application/json", "application/octet-stream"}
+    names = {p.get("name") or p["$ref"].rsplit("/", 1)[1] for p in op["parameters"]}
+    assert "InferenceHeaderContentLength" in names
+    ok = op["responses"]["200"]
+    assert set(ok["content"]) == {"application/json", "application/octet-stream"}
+    assert "Inference-Header-Content-Length" in ok["headers"]
+    stream = document()["paths"]["/v2/models/{model}/generate_stream"]["post"]
+    assert "text/event-stream" in stream["responses"]["200"]["content"]
+    metrics = document()["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert set(metrics) == {"text/plain"}
+
+
+# ------------------------------------------------------------------ regressions
+
+
+def test_llm_generation_is_bounded() -> None:
+    # max_tokens came unchecked from MindIE's /infer (up to INT32_MAX): the toy model built a
+    # list of that many strings on the event loop, and the proxy stopped answering
+    assert len(llm_tokens("a b", LLM_MAX_TOKENS)) == LLM_MAX_TOKENS
+    word = "w" * (LLM_MAX_OUTPUT_CHARS // 8)
+    with pytest.raises(InvalidRequest, match="would generate"):
+        llm_tokens(word, 16)
+
+
+async def test_builtin_llm_refuses_too_many_tokens() -> None:
+    from v2proxy.backends.builtin import BuiltinBackend
+    from v2proxy.codecs.dtypes import serialize_bytes
+    from v2proxy.model import Datatype, InferRequest, Tensor
+
+    backend = BuiltinBackend()
+    request = InferRequest(
+        model_name="llm",
+        inputs=[
+            Tensor("text_input", Datatype.BYTES, (1,), serialize_bytes([b"a"])),
+            Tensor("max_tokens", Datatype.INT32, (1,), (2**31 - 1).to_bytes(4, "little")),
+        ],
+    )
+    with pytest.raises(InvalidRequest, match="must be at most 4096"):
+        async for _ in backend.stream_infer(request, []):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"log_format": {}}, "Invalid value for 'log_format'"),
+        ({"log_format": ""}, "expected default or ISO8601"),
+        ({"log_info": 1}, "Invalid value for 'log_info': expected a boolean"),
+        ({"log_verbose_level": -1}, "Invalid value for 'log_verbose_level'"),
+        ({"log_verbose_level": 2**70}, "Invalid value for 'log_verbose_level'"),
+        ({"log_file": 5}, "Invalid value for 'log_file': expected a string"),
+    ],
+)
+def test_log_settings_checked(update: dict[str, Any], message: str) -> None:
+    for strict in (True, False):
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
+            settings.log_update(update, strict=strict)
+
+
+def test_log_settings_unknown_keys() -> None:
+    with pytest.raises(InvalidRequest, match="Unknown log setting 'x'"):
+        settings.log_update({"x": [{}]})
+    assert settings.log_update({"x": [{}]}, strict=False) == {"x": [{}]}
+    good = {"log_info": False, "log_verbose_level": 1, "log_format": "ISO8601"}
+    assert settings.log_update(good) == good
+
+
+def test_trace_settings_checked() -> None:
+    with pytest.raises(InvalidRequest, match="Unknown trace setting 'x-schemathesis'"):
+        settings.trace_update({"x-schemathesis": [{}]})
+    with pytest.raises(InvalidRequest, match="'trace_level'"):
+        settings.trace_update({"trace_level": ["LOUD"]})
+    with pytest.raises(InvalidRequest, match="'trace_rate': expected a string"):
+        settings.trace_update({"trace_rate": 5})
+    assert settings.trace_update(
+        {"trace_level": "TIMESTAMPS", "trace_rate": ["10"], "trace_file": None}
+    ) == {"trace_level": ["TIMESTAMPS"], "trace_rate": "10"}
