@@ -10,10 +10,10 @@ executions, executions per second, corpus size and crashes; the exit status is 1
 target crashed or failed to run.
 
 ``--merge``: afterwards, minimise each target's committed corpus together with its working
-corpus (libFuzzer's ``-merge=1``: the smallest set of inputs that keeps every feature) back
-into tests/fuzz/corpus/<name>.
+corpus (libFuzzer's ``-merge=1`` on edge coverage alone: the smallest set of inputs that keeps
+every edge) back into tests/fuzz/corpus/<name>. ``--merge-only``: that, without fuzzing.
 
-Usage: python tests/fuzz/run_fuzz.py [--seconds S] [--runs N] [--merge] [target ...]
+Usage: python tests/fuzz/run_fuzz.py [--seconds S] [--runs N] [--merge | --merge-only] [target ...]
 """
 
 from __future__ import annotations
@@ -88,10 +88,12 @@ def merge(name: str) -> None:
     fresh = WORK / "merged" / name
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
+    (WORK / "corpus" / name).mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         str(TARGETS / f"fuzz_{name}.py"),
         "-merge=1",
+        "-use_counters=0",  # edges only, not their hit counts: a corpus of hundreds, not thousands
         *FLAGS,
         str(fresh),
         str(CORPUS / name),
@@ -112,11 +114,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", "120")))
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--merge", action="store_true")
+    parser.add_argument("--merge-only", action="store_true")
     args = parser.parse_args()
     chosen = args.targets or names()
     unknown = set(chosen) - set(names())
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}; known: {names()}")
+    if args.merge_only:
+        for name in chosen:
+            merge(name)
+            print(f"{name:12} corpus {len(list((CORPUS / name).iterdir())):>5}", flush=True)
+        return 0
     results = []
     for name in chosen:
         result = run(name, args.seconds, args.runs)

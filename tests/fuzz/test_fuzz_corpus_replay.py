@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +19,15 @@ HERE = Path(__file__).resolve().parent
 TARGETS = HERE / "targets"
 CORPUS = HERE / "corpus"
 NAMES = sorted(p.stem.removeprefix("fuzz_") for p in TARGETS.glob("fuzz_*.py"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_loop() -> Iterator[None]:
+    """The HTTP targets share one event loop of fuzz_http's: closed once they all ran."""
+    yield
+    http = sys.modules.get("fuzz_http")
+    if http is not None:
+        http.LOOP.close()
 
 
 def _target(name: str) -> ModuleType:

@@ -143,7 +143,6 @@ LOOP = asyncio.new_event_loop()
 PROBLEMS: list[str] = []
 LOOP.set_exception_handler(lambda _loop, context: PROBLEMS.append(str(context.get("message"))))
 FAILURES = Failures()
-logging.getLogger("v2proxy.http").addHandler(FAILURES)
 
 
 def _spin(n: int = SPINS) -> None:
@@ -177,6 +176,8 @@ def test_one_input(data: bytes) -> None:
     PROBLEMS.clear()
     FAILURES.records.clear()
     begun = sent.count(b"\n") + 1  # a bound on the requests that can begin
+    logger = logging.getLogger("v2proxy")
+    logger.addHandler(FAILURES)  # only while the run lasts: corpus replay shares the process
     try:
         conn.connection_made(transport)
         pos = 0
@@ -201,6 +202,7 @@ def test_one_input(data: bytes) -> None:
         expect(cycle is None or cycle.done(), "the connection's task did not end")
         expect(not server.conns, "the server still holds the connection")
     finally:
+        logger.removeHandler(FAILURES)
         if conn.timer is not None:
             conn.timer.cancel()
         if conn.cycle is not None and not conn.cycle.done():

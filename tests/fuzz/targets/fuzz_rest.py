@@ -2,8 +2,8 @@
 sockets): the real REST frontend (routing, the v2 routes and extensions, generate, MindIE's
 /infer, /metrics) over the builtin reference models, behind the HTTP server's connection object
 and the fake transport of :mod:`fuzz_http`. Every API group is open (no restricted routes);
-client shared memory is off (the fuzzer must not map other processes' segments); a fresh backend and pipeline per run, so that no run's model
-unloading or settings leak into the next.
+client shared memory is off (the fuzzer must not map other processes' segments); a fresh
+backend and pipeline per run, so that no run's model unloading or settings leak into the next.
 
 Input: a control byte (as for fuzz_http: bits 0-2 the piece size, bit 3 a half-close), then the
 bytes the client sends. The seeds are real requests to each route.
@@ -47,8 +47,6 @@ SETTINGS = Settings(
 )
 LIMITS = ServerLimits(max_body_size=SETTINGS.max_body_size)
 MAX_PIECES = 16
-logging.getLogger("v2proxy").addHandler(FAILURES)
-logging.getLogger("v2proxy").setLevel(logging.WARNING)
 
 
 def _frontend() -> RestFrontend:
@@ -68,6 +66,8 @@ def test_one_input(data: bytes) -> None:
     transport.protocol = conn
     PROBLEMS.clear()
     FAILURES.records.clear()
+    logger = logging.getLogger("v2proxy")
+    logger.addHandler(FAILURES)  # only while the run lasts: corpus replay shares the process
     try:
         conn.connection_made(transport)
         pos = 0
@@ -90,6 +90,7 @@ def test_one_input(data: bytes) -> None:
         expect(not still, "callbacks still ready after 1000 loop iterations")
         expect(conn.cycle is None or conn.cycle.done(), "the connection's task did not end")
     finally:
+        logger.removeHandler(FAILURES)
         if conn.timer is not None:
             conn.timer.cancel()
         if conn.cycle is not None and not conn.cycle.done():
