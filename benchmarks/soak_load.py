@@ -98,6 +98,10 @@ def _grpc_stream_request() -> pb.ModelInferRequest:
 
 
 GRPC_STREAM = _grpc_stream_request()
+GRPC_LLM = pb.ModelInferRequest()
+GRPC_LLM.CopyFrom(GRPC_STREAM)
+GRPC_LLM.inputs[2].contents.bool_contents[0] = False
+del GRPC_LLM.parameters["triton_enable_empty_final_response"]
 
 
 @dataclass
@@ -233,6 +237,16 @@ async def grpc_stream(c: Conn) -> str | None:
     return None
 
 
+async def grpc_llm(c: Conn) -> str | None:
+    """ModelInfer of the llm without streaming: one answer, the prompt and its tokens (what
+    the schedule sends over gRPC instead of a stream when the backend is v2 REST, which has no
+    streaming infer)."""
+    resp = await c.stub.ModelInfer(GRPC_LLM, timeout=TIMEOUT_S)
+    want = f"{PROMPT} {''.join(EXPECTED_TOKENS)}".encode()
+    got = [r[4 : 4 + int.from_bytes(r[:4], "little")] for r in resp.raw_output_contents]
+    return None if got == [want] else f"llm answered {got!r}"
+
+
 async def shm_cycle(c: Conn) -> str | None:
     """A fresh system shared-memory region: register, infer simple from and into it,
     unregister; the outputs are read back from the region."""
@@ -331,11 +345,26 @@ class Recorder:
         return out
 
 
+def schedule_for(backend: str) -> list[Op]:
+    """The schedule in front of ``backend`` (builtin, rest or grpc): behind a v2 REST backend
+    the gRPC stream of the decoupled llm becomes a unary llm call (REST has no streaming infer;
+    REST generate_stream is passed through to the backend's own)."""
+    if backend != "rest":
+        return list(SCHEDULE)
+    return [grpc_llm if op is grpc_stream else op for op in SCHEDULE]
+
+
 async def run_clients(
-    http_port: int, grpc_port: int, clients: int, rate: float, stop: asyncio.Event, rec: Recorder
+    http_port: int,
+    grpc_port: int,
+    clients: int,
+    rate: float,
+    stop: asyncio.Event,
+    rec: Recorder,
+    ops: list[Op],
 ) -> None:
-    """``clients`` paced clients taking operations from the shared schedule until ``stop``."""
-    schedule = itertools.cycle(SCHEDULE)
+    """``clients`` paced clients taking operations from the schedule ``ops`` until ``stop``."""
+    schedule = itertools.cycle(ops)
     period = clients / rate
 
     async def client(index: int) -> None:
