@@ -42,10 +42,11 @@ from typing import Any
 import soak_load
 from procs import HOST, Server, free_ports
 from run import machine_info
-from soak_report import KEYS, figures, report_md, totals, verdict
+from soak_report import KEYS, figures, report_md, totals, tracemalloc_compare, verdict
 from soak_stats import percentiles, sample_tree
 
 HERE = Path(__file__).resolve().parent
+TRACE = HERE / "soak_trace"  # its sitecustomize.py takes the tracemalloc snapshots
 
 
 def log(msg: str) -> None:
@@ -168,12 +169,19 @@ def _run_proxy(
         "--workers", str(workers), "--event-loop", "uvloop", "--log-level", "warning",
         "--restricted-api", "none", *args.v2proxy_args.split(),
     ]  # fmt: skip
+    env = None
+    if args.tracemalloc:
+        folder = args.tracemalloc / f"w{workers}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = os.pathsep.join(p for p in (str(TRACE), os.environ.get("PYTHONPATH")) if p)
+        env = os.environ | {"PYTHONPATH": path, "V2PROXY_SOAK_TRACEMALLOC": str(folder)}
     server = Server(
         name=f"v2proxy-w{workers}",
         cmd=cmd,
         log_path=tmp / f"v2proxy-w{workers}.log",
         ready_urls=[f"http://{HOST}:{http_port}/v2/health/ready"],
         ready_ports=[grpc_port],
+        env=env,
     )
     result["command"] = cmd[2:]
     server.start()
@@ -222,6 +230,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--v2proxy-args", default="", help="extra `v2proxy serve` arguments")
     p.add_argument("--output", type=Path, default=HERE / "results" / "soak.json")
     p.add_argument(
+        "--tracemalloc",
+        type=Path,
+        metavar="DIR",
+        help="run the proxy under tracemalloc, a snapshot of each process every minute in"
+        " DIR/wN (slower; for finding a leak, not for the figures)",
+    )
+    p.add_argument(
+        "--tracemalloc-compare",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: the allocation sites that grew most between each process's second"
+        " and last snapshots in DIR (and its subfolders)",
+    )
+    p.add_argument(
         "--report",
         type=Path,
         metavar="JSON",
@@ -266,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.report:
         return _report(args.report)
+    if args.tracemalloc_compare:
+        return tracemalloc_compare(args.tracemalloc_compare)
     signal.signal(signal.SIGTERM, _on_signal)
     configs = [int(w) for w in args.workers.split(",")]
     seconds = args.minutes * 60 / len(configs)

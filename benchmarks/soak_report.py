@@ -8,6 +8,7 @@
   :data:`FLAT_PCT` % or more both over the window and over its last half; a process lost or
   restarted; a start that failed). Empty: it held.
 - :func:`report_md`: the tables of ``soak.md``.
+- :func:`tracemalloc_compare`: what grew between the snapshots of ``soak.py --tracemalloc``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from run import md_table
@@ -241,3 +243,24 @@ def report_md(results: list[dict[str, Any]], info: dict[str, Any], args: argpars
             *notes,
         ]
     )
+
+
+def tracemalloc_compare(folder: Path, top: int = 12) -> int:
+    """Print, per process, the allocation sites whose size grew most from its second snapshot
+    (the first one is taken before the load has warmed the process up) to its last."""
+    import tracemalloc
+
+    by_pid: dict[str, list[Path]] = {}
+    for snap in sorted(folder.rglob("*.tracemalloc")):
+        by_pid.setdefault(snap.stem.split("-")[0], []).append(snap)
+    for pid, snaps in sorted(by_pid.items()):
+        if len(snaps) < 3:
+            continue
+        first = tracemalloc.Snapshot.load(str(snaps[1]))
+        last = tracemalloc.Snapshot.load(str(snaps[-1]))
+        diff = last.compare_to(first, "lineno")
+        total = sum(d.size_diff for d in diff)
+        print(f"pid {pid}: {snaps[1].name} -> {snaps[-1].name}: {total / 1024:+.1f} KiB traced")
+        for d in diff[:top]:
+            print(f"  {d.size_diff / 1024:+9.1f} KiB {d.count_diff:+7d} blocks  {d.traceback}")
+    return 0
