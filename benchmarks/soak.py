@@ -43,7 +43,7 @@ import soak_load
 from procs import HOST, Server, free_ports
 from run import machine_info
 from soak_report import KEYS, figures, report_md, totals, tracemalloc_compare, verdict
-from soak_stats import percentiles, sample_tree
+from soak_stats import percentiles, proc_tree, sample_tree
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "soak_trace"  # its sitecustomize.py takes the tracemalloc snapshots
@@ -90,7 +90,9 @@ async def _drive(
     samples = [_interval(0.0, rec, *roots)]
     ops = soak_load.schedule_for(args.backend)
     load = asyncio.create_task(
-        soak_load.run_clients(http_port, grpc_port, args.clients, args.rate, stop, rec, ops)
+        soak_load.run_clients(
+            http_port, grpc_port, args.clients, args.rate, stop, rec, ops, args.reconnect_every
+        )
     )
     start = time.monotonic()
     try:
@@ -190,6 +192,7 @@ def _run_proxy(
             result["error"] = server.error
             return result
         assert server.proc is not None
+        _wait_workers(server.proc.pid, workers)
         log(f"workers={workers}: {seconds / 60:.1f} min, proxy pid {server.proc.pid}")
         roots = (server.proc.pid, None if ref is None or ref.proc is None else ref.proc.pid)
         samples = asyncio.run(_drive(http_port, grpc_port, roots, seconds, args))
@@ -208,6 +211,17 @@ def _run_proxy(
     return result
 
 
+def _wait_workers(root: int, workers: int, timeout: float = 30.0) -> None:
+    """Until the supervisor has forked its workers (the first one to listen answers the ready
+    probe), so that the first connections do not all go to it."""
+    if workers < 2:
+        return
+    deadline = time.monotonic() + timeout
+    while len(proc_tree(root)) < workers + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -216,6 +230,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", help="configurations, one after the other (1,2)")
     p.add_argument("--clients", type=int, default=4, help="concurrent clients (4)")
     p.add_argument("--rate", type=float, default=100.0, help="operations per second in all (100)")
+    p.add_argument(
+        "--reconnect-every",
+        type=int,
+        default=250,
+        help="operations after which a client opens new connections (250; 0: never)",
+    )
     p.add_argument("--interval", type=float, default=10.0, help="seconds between samples (10)")
     p.add_argument(
         "--warmup", type=float, default=0.2, help="fraction left out of the slopes (0.2)"
@@ -261,6 +281,7 @@ def _report(path: Path) -> int:
         rate=float(saved["rate"]),
         interval=float(saved["interval"]),
         warmup=float(saved["warmup"]),
+        reconnect_every=int(saved.get("reconnect_every", 0)),
         backend=saved.get("backend", "builtin"),
     )
     for run in payload["runs"]:

@@ -2,7 +2,8 @@
 
 :data:`SCHEDULE` is one cycle of the mix (20 operations of :mod:`soak_ops`); the clients take
 operations from it in turn, each paced to ``rate / clients`` operations per second (a client
-that falls behind does not burst to catch up). Every operation is recorded as (kind, seconds,
+that falls behind does not burst to catch up) and opening new connections every
+``reconnect_every`` operations. Every operation is recorded as (kind, seconds,
 problem) in a :class:`Recorder`, which the sampler empties every interval.
 """
 
@@ -92,16 +93,24 @@ async def run_clients(
     stop: asyncio.Event,
     rec: Recorder,
     ops: list[Op],
+    reconnect_every: int = 0,
 ) -> None:
-    """``clients`` paced clients taking operations from the schedule ``ops`` until ``stop``."""
+    """``clients`` paced clients taking operations from the schedule ``ops`` until ``stop``;
+    each one closes its connections and opens new ones every ``reconnect_every`` operations
+    (0: never), so that connections come and go through the soak (per-connection state must be
+    freed) and, with several workers, spread over them."""
     schedule = itertools.cycle(ops)
     period = clients / rate
 
     async def client(index: int) -> None:
         conn = Conn.open(http_port, grpc_port)
         due = time.monotonic() + index * period / clients
+        done = 0
         try:
             while not stop.is_set():
+                if reconnect_every and done and done % reconnect_every == 0:
+                    await conn.close()
+                    conn = Conn.open(http_port, grpc_port)
                 delay = due - time.monotonic()
                 if delay > 0:
                     with contextlib.suppress(TimeoutError):
@@ -116,6 +125,7 @@ async def run_clients(
                 except Exception as exc:  # every failure is a finding, not a crash of the soak
                     problem = f"{type(exc).__name__}: {exc}"[:300]
                 rec.add(op.__name__, time.perf_counter() - start, problem)
+                done += 1
         finally:
             await conn.close()
 

@@ -113,7 +113,10 @@ class Conn:
             connector=aiohttp.TCPConnector(limit=1, keepalive_timeout=2.0),
             timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
         )
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+        # a connection of its own (gRPC shares one between channels to the same address by
+        # default): with --workers N, each client's connections land on a worker of their own
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=options)
         return cls(http_port, session, channel, pbg.GRPCInferenceServiceStub(channel))
 
     async def close(self) -> None:

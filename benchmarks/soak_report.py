@@ -164,6 +164,11 @@ def _slopes(r: dict[str, Any], key: str) -> str:
     return f"{_pct(r['trends'][key])} ({_pct(r['trends_last_half'][key])})"
 
 
+def _reconnect(args: argparse.Namespace) -> str:
+    every = getattr(args, "reconnect_every", 0)
+    return f"each on new connections every {every} operations" if every else "keep-alive"
+
+
 def _code(info: dict[str, Any]) -> str:
     """Which code the proxy ran: a snapshot of the commit (PYTHONPATH), or the working tree."""
     commit = info["git_commit"][:10]
@@ -232,7 +237,8 @@ def report_md(results: list[dict[str, Any]], info: dict[str, Any], args: argpars
     return "\n".join(
         [
             f"Soak ({info['date']}, {_code(info)}): {info['nproc']} x"
-            f" {info['cpu_model']}; `v2proxy serve --backend {backend}`, {args.clients} clients,"
+            f" {info['cpu_model']}; `v2proxy serve --backend {backend}`, {args.clients} clients"
+            f" ({_reconnect(args)}),"
             f" {args.rate:g} ops/s, samples every {args.interval:g} s, slopes after a warm-up of"
             f" {args.warmup:.0%} (least squares, change over the rest of the run).",
             "",
