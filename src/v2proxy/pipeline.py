@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from v2proxy import restricted, shm_stage
-from v2proxy.codecs import settings
+from v2proxy.codecs import settings, side
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
@@ -312,6 +312,8 @@ class Pipeline:
         self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
     ) -> None:
         self._allow("model-repository", headers)
+        if load:
+            side.check_load_parameters(parameters)
         try:
             await self.backend.repository_load(model, load, parameters, headers)
         finally:

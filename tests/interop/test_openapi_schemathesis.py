@@ -48,19 +48,29 @@ def open_proxy() -> Iterator[Proc]:
 
 
 @pytest.fixture(scope="module")
-def own_triton() -> Iterator[str]:
-    """A Triton of this module's own: the runs change its trace and log settings, which the
-    session's shared Triton must keep."""
+def own_triton() -> Iterator[tuple[str, str]]:
+    """A Triton of this module's own (REST base URL, gRPC host:port): the runs change its trace
+    and log settings, which the session's shared Triton must keep."""
     peers = Path(os.environ.get("V2PROXY_PEERS_DIR") or launch.peers_dir())
     with launch.SERVERS["triton"](peers) as peer:
-        yield peer.base_url
+        yield peer.base_url, peer.grpc_url
 
 
 @pytest.fixture(scope="module")
-def triton_proxy(own_triton: str) -> Iterator[Proc]:
+def triton_proxy(own_triton: tuple[str, str]) -> Iterator[Proc]:
     """v2proxy in front of Triton (REST) with no API group restricted."""
     with v2proxy(
-        "serve", "--backend", own_triton, "--restricted-api", "none", name="openapi-triton"
+        "serve", "--backend", own_triton[0], "--restricted-api", "none", name="openapi-triton"
+    ) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def triton_grpc_proxy(own_triton: tuple[str, str]) -> Iterator[Proc]:
+    """v2proxy in front of Triton over gRPC with no API group restricted."""
+    backend = f"grpc://{own_triton[1]}"
+    with v2proxy(
+        "serve", "--backend", backend, "--restricted-api", "none", name="openapi-triton-grpc"
     ) as p:
         yield p
 
@@ -119,11 +129,13 @@ def test_schemathesis_builtin(open_proxy: Proc, tmp_path: Path) -> None:
     assert {200, 400, 404, 405, 422} <= set(fig.statuses), fig.statuses
 
 
-def test_schemathesis_triton(triton_proxy: Proc, tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["triton", "triton-grpc"])
+def test_schemathesis_triton(target: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    proxy: Proc = request.getfixturevalue(target.replace("-", "_") + "_proxy")
     fig = run(
-        triton_proxy.base_url,
-        "triton",
-        models=model_names(triton_proxy.base_url),
+        proxy.base_url,
+        target,
+        models=model_names(proxy.base_url),
         max_examples=MAX_EXAMPLES,
         phases=PHASES,
         out_dir=tmp_path,
@@ -286,7 +298,7 @@ def test_found_defects_stay_fixed(open_proxy: Proc, triton_proxy: Proc) -> None:
     body = b'{"inputs": "a", "parameters": {"max_new_tokens": 2147483647}}'
     status, _, answer = _post(open_proxy.base_url + "/infer", body)
     assert (status, answer["error_type"]) == (422, "Input Validation Error")
-    assert answer["error"] == "input 'max_tokens' of model 'llm' must be at most 4096"
+    assert answer["error"] == "input 'max_tokens' of model 'llm' must be at most 1000000"
     # a key that names no shared memory object: 400 (Triton: 500)
     status, _, answer = _post(
         open_proxy.base_url + "/v2/systemsharedmemory/region/r/register",
@@ -299,6 +311,8 @@ def test_found_defects_stay_fixed(open_proxy: Proc, triton_proxy: Proc) -> None:
         ("/v2/models/simple/generate", b"", "failed to parse"),
         ("/v2/models/simple/generate_stream", b"false", "the generate request must be"),
         ("/v2/models/simple/generate", b'{"parameters": 0}', "Expected JSON object"),
+        ("/v2/models/llm/generate", b'{"a\\u0000": 1}', "the generate request's keys"),
+        ("/v2/repository/models/llm/load", b'{"parameters": {"config": 5}}', "Unable to parse"),
     ):
         status, _, answer = _post(triton_proxy.base_url + path, body)
         assert status == 400 and answer["error"].startswith(message), (path, answer)
@@ -307,6 +321,17 @@ def test_found_defects_stay_fixed(open_proxy: Proc, triton_proxy: Proc) -> None:
     assert (status, answer) == (400, {"error": "Unknown trace setting 'x'"})
     status, _, answer = _post(open_proxy.base_url + "/v2/models/nosuch/trace/setting", b"{}")
     assert status == 404
+
+
+def test_log_settings_through_a_grpc_backend(triton_grpc_proxy: Proc) -> None:
+    # every update was a 500 (TypeError: the response's SettingValue merged into the request's)
+    base = triton_grpc_proxy.base_url
+    status, _, answer = _post(base + "/v2/logging", b'{"log_verbose_level": 1}')
+    assert status == 200
+    assert json.loads(answer)["log_verbose_level"] == 1
+    status, _, answer = _post(base + "/v2/logging", b'{"log_verbose_level": 0, "log_info": true}')
+    assert status == 200
+    assert json.loads(answer)["log_verbose_level"] == 0
 
 
 def test_restricted_group_refused_before_the_body_is_read() -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import schemathesis
 
-from v2proxy.codecs import settings
+from v2proxy.codecs import settings, side
+from v2proxy.codecs.generate import parse_body
 from v2proxy.errors import InvalidRequest
 from v2proxy.frontends import rest
 from v2proxy.frontends.openapi import document, document_json
@@ -134,7 +135,7 @@ async def test_builtin_llm_refuses_too_many_tokens() -> None:
             Tensor("max_tokens", Datatype.INT32, (1,), (2**31 - 1).to_bytes(4, "little")),
         ],
     )
-    with pytest.raises(InvalidRequest, match="must be at most 4096"):
+    with pytest.raises(InvalidRequest, match="must be at most 1000000"):
         async for _ in backend.stream_infer(request, []):
             pass
 
@@ -174,3 +175,27 @@ def test_trace_settings_checked() -> None:
     assert settings.trace_update(
         {"trace_level": "TIMESTAMPS", "trace_rate": ["10"], "trace_file": None}
     ) == {"trace_level": ["TIMESTAMPS"], "trace_rate": "10"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "failed to parse"),
+        (b"false", "the generate request must be a JSON object"),
+        (b'{"parameters": []}', "Expected JSON object for keyword: 'parameters'"),
+        (b'{"v\\u0000": 1}', "must not contain NUL"),
+        (b'{"parameters": {"k\\u0000": 1}}', "must not contain NUL"),
+    ],
+)
+def test_generate_bodies_triton_fails_on_are_refused(body: bytes, message: str) -> None:
+    # passed through, Triton answers each of these with 500
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        parse_body(body)
+    assert parse_body(b'{"text_input": "a", "parameters": {"k": 1}}')["parameters"] == {"k": 1}
+
+
+def test_load_parameters_are_strings() -> None:
+    # Triton's REST load answers a parameter that is no string with 500
+    with pytest.raises(InvalidRequest, match="the value of 'config' must be a string"):
+        side.check_load_parameters({"config": {"max_batch_size": 8}})
+    side.check_load_parameters({"config": "{}", "file:1/model.py": "cHJpbnQ="})

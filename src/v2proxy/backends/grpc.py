@@ -356,7 +356,8 @@ class GrpcBackend(DecodedOnly):
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
         req = pb.LogSettingsRequest()
-        if update:
-            req.settings.MergeFrom(grpc_side.log_settings_to_proto(update).settings)  # type: ignore[arg-type]
+        if update:  # the response's SettingValue has the request's fields, not its class
+            for key, value in grpc_side.log_settings_to_proto(update).settings.items():
+                req.settings[key].ParseFromString(value.SerializeToString())
         resp = await self._call("LogSettings", req, "LogSettings", "", _metadata(headers))
         return grpc_side.log_settings_to_json(resp.settings)

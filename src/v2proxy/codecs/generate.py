@@ -62,19 +62,22 @@ _PARAMETER_TYPES = (str, int, float)  # bool is an int
 
 
 def parse_body(body: Buffer) -> dict[str, Any]:
-    """The generate request's JSON object; CodecError when the body is no JSON object or its
-    ``parameters`` no object (checked before a body is passed through: Triton answers both
-    with 500)."""
+    """The generate request's JSON object; CodecError when the body is no JSON object, its
+    ``parameters`` no object or a key holds NUL (checked before a body is passed through:
+    Triton answers each with 500)."""
     obj = loads(body)
     if type(obj) is not dict:
         raise CodecError(
             "the generate request must be a JSON object whose keys name the model's inputs"
         )
-    if "parameters" in obj and type(obj["parameters"]) is not dict:
+    params = obj.get("parameters", {})
+    if type(params) is not dict:
         raise CodecError(
             "Expected JSON object for keyword: 'parameters': attempt to access JSON"
             " non-object as object"
         )
+    if any("\0" in key for key in (*obj, *params)):  # Triton cuts names at NUL: 500
+        raise CodecError("the generate request's keys must not contain NUL characters")
     return obj
 
 

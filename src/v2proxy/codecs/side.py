@@ -43,6 +43,14 @@ def load_parameters(body: Buffer) -> dict[str, Any]:
     return params
 
 
+def check_load_parameters(params: dict[str, Any]) -> None:
+    """A load's parameters are strings: ``config`` (a model configuration as JSON text) and
+    ``file:<path>`` (base64 contents). Triton's REST load answers any other value with 500."""
+    for key, value in params.items():
+        if not isinstance(value, str):
+            raise CodecError(f"Unable to parse 'parameters': the value of '{key}' must be a string")
+
+
 def settings_update(body: Buffer, what: str) -> dict[str, Any]:
     """The settings a trace/log settings POST asks to change."""
     return _object(body, what)

@@ -12,7 +12,7 @@ Names and tensors are part of the product contract:
   ``text_input`` [1] (+ optional ``max_tokens``, ``stream``, ``exclude_input_in_output`` and
   sampling knobs) -> BYTES ``text_output``; decoupled: one response per token when streaming.
   It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16, at most
-  4096, and at most 16 Mi characters in all: 400 beyond).
+  1,000,000, and at most 16 Mi characters in all: 400 beyond).
 
 Compute functions take numpy views of validated inputs and return the outputs of each response
 (one list for ordinary models, one per token for the streaming llm).
@@ -147,7 +147,7 @@ def _classifier(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
 LLM_DEFAULT_MAX_TOKENS = 16
 #: bounds of one generation: a client cannot make the in-process toy model block the event
 #: loop or exhaust memory (max_tokens up to INT32_MAX reaches it unchecked from /infer)
-LLM_MAX_TOKENS = 4096
+LLM_MAX_TOKENS = 1_000_000
 LLM_MAX_OUTPUT_CHARS = 1 << 24
 
 

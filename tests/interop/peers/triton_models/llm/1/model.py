@@ -16,7 +16,7 @@ class _Invalid(Exception):
 
 
 #: the most tokens one request may ask for (the builtin llm's bound)
-MAX_TOKENS = 4096
+MAX_TOKENS = 1_000_000
 
 
 def _scalar(request, name, default):
