@@ -46,6 +46,7 @@ from soak_report import KEYS, figures, report_md, totals, tracemalloc_compare, v
 from soak_stats import percentiles, proc_tree, sample_tree
 
 HERE = Path(__file__).resolve().parent
+AT_REST_S = 8.0  # after the load: longer than the proxy's --client-idle-timeout (5 s)
 TRACE = HERE / "soak_trace"  # its sitecustomize.py takes the tracemalloc snapshots
 
 
@@ -85,7 +86,7 @@ async def _drive(
     roots: tuple[int, int | None],
     seconds: float,
     args: argparse.Namespace,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rec, stop = soak_load.Recorder(), asyncio.Event()
     samples = [_interval(0.0, rec, *roots)]
     ops = soak_load.schedule_for(args.backend)
@@ -119,7 +120,14 @@ async def _drive(
         await load
     tail = rec.take()  # operations after the last sample: their errors count too
     samples[-1]["_tail"] = tail
-    return samples
+    # at rest: the clients have closed their connections; after the proxy's idle timeout (5 s)
+    # nothing of them may remain, so fds here are free of the in-flight jitter of the samples
+    await asyncio.sleep(AT_REST_S)
+    rest = sample_tree(roots[0])
+    at_rest = {k: getattr(rest, k) for k in KEYS} | {
+        "fd_kinds": dict(sorted(rest.fd_kinds.items()))
+    }
+    return samples, at_rest
 
 
 def _reference(tmp: Path, workers: int) -> tuple[Server, str, str]:
@@ -195,7 +203,7 @@ def _run_proxy(
         _wait_workers(server.proc.pid, workers)
         log(f"workers={workers}: {seconds / 60:.1f} min, proxy pid {server.proc.pid}")
         roots = (server.proc.pid, None if ref is None or ref.proc is None else ref.proc.pid)
-        samples = asyncio.run(_drive(http_port, grpc_port, roots, seconds, args))
+        samples, result["at_rest"] = asyncio.run(_drive(http_port, grpc_port, roots, seconds, args))
         result.update(totals(samples))
         result.update(figures(samples, args.warmup * seconds))
         result["samples"] = samples
