@@ -34,7 +34,8 @@ TARGETS = HERE / "targets"
 CORPUS = HERE / "corpus"
 WORK = ROOT / ".cache" / "fuzz"
 #: libFuzzer's bounds: seconds per input (a hang), memory, input size
-FLAGS = ["-timeout=10", "-rss_limit_mb=3072", "-max_len=16384", "-print_final_stats=1"]
+FLAGS = ["-timeout=10", "-rss_limit_mb=3072", "-print_final_stats=1"]
+MAX_LEN = 16384
 
 
 def names() -> list[str]:
@@ -46,7 +47,7 @@ def _stat(text: str, key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def run(name: str, seconds: int, runs: int | None) -> dict[str, object]:
+def run(name: str, seconds: int, runs: int | None, max_len: int) -> dict[str, object]:
     corpus = WORK / "corpus" / name
     crashes = WORK / "crashes" / name
     corpus.mkdir(parents=True, exist_ok=True)
@@ -56,6 +57,7 @@ def run(name: str, seconds: int, runs: int | None) -> dict[str, object]:
         sys.executable,
         str(TARGETS / f"fuzz_{name}.py"),
         *FLAGS,
+        f"-max_len={max_len}",
         f"-max_total_time={seconds}",
         f"-artifact_prefix={crashes}/",
         str(corpus),
@@ -95,6 +97,7 @@ def merge(name: str) -> None:
         "-merge=1",
         "-use_counters=0",  # edges only, not their hit counts: a corpus of hundreds, not thousands
         *FLAGS,
+        f"-max_len={MAX_LEN}",
         str(fresh),
         str(CORPUS / name),
         str(WORK / "corpus" / name),
@@ -113,6 +116,7 @@ def main() -> int:
     parser.add_argument("targets", nargs="*", default=None)
     parser.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", "120")))
     parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--max-len", type=int, default=MAX_LEN, help="largest input, bytes")
     parser.add_argument("--merge", action="store_true")
     parser.add_argument("--merge-only", action="store_true")
     args = parser.parse_args()
@@ -127,7 +131,7 @@ def main() -> int:
         return 0
     results = []
     for name in chosen:
-        result = run(name, args.seconds, args.runs)
+        result = run(name, args.seconds, args.runs, args.max_len)
         results.append(result)
         print(
             f"{name:12} {result['executions']:>10} runs  {result['exec_per_s']:>6}/s"

@@ -310,6 +310,19 @@ def test_long_token_in_small_pieces_gives_up(token: bytes) -> None:
     assert isinstance(full(body), Exception if token.startswith(b"1") else InferRequest)
 
 
+@pytest.mark.parametrize("piece", [1, 4, 13, 64])
+def test_blanks_still_separate_tokens(piece: int) -> None:
+    """Found by fuzzing the fix above: blanks dropped between two pieces of a literal made
+    'fal', blanks, 'se' read as 'false'. The full decoder refuses it, so must the check."""
+    body = (
+        SLOW_BODY[:-2]
+        + b',"outputs":[{"name":"B","parameters":{"binary_data":fal'
+        + (b"\n" * 50 + b"se}}]}")
+    )
+    assert isinstance(full(body), CodecError)
+    assert _feed_watching(body, piece)[0] is None
+
+
 def test_token_over_a_few_pieces_still_checked() -> None:
     body = b'{"id":"' + b"x" * 500 + b'",' + SLOW_BODY[1:]
     verdict, _ = _feed_watching(body, 100)

@@ -32,7 +32,7 @@ PIECE_SIZE = 256 * 1024
 #: a token left unfinished by a piece is scanned again, from its start, with the next one: past
 #: this many pieces in a row the check gives up (a slow client's long string in small pieces
 #: would otherwise cost time quadratic in its length: seconds of event loop for 256 KiB)
-MAX_CARRIED = 8
+MAX_CARRIED = 16
 #: one structural token: a string, a punctuation mark, or a scalar (number, true, false, null)
 _TOKEN = re.compile(
     rb'[ \t\n\r]*(?:("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^ \t\n\r{}\[\]:,"]+))', re.DOTALL
@@ -94,9 +94,10 @@ class StreamCheck:
         carried = len(self._pending) if self._kind == "" else 0
         if carried:
             data = self._pending + chunk
+        in_token = carried and self._pending != b" "
         while pos >= 0:
             pos = self._numbers(data, pos) if self._kind else self._tokens(data, pos)
-        if carried and len(self._pending) > carried:  # the same token is still unfinished
+        if in_token and len(self._pending) > carried:  # the same token is still unfinished
             self._carried += 1
             if self._carried > MAX_CARRIED:
                 self._give_up()
@@ -185,7 +186,11 @@ class StreamCheck:
             if mark in _OPEN:
                 stack.append([True, None, True, set()] if mark == b"{" else [False, 0, False, None])
         self._skeleton += data[start:pos]
-        self._pending = data[pos:].lstrip(b" \t\n\r")  # blanks between tokens: not kept
+        rest = data[pos:]
+        token = rest.lstrip(b" \t\n\r")
+        # blanks before the unfinished token: one is kept, as they may separate it from the
+        # token before ('fal se' is no 'false'); a run of them is never scanned again
+        self._pending = b" " + token if len(token) < len(rest) else token
         if len(self._skeleton) + len(self._pending) > SKELETON_LIMIT:
             return self._give_up()
         return -1
