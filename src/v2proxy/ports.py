@@ -1,7 +1,7 @@
 """The port between the core and the model servers: what the :class:`~v2proxy.pipeline.Pipeline`
 needs from a backend, typed per operation (DESIGN.md "The way a request travels").
 
-Every backend (builtin, REST, gRPC, and MindIE to come) implements :class:`Backend`. Operations
+Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`. Operations
 take and return the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON
 objects of reference §5.1 (statistics, repository index, trace and log settings), never wire
 bytes or REST paths; every failure is raised as a :class:`~v2proxy.errors.ProxyError` of its own
