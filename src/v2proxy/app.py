@@ -36,6 +36,7 @@ from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
 from v2proxy.metrics import (
+    BACKEND_RETRIES,
     SHM_BYTES,
     SHM_REGIONS,
     SHM_STAGED_BYTES,
@@ -104,6 +105,11 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
         connections=settings.backend_connections,
         staging=staging,
         ssl_context=client_context(settings.backend_tls) if target.tls else None,
+        on_retry=(
+            metrics.store(BACKEND_RETRIES).child("rest").inc
+            if isinstance(metrics, Metrics)
+            else None
+        ),
     )
 
 

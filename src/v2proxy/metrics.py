@@ -111,7 +111,7 @@ REJECTED = Family(
     " progress than --max-concurrency allows; answered 503 / RESOURCE_EXHAUSTED).",
     ("frontend", "reason"),
 )
-# Filled once the HTTP client reports the idle-connection retries it makes (http/client.py).
+# The REST backend's HTTP client: a GET/HEAD sent again, its idle connection closed by the server.
 BACKEND_RETRIES = Family(
     "v2proxy_backend_retries_total",
     "counter",

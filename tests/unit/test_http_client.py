@@ -380,7 +380,8 @@ async def test_get_on_a_dropped_reused_connection_is_retried_once(serve) -> None
             await writer.drain()
 
     srv = await serve(handler)
-    client = HttpClient("127.0.0.1", srv.port)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     assert await (await client.request("GET", "/", [])).read() == b"ok"
     assert await (await client.request("GET", "/again", [])).read() == b"ok"
     assert [r.split(b"\r\n", 1)[0] for r in srv.requests] == [
@@ -389,6 +390,7 @@ async def test_get_on_a_dropped_reused_connection_is_retried_once(serve) -> None
         b"GET /again HTTP/1.1",
     ]
     assert srv.accepts == 2
+    assert retries == [1]  # counted (v2proxy_backend_retries_total)
     await client.close()
 
 

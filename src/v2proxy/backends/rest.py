@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -77,8 +77,11 @@ class RestBackend:
         connections: int = 100,
         staging: Stager | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        on_retry: Callable[[], object] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: counts the HTTP client's resent requests (``v2proxy_backend_retries_total``)
+        self._on_retry = on_retry
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
         self._paths = ModelPaths()
         self._timeout = timeout
@@ -100,6 +103,7 @@ class RestBackend:
             self._host,
             self._port,
             ssl=self._ssl,
+            on_retry=self._on_retry,
             limit=self._connections,
             connect_timeout=self._connect_timeout,
         )

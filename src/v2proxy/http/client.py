@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from v2proxy.http.client_conn import ClientConnection
@@ -124,9 +124,13 @@ class HttpClient:
         connect_timeout: float = 5.0,
         idle_timeout: float = 4.0,
         max_head: int = 65536,
+        on_retry: Callable[[], object] | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        #: called each time a request is sent again (a GET/HEAD whose idle connection the
+        #: server had closed): the ``v2proxy_backend_retries_total`` counter
+        self._on_retry = on_retry
         self._ssl = ssl
         self._connect_timeout = connect_timeout
         self._idle_timeout = idle_timeout
@@ -195,6 +199,8 @@ class HttpClient:
                 self._release(conn, False)
                 if retry and conn.reused and not conn.got_answer:
                     retry = False  # the server had closed the idle connection: once more
+                    if self._on_retry is not None:
+                        self._on_retry()
                     continue
                 raise
             except BaseException:
