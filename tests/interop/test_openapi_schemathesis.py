@@ -35,13 +35,14 @@ from v2proxy.frontends.openapi import document
 
 #: examples per operation and phase: the module stays around two minutes on two cores
 MAX_EXAMPLES = 3
-#: phases of the bounded runs (stateful follows the document's links: register -> status)
-PHASES = "examples,coverage,fuzzing,stateful"
-#: in front of Triton without the coverage phase: there schemathesis 4.32.5's coverage generator
-#: itself fails on Python 3.11 ("SystemError: AST constructor recursion depth mismatch" while
-#: Hypothesis reads source lines), an error of the tool, not an answer of the proxy; the long
-#: run (`make schemathesis`) keeps every phase and reports such errors apart
-TRITON_PHASES = "examples,fuzzing,stateful"
+#: phases of the bounded runs (stateful follows the document's links: register -> status).
+#: No coverage phase here: schemathesis 4.32.5's coverage generator fails inside itself now and
+#: then on Python 3.11 ("SystemError: AST constructor recursion depth mismatch" while Hypothesis
+#: reads source lines), an error of the tool, not an answer of the proxy, which made `make test`
+#: fail at random; the long run (`make schemathesis`) keeps every phase and reports such errors
+#: apart from the proxy's
+PHASES = "examples,fuzzing,stateful"
+TRITON_PHASES = PHASES
 
 
 @pytest.fixture
@@ -126,12 +127,12 @@ def test_schemathesis_builtin(open_proxy: Proc, tmp_path: Path) -> None:
         phases=PHASES,
         out_dir=tmp_path,
     )
-    assert fig.cases > 300, _explain(fig)  # every operation ran, not a handful
+    assert fig.cases > 100, _explain(fig)  # every operation ran, not a handful
     assert fig.failures == 0 and fig.errored == 0, _explain(fig)
     assert fig.server_errors == 0, _explain(fig)
     assert fig.exit_code == 0, _explain(fig)
     # the runs reached past the error paths: each kind of answer was seen
-    assert {200, 400, 404, 405, 422} <= set(fig.statuses), fig.statuses
+    assert {200, 400, 404, 422} <= set(fig.statuses), fig.statuses
 
 
 @pytest.mark.parametrize("target", ["triton", "triton-grpc"])
@@ -146,11 +147,11 @@ def test_schemathesis_triton(target: str, request: pytest.FixtureRequest, tmp_pa
         out_dir=tmp_path,
         checks=BACKEND_CHECKS,
     )
-    assert fig.cases > 100, _explain(fig)  # every operation ran (no coverage phase here)
+    assert fig.cases > 100, _explain(fig)
     assert fig.failures == 0 and fig.errored == 0, _explain(fig)
     assert fig.unexpected == [], _explain(fig)
     assert fig.exit_code == 0, _explain(fig)
-    assert {200, 400, 404} <= set(fig.statuses), fig.statuses  # 405s come from coverage
+    assert {200, 400, 404} <= set(fig.statuses), fig.statuses
 
 
 def test_schemathesis_restricted_groups_are_403(tmp_path: Path) -> None:
@@ -161,14 +162,14 @@ def test_schemathesis_restricted_groups_are_403(tmp_path: Path) -> None:
             proxy.base_url,
             "restricted",
             max_examples=MAX_EXAMPLES,
-            phases="examples,coverage,fuzzing",
+            phases="examples,fuzzing",
             tags=RESTRICTED_TAGS,
             out_dir=tmp_path,
             checks=CHECKS,
         )
     assert fig.failures == 0 and fig.errored == 0, _explain(fig)
-    assert fig.cases > 50, _explain(fig)
-    assert set(fig.statuses) == {403, 405}, fig.statuses
+    assert fig.cases > 30, _explain(fig)
+    assert 403 in fig.statuses and set(fig.statuses) <= {403, 405}, fig.statuses
 
 
 # ------------------------------------------------------------------ register -> infer -> unregister
