@@ -20,21 +20,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fuzzlib import expect, instrumented, main, survives, take
+from fuzzlib import (
+    expect,
+    instrumented,
+    main,
+    request_reencodes,
+    response_encodes,
+    same_tensors,
+    survives,
+    take,
+)
 
 with instrumented(__name__ == "__main__"):
     from v2proxy.codecs import binary as binc
-    from v2proxy.codecs.dtypes import check_tensor_size
-    from v2proxy.errors import ProxyError
-    from v2proxy.model import InferRequest, InferResponse
-
-
-def _same(a: InferRequest, b: InferRequest, with_bytes: bool) -> None:
-    expect(len(a.inputs) == len(b.inputs), "input count differs")
-    for x, y in zip(a.inputs, b.inputs, strict=True):
-        expect((x.name, x.datatype, x.shape) == (y.name, y.datatype, y.shape), f"{x} != {y}")
-        if with_bytes:
-            expect(bytes(x.data) == bytes(y.data), f"bytes of input {x.name!r} differ")
+    from v2proxy.model import InferResponse
 
 
 def _header_value(control: int, number: int) -> str | None:
@@ -43,19 +42,6 @@ def _header_value(control: int, number: int) -> str | None:
     if control & 2:
         return f" +{number} " if number % 2 else f"\t{number}\t"
     return str(number)
-
-
-def _sizes_valid(req: InferRequest) -> bool:
-    """Whether every tensor holds what its datatype and shape need (what the pipeline and the
-    builtin models check before reading BYTES elements of binary inputs)."""
-    for t in req.inputs:
-        if "shared_memory_region" in t.parameters:
-            continue
-        try:
-            check_tensor_size(t, t.name)
-        except ProxyError:
-            return False
-    return True
 
 
 def test_one_input(data: bytes) -> None:
@@ -74,36 +60,14 @@ def test_one_input(data: bytes) -> None:
         if req is not None:
             expect(probe is not None, "the header check refused a request the decoder accepts")
             assert probe is not None
-            _same(probe, req, with_bytes=False)
+            same_tensors(probe.inputs, req.inputs, with_bytes=False)
     if req is not None:
-        for binary in (False, True):
-            # BYTES elements of a binary input are checked where they are read (a JSON
-            # backend's encoding, the builtin models): that CodecError is a fine answer
-            encoded = survives(binc.encode_request, req, binary)
-            if encoded is None:
-                continue
-            chunks, length = encoded
-            again = survives(
-                binc.decode_request, b"".join(bytes(c) for c in chunks), length, "m", "1", 1 << 24
-            )
-            # BYTES element framing and counts of binary inputs are checked where the tensors
-            # are read (the builtin models, shared-memory staging, the backend): only requests
-            # that pass that check must survive the trip
-            if again is None and not _sizes_valid(req):
-                continue
-            expect(again is not None, f"a request does not decode again ({binary=})")
-            assert again is not None
-            _same(req, again, with_bytes=binary)
+        request_reencodes(req, "1")
         rule = binc.binary_output_rule(req)
         survives(binc.encode_response, InferResponse("m", req.inputs), rule)
     resp = survives(binc.decode_response, body, ihcl)
     if resp is not None:
-        for each in (lambda _t: False, lambda _t: True):
-            out = survives(binc.encode_response, resp, each)
-            if out is not None:
-                chunks, length = out
-                back = survives(binc.decode_response, b"".join(bytes(c) for c in chunks), length)
-                expect(back is not None, "an encoded response does not decode again")
+        response_encodes(resp, decodes_again=True)
 
 
 if __name__ == "__main__":
