@@ -311,4 +311,9 @@ def test_backend_address_split() -> None:
     from v2proxy.backends.mindie import MindieBackend
 
     b = MindieBackend("[::1]:1025", model="ensemble")
-    assert (b._host, b._port, b.model, b.spec.name) == ("::1", 1025, "ensemble", "ensemble")
+    assert (b._pool.host, b._pool.port, b.model, b.spec.name) == (
+        "::1",
+        1025,
+        "ensemble",
+        "ensemble",
+    )

@@ -1,11 +1,15 @@
 """Helpers shared by the backends (the interface itself, :class:`v2proxy.ports.Backend`,
-belongs to the core that calls it)."""
+belongs to the core that calls it): a unary answer from a decoupled model, the mixin of
+backends that take decoded requests only, and the HTTP client pool the REST and MindIE
+backends open on ``start`` and close on ``close``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
 
-from v2proxy.errors import InvalidRequest, NotFound, Unsupported
+from v2proxy.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
+from v2proxy.http.client import HttpClient
 from v2proxy.model import Buffer, InferResponse
 from v2proxy.ports import Body, ForwardResponse, Headers
 
@@ -44,3 +48,53 @@ class DecodedOnly:
         if path.startswith("/v2/") and self.other_v2_error is Unsupported:
             raise Unsupported(f"{method} {path} is not available through a gRPC backend")
         raise NotFound("Not Found")
+
+
+class HttpPool:
+    """One backend's keep-alive pool to ``host:port`` (TLS with ``ssl_context`` when given):
+    built on :meth:`start`, closed on :meth:`close`; :attr:`client` before ``start`` or after
+    ``close`` is :class:`BackendUnavailable` naming ``what``."""
+
+    def __init__(
+        self,
+        what: str,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout: float,
+        connections: int,
+        on_retry: Callable[[], object] | None = None,
+    ) -> None:
+        self.what = what
+        self.host = host
+        self.port = port
+        self.ssl = ssl_context
+        self._connect_timeout = connect_timeout
+        self._connections = connections
+        self._on_retry = on_retry
+        self._client: HttpClient | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._client is not None
+
+    def start(self) -> None:
+        self._client = HttpClient(
+            self.host,
+            self.port,
+            ssl=self.ssl,
+            on_retry=self._on_retry,
+            limit=self._connections,
+            connect_timeout=self._connect_timeout,
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> HttpClient:
+        if self._client is None:
+            raise BackendUnavailable(f"the {self.what} backend is not started")
+        return self._client

@@ -28,12 +28,12 @@ from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any, Protocol
 
-from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.base import DecodedOnly, HttpPool, single_response
 from v2proxy.backends.builtin import unknown_model, validate_inputs
 from v2proxy.backends.rest_answers import failure, json_answer, mapped
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BackendUnavailable, InvalidRequest, ProxyError, Unsupported
+from v2proxy.errors import InvalidRequest, ProxyError, Unsupported
 from v2proxy.http.client import HttpClient
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
@@ -97,38 +97,30 @@ class MindieBackend(DecodedOnly):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
-        self._host = host.strip("[]") or "127.0.0.1"
-        self._port = int(port)
-        #: mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
-        self._ssl = ssl_context
+        # mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
+        self._pool = HttpPool(
+            "MindIE",
+            host.strip("[]") or "127.0.0.1",
+            int(port),
+            ssl_context,
+            connect_timeout,
+            connections,
+        )
         self.base_url = f"mindie{'s' if ssl_context is not None else ''}://{address}"
         self.model = model
         self.spec = model_spec(model)
         self._timeout = timeout
-        self._connect_timeout = connect_timeout
-        self._connections = connections
-        self._client: HttpClient | None = None
         self.tokens = tokens
 
     async def start(self) -> None:
-        self._client = HttpClient(
-            self._host,
-            self._port,
-            ssl=self._ssl,
-            limit=self._connections,
-            connect_timeout=self._connect_timeout,
-        )
+        self._pool.start()
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self._pool.close()
 
     @property
     def client(self) -> HttpClient:
-        if self._client is None:
-            raise BackendUnavailable("the MindIE backend is not started")
-        return self._client
+        return self._pool.client
 
     def _check(self, model: str, version: str) -> None:
         if model != self.model:

@@ -16,7 +16,7 @@ pass-through (``relay_infer``, ``forward``).
   (server-sent events) gets the deadline for its head and then as an idle-read deadline
   between its pieces: a backend that stalls mid-body ends the answer (504 when nothing was sent
   yet), never hangs it. A request body still arriving from the client does not count against
-  the backend; the backend's waits taking it, added up, do (:meth:`RestBackend._then_arm`).
+  the backend; the backend's waits taking it, added up, do (:func:`rest_stream.then_arm`).
 - A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
   Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
   the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from v2proxy.backends.base import HttpPool
 from v2proxy.backends.rest_answers import (
     IHCL,
     error_message,
@@ -47,10 +48,11 @@ from v2proxy.backends.rest_answers import (
 )
 from v2proxy.backends.rest_encoding import Encoding
 from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_headers
+from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BackendError, BackendUnavailable, BadGateway, CodecError, ProxyError
+from v2proxy.errors import BackendError, BadGateway, CodecError, ProxyError
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.http_io import forwardable
@@ -80,46 +82,37 @@ class RestBackend:
         on_retry: Callable[[], object] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        #: counts the HTTP client's resent requests (``v2proxy_backend_retries_total``)
-        self._on_retry = on_retry
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
         self._paths = ModelPaths()
         self._timeout = timeout
-        self._connect_timeout = connect_timeout
-        self._connections = connections
         parts = urlsplit(self.base_url)
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or (443 if self._https else 80)
+        https = parts.scheme == "https"
         self._prefix = parts.path.rstrip("/")
-        #: https://: verification against ``ssl_context``'s CAs (default: the system's)
-        self._ssl = (ssl_context or ssl.create_default_context()) if self._https else None
-        self._client: HttpClient | None = None
+        # https://: verification against ``ssl_context``'s CAs (default: the system's);
+        # on_retry counts the client's resent requests (``v2proxy_backend_retries_total``)
+        self._pool = HttpPool(
+            "REST",
+            parts.hostname or "127.0.0.1",
+            parts.port or (443 if https else 80),
+            (ssl_context or ssl.create_default_context()) if https else None,
+            connect_timeout,
+            connections,
+            on_retry,
+        )
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
 
     async def start(self) -> None:
-        self._client = HttpClient(
-            self._host,
-            self._port,
-            ssl=self._ssl,
-            on_retry=self._on_retry,
-            limit=self._connections,
-            connect_timeout=self._connect_timeout,
-        )
+        self._pool.start()
 
     async def close(self) -> None:
-        if self.staging is not None and self._client is not None:
+        if self.staging is not None and self._pool.started:
             await self.staging.close(self)
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self._pool.close()
 
     @property
     def client(self) -> HttpClient:
-        if self._client is None:
-            raise BackendUnavailable("the REST backend is not started")
-        return self._client
+        return self._pool.client
 
     async def _call(
         self, method: str, target: str, headers: Headers, body: list[Buffer] | None, what: str
@@ -135,39 +128,6 @@ class RestBackend:
             if mapped_exc is None:
                 raise
             raise mapped_exc from None
-
-    def _streamed(
-        self, resp: ClientResponse, what: str, headers: Headers, deadline: float | None = None
-    ) -> ForwardResponse:
-        """``resp`` passed on as it comes: its body's failures mapped, --backend-timeout the
-        idle-read deadline between its pieces; with ``deadline`` (``loop.time()``), the waits
-        for the pieces, added up, must also end by then (the time between them, when the client
-        takes a piece, is not counted); released by closing it."""
-        resp.stream()
-
-        async def body() -> AsyncIterator[bytes]:
-            with mapped(self.base_url, self._timeout, what):
-                if deadline is None:
-                    async for chunk in resp.iter_chunks():
-                        yield chunk
-                    return
-                loop = asyncio.get_running_loop()
-                left = deadline - loop.time()
-                chunks = aiter(resp.iter_chunks())
-                while True:
-                    began = loop.time()
-                    try:
-                        async with asyncio.timeout(left):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    left -= loop.time() - began
-                    yield chunk
-
-        async def release() -> None:
-            resp.close()
-
-        return ForwardResponse(resp.status, headers, body(), release, length=resp.content_length)
 
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
         resp, body = await self._call("GET", path, [], None, what)
@@ -295,16 +255,16 @@ class RestBackend:
             raise
         if content is not None:
             return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
-        return self._streamed(resp, "inference", relayed, due)
+        return streamed(resp, self.base_url, self._timeout, "inference", relayed, due)
 
     async def _relay_streamed(
         self, target: str, body: StreamedBody, ihcl: int | None, headers: Headers
     ) -> tuple[ClientResponse, int | None, bytes | bytearray | None, float]:
         """The head of the answer to a body piped through while it arrives (and the body when
         read whole), and the deadline left for the rest of the answer (``loop.time()``): the
-        deadline bounds the backend's waits only (:meth:`_then_arm`)."""
+        deadline bounds the backend's waits only (:func:`rest_stream.then_arm`)."""
         deadline = asyncio.timeout(None)
-        payload = StreamBody(body.length, self._then_arm(body, deadline))
+        payload = StreamBody(body.length, then_arm(body, deadline, self._timeout))
         with mapped(self.base_url, self._timeout, "inference"):
             async with deadline:
                 resp = await self.client.request(
@@ -321,28 +281,6 @@ class RestBackend:
         if due is None:  # answered before the whole body was sent (waiting on the client)
             due = asyncio.get_running_loop().time() + self._timeout
         return resp, length, content, due
-
-    async def _then_arm(
-        self, body: StreamedBody, deadline: asyncio.Timeout
-    ) -> AsyncIterator[bytes]:
-        """The chunks of ``body``, with ``deadline`` off while the next one is awaited from the
-        client and on while the backend takes one: the backend's waits (taking the body, then
-        answering), added up, are bounded by --backend-timeout; a client's slow upload is not
-        counted."""
-        loop = asyncio.get_running_loop()
-        chunks = aiter(body.chunks)
-        left = self._timeout
-        while True:
-            deadline.reschedule(None)
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            began = loop.time()
-            deadline.reschedule(began + left)
-            yield chunk
-            left -= loop.time() - began
-        deadline.reschedule(loop.time() + left)
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer
@@ -365,7 +303,7 @@ class RestBackend:
         out = forwardable(resp.headers)
         if content is not None:
             return ForwardResponse(resp.status, out, NO_CHUNKS, content=content, length=length)
-        return self._streamed(resp, what, out)
+        return streamed(resp, self.base_url, self._timeout, what, out)
 
     # ------------------------------------------------------------------ staging regions
 
