@@ -19,7 +19,8 @@ from v2proxy.app import build_backend, build_pipeline, build_rest
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.config import Settings, load_settings
 from v2proxy.frontends.rest import RestFrontend
-from v2proxy.http.request import HttpRequest, HttpResponse, ServerLimits
+from v2proxy.http.request import HttpRequest, ServerLimits
+from v2proxy.http.response import HttpResponse
 from v2proxy.http.server import HttpServer
 
 

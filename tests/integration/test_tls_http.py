@@ -18,7 +18,8 @@ import pytest
 from tests.tlspki import Pki, make_pki
 from v2proxy.http.client import HttpClient
 from v2proxy.http.client_errors import ConnectFailed, HttpClientError
-from v2proxy.http.request import HttpRequest, HttpResponse, ServerLimits
+from v2proxy.http.request import HttpRequest, ServerLimits
+from v2proxy.http.response import HttpResponse
 from v2proxy.http.server import HttpServer
 from v2proxy.tls import BackendTls, ListenerTls, client_context, server_context
 

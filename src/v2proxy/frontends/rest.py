@@ -44,7 +44,8 @@ from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
-from v2proxy.http.request import HttpRequest, HttpResponse, nbytes, unless_gone
+from v2proxy.http.request import HttpRequest, unless_gone
+from v2proxy.http.response import HttpResponse, nbytes
 from v2proxy.metrics import error_kind
 from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.model import Buffer

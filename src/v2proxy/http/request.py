@@ -1,4 +1,5 @@
-"""One request of a server connection, and the writer of its answer (:mod:`.server_conn`).
+"""One request of a server connection (:mod:`.server_conn`); its answer is written by
+:class:`~v2proxy.http.response.HttpResponse`.
 
 :class:`HttpRequest` is filled by the connection's parser callbacks: the head once it is
 complete, then the body in the ``bytes`` pieces llhttp delivers, kept in a deque until the
@@ -7,17 +8,11 @@ pauses reading from the socket while more than :data:`HIGH_WATER` bytes wait her
 below :data:`LOW_WATER`. Nothing is allocated from a Content-Length: the buffers grow as bytes
 arrive.
 
-:class:`HttpResponse` frames the answer: Content-Length for :meth:`HttpResponse.send` and for
-:meth:`HttpResponse.start` with a known length; chunked (HTTP/1.1) or close-delimited (HTTP/1.0)
-for a streamed answer of unknown length. The head and a body up to :data:`JOIN_MAX` bytes go out
-in one ``transport.write``; larger bodies are written buffer by buffer, never joined. Every
-write honours transport flow control and ``write_timeout``. Header values are sent as given but
-refused (``ValueError``) when they hold CR or LF (no response splitting).
-
 Errors: :class:`ClientDisconnected` (a :class:`ConnectionError`) when the client went away or
 stopped reading for ``write_timeout``; :class:`BodyError` subclasses carry the status the server
 answers when the handler lets them propagate: :class:`BodyTooLarge` (413) and
-:class:`BodyTimeout` (408).
+:class:`BodyTimeout` (408). :func:`unless_gone` runs a long handler step that ends when the
+client goes away.
 """
 
 from __future__ import annotations
@@ -27,10 +22,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
-
-from v2proxy.model import Buffer
 
 T = TypeVar("T")
 
@@ -41,14 +33,6 @@ if TYPE_CHECKING:
 HIGH_WATER = 1 << 20
 #: ...and resumes below this many
 LOW_WATER = 256 * 1024
-#: answers with a body up to this size are joined with their head into one write
-JOIN_MAX = 64 * 1024
-
-STATUS_LINES: dict[int, bytes] = {
-    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus
-}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_NO_BODY = frozenset((204, 304))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +65,6 @@ class BodyTooLarge(BodyError):
 
 class BodyTimeout(BodyError):
     status = 408
-
-
-def nbytes(buf: Buffer) -> int:
-    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
-
-
-def flat(buf: Buffer) -> Buffer:
-    """``buf`` as something every transport writes byte for byte."""
-    if isinstance(buf, memoryview) and (buf.format != "B" or buf.ndim != 1):
-        return buf.cast("B")
-    return buf
 
 
 class HttpRequest:
@@ -258,158 +231,6 @@ class HttpRequest:
             self._error = exc
             self.keep_alive = False
             self._wake()
-
-
-class HttpResponse:
-    """Writes the answer to one :class:`HttpRequest`."""
-
-    __slots__ = ("_chunked", "_conn", "_ended", "_head_only", "_remaining", "_req", "started")
-
-    def __init__(self, conn: _Connection, req: HttpRequest) -> None:
-        self._conn = conn
-        self._req = req
-        self.started = False
-        self._ended = False
-        self._chunked = False
-        self._remaining = -1  # bytes of a Content-Length answer still due; -1: not so framed
-        self._head_only = req.method == "HEAD"
-
-    def _head(self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes) -> bytearray:
-        if self.started:
-            raise RuntimeError("the answer has already started")
-        if status < 200:
-            raise ValueError("interim (1xx) answers are the server's business")
-        out = bytearray(STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status)
-        for name, value in headers:
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
-                raise ValueError("CR or LF in a response header")
-            out += name
-            out += b": "
-            out += value
-            out += b"\r\n"
-        out += framing
-        out += self._conn.connection_header(self._req)
-        self.started = True
-        return out
-
-    async def send(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: Buffer | list[Buffer] = b""
-    ) -> None:
-        """A complete answer framed by Content-Length."""
-        conn = self._conn
-        if conn.lost:
-            raise ClientDisconnected("client went away")
-        parts = body if isinstance(body, list) else [body]
-        if status in _NO_BODY:
-            out = self._head(status, headers, b"")
-            parts = []
-        else:
-            size = 0
-            for p in parts:
-                size += nbytes(p)
-            out = self._head(status, headers, b"Content-Length: %d\r\n" % size)
-            if self._head_only:
-                parts = []
-            elif size <= JOIN_MAX:
-                for p in parts:
-                    out += p
-                parts = []
-        self._ended = True
-        write = conn.transport.write
-        write(out)
-        for p in parts:
-            if nbytes(p):
-                write(flat(p))
-                if conn.writing_paused:
-                    await conn.drain()
-        if conn.writing_paused:
-            await conn.drain()
-
-    async def start(
-        self, status: int, headers: list[tuple[bytes, bytes]], content_length: int | None = None
-    ) -> None:
-        """The head of a streamed answer; the body follows with :meth:`write`, then :meth:`end`."""
-        conn = self._conn
-        if conn.lost:
-            raise ClientDisconnected("client went away")
-        if status in _NO_BODY:
-            framing = b""
-            self._remaining = 0
-        elif content_length is not None:
-            framing = b"Content-Length: %d\r\n" % content_length
-            self._remaining = content_length
-        elif self._req.version >= (1, 1):
-            framing = b"Transfer-Encoding: chunked\r\n"
-            self._chunked = True
-        else:
-            self._req.keep_alive = False  # close-delimited
-            framing = b""
-        conn.transport.write(self._head(status, headers, framing))
-        if conn.writing_paused:
-            await conn.drain()
-
-    async def write(self, chunk: Buffer) -> None:
-        """The next piece of a streamed answer; waits while the client does not keep up."""
-        if not self.started or self._ended:
-            raise RuntimeError("write() needs start() and comes before end()")
-        conn = self._conn
-        if conn.lost:
-            raise ClientDisconnected("client went away")
-        n = nbytes(chunk)
-        if n == 0 or self._head_only:
-            return
-        write = conn.transport.write
-        if self._chunked:
-            if n <= JOIN_MAX:
-                out = bytearray(b"%x\r\n" % n)
-                out += chunk
-                out += b"\r\n"
-                write(out)
-            else:
-                write(b"%x\r\n" % n)
-                write(flat(chunk))
-                write(b"\r\n")
-        else:
-            if self._remaining >= 0:
-                if n > self._remaining:
-                    raise ValueError("more bytes than the answer's Content-Length")
-                self._remaining -= n
-            write(flat(chunk))
-        if conn.writing_paused:
-            await conn.drain()
-
-    async def end(self) -> None:
-        """Completes a streamed answer."""
-        if not self.started or self._ended:
-            raise RuntimeError("end() needs start() and comes once")
-        self._ended = True
-        conn = self._conn
-        if conn.lost:
-            raise ClientDisconnected("client went away")
-        if self._remaining > 0 and not self._head_only:
-            self.abort()
-            raise ValueError(f"answer ended {self._remaining} bytes short of its Content-Length")
-        if self._chunked and not self._head_only:
-            conn.transport.write(b"0\r\n\r\n")
-            if conn.writing_paused:
-                await conn.drain()
-
-    def abort(self) -> None:
-        """Closes the connection now: the client sees a broken answer, never a short one."""
-        self._ended = True
-        self._conn.abort()
-
-
-__all__ = [
-    "BodyError",
-    "BodyTimeout",
-    "BodyTooLarge",
-    "ClientDisconnected",
-    "HttpRequest",
-    "HttpResponse",
-    "ServerLimits",
-    "nbytes",
-]
 
 
 async def unless_gone(r: HttpRequest, work: Coroutine[Any, Any, T]) -> T:

@@ -58,9 +58,9 @@ from v2proxy.http.request import (
     BodyTooLarge,
     ClientDisconnected,
     HttpRequest,
-    HttpResponse,
     ServerLimits,
 )
+from v2proxy.http.response import HttpResponse
 from v2proxy.http.server_conn import Connection, error_answer
 from v2proxy.http.server_parse import DISCARD_MAX, MAX_PIPELINE
 from v2proxy.http.server_timer import LINGER

@@ -19,7 +19,8 @@ ending its answer -> 500 ``internal error: no answer``; an answer already starte
 A refusal (``_error``) is answered after the requests ahead of it, with ``Connection: close``.
 Closing after an answer half-closes first and drains input for ``LINGER`` seconds, so that
 unread request bytes do not reset the connection before the client reads the answer.
-Also the connection's side of :class:`~v2proxy.http.request.HttpRequest` and ``HttpResponse``:
+Also the connection's side of :class:`~v2proxy.http.request.HttpRequest` and
+:class:`~v2proxy.http.response.HttpResponse`:
 ``Connection`` header, ``100 Continue``, write flow control under ``write_timeout``, abort.
 """
 
@@ -29,13 +30,8 @@ import asyncio
 import json
 from typing import cast
 
-from v2proxy.http.request import (
-    STATUS_LINES,
-    BodyError,
-    ClientDisconnected,
-    HttpRequest,
-    HttpResponse,
-)
+from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
+from v2proxy.http.response import STATUS_LINES, HttpResponse
 from v2proxy.http.server_parse import DISCARD_MAX, MAX_PIPELINE, ConnectionParser, log
 from v2proxy.http.server_state import IDLE, LINGERING
 from v2proxy.http.server_timer import LINGER, ConnectionTimer

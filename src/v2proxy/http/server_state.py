@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 if TYPE_CHECKING:
-    from v2proxy.http.request import HttpRequest, HttpResponse, ServerLimits
+    from v2proxy.http.request import HttpRequest, ServerLimits
+    from v2proxy.http.response import HttpResponse
     from v2proxy.http.server import HttpServer
 
 #: what the connection's one timer is for

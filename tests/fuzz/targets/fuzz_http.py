@@ -32,7 +32,8 @@ from fuzzlib import expect, instrumented, main, take
 with instrumented(__name__ == "__main__"):
     import httptools
 
-    from v2proxy.http.request import ClientDisconnected, HttpRequest, HttpResponse, ServerLimits
+    from v2proxy.http.request import ClientDisconnected, HttpRequest, ServerLimits
+    from v2proxy.http.response import HttpResponse
     from v2proxy.http.server import BodyError, HttpServer
 
 PIECES = (1, 2, 3, 7, 16, 64, 1024, 1 << 20)
