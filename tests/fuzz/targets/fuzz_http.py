@@ -166,33 +166,36 @@ async def _handler(req: HttpRequest, resp: HttpResponse) -> None:
         raise
 
 
-def test_one_input(data: bytes) -> None:
-    control, sent = take(data, 1)
+def drive(server: HttpServer, control: int, sent: bytes, max_pieces: int, spins: int) -> Transport:
+    """One connection of ``server`` on LOOP fed ``sent``: in pieces of ``PIECES[control & 7]``
+    bytes (at most ``max_pieces``, the last one takes the rest; none while the server has paused
+    reading) with ``spins`` loop iterations after each, a half-close when control bit 3 is set,
+    then the client goes away. Fails the run when callbacks are still ready after that, the
+    connection's task did not end, the loop saw an unexpected problem or something was logged
+    at ERROR. Returns the transport: ``out`` holds what the server wrote."""
     piece = PIECES[control & 7]
-    server = HttpServer(_handler, SMALL if control & 16 else LIMITS)
     server._loop = LOOP
     conn = server._factory()
     transport = Transport(LOOP)
     transport.protocol = conn
     PROBLEMS.clear()
     FAILURES.records.clear()
-    begun = sent.count(b"\n") + 1  # a bound on the requests that can begin
     logger = logging.getLogger("v2proxy")
     logger.addHandler(FAILURES)  # only while the run lasts: corpus replay shares the process
     try:
         conn.connection_made(transport)
         pos = 0
-        for i in range(MAX_PIECES):
+        for i in range(max_pieces):
             if pos >= len(sent) or transport.closed or transport.paused:
                 break
-            end = pos + piece if i < MAX_PIECES - 1 else len(sent)  # the rest at once
+            end = pos + piece if i < max_pieces - 1 else len(sent)  # the rest at once
             conn.data_received(sent[pos:end])
             pos = end
-            _spin()
+            _spin(spins)
         if control & 8 and not transport.closed:
             if not conn.eof_received():
                 transport.close()
-            _spin()
+            _spin(spins)
         if not transport.closed:  # the client goes away
             transport.closed = True
             conn.connection_lost(None)
@@ -201,7 +204,6 @@ def test_one_input(data: bytes) -> None:
         expect(not still, "callbacks still ready after 1000 loop iterations")
         cycle = conn.cycle
         expect(cycle is None or cycle.done(), "the connection's task did not end")
-        expect(not server.conns, "the server still holds the connection")
     finally:
         logger.removeHandler(FAILURES)
         if conn.timer is not None:
@@ -211,14 +213,30 @@ def test_one_input(data: bytes) -> None:
             _spin(2)
     expect(not PROBLEMS, f"unexpected: {PROBLEMS}")
     expect(not FAILURES.records, f"logged: {[r.getMessage() for r in FAILURES.records]}")
+    return transport
+
+
+def statuses(out: bytes) -> list[int]:
+    """The status of each answer in ``out``; an answer a client parser cannot read fails the
+    run."""
     answers = Answers()
     try:
-        answers.parser.feed_data(bytes(transport.out))
+        answers.parser.feed_data(out)
     except httptools.HttpParserError as exc:
-        raise AssertionError(f"malformed answer ({exc}): {bytes(transport.out)[:300]!r}") from exc
-    for status in answers.statuses:
-        expect(status in ALLOWED, f"answered {status}: {bytes(transport.out)[:300]!r}")
-    finals = [s for s in answers.statuses if s >= 200]
+        raise AssertionError(f"malformed answer ({exc}): {out[:300]!r}") from exc
+    return answers.statuses
+
+
+def test_one_input(data: bytes) -> None:
+    control, sent = take(data, 1)
+    server = HttpServer(_handler, SMALL if control & 16 else LIMITS)
+    begun = sent.count(b"\n") + 1  # a bound on the requests that can begin
+    out = bytes(drive(server, control, sent, MAX_PIECES, SPINS).out)
+    expect(not server.conns, "the server still holds the connection")
+    answered = statuses(out)
+    for status in answered:
+        expect(status in ALLOWED, f"answered {status}: {out[:300]!r}")
+    finals = [s for s in answered if s >= 200]
     expect(len(finals) <= begun + 1, f"{len(finals)} answers to {begun} requests at most")
 
 

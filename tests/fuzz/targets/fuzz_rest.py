@@ -17,7 +17,6 @@ away, the connection's task ends and no callback is left running.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -26,8 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzzlib import expect, instrumented, main, take
 
 with instrumented(__name__ == "__main__"):
-    import httptools
-
     from v2proxy.app import build_pipeline
     from v2proxy.backends.builtin import BuiltinBackend
     from v2proxy.config import Settings
@@ -37,7 +34,7 @@ with instrumented(__name__ == "__main__"):
     from v2proxy.metrics_export import NullMetrics
     from v2proxy.restricted import RestrictedPolicy
 
-from fuzz_http import FAILURES, LOOP, PIECES, PROBLEMS, Answers, Transport, _spin
+from fuzz_http import drive, statuses
 
 SETTINGS = Settings(
     max_input_size=1 << 16,
@@ -58,54 +55,11 @@ def _frontend() -> RestFrontend:
 
 def test_one_input(data: bytes) -> None:
     control, sent = take(data, 1)
-    piece = PIECES[control & 7]
     server = HttpServer(_frontend().dispatch, LIMITS)
-    server._loop = LOOP
-    conn = server._factory()
-    transport = Transport(LOOP)
-    transport.protocol = conn
-    PROBLEMS.clear()
-    FAILURES.records.clear()
-    logger = logging.getLogger("v2proxy")
-    logger.addHandler(FAILURES)  # only while the run lasts: corpus replay shares the process
-    try:
-        conn.connection_made(transport)
-        pos = 0
-        for i in range(MAX_PIECES):
-            if pos >= len(sent) or transport.closed or transport.paused:
-                break
-            end = pos + piece if i < MAX_PIECES - 1 else len(sent)
-            conn.data_received(sent[pos:end])
-            pos = end
-            _spin(256)
-        if control & 8 and not transport.closed:
-            if not conn.eof_received():
-                transport.close()
-            _spin(256)
-        if not transport.closed:
-            transport.closed = True
-            conn.connection_lost(None)
-        _spin(1000)
-        still = LOOP._ready  # type: ignore[attr-defined]
-        expect(not still, "callbacks still ready after 1000 loop iterations")
-        expect(conn.cycle is None or conn.cycle.done(), "the connection's task did not end")
-    finally:
-        logger.removeHandler(FAILURES)
-        if conn.timer is not None:
-            conn.timer.cancel()
-        if conn.cycle is not None and not conn.cycle.done():
-            conn.cycle.cancel()
-            _spin(2)
-    expect(not PROBLEMS, f"unexpected: {PROBLEMS}")
-    expect(not FAILURES.records, f"logged: {[r.getMessage() for r in FAILURES.records]}")
+    transport = drive(server, control, sent, MAX_PIECES, 256)
     if b"HEAD" in sent:
         return
-    answers = Answers()
-    try:
-        answers.parser.feed_data(bytes(transport.out))
-    except httptools.HttpParserError as exc:
-        raise AssertionError(f"malformed answer ({exc}): {bytes(transport.out)[:300]!r}") from exc
-    for status in answers.statuses:
+    for status in statuses(bytes(transport.out)):
         expect(status < 500 or status in (501, 503, 505), f"answered {status}: {transport.out!r}")
 
 
