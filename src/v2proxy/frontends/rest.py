@@ -16,9 +16,10 @@ backend as the bytes the client sent; ``x-request-id`` is echoed on every answer
 
 ``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
 passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
-(metrics of :mod:`v2proxy.metrics`, a WARNING line per failed request, the access log), and
-admitted there first by the process's :class:`~v2proxy.admission.AdmissionGate`
-(``--max-concurrency``: 503 with ``Retry-After`` beyond it, before the body is read).
+(:mod:`v2proxy.frontends.rest_record`: metrics of :mod:`v2proxy.metrics`, a WARNING line per
+failed request, the access log), and admitted there first by the process's
+:class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
+beyond it, before the body is read).
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ from v2proxy.errors import (
     ProxyError,
     UnsupportedEncoding,
 )
-from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_shm
+from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
-from v2proxy.http.response import HttpResponse, nbytes
+from v2proxy.http.response import HttpResponse
 from v2proxy.metrics import error_kind
 from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.model import Buffer
@@ -59,7 +60,7 @@ Handler = Callable[["RestFrontend", HttpRequest, Any], Awaitable["Answer"]]
 #: a complete answer: status, headers, body
 Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
 
-REQUEST_ID = b"x-request-id"
+REQUEST_ID = rest_record.REQUEST_ID
 JSON = [(b"content-type", b"application/json")]
 _METRICS_TYPE = CONTENT_TYPE.encode()
 
@@ -137,13 +138,13 @@ class RestFrontend:
             if isinstance(answer, ForwardResponse):
                 status = answer.status
                 if op == "infer" and status == 200:
-                    wire_out = _wire_out(answer.headers)
+                    wire_out = rest_record.wire_out(answer.headers)
                 n_out = await rest_infer.write_forwarded(request, response, answer, rid)
             else:
                 status, headers, body = answer
                 if op == "infer" and status == 200:
-                    wire_out = _wire_out(headers)
-                n_out = _size(body)
+                    wire_out = rest_record.wire_out(headers)
+                n_out = rest_record.size(body)
                 if rid is not None:
                     headers.append((REQUEST_ID, rid))
                 await response.send(status, headers, body)
@@ -175,32 +176,13 @@ class RestFrontend:
         wire_out: str,
         n_out: int,
     ) -> None:
-        rec = self.recorder
-        duration = perf_counter() - t0
-        if status < 400:
-            error = None
-        elif not cause:  # an answer of the handler's own (405, not ready) or the backend's
-            error = "backend_error" if op == "passthrough" else _STATUS_ERRORS.get(status, "other")
         if request.chunked:
             n_in = self._chunked_sizes.pop(request, 0)
         else:
             n_in = request.content_length or 0
-        wire_in = _wire_in(request) if op == "infer" else "json"
-        rec.done(duration, op, model, status, error, wire_in, n_in, wire_out, n_out)
-        if status >= 400 or rec.access_log:
-            rid = request.header(REQUEST_ID)
-            rec.log(
-                status >= 400,
-                None if rid is None else rid.decode("latin-1"),
-                model,
-                request.method,
-                request.path,
-                status,
-                duration,
-                n_in,
-                n_out,
-                cause,
-            )
+        rest_record.record(
+            self.recorder, request, t0, op, model, status, error, cause, n_in, wire_out, n_out
+        )
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
@@ -388,28 +370,3 @@ def _group(op: str, path: str) -> str:
         if path.startswith(prefix):
             return group
     return "trace" if path.endswith("/trace/setting") else "statistics"
-
-
-#: the ``error`` label of error answers that are no ProxyError
-_STATUS_ERRORS = {405: "method_not_allowed", 400: "not_ready"}
-_IHCL = b"inference-header-content-length"
-
-
-def _wire_in(request: HttpRequest) -> str:
-    ihcl = request.header(_IHCL)
-    if ihcl is None:
-        return "json"
-    return "raw" if ihcl.strip() == b"0" else "binary"
-
-
-def _wire_out(headers: list[tuple[bytes, bytes]]) -> str:
-    for name, _ in headers:
-        if name == _IHCL:
-            return "binary"
-    return "json"
-
-
-def _size(body: Buffer | list[Buffer]) -> int:
-    if isinstance(body, list):
-        return sum(nbytes(b) for b in body)
-    return nbytes(body)
