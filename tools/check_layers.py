@@ -40,6 +40,7 @@ FORBIDDEN = {
     "v2proxy.backends",
     "v2proxy.shm",
     "v2proxy.app",
+    "v2proxy.app_core",
     "v2proxy.cli",
     "v2proxy.metrics",
     "v2proxy.metrics_export",

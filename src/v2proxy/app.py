@@ -1,6 +1,7 @@
 """The composition root: the only place where the parts are wired together.
 
-Builds the backend named by the settings, the pipeline and the frontends, runs them on uvloop
+Builds the backend named by the settings, the pipeline (both in :mod:`v2proxy.app_core`) and
+the frontends, runs them on uvloop
 (or plain asyncio) and shuts down gracefully on SIGTERM/SIGINT: stop accepting, let requests in
 flight finish, close the backend's connections.
 """
@@ -17,153 +18,35 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Literal
 
 import grpc
-from prometheus_client import CollectorRegistry
 
 from v2proxy.admission import AdmissionGate
-from v2proxy.backends.builtin import BuiltinBackend
-from v2proxy.backends.grpc import GrpcBackend
+from v2proxy.app_core import build_backend, build_metrics, build_pipeline
 from v2proxy.backends.metered import metered
-from v2proxy.backends.mindie import MindieBackend
-from v2proxy.backends.rest import RestBackend
-from v2proxy.backends.staging import Stager
 from v2proxy.config import Settings
 from v2proxy.errors import ProxyError
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics import (
-    BACKEND_RETRIES,
-    SHM_BYTES,
-    SHM_REGIONS,
-    SHM_STAGED_BYTES,
-    SHM_STAGING,
-    SHM_TENSORS,
-)
 from v2proxy.metrics_export import (
     AnyMetrics,
-    Metrics,
-    NullMetrics,
     enable_multiprocess,
     process_gone,
 )
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
-from v2proxy.recorders import TokenRecorder
 from v2proxy.request_log import setup_logging
-from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
 from v2proxy.tls import (
     TlsFileError,
-    channel_credentials,
-    client_context,
     server_context,
     server_credentials,
 )
 
 log = logging.getLogger("v2proxy")
-
-
-def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Backend:
-    target = settings.backend
-    if target.kind == "builtin":
-        return BuiltinBackend(server_name=settings.server_name)
-    if target.kind == "mindie":
-        return MindieBackend(
-            target.url,
-            model=settings.mindie.model if settings.mindie is not None else "llm",
-            timeout=settings.backend_timeout,
-            connect_timeout=settings.backend_connect_timeout,
-            connections=settings.backend_connections,
-            tokens=TokenRecorder(metrics, "backend") if isinstance(metrics, Metrics) else None,
-            ssl_context=client_context(settings.backend_tls) if target.tls else None,
-        )
-    counts = staged = None
-    if isinstance(metrics, Metrics):
-        counts = {r: metrics.store(SHM_STAGING).child(r) for r in ("hit", "miss", "fallback")}
-        staged = {d: metrics.store(SHM_STAGED_BYTES).child(d) for d in ("input", "output")}
-    staging = Stager(
-        settings.backend_shm, settings.backend_shm_threshold, counts=counts, staged_bytes=staged
-    )
-    if target.kind == "grpc":
-        return GrpcBackend(
-            target.url,
-            timeout=settings.backend_timeout,
-            max_message_size=settings.grpc_max_message_size,
-            staging=staging,
-            credentials=channel_credentials(settings.backend_tls) if target.tls else None,
-        )
-    return RestBackend(
-        target.url,
-        encoding=settings.backend_encoding,
-        timeout=settings.backend_timeout,
-        connect_timeout=settings.backend_connect_timeout,
-        connections=settings.backend_connections,
-        staging=staging,
-        ssl_context=client_context(settings.backend_tls) if target.tls else None,
-        on_retry=(
-            metrics.store(BACKEND_RETRIES).child("rest").inc
-            if isinstance(metrics, Metrics)
-            else None
-        ),
-    )
-
-
-def build_pipeline(
-    settings: Settings,
-    backend: Backend,
-    metrics: AnyMetrics | None = None,
-    shm_folder: str | None = None,
-    cuda_adapter: CudaAdapter | Literal["auto"] | None = "auto",
-) -> Pipeline:
-    """The one core every frontend goes through, with the clients' shared-memory regions: this
-    process's own, or those recorded in ``shm_folder`` that every worker shares. CUDA regions go
-    through ``cuda_adapter`` ("auto": cupy when it and a GPU are there; None: none)."""
-    gauges = cuda_gauges = tensors = None
-    if isinstance(metrics, Metrics):
-        gauges, cuda_gauges = (
-            (metrics.store(SHM_REGIONS).child(k), metrics.store(SHM_BYTES).child(k))
-            for k in ("system", "cuda")
-        )
-        tensors = {d: metrics.store(SHM_TENSORS).child(d) for d in ("input", "output")}
-    if cuda_adapter == "auto":
-        cuda_adapter = default_adapter()
-    shm = (
-        Registry(gauges=gauges, tensors=tensors, cuda_adapter=cuda_adapter, cuda_gauges=cuda_gauges)
-        if shm_folder is None
-        else SharedRegistry(
-            shm_folder,
-            gauges=gauges,
-            tensors=tensors,
-            cuda_adapter=cuda_adapter,
-            cuda_gauges=cuda_gauges,
-        )
-    )
-    return Pipeline(
-        backend,
-        settings.max_input_size,
-        settings.restricted,
-        settings.models,
-        shm=shm,
-        client_shm=settings.client_shm,
-        max_tensors=settings.max_tensors,
-    )
-
-
-def build_metrics(settings: Settings) -> AnyMetrics:
-    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder).
-    Workers of ``--workers N`` report through the supervisor's multiprocess folder."""
-    if not settings.metrics:
-        return NullMetrics()
-    protocol = {"builtin": "builtin", "grpc": "grpc", "mindie": "mindie"}.get(
-        settings.backend.kind, "rest"
-    )
-    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if settings.workers > 1 else None
-    return Metrics(CollectorRegistry(auto_describe=True), protocol, folder)
 
 
 def build_rest(

@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 from yarl import URL
 
-from v2proxy.app import build_backend, build_pipeline, build_rest
+from v2proxy.app import build_rest
+from v2proxy.app_core import build_backend, build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.config import Settings, load_settings
 from v2proxy.frontends.rest import RestFrontend

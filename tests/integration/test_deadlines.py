@@ -15,7 +15,8 @@ import pytest
 from tests.integration.conftest import Factory, proxy_to, settings
 from tests.integration.test_rest_errors import simple_json
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import build_backend, build_grpc_server, build_pipeline
+from v2proxy.app import build_grpc_server
+from v2proxy.app_core import build_backend, build_pipeline
 
 TIMEOUT = 0.3
 

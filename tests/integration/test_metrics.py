@@ -20,12 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import Factory, ProxyClient, proxy_to, settings
 from tests.interop.peers.launch import _free_ports
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import (
-    build_grpc_server,
-    build_metrics,
-    build_pipeline,
-    build_rest,
-)
+from v2proxy.app import build_grpc_server, build_rest
+from v2proxy.app_core import build_metrics, build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.metered import metered
 from v2proxy.request_log import JsonFormatter, TextFormatter
@@ -296,7 +292,7 @@ async def test_backend_unreachable_counts_and_logs(
     (port,) = _free_ports(1)
     s = settings(backend=f"http://127.0.0.1:{port}")
     metrics = build_metrics(s)
-    from v2proxy.app import build_backend
+    from v2proxy.app_core import build_backend
 
     pipeline = build_pipeline(s, metered(build_backend(s), metrics))
     proxy = await make_client(build_rest(s, pipeline, metrics))

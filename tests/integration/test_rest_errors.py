@@ -12,7 +12,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.integration.conftest import Factory, proxy_to, settings
-from v2proxy.app import build_pipeline, build_rest
+from v2proxy.app import build_rest
+from v2proxy.app_core import build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 
 ONES = [1] * 16

@@ -17,7 +17,8 @@ import pytest
 from tests.integration.conftest import Factory, settings
 from tests.unit.test_shm_cuda import H1, FakeAdapter
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import build_grpc_server, build_pipeline, build_rest
+from v2proxy.app import build_grpc_server, build_rest
+from v2proxy.app_core import build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.shm.cuda import CudaAdapter
 

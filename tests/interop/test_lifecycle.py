@@ -17,7 +17,8 @@ import grpc
 from peers.launch import _free_ports, _http_status
 
 from v2proxy._proto import health_pb2
-from v2proxy.app import build_backend, build_grpc_server, build_pipeline
+from v2proxy.app import build_grpc_server
+from v2proxy.app_core import build_backend, build_pipeline
 from v2proxy.config import load_settings
 
 ANSWER = json.dumps(

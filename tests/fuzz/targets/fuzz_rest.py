@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzzlib import expect, instrumented, main, take
 
 with instrumented(__name__ == "__main__"):
-    from v2proxy.app import build_pipeline
+    from v2proxy.app_core import build_pipeline
     from v2proxy.backends.builtin import BuiltinBackend
     from v2proxy.config import Settings
     from v2proxy.frontends.rest import RestFrontend
