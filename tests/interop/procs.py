@@ -4,10 +4,13 @@ a user does: as a separate process on loopback, stopped by its pid afterwards.""
 from __future__ import annotations
 
 import contextlib
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +40,28 @@ class Proc:
         return f"127.0.0.1:{self.grpc_port}"
 
 
+def https_status(url: str, ctx: ssl.SSLContext) -> int | None:
+    """The status of a GET of ``url`` over TLS with the client context ``ctx`` (never through
+    a proxy of the environment); None when nothing answers."""
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    try:
+        with opener.open(url, timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
 @contextlib.contextmanager
-def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterator[Proc]:
+def v2proxy(
+    *args: str, name: str = "v2proxy", timeout: float = 30.0, tls: ssl.SSLContext | None = None
+) -> Iterator[Proc]:
     """Run ``python -m v2proxy ARGS --host 127.0.0.1 --http-port P --grpc-port G`` (free ports)
-    until the block ends."""
+    until the block ends; ready once its liveness answers 200. ``tls``: ARGS make it serve
+    HTTPS, and its liveness is asked at https://localhost:P with this client context."""
     port, grpc_port = _free_ports(2)
     log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
     cmd = [
@@ -65,7 +86,7 @@ def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterato
         )
     try:
         deadline = time.monotonic() + timeout
-        while _http_status(f"http://127.0.0.1:{port}/v2/health/live") != 200:
+        while _live(port, tls) != 200:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start ({cmd}):\n{log.read_text()[-3000:]}")
             time.sleep(0.05)
@@ -74,3 +95,9 @@ def v2proxy(*args: str, name: str = "v2proxy", timeout: float = 30.0) -> Iterato
         _stop(proc)
         assert proc.poll() is not None
         log.unlink(missing_ok=True)
+
+
+def _live(port: int, tls: ssl.SSLContext | None) -> int | None:
+    if tls is None:
+        return _http_status(f"http://127.0.0.1:{port}/v2/health/live")
+    return https_status(f"https://localhost:{port}/v2/health/live", tls)

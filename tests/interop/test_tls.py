@@ -16,7 +16,6 @@ import json
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +31,7 @@ import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from peers.launch import _free_ports, _stop
 from peers.mindie_sim import tokens
-from procs import Proc, v2proxy
+from procs import Proc, https_status, v2proxy
 from tritonclient.utils import InferenceServerException
 
 from tests.tlspki import Pki, make_pki
@@ -49,19 +48,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _https_status(url: str, ctx: ssl.SSLContext) -> int | None:
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
-    )
-    try:
-        with opener.open(url, timeout=2) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def _client_ctx(pki: Pki, cert: bool = False) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(pki.ca))
     if cert:
@@ -73,45 +59,11 @@ def _client_ctx(pki: Pki, cert: bool = False) -> ssl.SSLContext:
 def tls_v2proxy(pki: Pki, *args: str, mutual: bool = False, name: str = "tls") -> Iterator[Proc]:
     """``v2proxy serve --tls-cert --tls-key ARGS`` on free loopback ports (``mutual``: with
     ``--tls-client-ca``), until the block ends; ready once its HTTPS liveness answers 200."""
-    port, grpc_port = _free_ports(2)
-    log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
-    cmd = [
-        sys.executable,
-        "-m",
-        "v2proxy",
-        "serve",
-        "--tls-cert",
-        str(pki.server.cert),
-        "--tls-key",
-        str(pki.server.key),
-        *(["--tls-client-ca", str(pki.ca)] if mutual else []),
-        *args,
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-    ]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    ctx = _client_ctx(pki, cert=mutual)
-    try:
-        deadline = time.monotonic() + 30
-        while _https_status(f"https://localhost:{port}/v2/health/live", ctx) != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start ({cmd}):\n{log.read_text()[-3000:]}")
-            time.sleep(0.05)
-        yield Proc(name, port, grpc_port, proc.pid, log)
-    finally:
-        _stop(proc)
-        log.unlink(missing_ok=True)
+    tls = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
+    if mutual:
+        tls += ["--tls-client-ca", str(pki.ca)]
+    with v2proxy("serve", *tls, *args, name=name, tls=_client_ctx(pki, cert=mutual)) as p:
+        yield p
 
 
 @pytest.fixture(scope="module", params=["uvloop", "asyncio"])
@@ -369,7 +321,7 @@ def test_backend_host_name_checked(pki: Pki, scheme: str) -> None:
     """A backend whose certificate (of the trusted CA) is for another name is refused."""
     wrong = ("--tls-cert", str(pki.wrong_name.cert), "--tls-key", str(pki.wrong_name.key))
     with (
-        _raw_tls_backend(pki, wrong) as backend,
+        _raw_tls_backend(wrong) as backend,
         v2proxy(
             "serve",
             "--backend",
@@ -389,31 +341,14 @@ def test_backend_host_name_checked(pki: Pki, scheme: str) -> None:
 
 
 @contextlib.contextmanager
-def _raw_tls_backend(pki: Pki, tls: tuple[str, ...]) -> Iterator[Proc]:
+def _raw_tls_backend(tls: tuple[str, ...]) -> Iterator[Proc]:
     """v2proxy serve with the TLS options ``tls`` (a certificate the test's CA cannot verify for
     its address), ready once its port accepts a TLS handshake with verification off."""
-    port, grpc_port = _free_ports(2)
-    cmd = [sys.executable, "-m", "v2proxy", "serve", *tls, "--host", "127.0.0.1"]
-    cmd += ["--http-port", str(port), "--grpc-port", str(grpc_port)]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    try:
-        deadline = time.monotonic() + 30
-        while _https_status(f"https://127.0.0.1:{port}/v2/health/live", ctx) != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"backend did not start: {cmd}")
-            time.sleep(0.05)
-        yield Proc("raw-tls", port, grpc_port, proc.pid, Path(tempfile.gettempdir()))
-    finally:
-        _stop(proc)
+    with v2proxy("serve", *tls, name="raw-tls", tls=ctx) as p:
+        yield p
 
 
 @pytest.mark.parametrize("scheme", ["https", "grpcs"])
@@ -448,7 +383,7 @@ def _tls_mindie(pki: Pki) -> Iterator[int]:
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while _https_status(f"https://localhost:{port}/health", _client_ctx(pki)) != 200:
+        while https_status(f"https://localhost:{port}/health", _client_ctx(pki)) != 200:
             assert proc.poll() is None and time.monotonic() < deadline, "no MindIE simulator"
             time.sleep(0.05)
         yield port
