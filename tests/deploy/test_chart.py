@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +18,22 @@ import pytest
 import yaml
 from cryptography import x509
 
+from tests.deploy.chartlib import (
+    NS,
+    assert_valid,
+    by_name,
+    kinds,
+    one,
+    pod_spec,
+    refusal,
+    render,
+    serve_args,
+)
 from tests.deploy.deploytools import (
     CHART,
-    CRD_KINDS,
     ROOT,
-    documents,
     helm,
     run,
-    schema_errors,
 )
 from v2proxy.cli import parser
 from v2proxy.config import load_settings
@@ -35,49 +41,6 @@ from v2proxy.inject.patch import review
 from v2proxy.inject.settings import load_defaults
 
 PARENT = Path(__file__).parent / "charts" / "model-server"
-NS = "serving"
-
-
-@cache
-def render(*args: str, chart: str = str(CHART)) -> tuple[dict[str, Any], ...]:
-    out = run(helm(), "template", "rel", chart, "--namespace", NS, *args)
-    return tuple(documents(out))
-
-
-def kinds(docs: tuple[dict[str, Any], ...]) -> list[tuple[str, str]]:
-    return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
-
-
-def one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
-    assert len(found) == 1, (kind, name, kinds(docs))
-    return found[0]
-
-
-def pod_spec(docs: tuple[dict[str, Any], ...], name: str = "rel-v2proxy") -> dict[str, Any]:
-    spec: dict[str, Any] = one(docs, "Deployment", name)["spec"]["template"]["spec"]
-    return spec
-
-
-def by_name(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    (found,) = [i for i in items if i["name"] == name]
-    return found
-
-
-def assert_valid(docs: tuple[dict[str, Any], ...]) -> None:
-    errors = []
-    for d in docs:
-        if (d["apiVersion"], d["kind"]) in CRD_KINDS:
-            continue  # no schema in kubernetes-validate; checked field by field below
-        errors += schema_errors(d)
-    assert errors == []
-
-
-def serve_args(container: dict[str, Any]) -> dict[str, Any]:
-    """The container's arguments as `v2proxy serve` parses them (SystemExit if refused)."""
-    assert container["args"][0] == "serve"
-    return vars(parser().parse_args(container["args"]))
-
 
 # ------------------------------------------------------------------ lint and the matrix
 
@@ -177,15 +140,8 @@ def test_rendered_manifests_validate(shape: str) -> None:
     ],
 )
 def test_values_schema_refuses(setting: str, message: str) -> None:
-    proc = subprocess.run(
-        [helm(), "template", "rel", str(CHART), f"--set={setting}"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
+    stderr = refusal(f"--set={setting}")
+    assert message in stderr, stderr
 
 
 def test_values_file_is_the_schema_default() -> None:
@@ -405,15 +361,9 @@ def test_injector_with_cert_manager() -> None:
     assert one(docs, "Issuer")["spec"] == {"selfSigned": {}}
     assert not [d for d in docs if d["kind"] == "Secret"]
     # without cert-manager's API the install stops with a clear line
-    proc = subprocess.run(
-        [helm(), "template", "rel", str(CHART), *SHAPES["injector-cert-manager"][:2]],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    assert "needs cert-manager (API cert-manager.io/v1)" in refusal(
+        *SHAPES["injector-cert-manager"][:2]
     )
-    assert proc.returncode != 0
-    assert "needs cert-manager (API cert-manager.io/v1)" in proc.stderr
 
 
 def sidecar_defaults(docs: tuple[dict[str, Any], ...]) -> Any:
