@@ -20,6 +20,7 @@ PURE = [
     "relay.py",
     "shm_stage.py",
     "generate_stage.py",
+    "model_info.py",
     "admission.py",
 ]
 FORBIDDEN = {

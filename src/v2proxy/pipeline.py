@@ -31,6 +31,9 @@ An inference request passes these stages, in this order:
    Metrics wrap stages 2-6.
 7. **encode** (frontend): the response in the wire form the client asked for.
 
+What stages 1, 4 and 6 and the generate mapping need to know of the backend's models (metadata,
+``max_batch_size``, whether it classifies) is cached in :class:`~v2proxy.model_info.ModelInfo`.
+
 The pass-through fast path (:class:`~v2proxy.relay.Relay`): when no stage applies and the backend
 takes the client's wire form, the client's bytes go to the backend untouched after stage 1, and
 the answer comes back unchanged.
@@ -40,7 +43,6 @@ Pure with respect to I/O libraries: it awaits the backend but imports no asyncio
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -51,12 +53,11 @@ from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.errors import NotFound, ProxyError, Unsupported
 from v2proxy.generate_stage import GenerateStage, Mapped
 from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.model_info import ModelInfo
 from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.postprocess import stage
 from v2proxy.postprocess.classification import requested_count
 from v2proxy.relay import Relay
-
-METADATA_TTL_S = 30.0
 
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
@@ -101,10 +102,10 @@ class Pipeline:
         self.shm = shm
         self.client_shm = client_shm
         self._relay = Relay(backend, max_input_size, max_tensors)
-        self._metadata: dict[tuple[str, str], tuple[float, dict[str, Any], int | None]] = {}
-        self._backend_classifies: tuple[float, bool] | None = None
+        #: the backend's model metadata and extensions, cached (:mod:`v2proxy.model_info`)
+        self.info = ModelInfo(backend)
         self.generation = GenerateStage(
-            backend, self._model_shape_info, self.stream_infer, max_input_size
+            backend, self.info.shape_info, self.stream_infer, max_input_size
         )
 
     def _allow(self, group: str, headers: Headers) -> None:
@@ -218,7 +219,7 @@ class Pipeline:
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
         """The request a raw binary body (IHCL 0) stands for (reference §2)."""
-        metadata, max_batch_size = await self._model_shape_info(model, version)
+        metadata, max_batch_size = await self.info.shape_info(model, version)
         return decode_raw_request(
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
@@ -250,9 +251,7 @@ class Pipeline:
         proxy classifies (:func:`v2proxy.postprocess.stage.plan`)."""
         model = self.models.get(request.model_name)
         local = model.outputs if model is not None else {}
-        classifies = (
-            stage.asks_backend(counts, local) and await self._backend_lists_classification()
-        )
+        classifies = stage.asks_backend(counts, local) and await self.info.lists_classification()
         return stage.plan(request, counts, local, classifies)
 
     async def _classify(
@@ -262,27 +261,12 @@ class Pipeline:
         if not todo or not any(t.name in todo for t in response.outputs):
             return response
         try:
-            metadata, max_batch_size = await self._model_shape_info(
+            metadata, max_batch_size = await self.info.shape_info(
                 request.model_name, request.model_version
             )
         except ProxyError:
             metadata, max_batch_size = {}, None
         return stage.apply(response, todo, metadata, max_batch_size)
-
-    async def _backend_lists_classification(self) -> bool:
-        """Whether the backend's server metadata lists the classification extension (asked
-        at most every :data:`METADATA_TTL_S` seconds; a backend that cannot say does not)."""
-        now = time.monotonic()
-        hit = self._backend_classifies
-        if hit is not None and now - hit[0] < METADATA_TTL_S:
-            return hit[1]
-        try:
-            ext = (await self.backend.server_metadata()).get("extensions")
-        except ProxyError:
-            ext = None
-        lists = isinstance(ext, list) and "classification" in ext
-        self._backend_classifies = (now, lists)
-        return lists
 
     @staticmethod
     def _finish(request: InferRequest, response: InferResponse) -> InferResponse:
@@ -362,6 +346,10 @@ class Pipeline:
         self._allow("inference", headers)
         return self.generation.objects(model, version, obj, headers, stream)
 
+    def invalidate(self) -> None:
+        """Forget cached model metadata (after repository load/unload)."""
+        self.info.invalidate()
+
     # ------------------------------------------------------------------ shared memory
 
     async def shm_status(self, kind: str, name: str, headers: Headers) -> list[dict[str, Any]]:
@@ -403,30 +391,3 @@ class Pipeline:
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is not None:
             self.shm.unregister(name, kind)
-
-    # ------------------------------------------------------------------ model metadata cache
-
-    def invalidate(self) -> None:
-        """Forget cached model metadata (after repository load/unload)."""
-        self._metadata.clear()
-        self._backend_classifies = None
-
-    async def _model_shape_info(
-        self, model: str, version: str
-    ) -> tuple[dict[str, Any], int | None]:
-        key = (model, version)
-        now = time.monotonic()
-        hit = self._metadata.get(key)
-        if hit is not None and now - hit[0] < METADATA_TTL_S:
-            return hit[1], hit[2]
-        metadata = await self.backend.model_metadata(model, version)
-        max_batch_size: int | None = None
-        try:
-            config = await self.backend.model_config(model, version)
-        except ProxyError:
-            config = {}
-        mbs = config.get("max_batch_size") if isinstance(config, dict) else None
-        if isinstance(mbs, int) and not isinstance(mbs, bool):
-            max_batch_size = mbs
-        self._metadata[key] = (now, metadata, max_batch_size)
-        return metadata, max_batch_size
