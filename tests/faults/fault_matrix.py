@@ -58,6 +58,11 @@ _ANSWER_CUT = {"unary": 40, "large": 4 << 20, "stream": 200}
 OK = {"ok"}
 FAILS = {"error"}
 STREAM_FAILS = {"error", "cut"}
+#: what each kind may end in when the fault leaves every request whole, or fails every one
+ALL_OK = dict.fromkeys(KINDS, OK)
+ALL_FAIL = dict.fromkeys(KINDS, FAILS)
+#: a fault in the answer after its head: a large answer or a stream may end cut
+ANSWER_FAULT = {"unary": FAILS, "large": FAILS | {"cut"}, "stream": STREAM_FAILS}
 
 
 def _restart(relay: Relay) -> None:
@@ -66,54 +71,54 @@ def _restart(relay: Relay) -> None:
 
 
 SCENARIOS = [
-    Scenario("none", "no fault", expect=dict.fromkeys(KINDS, OK)),
+    Scenario("none", "no fault", expect=ALL_OK),
     Scenario(
         "latency-small",
         "0.1 s added each way",
         lambda kind: Faults(latency_up=0.1, latency_down=0.1),
-        expect=dict.fromkeys(KINDS, OK),
+        expect=ALL_OK,
     ),
     Scenario(
         "latency-over-timeout",
         "answer delayed by --backend-timeout + 1 s",
         lambda kind: Faults(latency_down=max(TIMEOUTS.values()) + 1.0),
-        expect=dict.fromkeys(KINDS, FAILS),
+        expect=ALL_FAIL,
     ),
     Scenario(
         "reset-mid-request",
         "RST after part of the request",
         lambda kind: Faults(reset_request_after=_REQUEST_CUT[kind]),
-        expect=dict.fromkeys(KINDS, FAILS),
+        expect=ALL_FAIL,
     ),
     Scenario(
         "reset-mid-answer",
         "RST after part of the answer",
         lambda kind: Faults(reset_answer_after=_ANSWER_CUT[kind]),
-        expect={"unary": FAILS, "large": FAILS | {"cut"}, "stream": STREAM_FAILS},
+        expect=ANSWER_FAULT,
     ),
     Scenario(
         "truncated-answer",
         "clean close (FIN) after part of the answer",
         lambda kind: Faults(truncate_answer_after=_ANSWER_CUT[kind]),
-        expect={"unary": FAILS, "large": FAILS | {"cut"}, "stream": STREAM_FAILS},
+        expect=ANSWER_FAULT,
     ),
     Scenario(
         "backend-stops-reading",
         "the relay stops reading the request",
         lambda kind: Faults(stall_request_after=_REQUEST_CUT[kind]),
-        expect=dict.fromkeys(KINDS, FAILS),
+        expect=ALL_FAIL,
     ),
     Scenario(
         "backend-stops-sending",
         "the relay stops passing the answer on, the connection open",
         lambda kind: Faults(stall_answer_after=_ANSWER_CUT[kind]),
-        expect={"unary": FAILS, "large": FAILS | {"cut"}, "stream": STREAM_FAILS},
+        expect=ANSWER_FAULT,
     ),
     Scenario(
         "bandwidth-fast",
         "64 MiB/s each way",
         lambda kind: Faults(bandwidth=64 << 20),
-        expect=dict.fromkeys(KINDS, OK),
+        expect=ALL_OK,
     ),
     Scenario(
         "bandwidth-slow",
@@ -135,7 +140,7 @@ SCENARIOS = [
         lambda kind: Faults(bandwidth_down=2 << 20),
         expect={"unary": OK, "large": FAILS | {"cut"}, "stream": OK},
     ),
-    Scenario("backend-down", "nothing listens", down=True, expect=dict.fromkeys(KINDS, FAILS)),
+    Scenario("backend-down", "nothing listens", down=True, expect=ALL_FAIL),
     Scenario(
         "backend-restart",
         "restarted (RST to all) while the answer is delayed",
