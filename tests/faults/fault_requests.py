@@ -89,6 +89,24 @@ def _post(
         conn.close()
 
 
+def _answer_200(
+    port: int, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[http.client.HTTPResponse, bytes] | Outcome:
+    """POST and read the whole answer: the response and its body when it is a 200; else its
+    outcome: ``cut`` when the body of a 200 broke off, the classified status for another (an
+    answer of another status that breaks off raises, as a broken request does)."""
+    with _post(port, path, body, headers) as resp:
+        try:
+            raw = resp.read()
+        except (http.client.IncompleteRead, OSError) as exc:
+            if resp.status == 200:
+                return Outcome("cut", "200+cut", 0.0, repr(exc)[:200])
+            raise
+    if resp.status != 200:
+        return _http_error(resp.status, raw)
+    return resp, raw
+
+
 def unary(port: int) -> Outcome:
     a = np.arange(16, dtype=np.int32) * 7 - 40
     b = np.arange(16, dtype=np.int32)[::-1].copy()
@@ -132,15 +150,10 @@ def large(port: int) -> Outcome:
         "Content-Type": "application/octet-stream",
         "Inference-Header-Content-Length": str(len(header)),
     }
-    with _post(port, "/v2/models/identity_fp32/infer", header + data.tobytes(), headers) as resp:
-        try:
-            raw = resp.read()
-        except (http.client.IncompleteRead, OSError) as exc:
-            if resp.status == 200:
-                return Outcome("cut", "200+cut", 0.0, repr(exc)[:200])
-            raise
-    if resp.status != 200:
-        return _http_error(resp.status, raw)
+    answer = _answer_200(port, "/v2/models/identity_fp32/infer", header + data.tobytes(), headers)
+    if isinstance(answer, Outcome):
+        return answer
+    resp, raw = answer
     hlen = resp.getheader("Inference-Header-Content-Length")
     n = int(hlen) if hlen is not None else len(raw)
     out = json.loads(raw[:n])["outputs"][0]
@@ -156,15 +169,10 @@ EXPECTED_TOKENS = llm_tokens(PROMPT, MAX_TOKENS)
 def stream_sse(port: int) -> Outcome:
     body = json.dumps({"text_input": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}).encode()
     path = "/v2/models/llm/generate_stream"
-    with _post(port, path, body, {"Content-Type": "application/json"}) as resp:
-        try:
-            raw = resp.read()
-        except (http.client.IncompleteRead, OSError) as exc:
-            if resp.status == 200:
-                return Outcome("cut", "200+cut", 0.0, repr(exc)[:200])
-            raise
-    if resp.status != 200:
-        return _http_error(resp.status, raw)
+    answer = _answer_200(port, path, body, {"Content-Type": "application/json"})
+    if isinstance(answer, Outcome):
+        return answer
+    _, raw = answer
     events = [json.loads(line[5:]) for line in raw.decode().split("\n") if line.startswith("data:")]
     errors = [e["error"] for e in events if "error" in e]
     if errors:
