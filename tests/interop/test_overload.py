@@ -35,10 +35,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from procs import Proc, v2proxy
+from simple_io import IN0, IN1, grpc_inputs, http_inputs
 from tritonclient.utils import InferenceServerException
 
-IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
-IN1 = np.full((1, 16), 3, dtype=np.int32)
 #: a few seconds: what "answered" means here (never a speed assertion)
 ANSWER_S = 10.0
 
@@ -121,31 +120,15 @@ def _http(p: Proc) -> httpclient.InferenceServerClient:
                                             network_timeout=60)  # fmt: skip
 
 
-def _http_inputs() -> list[httpclient.InferInput]:
-    a = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0, binary_data=False)
-    b = httpclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1, binary_data=False)
-    return [a, b]
-
-
-def _grpc_inputs() -> list[grpcclient.InferInput]:
-    a = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0)
-    b = grpcclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1)
-    return [a, b]
-
-
 def _http_sum(p: Proc) -> list[int]:
-    out = _http(p).infer("simple", _http_inputs()).as_numpy("OUTPUT0")
+    out = _http(p).infer("simple", http_inputs()).as_numpy("OUTPUT0")
     assert out is not None
     return [int(x) for x in out.reshape(-1)]
 
 
 def _grpc_sum(p: Proc) -> list[int]:
     with grpcclient.InferenceServerClient(p.grpc_url) as c:
-        out = c.infer("simple", _grpc_inputs(), client_timeout=60).as_numpy("OUTPUT0")
+        out = c.infer("simple", grpc_inputs(), client_timeout=60).as_numpy("OUTPUT0")
     assert out is not None
     return [int(x) for x in out.reshape(-1)]
 
@@ -219,19 +202,19 @@ def test_the_request_beyond_max_concurrency_is_refused_and_probes_keep_answering
             assert (status, headers.get("retry-after")) == (503, "1")
             assert json.loads(answer) == {"error": LIMIT_TEXT}
             with pytest.raises(InferenceServerException) as err:
-                _http(p).infer("simple", _http_inputs())
+                _http(p).infer("simple", http_inputs())
             assert (err.value.status(), err.value.message()) == ("503", LIMIT_TEXT)
             # ... and over gRPC: RESOURCE_EXHAUSTED, unary and stream alike
             with grpcclient.InferenceServerClient(p.grpc_url) as c:
                 with pytest.raises(InferenceServerException) as err:
-                    c.infer("simple", _grpc_inputs(), client_timeout=ANSWER_S)
+                    c.infer("simple", grpc_inputs(), client_timeout=ANSWER_S)
                 assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
                 assert err.value.message() == LIMIT_TEXT
                 results: queue.Queue[Any] = queue.Queue()
                 c.start_stream(callback=lambda result, error: results.put(error or result))
                 # the stream is refused when it opens: maybe before the request is sent
                 with contextlib.suppress(InferenceServerException):
-                    c.async_stream_infer("simple", _grpc_inputs())
+                    c.async_stream_infer("simple", grpc_inputs())
                 error = results.get(timeout=ANSWER_S)
                 c.stop_stream()
                 assert isinstance(error, InferenceServerException)
@@ -275,16 +258,16 @@ def test_an_open_stream_holds_one_slot_until_it_is_closed() -> None:
             results: queue.Queue[Any] = queue.Queue()
             c.start_stream(callback=lambda result, error: results.put(error or result))
             for _ in range(3):  # several requests on the one stream: one slot
-                c.async_stream_infer("simple", _grpc_inputs())
+                c.async_stream_infer("simple", grpc_inputs())
                 result = results.get(timeout=ANSWER_S)
                 assert not isinstance(result, InferenceServerException), result
                 assert result.as_numpy("OUTPUT0").reshape(-1).tolist() == SUM
             # the stream is idle but open: the one slot is taken
             with pytest.raises(InferenceServerException) as err:
-                _http(p).infer("simple", _http_inputs())
+                _http(p).infer("simple", http_inputs())
             assert err.value.status() == "503"
             with pytest.raises(InferenceServerException) as err:
-                c.infer("simple", _grpc_inputs(), client_timeout=ANSWER_S)
+                c.infer("simple", grpc_inputs(), client_timeout=ANSWER_S)
             assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
             c.stop_stream()
         # closed: the slot is free again (the stream's end reaches the proxy shortly after)
@@ -305,7 +288,7 @@ def test_too_many_inputs_or_outputs_are_refused_on_both_protocols() -> None:
         for t in extra:
             t.set_data_from_numpy(np.zeros(1, np.int32), binary_data=False)
         with pytest.raises(InferenceServerException) as err:
-            _http(p).infer("simple", _http_inputs() + extra)
+            _http(p).infer("simple", http_inputs() + extra)
         assert err.value.status() == "400"
         assert err.value.message() == (
             "the request names 5 inputs, more than the maximum of 4 per request. Use"
@@ -313,19 +296,19 @@ def test_too_many_inputs_or_outputs_are_refused_on_both_protocols() -> None:
         )
         outputs = [httpclient.InferRequestedOutput(f"O{i}") for i in range(5)]
         with pytest.raises(InferenceServerException) as err:
-            _http(p).infer("simple", _http_inputs(), outputs=outputs)
+            _http(p).infer("simple", http_inputs(), outputs=outputs)
         assert err.value.status() == "400" and "names 5 outputs" in err.value.message()
         with grpcclient.InferenceServerClient(p.grpc_url) as c:
             gextra = [grpcclient.InferInput(f"X{i}", [1], "INT32") for i in range(3)]
             for t in gextra:
                 t.set_data_from_numpy(np.zeros(1, np.int32))
             with pytest.raises(InferenceServerException) as err:
-                c.infer("simple", _grpc_inputs() + gextra)
+                c.infer("simple", grpc_inputs() + gextra)
             assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert "names 5 inputs, more than the maximum of 4" in err.value.message()
             gouts = [grpcclient.InferRequestedOutput(f"O{i}") for i in range(5)]
             with pytest.raises(InferenceServerException) as err:
-                c.infer("simple", _grpc_inputs(), outputs=gouts)
+                c.infer("simple", grpc_inputs(), outputs=gouts)
             assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert "names 5 outputs" in err.value.message()
             # within the limit everything is as usual

@@ -32,12 +32,11 @@ from geventhttpclient.response import HTTPConnectionClosed
 from peers.launch import _free_ports, _stop
 from peers.mindie_sim import tokens
 from procs import Proc, https_status, v2proxy
+from simple_io import assert_simple, grpc_inputs, http_inputs
 from tritonclient.utils import InferenceServerException
 
 from tests.tlspki import Pki, make_pki
 
-IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
-IN1 = np.full((1, 16), 3, dtype=np.int32)
 #: 4 MiB of FP32 through identity_fp32: many TLS records, flow control on every hop
 BIG = np.random.default_rng(5).standard_normal((1 << 20,), dtype=np.float32)
 _PLAIN = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -105,30 +104,6 @@ def grpc_client(proxy: Proc, pki: Pki, cert: bool = False) -> grpcclient.Inferen
     )
 
 
-def _http_inputs(binary: bool) -> list[httpclient.InferInput]:
-    a = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0, binary_data=binary)
-    b = httpclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1, binary_data=binary)
-    return [a, b]
-
-
-def _grpc_inputs() -> list[grpcclient.InferInput]:
-    a = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0)
-    b = grpcclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1)
-    return [a, b]
-
-
-def assert_simple(result: Any) -> None:
-    out0, out1 = result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
-    assert out0.dtype == np.int32 and out0.shape == (1, 16)
-    assert out1.dtype == np.int32 and out1.shape == (1, 16)
-    assert out0.tolist() == [[i + 3 for i in range(16)]]
-    assert out1.tolist() == [[i - 3 for i in range(16)]]
-
-
 def http_roundtrips(client: httpclient.InferenceServerClient) -> None:
     """Health, metadata, simple in JSON and binary, and 4 MiB through identity_fp32."""
     assert client.is_server_live() and client.is_server_ready()
@@ -139,7 +114,7 @@ def http_roundtrips(client: httpclient.InferenceServerClient) -> None:
             httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
             httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
         ]
-        assert_simple(client.infer("simple", _http_inputs(binary), outputs=outputs))
+        assert_simple(client.infer("simple", http_inputs(binary), outputs=outputs))
     big = httpclient.InferInput("INPUT0", [BIG.size], "FP32")
     big.set_data_from_numpy(BIG, binary_data=True)
     out = client.infer(
@@ -154,11 +129,11 @@ def grpc_roundtrips(client: grpcclient.InferenceServerClient) -> None:
     identity_fp32."""
     assert client.is_server_live() and client.is_server_ready()
     assert client.get_model_metadata("simple").inputs[0].name == "INPUT0"
-    assert_simple(client.infer("simple", _grpc_inputs()))
+    assert_simple(client.infer("simple", grpc_inputs()))
     results: list[Any] = []
     client.start_stream(callback=lambda result, error: results.append((result, error)))
     for _ in range(2):
-        client.async_stream_infer("simple", _grpc_inputs())
+        client.async_stream_infer("simple", grpc_inputs())
     client.stop_stream()
     assert len(results) == 2
     for result, error in results:
@@ -218,7 +193,7 @@ def test_mutual_tls_http(mtls_proxy: Proc, pki: Pki) -> None:
         outputs = [
             httpclient.InferRequestedOutput(n, binary_data=True) for n in ("OUTPUT0", "OUTPUT1")
         ]
-        assert_simple(client.infer("simple", _http_inputs(True), outputs=outputs))
+        assert_simple(client.infer("simple", http_inputs(True), outputs=outputs))
     finally:
         client.close()
 
@@ -234,7 +209,7 @@ def test_mutual_tls_grpc(mtls_proxy: Proc, pki: Pki) -> None:
     client = grpc_client(mtls_proxy, pki, cert=True)
     try:
         assert client.is_server_live()
-        assert_simple(client.infer("simple", _grpc_inputs()))
+        assert_simple(client.infer("simple", grpc_inputs()))
     finally:
         client.close()
 
@@ -309,7 +284,7 @@ def test_wrong_ca(tls_backend: Proc, pki: Pki, scheme: str) -> None:
         gclient = grpcclient.InferenceServerClient(front.grpc_url)
         try:
             with pytest.raises(InferenceServerException) as info:
-                gclient.infer("simple", _grpc_inputs())
+                gclient.infer("simple", grpc_inputs())
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             assert "certificate" in str(info.value).lower() or "CERTIFICATE" in str(info.value)
         finally:
@@ -361,7 +336,7 @@ def test_client_certificate_to_backend(mtls_proxy: Proc, pki: Pki, scheme: str) 
         client = httpclient.InferenceServerClient(front.url, network_timeout=30)
         try:
             outputs = [httpclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
-            assert_simple(client.infer("simple", _http_inputs(False), outputs=outputs))
+            assert_simple(client.infer("simple", http_inputs(False), outputs=outputs))
         finally:
             client.close()
     with v2proxy("serve", "--backend", url, "--backend-ca", str(pki.ca)) as front:

@@ -20,11 +20,10 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from peers import launch
 from procs import Proc
+from simple_io import IN0, IN1, assert_simple, grpc_inputs
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
-IN1 = np.full((1, 16), 3, dtype=np.int32)
 JSON_ONLY = {"kserve", "mlserver"}  # REST backends without binary tensors
 HAS_STATISTICS = {"builtin", "reference", "reference-grpc", "triton", "triton-grpc"}
 #: backends that answer ModelReady for an unknown model with ready: false (Triton's own gRPC
@@ -36,21 +35,6 @@ def client(proxy: Proc) -> grpcclient.InferenceServerClient:
     return grpcclient.InferenceServerClient(proxy.grpc_url)
 
 
-def simple_inputs() -> list[grpcclient.InferInput]:
-    a = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0)
-    b = grpcclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1)
-    return [a, b]
-
-
-def assert_simple(result: Any) -> None:
-    out0, out1 = result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
-    assert out0.dtype == np.int32 and out0.shape == (1, 16)
-    assert out0.tolist() == (IN0 + IN1).tolist()
-    assert out1.tolist() == (IN0 - IN1).tolist()
-
-
 @pytest.mark.parametrize("compression", [None, "gzip", "deflate"])
 def test_infer(proxy: Proc, compression: str | None) -> None:
     outputs = [
@@ -59,7 +43,7 @@ def test_infer(proxy: Proc, compression: str | None) -> None:
     ]
     result = client(proxy).infer(
         "simple",
-        simple_inputs(),
+        grpc_inputs(),
         outputs=outputs,
         request_id="r-1",
         headers={"test": "1"},
@@ -73,7 +57,7 @@ def test_infer(proxy: Proc, compression: str | None) -> None:
 def test_requested_output_only(proxy: Proc) -> None:
     """KServe returns every output over gRPC whatever was asked; v2proxy returns what was."""
     result = client(proxy).infer(
-        "simple", simple_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")]
+        "simple", grpc_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")]
     )
     assert [o.name for o in result.get_response().outputs] == ["OUTPUT1"]
     assert result.as_numpy("OUTPUT1").tolist() == (IN0 - IN1).tolist()
@@ -194,7 +178,7 @@ def test_bad_grpc_input(proxy: Proc, case: str, request_msg: Any, code: str, mes
         stub.ModelInfer(request_msg, timeout=30)
     assert info.value.code().name == code
     assert message in info.value.details()
-    assert_simple(client(proxy).infer("simple", simple_inputs()))  # still serving
+    assert_simple(client(proxy).infer("simple", grpc_inputs()))  # still serving
 
 
 def test_health_and_metadata(proxy: Proc, backend_name: str) -> None:
@@ -225,7 +209,7 @@ def test_health_and_metadata(proxy: Proc, backend_name: str) -> None:
 
 def test_statistics(proxy: Proc, backend_name: str) -> None:
     c = client(proxy)
-    c.infer("simple", simple_inputs())
+    c.infer("simple", grpc_inputs())
     if backend_name in HAS_STATISTICS:
         stats = c.get_inference_statistics("simple", as_json=True)
         assert len(stats["model_stats"]) == 1
@@ -276,7 +260,7 @@ def test_http_and_grpc_give_identical_tensors(
         direct_url = None
     else:
         direct_url = backend_urls(backend_name.partition("-")[0])[1]
-    via_grpc = client(proxy).infer("simple", simple_inputs())
+    via_grpc = client(proxy).infer("simple", grpc_inputs())
     h = httpclient.InferenceServerClient(proxy.url)
     hin = [
         httpclient.InferInput("INPUT0", [1, 16], "INT32"),
@@ -289,7 +273,7 @@ def test_http_and_grpc_give_identical_tensors(
         assert np.array_equal(via_grpc.as_numpy(name), via_http.as_numpy(name))
         assert via_grpc.as_numpy(name).dtype == via_http.as_numpy(name).dtype
     if direct_url is not None:
-        direct = grpcclient.InferenceServerClient(direct_url).infer("simple", simple_inputs())
+        direct = grpcclient.InferenceServerClient(direct_url).infer("simple", grpc_inputs())
         for name in ("OUTPUT0", "OUTPUT1"):
             assert np.array_equal(direct.as_numpy(name), via_grpc.as_numpy(name))
 

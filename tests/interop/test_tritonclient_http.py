@@ -14,31 +14,14 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from procs import Proc
+from simple_io import assert_simple, http_inputs
 from tritonclient.utils import InferenceServerException
 
-IN0 = np.arange(16, dtype=np.int32).reshape(1, 16)
-IN1 = np.full((1, 16), 3, dtype=np.int32)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def client(proxy: Proc) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(proxy.url, connection_timeout=30, network_timeout=60)
-
-
-def simple_inputs(binary0: bool, binary1: bool) -> list[httpclient.InferInput]:
-    a = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-    a.set_data_from_numpy(IN0, binary_data=binary0)
-    b = httpclient.InferInput("INPUT1", [1, 16], "INT32")
-    b.set_data_from_numpy(IN1, binary_data=binary1)
-    return [a, b]
-
-
-def assert_simple(result: httpclient.InferResult) -> None:
-    out0, out1 = result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
-    assert out0 is not None and out1 is not None
-    assert out0.dtype == np.int32 and out0.shape == (1, 16)
-    assert out0.tolist() == (IN0 + IN1).tolist()
-    assert out1.tolist() == (IN0 - IN1).tolist()
 
 
 @pytest.mark.parametrize(
@@ -55,7 +38,7 @@ def test_simple_infer(proxy: Proc, in0: bool, in1: bool, out0: bool, out1: bool)
         httpclient.InferRequestedOutput("OUTPUT0", binary_data=out0),
         httpclient.InferRequestedOutput("OUTPUT1", binary_data=out1),
     ]
-    result = client(proxy).infer("simple", simple_inputs(in0, in1), outputs=outputs)
+    result = client(proxy).infer("simple", http_inputs(in0, in1), outputs=outputs)
     assert_simple(result)
     response = result.get_response()
     by_name = {o["name"]: o for o in response["outputs"]}
@@ -66,7 +49,7 @@ def test_simple_infer(proxy: Proc, in0: bool, in1: bool, out0: bool, out1: bool)
 
 def test_no_outputs_requested(proxy: Proc) -> None:
     # The client then asks for binary_data_output: every output comes back binary.
-    result = client(proxy).infer("simple", simple_inputs(True, False))
+    result = client(proxy).infer("simple", http_inputs(True, False))
     assert_simple(result)
     for out in result.get_response()["outputs"]:
         assert "data" not in out
@@ -78,7 +61,7 @@ def test_no_outputs_requested(proxy: Proc) -> None:
 def test_compression(proxy: Proc, request_alg: str | None, response_alg: str | None) -> None:
     result = client(proxy).infer(
         "simple",
-        simple_inputs(False, True),
+        http_inputs(False, True),
         outputs=[
             httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
             httpclient.InferRequestedOutput("OUTPUT1", binary_data=False),
@@ -91,11 +74,11 @@ def test_compression(proxy: Proc, request_alg: str | None, response_alg: str | N
 
 def test_unknown_model(proxy: Proc) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client(proxy).infer("wrong_model_name", simple_inputs(True, True))
+        client(proxy).infer("wrong_model_name", http_inputs(True, True))
     assert info.value.message().startswith("Request for unknown model"), info.value.message()
     assert "wrong_model_name" in info.value.message()
     # and the proxy keeps serving
-    assert_simple(client(proxy).infer("simple", simple_inputs(True, True)))
+    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
 
 
 def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
@@ -113,7 +96,7 @@ def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
     assert info.value.code == 400
     message = json.loads(info.value.read())["error"]
     assert "INPUT0" in message and "expected 16 elements, got 3" in message
-    assert_simple(client(proxy).infer("simple", simple_inputs(True, True)))
+    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
 
 
 #: backends reached over REST JSON only (no binary_tensor_data in their /v2 extensions)
@@ -203,4 +186,4 @@ def test_malformed_json_keeps_serving(proxy: Proc) -> None:
         _OPENER.open(req, timeout=30)
     assert info.value.code == 400
     assert b"failed to parse the request JSON buffer" in info.value.read()
-    assert_simple(client(proxy).infer("simple", simple_inputs(True, True)))
+    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
