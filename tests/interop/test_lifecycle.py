@@ -10,11 +10,12 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 from peers.launch import _free_ports, _http_status
+from standin import StandIn
 
 from v2proxy._proto import health_pb2
 from v2proxy.app import build_grpc_server
@@ -32,10 +33,8 @@ BODY = json.dumps(
 ).encode()
 
 
-class SlowBackend(BaseHTTPRequestHandler):
+class SlowBackend(StandIn):
     """A v2 REST backend whose /infer takes 2 s; ready at once."""
-
-    protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
         self._send(200, b"{}" if self.path != "/v2" else b'{"name":"slow","extensions":[]}')
@@ -44,16 +43,6 @@ class SlowBackend(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         time.sleep(2.0)
         self._send(200, ANSWER)
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
 
 
 def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from procs import Proc, v2proxy
 from simple_io import IN0, IN1, grpc_inputs, http_inputs
+from standin import StandIn, serving
 from tritonclient.utils import InferenceServerException
 
 #: a few seconds: what "answered" means here (never a speed assertion)
@@ -55,22 +55,22 @@ class _Gate:
             assert self.cond.wait_for(lambda: self.arrived >= n, timeout=ANSWER_S), self.arrived
 
 
-def _held_backend(gate: _Gate) -> type[BaseHTTPRequestHandler]:
-    class Held(BaseHTTPRequestHandler):
+def _held_backend(gate: _Gate) -> type[StandIn]:
+    class Held(StandIn):
         """A v2 REST backend whose /infer of ``simple`` answers (OUTPUT0 = sum, OUTPUT1 =
         difference, JSON) only once the test releases it."""
 
-        protocol_version = "HTTP/1.1"
-
         def do_GET(self) -> None:
             if self.path == "/v2":
-                self._send(200, {"name": "held", "version": "1", "extensions": []})
+                self._send_json(200, {"name": "held", "version": "1", "extensions": []})
             elif self.path == "/v2/models/simple/config":
-                self._send(200, {"name": "simple", "max_batch_size": 8})
+                self._send_json(200, {"name": "simple", "max_batch_size": 8})
             elif self.path.startswith("/v2/models/simple"):
-                self._send(200, {"name": "simple", "platform": "held", "inputs": [], "outputs": []})
+                self._send_json(
+                    200, {"name": "simple", "platform": "held", "inputs": [], "outputs": []}
+                )
             else:
-                self._send(200, {})
+                self._send_json(200, {})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -86,18 +86,7 @@ def _held_backend(gate: _Gate) -> type[BaseHTTPRequestHandler]:
                 {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16],
                  "data": [x - y for x, y in zip(a, b, strict=True)]},
             ]  # fmt: skip
-            self._send(200, {"model_name": "simple", "outputs": outputs})
-
-        def _send(self, status: int, obj: Any) -> None:
-            body = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
+            self._send_json(200, {"model_name": "simple", "outputs": outputs})
 
     return Held
 
@@ -105,14 +94,11 @@ def _held_backend(gate: _Gate) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def held() -> Iterator[tuple[_Gate, str]]:
     gate = _Gate()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _held_backend(gate))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield gate, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        gate.release.set()
-        server.shutdown()
-        server.server_close()
+    with serving(_held_backend(gate)) as url:
+        try:
+            yield gate, url
+        finally:
+            gate.release.set()  # before the server shuts down: it waits for held requests
 
 
 def _http(p: Proc) -> httpclient.InferenceServerClient:

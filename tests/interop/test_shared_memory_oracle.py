@@ -16,7 +16,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ import posix_ipc
 import pytest
 import tritonclient.grpc as grpcclient
 from procs import Proc, v2proxy
+from standin import StandIn, serving
 from tritonclient.utils import InferenceServerException
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -270,10 +270,8 @@ def test_offsets_near_2_63_over_grpc(shm_builtin: Proc) -> None:
     _still_serves(shm_builtin)
 
 
-class _SlowSum(BaseHTTPRequestHandler):
+class _SlowSum(StandIn):
     """A v2 REST backend whose /infer takes 1.5 s: OUTPUT0 = INPUT0 + INPUT1 (JSON)."""
-
-    protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
         self._send(200, b'{"name":"slow","extensions":[]}' if self.path == "/v2" else b"{}")
@@ -285,63 +283,47 @@ class _SlowSum(BaseHTTPRequestHandler):
         out = [a + b for a, b in zip(data["INPUT0"], data["INPUT1"], strict=True)]
         answer = {"model_name": "simple", "outputs": [
             {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16], "data": out}]}  # fmt: skip
-        self._send(200, json.dumps(answer).encode())
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self._send_json(200, answer)
 
 
 def test_unregister_during_a_slow_inference_is_deferred() -> None:
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), _SlowSum)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{backend.server_address[1]}"
-    try:
-        with (
-            v2proxy(
-                "serve",
-                "--backend",
-                url,
-                "--backend-encoding",
-                "json",
-                "--restricted-api",
-                "none",
-                name="shm-slow",
-            ) as p,  # fmt: skip
-            objects(128, 128) as (kin, kout),
-        ):
-            base = p.base_url
-            a = np.arange(16, dtype="<i4")
-            with open("/dev/shm/" + kin.lstrip("/"), "r+b") as f:
-                f.write(a.tobytes() + a.tobytes())
-            assert call(base, *reg("in", kin, 0, 128)) == (200, "")
-            assert call(base, *reg("out", kout, 0, 128)) == (200, "")
-            out = [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "out",
-                                                      "shared_memory_byte_size": 64}}]  # fmt: skip
-            request = infer([t("INPUT0", "in", 64), t("INPUT1", "in", 64, 64)], out)
-            result: dict[str, Any] = {}
-            worker = threading.Thread(target=lambda: result.update(r=call(base, *request)))
-            worker.start()
-            time.sleep(0.5)  # at the backend now
-            assert call(base, "POST", "/v2/systemsharedmemory/unregister", b"") == (200, "")
-            _, listed = call(base, "GET", "/v2/systemsharedmemory/status")
-            assert sorted(r["name"] for r in json.loads(listed)) == ["in", "out"]
-            worker.join(30)
-            assert result["r"][0] == 200, result
-            with open("/dev/shm/" + kout.lstrip("/"), "rb") as f:
-                got = np.frombuffer(f.read(64), "<i4")
-            np.testing.assert_array_equal(got, a + a)
-            assert call(base, "GET", "/v2/systemsharedmemory/status") == (200, "[]")
-            assert call(base, "GET", "/v2/systemsharedmemory/region/in/status") == (
-                404,
-                "Unable to find system shared memory region: 'in'",
-            )
-    finally:
-        backend.shutdown()
-        backend.server_close()
+    with (
+        serving(_SlowSum) as url,
+        v2proxy(
+            "serve",
+            "--backend",
+            url,
+            "--backend-encoding",
+            "json",
+            "--restricted-api",
+            "none",
+            name="shm-slow",
+        ) as p,  # fmt: skip
+        objects(128, 128) as (kin, kout),
+    ):
+        base = p.base_url
+        a = np.arange(16, dtype="<i4")
+        with open("/dev/shm/" + kin.lstrip("/"), "r+b") as f:
+            f.write(a.tobytes() + a.tobytes())
+        assert call(base, *reg("in", kin, 0, 128)) == (200, "")
+        assert call(base, *reg("out", kout, 0, 128)) == (200, "")
+        out = [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "out",
+                                                  "shared_memory_byte_size": 64}}]  # fmt: skip
+        request = infer([t("INPUT0", "in", 64), t("INPUT1", "in", 64, 64)], out)
+        result: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: result.update(r=call(base, *request)))
+        worker.start()
+        time.sleep(0.5)  # at the backend now
+        assert call(base, "POST", "/v2/systemsharedmemory/unregister", b"") == (200, "")
+        _, listed = call(base, "GET", "/v2/systemsharedmemory/status")
+        assert sorted(r["name"] for r in json.loads(listed)) == ["in", "out"]
+        worker.join(30)
+        assert result["r"][0] == 200, result
+        with open("/dev/shm/" + kout.lstrip("/"), "rb") as f:
+            got = np.frombuffer(f.read(64), "<i4")
+        np.testing.assert_array_equal(got, a + a)
+        assert call(base, "GET", "/v2/systemsharedmemory/status") == (200, "[]")
+        assert call(base, "GET", "/v2/systemsharedmemory/region/in/status") == (
+            404,
+            "Unable to find system shared memory region: 'in'",
+        )
