@@ -5,7 +5,7 @@
   limit and the option; gRPC RESOURCE_EXHAUSTED), REST and gRPC counting against one limit;
   health, metadata and ``/metrics`` keep answering; the refusals are counted; once the held
   requests are answered, N at once are accepted again. An open ModelStreamInfer stream holds one
-  slot until it is closed.
+  slot until it is closed. With ``--workers`` the limit is per worker.
 - ``--max-tensors``: a request naming more inputs or outputs is 400 / INVALID_ARGUMENT naming the
   limit, on both protocols.
 - Fairness: while one client uploads a huge body slowly (or several clients send large bodies
@@ -128,14 +128,25 @@ JSON_BODY = json.dumps(
         ]
     }
 ).encode()
+#: the same request with its data flattened, as tritonclient sends it (the held backend adds lists)
+FLAT_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": n, "datatype": "INT32", "shape": [1, 16], "data": d.reshape(-1).tolist()}
+            for n, d in (("INPUT0", IN0), ("INPUT1", IN1))
+        ]
+    }
+).encode()
 LIMIT_TEXT = (
     "too many requests in progress: v2proxy serves at most 3 at once (--max-concurrency);"
     " retry after 1 s"
 )
 
 
-def _raw(p: Proc, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=ANSWER_S)
+def _raw(
+    p: Proc, method: str, path: str, body: bytes = b"", timeout: float = ANSWER_S
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -266,6 +277,66 @@ def test_an_open_stream_holds_one_slot_until_it_is_closed() -> None:
                 assert exc.status() == "503" and time.monotonic() < deadline
                 time.sleep(0.05)
         assert _grpc_sum(p) == SUM
+
+
+def _notify(gate: _Gate) -> None:
+    with gate.cond:
+        gate.cond.notify_all()
+
+
+def test_max_concurrency_is_per_worker(held: tuple[_Gate, str]) -> None:
+    """With ``--workers 2 --max-concurrency 1`` each worker holds one request: requests on new
+    connections land on either worker until both hold one (a refusal before that came from the
+    worker already full), then every further one is refused; the refusals are summed over the
+    workers on /metrics; once released, the held requests are answered in full."""
+    gate, url = held
+    args = ("serve", "--backend", url, "--backend-encoding", "json", "--max-concurrency", "1")
+    with (
+        v2proxy(*args, "--workers", "2", name="overload-workers") as p,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        try:
+            running, refused = [], 0
+            for _ in range(40):  # a new connection each: the kernel spreads them over workers
+                before = gate.arrived
+                attempt = pool.submit(_raw, p, "POST", "/v2/models/simple/infer", FLAT_BODY, 60)
+                attempt.add_done_callback(lambda _f: _notify(gate))  # a refusal wakes the wait
+                with gate.cond:
+                    gate.cond.wait_for(
+                        lambda f=attempt, n=before: gate.arrived > n or f.done(),
+                        timeout=ANSWER_S,
+                    )
+                if attempt.done():
+                    status, headers, answer = attempt.result()
+                    assert (status, headers.get("retry-after")) == (503, "1"), answer
+                    assert json.loads(answer)["error"].startswith(
+                        "too many requests in progress: v2proxy serves at most 1 at once"
+                    )
+                    refused += 1
+                else:
+                    running.append(attempt)
+                if gate.arrived == 2:
+                    break
+            assert gate.arrived == 2 and len(running) == 2, (gate.arrived, refused)
+            # both workers full: whichever takes the connection refuses it
+            for _ in range(6):
+                status, _, _ = _raw(p, "POST", "/v2/models/simple/infer", FLAT_BODY)
+                assert status == 503
+                refused += 1
+            assert _raw(p, "GET", "/v2/health/ready")[0] == 200
+            deadline = time.monotonic() + ANSWER_S  # workers publish their metrics every second
+            while _rejected(p).get("rest") != refused:
+                assert time.monotonic() < deadline, (_rejected(p), refused)
+                time.sleep(0.2)
+            gate.release.set()
+            for f in running:
+                status, _, answer = f.result(timeout=ANSWER_S)
+                assert status == 200
+                outputs = {o["name"]: o["data"] for o in json.loads(answer)["outputs"]}
+                assert outputs["OUTPUT0"] == SUM
+            assert _http_sum(p) == SUM
+        finally:
+            gate.release.set()
 
 
 def test_too_many_inputs_or_outputs_are_refused_on_both_protocols() -> None:
