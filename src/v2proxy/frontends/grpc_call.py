@@ -127,8 +127,14 @@ def guard(
             call.record(rec, context, t0, len(data), path)
         failure = call.exc
         assert failure is not None
+        # the status set and no answer (grpc discards one with a non-OK code), not
+        # context.abort(): its exception, kept by grpc's call state, makes a reference cycle
+        context.set_code(status_code(failure))
+        context.set_details(failure.message)
         trailers = refusal_trailers(failure, rec)
-        await context.abort(status_code(failure), failure.message, trailers)
+        if trailers:
+            context.set_trailing_metadata(trailers)
+        return None
 
     return handler
 
@@ -147,7 +153,9 @@ class Call:
         self.n_out = 0
 
     def failed(self, exc: ProxyError, kind: str | None = None) -> None:
-        self.exc = exc
+        # without its traceback: its frames (the handler's among them, which holds this call)
+        # would make a reference cycle that only the garbage collector's rare full passes free
+        self.exc = exc.with_traceback(None)
         self.status = exc.http_status
         self.error = kind or error_kind(exc)
 

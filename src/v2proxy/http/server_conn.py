@@ -33,7 +33,7 @@ from typing import cast
 from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
 from v2proxy.http.response import STATUS_LINES, HttpResponse
 from v2proxy.http.server_parse import DISCARD_MAX, MAX_PIPELINE, ConnectionParser, log
-from v2proxy.http.server_state import IDLE, LINGERING
+from v2proxy.http.server_state import CLOSED_PARSER, IDLE, LINGERING
 from v2proxy.http.server_timer import LINGER, ConnectionTimer
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -93,6 +93,11 @@ class Connection(ConnectionParser, ConnectionTimer):
         self.lost = self.closed = self.broken = True
         if self.timer is not None:
             self.timer.cancel()
+            self.timer = None
+        # The parser calls back into this connection: a reference cycle that only the garbage
+        # collector's rare full passes would free (with the connection's buffers), and
+        # memory would creep up between them. Nothing parses any more.
+        self.parser = CLOSED_PARSER
         gone = ClientDisconnected("client went away")
         for item in self.queue:
             if isinstance(item, HttpRequest):

@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 NONE, IDLE, HEAD, BODY, LINGERING = range(5)
 
 
+class _NoCallbacks:
+    """The protocol of :data:`CLOSED_PARSER`: llhttp finds no callback on it."""
+
+
+#: the parser a lost connection keeps instead of its own (which holds it in a reference cycle)
+CLOSED_PARSER = httptools.HttpRequestParser(_NoCallbacks())
+
+
 class ConnectionState(asyncio.Protocol):
     __slots__ = (
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
