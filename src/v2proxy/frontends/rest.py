@@ -162,27 +162,13 @@ class RestFrontend:
             if held:
                 self.gate.leave()
             rec.inflight.dec()
-            self._record(request, t0, op, model, status, error, cause, wire_out, n_out)
-
-    def _record(
-        self,
-        request: HttpRequest,
-        t0: float,
-        op: str,
-        model: str,
-        status: int,
-        error: str | None,
-        cause: str,
-        wire_out: str,
-        n_out: int,
-    ) -> None:
-        if request.chunked:
-            n_in = self._chunked_sizes.pop(request, 0)
-        else:
-            n_in = request.content_length or 0
-        rest_record.record(
-            self.recorder, request, t0, op, model, status, error, cause, n_in, wire_out, n_out
-        )
+            if request.chunked:
+                n_in = self._chunked_sizes.pop(request, 0)
+            else:
+                n_in = request.content_length or 0
+            rest_record.record(
+                rec, request, t0, op, model, status, error, cause, n_in, wire_out, n_out
+            )
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
