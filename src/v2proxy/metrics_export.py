@@ -67,9 +67,11 @@ class Metrics:
             self._sink.flush()
 
     def start(self) -> None:
-        """Flush every FLUSH_INTERVAL_S on the running loop (multiprocess mode only)."""
+        """Flush every FLUSH_INTERVAL_S on the running loop (multiprocess mode only), after
+        opening the process's files (:meth:`_MultiprocessSink.open_files`)."""
         if self._sink is None:
             return
+        self._sink.open_files()
         loop = asyncio.get_running_loop()
 
         def tick() -> None:
@@ -166,6 +168,16 @@ class _MultiprocessSink:
                     name, fam.help, fam.labels, registry=None, buckets=fam.buckets
                 )
             self.metrics[name] = m
+
+    def open_files(self) -> None:
+        """A value for every cell that exists now (at 0, as the one-process export shows it):
+        prometheus_client opens each of the process's files with the first value of its kind,
+        and a gauge that is back to 0 at every flush (requests in flight) would otherwise open
+        its file whenever a flush first catches it non-zero: late, at random."""
+        for name, store in self.stores.items():
+            metric = self.metrics[name]
+            for labels in store.children:
+                metric.labels(*labels)
 
     def flush(self) -> None:
         for name, store in self.stores.items():

@@ -3,10 +3,13 @@ both workers (prometheus_client's multiprocess mode) of the traffic sent."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import re
 import time
+from pathlib import Path
 
 import grpc
 from procs import v2proxy
@@ -60,8 +63,32 @@ def _sum(
     return sum(v for (n, labels), v in samples.items() if n == name and want <= labels)
 
 
+def _metrics_files(pid: int) -> dict[int, list[str]]:
+    """Each worker of the supervisor ``pid``: the kinds of metrics files it holds open
+    (``counter``, ``gauge_livesum``, ``histogram``: the name less ``_<pid>.db``)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    found = {}
+    for child in map(int, children):
+        names = []
+        for fd in Path(f"/proc/{child}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.endswith(f"_{child}.db"):
+                    names.append(Path(target).name.removesuffix(f"_{child}.db"))
+        found[child] = sorted(set(names))
+    return found
+
+
 def test_workers_metrics_are_summed_over_workers() -> None:
     with v2proxy("serve", "--workers", "2", "--access-log", name="metrics-workers") as proxy:
+        # every metrics file a worker will use is open from its start: none opens late
+        # (the soak counts file descriptors; a gauge back to 0 at each flush opened its file
+        # whenever a flush first caught it non-zero)
+        deadline = time.monotonic() + 10
+        while len(files := _metrics_files(proxy.pid)) < 2 or not all(files.values()):
+            assert time.monotonic() < deadline, files
+            time.sleep(0.1)
+        assert list(files.values()) == [["counter", "gauge_livesum", "histogram"]] * 2
         for _ in range(REST_N):
             assert _post(proxy.port, "/v2/models/simple/infer", BODY) == 200
         assert _post(proxy.port, "/v2/models/nosuch/infer", BODY) == 404
@@ -103,3 +130,4 @@ def test_workers_metrics_are_summed_over_workers() -> None:
         bd = "v2proxy_backend_request_duration_seconds_count"
         assert _sum(m, bd, model="simple", operation="infer") == REST_N + GRPC_N
         assert _sum(m, "v2proxy_requests_in_flight") == 0
+        assert _metrics_files(proxy.pid) == files
