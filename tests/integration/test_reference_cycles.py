@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import grpc
@@ -56,13 +56,6 @@ def _cyclic_garbage(work: Callable[[], Awaitable[None]], run: Callable[..., None
 
     run(main())
     return found
-
-
-@pytest.fixture(autouse=True)
-def _no_saved_garbage() -> Iterator[None]:
-    yield
-    gc.set_debug(0)
-    gc.garbage.clear()
 
 
 async def _answer(req: HttpRequest, resp: HttpResponse) -> None:

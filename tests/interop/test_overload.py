@@ -120,16 +120,8 @@ def _grpc_sum(p: Proc) -> list[int]:
 
 
 SUM = (IN0 + IN1).reshape(-1).tolist()
+#: simple's request with its data flattened, as tritonclient sends it (the held backend adds lists)
 JSON_BODY = json.dumps(
-    {
-        "inputs": [
-            {"name": n, "datatype": "INT32", "shape": [1, 16], "data": d.tolist()}
-            for n, d in (("INPUT0", IN0), ("INPUT1", IN1))
-        ]
-    }
-).encode()
-#: the same request with its data flattened, as tritonclient sends it (the held backend adds lists)
-FLAT_BODY = json.dumps(
     {
         "inputs": [
             {"name": n, "datatype": "INT32", "shape": [1, 16], "data": d.reshape(-1).tolist()}
@@ -299,7 +291,7 @@ def test_max_concurrency_is_per_worker(held: tuple[_Gate, str]) -> None:
             running, refused = [], 0
             for _ in range(40):  # a new connection each: the kernel spreads them over workers
                 before = gate.arrived
-                attempt = pool.submit(_raw, p, "POST", "/v2/models/simple/infer", FLAT_BODY, 60)
+                attempt = pool.submit(_raw, p, "POST", "/v2/models/simple/infer", JSON_BODY, 60)
                 attempt.add_done_callback(lambda _f: _notify(gate))  # a refusal wakes the wait
                 with gate.cond:
                     gate.cond.wait_for(
@@ -320,7 +312,7 @@ def test_max_concurrency_is_per_worker(held: tuple[_Gate, str]) -> None:
             assert gate.arrived == 2 and len(running) == 2, (gate.arrived, refused)
             # both workers full: whichever takes the connection refuses it
             for _ in range(6):
-                status, _, _ = _raw(p, "POST", "/v2/models/simple/infer", FLAT_BODY)
+                status, _, _ = _raw(p, "POST", "/v2/models/simple/infer", JSON_BODY)
                 assert status == 503
                 refused += 1
             assert _raw(p, "GET", "/v2/health/ready")[0] == 200
