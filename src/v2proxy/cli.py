@@ -84,8 +84,16 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
     p.add_argument(
         "--client-shm",
         choices=("off", "local", "on"),
-        help="who may register shared memory: off, local (default: peers on loopback or a unix"
-        f" socket) or on (anyone); {_LATER}",
+        help="who may register and use shared memory (register, status, unregister and every"
+        " inference naming a region): off, local (default: peers on loopback or a unix socket,"
+        f" the pod's boundary) or on (anyone); {_LATER}",
+    )
+    p.add_argument(
+        "--max-shm-regions",
+        type=int,
+        metavar="N",
+        help="most shared-memory regions registered at once (each holds one file descriptor);"
+        " beyond it a registration gets 400 (default 256)",
     )
     p.add_argument(
         "--restricted-api",
@@ -255,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
         " settings (models: NAME: outputs: OUTPUT: labels: FILE) and the mindie: section"
         " (also V2PROXY_CONFIG)",
     )
-    _common(serve, 9000, "model-repository,logging,trace,shared-memory")
+    _common(serve, 9000, "model-repository,logging,trace")
 
     ref = sub.add_parser(
         "reference-server",

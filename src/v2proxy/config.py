@@ -93,6 +93,7 @@ class Settings:
     metrics: bool = True
     server_name: str = "v2proxy"
     client_shm: str = "local"
+    max_shm_regions: int = 256
     backend_shm: str = "auto"
     backend_shm_threshold: int = 64 * 1024
     restricted: RestrictedPolicy = field(default_factory=RestrictedPolicy)
@@ -150,6 +151,7 @@ PARSERS: dict[str, Any] = {
     "access_log": switch,
     "metrics": switch,
     "client_shm": choice("off", "local", "on"),
+    "max_shm_regions": positive_int,
     "backend_shm": choice("off", "system", "auto"),
     "backend_shm_threshold": positive_int,
     "restricted_api": parse_groups,

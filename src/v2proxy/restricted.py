@@ -3,8 +3,9 @@
 Triton fences its side APIs with ``--http-restricted-api`` / ``--grpc-restricted-protocol``
 (``<group>,<group>:<key>=<value>``); v2proxy does the same with ``--restricted-api GROUPS`` and
 ``--restricted-api-header KEY=VALUE``, and restricts by default (:data:`DEFAULT_GROUPS`): a proxy
-often faces clients the model server never did, and these groups unload models, register shared
-memory or write trace and log files on the server.
+often faces clients the model server never did, and these groups unload models or write trace
+and log files on the server. Shared memory is gated by ``--client-shm`` instead (loopback and
+unix-socket peers only, by default), which is what matches a pod's boundary.
 
 Contract:
 
@@ -42,7 +43,9 @@ GROUPS = frozenset(
         "logging",
     }
 )
-DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace", "shared-memory"})
+#: shared memory is not among them: ``--client-shm local`` (the default) already keeps it to
+#: clients on loopback or a unix socket, the pod's boundary; an operator can still add it.
+DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace"})
 
 # Which group each operation belongs to (as in Triton's http_server.cc / grpc_server.cc).
 REST_GROUPS = {
