@@ -46,6 +46,7 @@ CODING = "only the chunked transfer coding is supported"
 EXPECTATION = "only 'Expect: 100-continue' is supported"
 BOTH = "Content-Length together with Transfer-Encoding"
 UPGRADE_BODY = "an Upgrade request cannot have a body here"
+TE_10 = "Transfer-Encoding is not allowed in an HTTP/1.0 request"
 
 # id, parser, target, fields -> (method, version, content_length, chunked, keep_alive, expect)
 ACCEPTED: list[tuple[str, Parsed, bytes, H, Head]] = [
@@ -147,6 +148,17 @@ REFUSED: list[tuple[str, Parsed, bytes, H, int, str]] = [
         EXPECTATION,
     ),
     ("length with chunked", GET, b"/", [CL, TE], 400, BOTH),
+    ("chunked on 1.0", Parsed("1.0", b"POST"), b"/", [TE], 400, TE_10),
+    (
+        "chunked on 1.0, keep-alive",
+        Parsed("1.0"),
+        b"/",
+        [(b"connection", b"keep-alive"), TE],
+        400,
+        TE_10,
+    ),
+    ("gzip coding on 1.0", Parsed("1.0"), b"/", [(b"transfer-encoding", b"gzip")], 400, TE_10),
+    ("length and chunked on 1.0", Parsed("1.0"), b"/", [CL, TE], 400, TE_10),
     (
         "length over the limit",
         GET,

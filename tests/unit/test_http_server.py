@@ -217,6 +217,14 @@ CASES = [
          closes=True),
     Case("cl-plus", b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello", [(400, MALFORMED)],
          closes=True),
+    # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 is faulty framing, keep-alive or not
+    Case("http10-chunked",
+         b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+         b"3\r\nabc\r\n0\r\n\r\n" + GET,
+         [(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request")], closes=True),
+    Case("http10-chunked-and-cl",
+         b"POST / HTTP/1.0\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
+         [(400, MALFORMED)], closes=True),
     Case("te-gzip", b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
          [(501, "chunked transfer coding")], closes=True),
     Case("te-gzip-chunked",

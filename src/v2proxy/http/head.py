@@ -9,8 +9,9 @@ order, the first failing one wins:
 
 - 505: a version other than 1.0/1.1;
 - 400: ``CONNECT``; a target not in origin-form (absolute-form, ``*``, authority-form);
-- in header order: 501 a transfer coding other than ``chunked``; 417 an Expect other than
-  ``100-continue``;
+- in header order: 400 any Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1: its
+  framing is faulty, whatever else it carries); 501 a transfer coding other than ``chunked``;
+  417 an Expect other than ``100-continue``;
 - 400: Content-Length together with Transfer-Encoding; 413: Content-Length over
   ``max_body_size``; 400: an Upgrade request (one llhttp would switch protocols after) with a
   body. An Upgrade without a body is served as if the header were absent.
@@ -70,6 +71,8 @@ def check_head(
         if name == b"content-length":
             length = int(value)  # llhttp let only digits and one such header through
         elif name == b"transfer-encoding":
+            if version == (1, 0):
+                raise Rejection(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request")
             for coding in value.split(b","):
                 if coding.strip().lower() != b"chunked":
                     raise Rejection(501, "only the chunked transfer coding is supported")
