@@ -7,20 +7,45 @@ exceptions (aiohttp, grpc, OS errors) are mapped to this tree at the boundary wh
 
 Status choices follow Triton (reference §0, §1.11) except where Triton is plainly wrong for a
 proxy: malformed JSON and JSON type errors are client errors here (400, not 500).
+
+A message always encodes to UTF-8 (:func:`safe_text`): a lone surrogate that came from the
+client's or a backend's text (``"\\ud800"`` in JSON, say) is kept as its escape, so that every
+translator can write any error as JSON, a gRPC status or a log line.
 """
 
 from __future__ import annotations
 
 
+def safe_text(text: str) -> str:
+    """``text`` that encodes to UTF-8: each lone surrogate (which no UTF-8 text holds) becomes
+    its Python escape, ``\\ud800``; any other text is returned as is."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 class ProxyError(Exception):
-    """Base of every error v2proxy answers with. ``message`` is what the client sees."""
+    """Base of every error v2proxy answers with. ``message`` is what the client sees, always
+    valid UTF-8 text (set through :func:`safe_text`)."""
 
     http_status: int = 500
     grpc_code: str = "INTERNAL"
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
         self.message = message
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, text: str) -> None:
+        self._message = safe_text(text)
 
     def __str__(self) -> str:
         return self.message
