@@ -25,7 +25,7 @@ def test_defaults_are_the_product_contract() -> None:
     assert s.event_loop == "uvloop"
     assert (s.client_shm, s.backend_shm) == ("local", "auto")
     assert s.restricted == RestrictedPolicy(DEFAULT_GROUPS, None)
-    assert s.restricted.groups == {"model-repository", "logging", "trace", "shared-memory"}
+    assert s.restricted.groups == {"model-repository", "logging", "trace"}
     assert dict(s.models) == {}
     assert s.mindie is None
 
