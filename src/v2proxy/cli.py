@@ -2,7 +2,12 @@
 inject`` (the admission webhook; its options live in v2proxy.inject.command).
 
 Every option of ``serve`` is also a YAML key of ``--config FILE`` and an environment variable
-``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.config).
+``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.config). The
+options' values are taken here as text and parsed by v2proxy.config's parsers, the same for the
+three sources: a bad value stops the start with one line naming the option, exit status 2
+(``v2proxy: --max-body-size=lots: invalid value for 'max_body_size': ...``). What argparse itself
+refuses (an unknown option, a missing value) is one line too, without the usage; ``--help`` is
+unchanged.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from v2proxy import __version__
 from v2proxy.config import load_settings
@@ -18,47 +24,50 @@ from v2proxy.inject.command import add_parser as add_inject_parser
 from v2proxy.restricted import GROUPS
 
 _LATER = "takes effect with the shared-memory extension"
+#: what a size option takes (v2proxy.config_values.byte_size: K, M, G powers of 1000, Ki, Mi, Gi
+#: powers of 1024, B optional)
+_SIZE = "bytes, or with a unit: 512K, 64Mi, 1G, 1GiB"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line ``v2proxy: <message>`` (exit status 2) instead of
+    the usage followed by the error; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        self.exit(2, f"v2proxy: {line} (see {self.prog} --help)\n")
 
 
 def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: str) -> None:
-    p.add_argument(
-        "--http-port", type=int, metavar="PORT", help=f"HTTP port (default {http_default})"
-    )
-    p.add_argument(
-        "--grpc-port", type=int, metavar="PORT", help=f"gRPC port (default {http_default + 1})"
-    )
+    p.add_argument("--http-port", metavar="PORT", help=f"HTTP port (default {http_default})")
+    p.add_argument("--grpc-port", metavar="PORT", help=f"gRPC port (default {http_default + 1})")
     p.add_argument(
         "--host", metavar="ADDRESS", help="address to listen on, both ports (default 0.0.0.0)"
     )
     p.add_argument(
         "--grpc-max-message-size",
-        type=int,
-        metavar="BYTES",
-        help="largest gRPC message in bytes, both ways (default 2 GiB - 1)",
+        metavar="SIZE",
+        help=f"largest gRPC message, both ways ({_SIZE}; default 2 GiB - 1, the most gRPC allows)",
     )
     p.add_argument(
         "--max-input-size",
-        type=int,
-        metavar="BYTES",
-        help="largest JSON header, JSON-decoded input, raw body or decompressed body in bytes"
-        " (default 64 MiB, like Triton's --http-max-input-size)",
+        metavar="SIZE",
+        help="largest JSON header, JSON-decoded input, raw body or decompressed body"
+        f" ({_SIZE}; default 64Mi, like Triton's --http-max-input-size)",
     )
     p.add_argument(
         "--max-body-size",
-        type=int,
-        metavar="BYTES",
-        help="hard cap on any HTTP request body in bytes, 413 beyond it (default 2 GiB - 1)",
+        metavar="SIZE",
+        help=f"hard cap on any HTTP request body, 413 beyond it ({_SIZE}; default 2 GiB - 1)",
     )
     p.add_argument(
         "--max-tensors",
-        type=int,
         metavar="N",
         help="most inputs, and most requested outputs, one inference request may name (400"
         " beyond it; default 1024)",
     )
     p.add_argument(
         "--max-concurrency",
-        type=int,
         metavar="N",
         help="most requests in progress at once per worker, REST and gRPC together (a stream"
         " counts as one while open); beyond it 503 with Retry-After, gRPC RESOURCE_EXHAUSTED;"
@@ -83,7 +92,7 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
     )
     p.add_argument(
         "--client-shm",
-        choices=("off", "local", "on"),
+        metavar="off|local|on",
         help="who may register and use shared memory (register, status, unregister and every"
         " inference naming a region): off, local (default: peers on loopback or a unix socket,"
         f" the pod's boundary) or on (anyone); {_LATER}",
@@ -111,49 +120,42 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
     )
     p.add_argument(
         "--client-header-timeout",
-        type=float,
         metavar="SECONDS",
         help="a client must send a request's whole head within this from its first byte, and"
         " a new connection its first request (408 and closed beyond it; default 10)",
     )
     p.add_argument(
         "--client-idle-timeout",
-        type=float,
         metavar="SECONDS",
         help="an idle keep-alive connection between requests is closed after this (default 5)",
     )
     p.add_argument(
         "--client-body-timeout",
-        type=float,
         metavar="SECONDS",
         help="a request body that stops arriving for this long gets 408 and the connection is"
         " closed; also the longest a client may take to read an answer (default 60)",
     )
     p.add_argument(
         "--drain-timeout",
-        type=float,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT: stop accepting, turn readiness false, and let requests in"
         " flight (REST, gRPC, streams) finish for up to this long before closing (default 30)",
     )
-    p.add_argument(
-        "--event-loop", choices=("uvloop", "asyncio"), help="event loop (default uvloop)"
-    )
+    p.add_argument("--event-loop", metavar="uvloop|asyncio", help="event loop (default uvloop)")
     p.add_argument(
         "--workers",
-        type=int,
         metavar="N",
         help="processes serving the same ports (SO_REUSEPORT), supervised by the parent"
         " (default 1)",
     )
     p.add_argument(
         "--log-level",
-        choices=("debug", "info", "warning", "error"),
+        metavar="debug|info|warning|error",
         help="log level (default info)",
     )
     p.add_argument(
         "--log-format",
-        choices=("text", "json"),
+        metavar="text|json",
         help="text lines, or json: one JSON object per line with ts, level, logger, message"
         " and the request's fields (default text)",
     )
@@ -174,7 +176,7 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="v2proxy",
         description="v2proxy: a sidecar that makes every KServe v2 / Open Inference Protocol"
         " client work with every model server (Triton, KServe ModelServer, MLServer, ...)."
@@ -193,7 +195,9 @@ def parser() -> argparse.ArgumentParser:
         help="run the proxy in front of a model server",
         description="Run the proxy in front of a model server. Every option is also a YAML key"
         " of --config FILE (http_port: 9000) and an environment variable (V2PROXY_HTTP_PORT);"
-        " command line > environment > file > defaults.",
+        " command line > environment > file > defaults. A SIZE is a number of bytes or a"
+        " number with a unit: K, M, G, T are powers of 1000, Ki, Mi, Gi, Ti powers of 1024, B"
+        " optional (512K, 64Mi, 1GB, 1GiB), in every source.",
     )
     serve.add_argument(
         "--backend",
@@ -222,39 +226,35 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--backend-encoding",
-        choices=("auto", "json", "binary"),
+        metavar="auto|json|binary",
         help="how tensors are sent to a REST backend (default auto: ask its /v2 extensions)",
     )
     serve.add_argument(
         "--backend-timeout",
-        type=float,
         metavar="SECONDS",
         help="seconds to wait on the backend per request, 504 beyond it (default 60)",
     )
     serve.add_argument(
         "--backend-connect-timeout",
-        type=float,
         metavar="SECONDS",
         help="seconds to connect to the backend, 503 beyond it (default 5)",
     )
     serve.add_argument(
         "--backend-connections",
-        type=int,
         metavar="N",
         help="most connections open to a REST backend at once (default 100)",
     )
     serve.add_argument(
         "--backend-shm",
-        choices=("off", "system", "auto"),
+        metavar="off|system|auto",
         help="stage large tensors in the backend's own shared memory: off, system (always) or"
         " auto (default: when the backend has the extension and shares /dev/shm)",
     )
     serve.add_argument(
         "--backend-shm-threshold",
-        type=int,
-        metavar="BYTES",
-        help="inputs and outputs of at least this many bytes are staged in the backend's shared"
-        " memory (default 65536)",
+        metavar="SIZE",
+        help="inputs and outputs of at least this size are staged in the backend's shared"
+        f" memory ({_SIZE}; default 64Ki)",
     )
     serve.add_argument(
         "--config",

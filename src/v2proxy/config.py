@@ -4,6 +4,11 @@ Precedence: command line > environment (``V2PROXY_<NAME>``) > YAML file (``--con
 defaults. A bad value stops the start with one clear line (:class:`ConfigError`) naming the key;
 an unknown key anywhere in the file is refused the same way. Nothing reads configuration per
 request.
+Every value is parsed by the same parser (:data:`PARSERS`) whichever its source: the command line
+passes text, like the environment. Byte sizes (``max_input_size``, ``max_body_size``,
+``grpc_max_message_size``, ``backend_shm_threshold``) take a unit: ``K``, ``M``, ``G``, ``T``
+powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024, ``B`` optional (``64Mi``, ``1GB``;
+:func:`v2proxy.config_values.byte_size`).
 The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
 (:func:`v2proxy.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
 the setting.
@@ -40,6 +45,7 @@ from v2proxy.config_sections import (
     parse_models,
 )
 from v2proxy.config_values import (
+    byte_size,
     choice,
     non_negative_int,
     port,
@@ -132,9 +138,9 @@ PARSERS: dict[str, Any] = {
     "http_port": port,
     "grpc_port": port,
     "host": str,
-    "grpc_max_message_size": positive_int,
-    "max_input_size": positive_int,
-    "max_body_size": positive_int,
+    "grpc_max_message_size": byte_size(1, 2**31 - 1, " (2 GiB - 1: gRPC's largest message)"),
+    "max_input_size": byte_size(),
+    "max_body_size": byte_size(),
     "max_tensors": positive_int,
     "max_concurrency": non_negative_int,
     "backend_timeout": positive_float,
@@ -153,7 +159,7 @@ PARSERS: dict[str, Any] = {
     "client_shm": choice("off", "local", "on"),
     "max_shm_regions": positive_int,
     "backend_shm": choice("off", "system", "auto"),
-    "backend_shm_threshold": positive_int,
+    "backend_shm_threshold": byte_size(),
     "restricted_api": parse_groups,
     "restricted_api_header": parse_header,
     "tls_cert": path_text,

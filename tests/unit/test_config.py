@@ -68,7 +68,7 @@ def test_precedence(tmp_path: Path) -> None:
         ({"backend": "grpc://127.0.0.1"}, "grpc://host:port"),
         ({"http_port": 70000}, "for 'http_port': must be a port number"),
         ({"backend_encoding": "xml"}, "must be one of auto, json, binary"),
-        ({"max_input_size": 0}, "must be a positive integer"),
+        ({"max_input_size": 0}, "for 'max_input_size': must be at least 1 byte"),
         ({"event_loop": "trio"}, "must be one of uvloop, asyncio"),
         ({"backend_timeout": "inf"}, "for 'backend_timeout': must be a positive number"),
         ({"client_shm": "yes"}, "for 'client_shm': must be one of off, local, on"),
@@ -330,3 +330,132 @@ def test_a_secret_is_never_shown() -> None:
         load_settings({}, None, env={"V2PROXY_RESTRICTED_API_HEADER": "s3cret"})
     assert str(info.value).startswith("V2PROXY_RESTRICTED_API_HEADER=***: invalid value")
     assert "s3cret" not in str(info.value)
+
+
+# ------------------------------------------------------------------ sizes and command-line errors
+
+SIZE_KEYS = ("max_input_size", "max_body_size", "grpc_max_message_size", "backend_shm_threshold")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("1024", 1024),
+        ("512K", 512_000),
+        ("512k", 512_000),
+        ("1KiB", 1024),
+        ("64Mi", 64 * 2**20),
+        ("64 MiB", 64 * 2**20),
+        ("1G", 10**9),
+        ("1GB", 10**9),
+        ("1GiB", 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("100B", 100),
+        (" 2M ", 2_000_000),
+        (4096, 4096),
+    ],
+)
+@pytest.mark.parametrize("key", SIZE_KEYS)
+@pytest.mark.parametrize("source", ["cli", "env", "file"])
+def test_sizes_take_units_in_every_source(
+    tmp_path: Path, source: str, key: str, text: str | int, size: int
+) -> None:
+    """K, M, G: powers of 1000; Ki, Mi, Gi (and KiB, MiB, GiB): powers of 1024; B optional."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"{key}: {text}\n" if source == "file" else "")
+    env = {f"V2PROXY_{key.upper()}": str(text)} if source == "env" else {}
+    cli = {key: text} if source == "cli" else {}
+    assert getattr(load_settings(cli, str(cfg), env=env), key) == size
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "message"),
+    [
+        ("max_body_size", "lots", "expected a size: an integer number of bytes, or a number with"),
+        ("max_body_size", "1.5", "1.5 is not a whole number of bytes"),
+        ("max_body_size", "1.0001K", "1.0001K is not a whole number of bytes"),
+        ("max_input_size", "-1", "expected a size"),
+        ("max_input_size", "1 GiBs", "expected a size"),
+        ("backend_shm_threshold", "0Mi", "must be at least 1 byte"),
+        ("max_input_size", True, "expected a size"),
+        (
+            "grpc_max_message_size",
+            "2Gi",
+            "must be at most 2147483647 bytes (2 GiB - 1: gRPC's largest message)",
+        ),
+    ],
+)
+def test_bad_sizes_name_the_setting(key: str, text: str | bool, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({key: text}, None, env={})
+    option = "--" + key.replace("_", "-")
+    assert str(info.value).startswith(f"{option}={text}: invalid value for '{key}': ")
+    assert message in str(info.value)
+
+
+def test_size_options_from_the_command_line() -> None:
+    """`--max-body-size 1GB` and friends get through argparse to the size parser (argparse's
+    type=int refused them with its usage)."""
+    args = vars(
+        parser().parse_args(
+            ["serve", "--max-body-size", "1GB", "--max-input-size=64Mi", "--http-port", "9100"]
+        )
+    )
+    s = load_settings(args, None, env={})
+    assert (s.max_body_size, s.max_input_size, s.http_port) == (10**9, 64 * 2**20, 9100)
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "v2proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["serve", "--max-body-size", "lots"],
+            "v2proxy: --max-body-size=lots: invalid value for 'max_body_size': expected a size:",
+        ),
+        (
+            ["serve", "--http-port", "xyz"],
+            "v2proxy: --http-port=xyz: invalid value for 'http_port': expected an integer",
+        ),
+        (
+            ["serve", "--backend-timeout", "soon"],
+            "v2proxy: --backend-timeout=soon: invalid value for 'backend_timeout': expected a"
+            " positive number",
+        ),
+        (
+            ["serve", "--client-shm", "maybe"],
+            "v2proxy: --client-shm=maybe: invalid value for 'client_shm': must be one of off,"
+            " local, on",
+        ),
+        (
+            ["reference-server", "--log-level", "loud"],
+            "v2proxy: --log-level=loud: invalid value for 'log_level': must be one of debug,",
+        ),
+        (["serve", "--no-such-option"], "v2proxy: unrecognized arguments: --no-such-option"),
+        (["serve", "--http-port"], "v2proxy: argument --http-port: expected one argument"),
+        (["serve", "--max-shm-regions", "x"], "v2proxy: argument --max-shm-regions: invalid int"),
+        (["inject", "--tls-cert", "c.pem"], "v2proxy: the following arguments are required:"),
+    ],
+)
+def test_a_bad_command_line_is_one_line(args: list[str], line: str) -> None:
+    """Exit status 2 and one line naming the option, without argparse's usage."""
+    proc = _serve(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(line), proc.stderr
+
+
+def test_help_is_unchanged() -> None:
+    proc = _serve("serve", "--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("usage: v2proxy serve [-h]")
+    assert "--max-body-size SIZE" in proc.stdout and "--client-shm off|local|on" in proc.stdout

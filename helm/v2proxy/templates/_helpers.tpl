@@ -79,7 +79,8 @@ extra arguments, so a chart sidecar and an injected one run with the same comman
 */}}
 {{- define "v2proxy.moreArgs" -}}
 - --backend-timeout={{ .Values.proxy.backendTimeout }}
-- --backend-shm-threshold={{ int .Values.proxy.backendShmThreshold }}
+{{- $threshold := .Values.proxy.backendShmThreshold }}
+- --backend-shm-threshold={{ kindIs "string" $threshold | ternary $threshold (int64 $threshold) }}
 - --log-level={{ .Values.proxy.logLevel }}
 - --workers={{ int .Values.proxy.workers }}
 - --metrics={{ ternary "on" "off" .Values.proxy.metrics }}
