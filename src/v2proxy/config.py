@@ -237,15 +237,37 @@ def _tls(parsed: dict[str, Any], origin: dict[str, str]) -> None:
 
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
+        raise ConfigError(f"config file {path} is not valid YAML{_yaml_where(exc, text)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _yaml_where(exc: yaml.YAMLError, text: str) -> str:
+    """Where and why ``text`` is not valid YAML: `` at line L, column C: problem (context that
+    starts at line L, column C)``, lines and columns counted from 1 (yaml's marks from 0)."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses: a text offset
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        return f" at line {line}, column {column}: character #x{exc.character:04x} is not allowed"
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return ": " + " ".join(str(exc).split())
+    mark = exc.problem_mark
+    out = f" at line {mark.line + 1}, column {mark.column + 1}: {exc.problem or 'invalid'}"
+    if exc.context:
+        out += f" ({exc.context}"
+        start = exc.context_mark
+        if start is not None and (start.line, start.column) != (mark.line, mark.column):
+            out += f" that starts at line {start.line + 1}, column {start.column + 1}"
+        out += ")"
+    return " " + " ".join(out.split())  # one line

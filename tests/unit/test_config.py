@@ -459,3 +459,26 @@ def test_help_is_unchanged() -> None:
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("usage: v2proxy serve [-h]")
     assert "--max-body-size SIZE" in proc.stdout and "--client-shm off|local|on" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "backend: builtin\nrestricted_api: [logging, trace\n",
+            "at line 3, column 1: expected ',' or ']', but got '<stream end>' (while parsing a"
+            " flow sequence that starts at line 2, column 17)",
+        ),
+        ("http_port: 1\n  grpc_port: 2\n", "at line 2, column 12: mapping values are not allowed"),
+        ("mindie:\n\t- model\n", "at line 2, column 1: found character '\\t' that cannot"),
+        ("host: a\nserver_name: \x01\n", "at line 2, column 14: character #x0001 is not allowed"),
+    ],
+)
+def test_invalid_yaml_names_line_and_column(tmp_path: Path, text: str, message: str) -> None:
+    """Where the file stops being YAML, lines and columns from 1, as editors count them."""
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, str(cfg), env={})
+    assert str(info.value).startswith(f"config file {cfg} is not valid YAML {message}")
+    assert "\n" not in str(info.value)
