@@ -15,6 +15,15 @@ KServe's native encoding (binary vs JSON outputs, requested outputs, ...):
     identity_fp32    FP32  INPUT0 [-1]                  -> OUTPUT0 (same values)
     identity_fp16    FP16  INPUT0 [-1]                  -> OUTPUT0 (same values)
 
+and two FP16 identities answering as some hand-written KServe models do:
+
+    identity_fp16_flag      honours only the request's binary_data_output (its response
+                            gets use_binary_outputs but not the requested outputs)
+    identity_fp16_json_out  honours neither (KServe's custom-model example builds its
+                            InferResponse from the outputs alone): over REST every answer
+                            is KServe's "Sending FP16 data via JSON is not supported.
+                            Please use the binary data format for output OUTPUT0"
+
 Everything is logged to stderr (stdout is redirected onto stderr).
 KServe 0.21 hard-codes its listen addresses (HTTP 0.0.0.0, gRPC [::]);
 with --host (default 127.0.0.1) this script narrows both to loopback.
@@ -192,11 +201,14 @@ class SimpleModel(kserve.Model):
 
 
 class IdentityModel(kserve.Model):
-    """Returns INPUT0 unchanged as OUTPUT0 for one datatype."""
+    """Returns INPUT0 unchanged as OUTPUT0 for one datatype. ``binary``: which of the
+    request's binary-output choices its response honours ("both", "flag": only
+    binary_data_output, "none")."""
 
-    def __init__(self, name: str, datatype: str):
+    def __init__(self, name: str, datatype: str, binary: str = "both"):
         super().__init__(name)
         self.datatype = datatype
+        self.binary = binary
         self.load()
 
     def get_input_types(self):
@@ -209,10 +221,14 @@ class IdentityModel(kserve.Model):
         self, payload: InferRequest, headers=None, response_headers=None
     ) -> InferResponse:
         x = _input(payload, "INPUT0", self.datatype)
-        return _response(
-            self,
-            payload,
-            [_output("OUTPUT0", self.datatype, x)],
+        outputs = [_output("OUTPUT0", self.datatype, x)]
+        if self.binary == "both":
+            return _response(self, payload, outputs)
+        return InferResponse(
+            response_id=payload.id or generate_uuid(),
+            model_name=self.name,
+            infer_outputs=outputs,
+            use_binary_outputs=self.binary == "flag" and payload.use_binary_outputs,
         )
 
 
@@ -225,6 +241,8 @@ def main() -> None:
         IdentityModel("simple_identity", "BYTES"),
         IdentityModel("identity_fp32", "FP32"),
         IdentityModel("identity_fp16", "FP16"),
+        IdentityModel("identity_fp16_flag", "FP16", binary="flag"),
+        IdentityModel("identity_fp16_json_out", "FP16", binary="none"),
     ]
     kserve.ModelServer(
         http_port=ARGS.http_port,
