@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from v2proxy import __version__
-from v2proxy.config import load_settings
+from v2proxy.config import OTHER_VARIABLES, load_settings
 from v2proxy.config_sections import ConfigError
 from v2proxy.inject.command import add_parser as add_inject_parser
 from v2proxy.restricted import GROUPS
@@ -197,7 +197,10 @@ def parser() -> argparse.ArgumentParser:
         " of --config FILE (http_port: 9000) and an environment variable (V2PROXY_HTTP_PORT);"
         " command line > environment > file > defaults. A SIZE is a number of bytes or a"
         " number with a unit: K, M, G, T are powers of 1000, Ki, Mi, Gi, Ti powers of 1024, B"
-        " optional (512K, 64Mi, 1GB, 1GiB), in every source.",
+        " optional (512K, 64Mi, 1GB, 1GiB), in every source. Any other V2PROXY_* variable"
+        " stops the start (a misspelt setting), except V2PROXY_CONFIG and those of v2proxy's"
+        f" own tests and benchmarks ({', '.join(sorted(OTHER_VARIABLES - {'V2PROXY_CONFIG'}))}),"
+        " which are ignored.",
     )
     serve.add_argument(
         "--backend",

@@ -9,6 +9,10 @@ passes text, like the environment. Byte sizes (``max_input_size``, ``max_body_si
 ``grpc_max_message_size``, ``backend_shm_threshold``) take a unit: ``K``, ``M``, ``G``, ``T``
 powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024, ``B`` optional (``64Mi``, ``1GB``;
 :func:`v2proxy.config_values.byte_size`).
+The environment holds only known ``V2PROXY_*`` names: a setting's ``V2PROXY_<KEY>``, or one of
+:data:`OTHER_VARIABLES` (``V2PROXY_CONFIG``, and those of the project's own tests and benchmarks,
+which the servers they start inherit); any other ``V2PROXY_*`` name, a misspelt setting most
+likely, stops the start like an unknown key of the file, naming the closest setting.
 The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
 (:func:`v2proxy.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
 the setting.
@@ -26,6 +30,7 @@ Besides the option keys, the YAML file holds two sections (DESIGN.md "Product co
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -171,12 +176,47 @@ PARSERS: dict[str, Any] = {
 }
 SECRET = {"restricted_api_header"}  # never echoed in an error
 
+#: ``V2PROXY_*`` variables that are not settings, which v2proxy accepts in its environment and
+#: ignores, except V2PROXY_CONFIG (the --config file). The others belong to the project's own
+#: tools, whose servers inherit them: tests/interop/peers (V2PROXY_PEER*), tests/deploy
+#: (V2PROXY_DEPLOY_TOOLS), benchmarks (V2PROXY_BENCH_*, V2PROXY_SOAK_TRACEMALLOC*).
+OTHER_VARIABLES = frozenset(
+    {
+        "V2PROXY_CONFIG",
+        "V2PROXY_PEERS_DIR",
+        "V2PROXY_PEER_START_TIMEOUT",
+        "V2PROXY_PEER_LOG_DIR",
+        "V2PROXY_PEER_PARENT_PID",
+        "V2PROXY_DEPLOY_TOOLS",
+        "V2PROXY_BENCH_ARGS",
+        "V2PROXY_BENCH_REFERENCE_ARGS",
+        "V2PROXY_SOAK_TRACEMALLOC",
+        "V2PROXY_SOAK_TRACEMALLOC_FRAMES",
+        "V2PROXY_SOAK_TRACEMALLOC_EVERY",
+    }
+)
+
+
+def _check_environment(env: Mapping[str, str]) -> None:
+    """Refuse a ``V2PROXY_*`` variable that is neither a setting nor one of OTHER_VARIABLES."""
+    settings = {f"V2PROXY_{key.upper()}" for key in PARSERS}
+    for name in sorted(env):
+        if name.startswith("V2PROXY_") and name not in settings and name not in OTHER_VARIABLES:
+            close = difflib.get_close_matches(name, sorted(settings | {"V2PROXY_CONFIG"}), 1, 0.8)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"{name}: unknown environment variable ({hint}v2proxy reads V2PROXY_<OPTION> for"
+                " each option of 'v2proxy serve --help', e.g. V2PROXY_HTTP_PORT, and"
+                " V2PROXY_CONFIG)"
+            )
+
 
 def load_settings(
     cli: dict[str, Any], config_file: str | None, env: dict[str, str] | None = None, **base: Any
 ) -> Settings:
     """Merge the sources (CLI values of None mean "not given") into validated Settings."""
     env = dict(os.environ) if env is None else env
+    _check_environment(env)
     values: dict[str, Any] = dict(base)
     #: where each value came from, as an error names it (defaults are never wrong)
     origin: dict[str, str] = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from v2proxy.cli import parser
-from v2proxy.config import PARSERS, BackendTarget, load_settings
+from v2proxy.config import OTHER_VARIABLES, PARSERS, BackendTarget, load_settings
 from v2proxy.config_sections import ConfigError, MindieSettings
 from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy
 
@@ -482,3 +484,90 @@ def test_invalid_yaml_names_line_and_column(tmp_path: Path, text: str, message: 
         load_settings({}, str(cfg), env={})
     assert str(info.value).startswith(f"config file {cfg} is not valid YAML {message}")
     assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ the environment
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "V2PROXY_BACKEND_TIMOUT",
+            "V2PROXY_BACKEND_TIMOUT: unknown environment variable (did you mean"
+            " V2PROXY_BACKEND_TIMEOUT? v2proxy reads V2PROXY_<OPTION> for each option of 'v2proxy"
+            " serve --help', e.g. V2PROXY_HTTP_PORT, and V2PROXY_CONFIG)",
+        ),
+        (
+            "V2PROXY_CONFG",
+            "V2PROXY_CONFG: unknown environment variable (did you mean V2PROXY_CONFIG?",
+        ),
+        ("V2PROXY_LOGFORMAT", "(did you mean V2PROXY_LOG_FORMAT?"),
+        ("V2PROXY_WORKERZ", "(did you mean V2PROXY_WORKERS?"),
+        ("V2PROXY_COLOUR", "V2PROXY_COLOUR: unknown environment variable (v2proxy reads"),
+    ],
+)
+def test_an_unknown_v2proxy_variable_is_refused(name: str, message: str) -> None:
+    """A misspelt setting stops the start, naming it (was: silently ignored); not its value."""
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, None, env={"PATH": "/bin", name: "s3cret"})
+    assert message in str(info.value) and str(info.value).startswith(f"{name}: unknown")
+    assert "s3cret" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_other_variables_of_the_project_are_ignored() -> None:
+    env = {name: "x" for name in OTHER_VARIABLES - {"V2PROXY_CONFIG"}}
+    env |= {"V2PROXY_HTTP_PORT": "9100", "HOME": "/root", "v2proxy_lower": "x"}
+    assert load_settings({}, None, env=env).http_port == 9100
+
+
+def test_every_v2proxy_variable_the_project_names_is_known() -> None:
+    """Every V2PROXY_* name in the repository (code, Makefile, chart, docs) is a setting or one
+    of OTHER_VARIABLES: a new tool's variable, inherited by the servers its tests start, would
+    stop them. V2PROXY_CONFIGS and V2PROXY_COMMON are Python names of benchmarks/run.py."""
+    known = {f"V2PROXY_{key.upper()}" for key in PARSERS} | OTHER_VARIABLES
+    known |= {"V2PROXY_CONFIGS", "V2PROXY_COMMON"}
+    pattern = r"V2PROXY_[A-Z0-9_]+(?![\w*])"  # not a prefix such as V2PROXY_PEER* in a comment
+    found: dict[str, str] = {}
+    for folder in ("src", "tests", "benchmarks", "tools", "deploy", "helm", "config", "examples"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if (
+                not path.is_file()
+                or path.suffix in (".pyc", ".so", ".png", ".bin")
+                or ".egg-info" in str(path)
+                or path == Path(__file__)
+            ):
+                continue
+            for name in re.findall(pattern, path.read_text(errors="replace")):
+                found.setdefault(name, str(path.relative_to(ROOT)))
+    for name in ("Makefile", "Dockerfile", "README.md"):
+        for found_name in re.findall(pattern, (ROOT / name).read_text()):
+            found.setdefault(found_name, name)
+    assert {name: where for name, where in found.items() if name not in known} == {}
+
+
+def test_serve_refuses_a_misspelt_variable_and_reference_server_reads_none() -> None:
+    env = os.environ | {"V2PROXY_BACKEND_TIMOUT": "5"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "v2proxy", "serve", "--http-port", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        "v2proxy: V2PROXY_BACKEND_TIMOUT: unknown environment variable (did you mean"
+    )
+    assert proc.stderr.count("\n") == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "v2proxy", "reference-server", "--http-port", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("v2proxy: --http-port=x: invalid value for 'http_port'")
