@@ -158,7 +158,7 @@ async def serve(
         "grpc" if settings.tls is None else "grpc over TLS",
         settings.host,
         grpc_port,
-        settings.backend.url or settings.backend.kind,
+        settings.backend.display,
     )
     if on_ready is not None:
         on_ready(http_port, grpc_port)

@@ -74,6 +74,14 @@ class BackendTarget:
     url: str = ""
     tls: bool = False
 
+    @property
+    def display(self) -> str:
+        """The backend as logs show it, always with its scheme: ``builtin``, the http(s) URL,
+        ``grpc://``, ``grpcs://``, ``mindie://`` or ``mindies://`` host:port."""
+        if self.kind in ("grpc", "mindie"):
+            return f"{self.kind}{'s' if self.tls else ''}://{self.url}"
+        return self.url or self.kind
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -115,21 +123,34 @@ class Settings:
     backend_tls: BackendTls = field(default_factory=BackendTls)
 
 
+#: the port an example names when a backend URL has none (the servers' usual ones)
+_EXAMPLE_PORT = {"http": 8000, "https": 8000, "grpc": 8001, "grpcs": 8001, "mindie": 1025}
+_EXAMPLE_PORT["mindies"] = _EXAMPLE_PORT["mindie"]
+
+
 def parse_backend(v: Any) -> BackendTarget:
     text = str(v).strip()
     if text == "builtin":
         return BackendTarget("builtin")
     parts = urlsplit(text)
-    if (
-        parts.scheme not in ("http", "https", "grpc", "grpcs", "mindie", "mindies")
-        or not parts.hostname
-        or not parts.port
-    ):
+    if parts.scheme not in _EXAMPLE_PORT or not parts.hostname:
         raise ValueError(
             "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
             " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port or"
             " mindies://host:port (a MindIE server's native /infer)"
         )
+    address = parts.netloc.rpartition("@")[2]
+    end = address.index("]") + 1 if address.startswith("[") and "]" in address else 0
+    host, _, given = address[end:].partition(":")
+    example = f"e.g. {parts.scheme}://{address[:end] or host}:{_EXAMPLE_PORT[parts.scheme]}"
+    try:
+        port_number = parts.port
+    except ValueError:  # not a number, or beyond 65535
+        port_number = -1
+    if port_number is None:
+        raise ValueError(f"has no port: give host:port, {example}")
+    if not 0 < port_number <= 65535:
+        raise ValueError(f"port '{given}' is not a port number 1..65535 ({example})")
     if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
         secure = parts.scheme in ("grpcs", "mindies")
         kind = parts.scheme.removesuffix("s") if secure else parts.scheme

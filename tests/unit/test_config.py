@@ -571,3 +571,41 @@ def test_serve_refuses_a_misspelt_variable_and_reference_server_reads_none() -> 
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("v2proxy: --http-port=x: invalid value for 'http_port'")
+
+
+# ------------------------------------------------------------------ the backend's URL
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://127.0.0.1", "has no port: give host:port, e.g. http://127.0.0.1:8000"),
+        ("grpc://triton.svc/", "has no port: give host:port, e.g. grpc://triton.svc:8001"),
+        ("mindies://[::1]", "has no port: give host:port, e.g. mindies://[::1]:1025"),
+        ("grpcs://h:abc", "port 'abc' is not a port number 1..65535 (e.g. grpcs://h:8001)"),
+        ("https://h:0", "port '0' is not a port number 1..65535 (e.g. https://h:8000)"),
+        ("http://h:70000", "port '70000' is not a port number 1..65535 (e.g. http://h:8000)"),
+        ("tcp://h:1", "must be 'builtin', http://host:port or https://host:port"),
+    ],
+)
+def test_a_backend_url_without_a_port_says_so(url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"backend": url}, None, env={})
+    assert str(info.value).startswith(f"--backend={url}: invalid value for 'backend': {message}")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("builtin", "builtin"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("https://triton:8443", "https://triton:8443"),
+        ("grpc://127.0.0.1:8001", "grpc://127.0.0.1:8001"),
+        ("grpcs://triton:8001", "grpcs://triton:8001"),
+        ("mindie://127.0.0.1:1025", "mindie://127.0.0.1:1025"),
+        ("mindies://[::1]:1025", "mindies://[::1]:1025"),
+    ],
+)
+def test_the_backend_is_shown_with_its_scheme(url: str, shown: str) -> None:
+    """What the start-up line shows (grpc and mindie URLs are kept as host:port)."""
+    assert load_settings({"backend": url}, None, env={}).backend.display == shown

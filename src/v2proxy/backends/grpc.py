@@ -9,7 +9,10 @@ every request over it) to a v2 gRPC model server.
   again at most :data:`RECONNECT_BACKOFF_MS` apart, so that it recovers within about a second of
   the backend's return (gRPC's own backoff grows to 2 minutes).
 - gRPC status codes are mapped to the error tree here (UNAVAILABLE -> 503, DEADLINE_EXCEEDED ->
-  504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...).
+  504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...). Their messages
+  name the operation the client asked for and its model (``backend at host:port is unavailable
+  for inference of model 'simple': ...``), also when an RPC the proxy makes on its own behalf
+  failed (the ModelConfig that tells a decoupled model, asked before an inference).
 - ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
 - The side operations (statistics, repository, trace, logging) go through the matching RPCs and
   come back in the canonical REST JSON form; other REST-only paths answer 501.
@@ -21,6 +24,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -53,6 +57,10 @@ DEADLINE_GRACE_S = 0.5
 #: the channel's reconnect backoff, first and longest (ms): a backend that comes back is used
 #: again within about a second, whatever the length of its outage
 RECONNECT_BACKOFF_MS = (100, 1000)
+
+#: the operation the client asked for while the proxy makes an RPC of its own for it (set by
+#: is_decoupled): the RPC's errors name that operation, not the RPC
+_ASKED_FOR: ContextVar[str | None] = ContextVar("v2proxy_grpc_asked_for", default=None)
 
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
@@ -153,12 +161,15 @@ class GrpcBackend(DecodedOnly):
     def _error(self, exc: grpc.aio.AioRpcError, what: str, model: str) -> ProxyError:
         code = exc.code().name
         details = exc.details() or code
+        what = _ASKED_FOR.get() or what
         if code == "UNAVAILABLE":
+            of_model = f" of model '{model}'" if model else ""
             return BackendUnavailable(
-                f"backend at {self.target} is unavailable for {what}: {details}"
+                f"backend at {self.target} is unavailable for {what}{of_model}: {details}"
             )
         if code == "DEADLINE_EXCEEDED":
-            return GatewayTimeout(f"backend at {self.target} did not answer {what} in time")
+            note = f" (model '{model}')" if model else ""
+            return GatewayTimeout(f"backend at {self.target} did not answer {what} in time{note}")
         # MLServer answers UNKNOWN ("ModelNotFound ... not found") where others say NOT_FOUND.
         if model and (
             code == "NOT_FOUND" or (code == "UNKNOWN" and _NOT_FOUND_TEXT.search(details))
@@ -194,24 +205,25 @@ class GrpcBackend(DecodedOnly):
                         request, timeout=self._timeout, metadata=metadata
                     )
             except TimeoutError:
+                of_model = f"model '{model}', " if model else ""
                 raise GatewayTimeout(
-                    f"backend at {self.target} did not take {what} in time (--backend-timeout"
-                    f" {self._timeout:g} s)"
+                    f"backend at {self.target} did not take {_ASKED_FOR.get() or what} in time"
+                    f" ({of_model}--backend-timeout {self._timeout:g} s)"
                 ) from None
 
     # ------------------------------------------------------------------ structured calls
 
     async def server_ready(self) -> bool:
-        resp = await self._call("ServerReady", pb.ServerReadyRequest(), "ServerReady")
+        resp = await self._call("ServerReady", pb.ServerReadyRequest(), "server readiness")
         return bool(resp.ready)
 
     async def server_metadata(self) -> dict[str, Any]:
-        resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "ServerMetadata")
+        resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "server metadata")
         return grpcc.message_to_dict(resp) | {"extensions": list(resp.extensions)}
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelMetadataRequest(name=model, version=version)
-        resp = await self._call("ModelMetadata", req, "ModelMetadata", model)
+        resp = await self._call("ModelMetadata", req, "metadata", model)
         out = grpcc.message_to_dict(resp)
         for key in ("inputs", "outputs"):
             for t in out.setdefault(key, []):
@@ -220,7 +232,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelConfigRequest(name=model, version=version)
-        resp = await self._call("ModelConfig", req, "ModelConfig", model)
+        resp = await self._call("ModelConfig", req, "configuration", model)
         config = grpcc.message_to_dict(resp.config)
         # proto3 does not carry zeros: REST shows max_batch_size 0 (no batching) explicitly.
         config.setdefault("max_batch_size", 0)
@@ -228,7 +240,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_ready(self, model: str, version: str) -> bool:
         req = pb.ModelReadyRequest(name=model, version=version)
-        resp = await self._call("ModelReady", req, "ModelReady", model)
+        resp = await self._call("ModelReady", req, "readiness", model)
         return bool(resp.ready)
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
@@ -256,17 +268,21 @@ class GrpcBackend(DecodedOnly):
         except CodecError as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
-    async def is_decoupled(self, model: str, version: str) -> bool:
+    async def is_decoupled(self, model: str, version: str, asked_for: str = "inference") -> bool:
         """Whether the model's config says decoupled (asked once per model; servers without
-        ModelConfig, such as KServe and MLServer, have no decoupled models)."""
+        ModelConfig, such as KServe and MLServer, have no decoupled models). A failure names
+        ``asked_for``, the client's operation, rather than the ModelConfig asked for it."""
         key = (model, version)
         if key not in self._decoupled:
+            token = _ASKED_FOR.set(asked_for)
             try:
                 config = await self.model_config(model, version)
             except Unsupported:
                 config = {}  # no ModelConfig at all: never decoupled
             except BackendError:
                 return False  # a failure of the moment: asked again next time
+            finally:
+                _ASKED_FOR.reset(token)
             policy = config.get("model_transaction_policy", {})
             self._decoupled[key] = isinstance(policy, dict) and policy.get("decoupled") is True
         return self._decoupled[key]
@@ -275,7 +291,10 @@ class GrpcBackend(DecodedOnly):
         self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
         """ModelStreamInfer for decoupled models (all their responses), ModelInfer otherwise."""
-        if not await self.is_decoupled(request.model_name, request.model_version):
+        decoupled = await self.is_decoupled(
+            request.model_name, request.model_version, "streaming inference"
+        )
+        if not decoupled:
             yield await self.infer(request, headers)
             return
         msg = grpcc.request_to_proto(request)
@@ -314,24 +333,22 @@ class GrpcBackend(DecodedOnly):
     async def register_staging(self, name: str, key: str, byte_size: int) -> None:
         """Register one of v2proxy's own regions (``--backend-shm``) with the backend."""
         req = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=byte_size)
-        await self._call("SystemSharedMemoryRegister", req, "SystemSharedMemoryRegister")
+        await self._call("SystemSharedMemoryRegister", req, "a staging region's registration")
 
     async def unregister_staging(self, name: str) -> None:
         req = pb.SystemSharedMemoryUnregisterRequest(name=name)
-        await self._call("SystemSharedMemoryUnregister", req, "SystemSharedMemoryUnregister")
+        await self._call("SystemSharedMemoryUnregister", req, "a staging region's removal")
 
     # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         req = pb.ModelStatisticsRequest(name=model, version=version)
-        resp = await self._call(
-            "ModelStatistics", req, "ModelStatistics", model, _metadata(headers)
-        )
+        resp = await self._call("ModelStatistics", req, "statistics", model, _metadata(headers))
         return grpc_side.statistics_to_json(resp)
 
     async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
         req = pb.RepositoryIndexRequest(ready=ready)
-        resp = await self._call("RepositoryIndex", req, "RepositoryIndex", "", _metadata(headers))
+        resp = await self._call("RepositoryIndex", req, "repository index", "", _metadata(headers))
         return grpc_side.index_to_json(resp)
 
     async def repository_load(
@@ -351,7 +368,7 @@ class GrpcBackend(DecodedOnly):
         for key, value in (update or {}).items():
             values = value if isinstance(value, list) else [value]
             req.settings[key].value.extend(str(v) for v in values if v is not None)
-        resp = await self._call("TraceSetting", req, "TraceSetting", "", _metadata(headers))
+        resp = await self._call("TraceSetting", req, "trace settings", "", _metadata(headers))
         return grpc_side.trace_settings_to_json(resp.settings)
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
@@ -359,5 +376,5 @@ class GrpcBackend(DecodedOnly):
         if update:  # the response's SettingValue has the request's fields, not its class
             for key, value in grpc_side.log_settings_to_proto(update).settings.items():
                 req.settings[key].ParseFromString(value.SerializeToString())
-        resp = await self._call("LogSettings", req, "LogSettings", "", _metadata(headers))
+        resp = await self._call("LogSettings", req, "log settings", "", _metadata(headers))
         return grpc_side.log_settings_to_json(resp.settings)
