@@ -62,6 +62,19 @@ class CodecError(InvalidRequest):
     """Raised by the pure codecs: the bytes do not decode to a valid request or response."""
 
 
+class InvalidText(CodecError):
+    """A JSON string that is no Unicode text: a ``\\ud800``-``\\udfff`` escape without its pair
+    (RFC 8259 §8.2), which no UTF-8 encoder can write. ``field`` is where, as a path
+    (``inputs[0].name``; ``""`` for the document itself); ``in_key`` when it is one of the keys
+    of the object there; ``char`` the surrogate as its ASCII escape (``\\ud800``)."""
+
+    def __init__(self, message: str, field: str = "", in_key: bool = False, char: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.in_key = in_key
+        self.char = char
+
+
 class PayloadTooLarge(InvalidRequest):
     """A body, header or decoded tensor exceeds the configured size limit (Triton answers 400)."""
 

@@ -178,6 +178,47 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         "unexpected inference output 'DUMMY' for model 'simple'",
     ),
     ("unknown-model", "nope", simple_json(), {}, 404, "Request for unknown model: 'nope'"),
+    # a lone surrogate escape ("\ud800", no Unicode text): the field named, never a 500
+    (
+        "lone-surrogate-input-name",
+        "simple",
+        simple_json().replace(b'"INPUT0"', b'"\\ud800"'),
+        {},
+        400,
+        "Unable to parse 'inputs[0].name': a lone surrogate (\\ud800) is not valid UTF-8 text",
+    ),
+    (
+        "lone-surrogate-output-name",
+        "simple",
+        json.dumps({**json.loads(simple_json()), "outputs": [{"name": "\ud800"}]}).encode(),
+        {},
+        400,
+        "Unable to parse 'outputs[0].name': a lone surrogate (\\ud800) is not valid UTF-8 text",
+    ),
+    (
+        "lone-surrogate-bytes-data",
+        "simple_string",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "datatype": "BYTES", "shape": [1, 16], "data": ["1"] * 15 + [d]}
+                    for n, d in (("INPUT0", "1"), ("INPUT1", "\udc00"))
+                ]
+            }
+        ).encode(),
+        {},
+        400,
+        "Unable to parse 'data[15]' for input 'INPUT1': a lone surrogate (\\udc00) is not valid"
+        " UTF-8 text",
+    ),
+    (
+        "lone-surrogate-id",
+        "simple",
+        json.dumps({**json.loads(simple_json()), "id": "r\ud800"}).encode(),
+        {},
+        400,
+        "Unable to parse 'id': a lone surrogate (\\ud800) is not valid UTF-8 text",
+    ),
     (
         "invalid-gzip",
         "simple",
@@ -255,6 +296,41 @@ async def test_bad_input(
     assert ok.status == 200
     out = {o["name"]: o["data"] for o in (await ok.json())["outputs"]}
     assert out["OUTPUT0"] == [2] * 16 and out["OUTPUT1"] == [0] * 16
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param(
+            {"inputs": "a\ud800"},
+            "inputs must be valid UTF-8 text, got a lone surrogate \\ud800.",
+            id="text",
+        ),
+        pytest.param(
+            {"inputs": "a\ud800", "stream": True},
+            "inputs must be valid UTF-8 text, got a lone surrogate \\ud800.",
+            id="stream",
+        ),
+        pytest.param(
+            {"inputs": [{"type": "text", "text": "\udfff"}]},
+            "inputs[0].text must be valid UTF-8 text, got a lone surrogate \\udfff.",
+            id="multimodal-text",
+        ),
+    ],
+)
+async def test_mindie_lone_surrogate(
+    builtin: TestClient[Any, Any], body: dict[str, Any], message: str
+) -> None:
+    """MindIE's ``POST /infer`` with a lone surrogate escape in its text: MindIE's validation
+    answer (422) naming the field, stream or not; the proxy keeps serving."""
+    raw = json.dumps(body).encode()
+    assert b"\\u" in raw  # the escape itself, as a client's JSON encoder writes it
+    resp = await builtin.post("/infer", data=raw)
+    assert resp.status == 422, await resp.text()
+    assert resp.content_type == "application/json"
+    assert await resp.json() == {"error": message, "error_type": "Input Validation Error"}
+    ok = await builtin.post("/infer", data=json.dumps({"inputs": "a b"}).encode())
+    assert ok.status == 200, await ok.text()
 
 
 async def test_wrong_method_and_unknown_path(builtin: TestClient[Any, Any]) -> None:

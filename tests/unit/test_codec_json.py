@@ -17,9 +17,10 @@ import pytest
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import from_numpy
-from v2proxy.codecs.json_data import tensor_data_json
+from v2proxy.codecs.json import loads
+from v2proxy.codecs.json_data import data_to_buffer, tensor_data_json
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj, response_to_obj
-from v2proxy.errors import CodecError, PayloadTooLarge, ProxyError
+from v2proxy.errors import CodecError, InvalidText, PayloadTooLarge, ProxyError
 from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
 NP_DTYPE: dict[str, Any] = {
@@ -609,4 +610,146 @@ def test_request_to_obj_json_inputs() -> None:
         b'{"id":"i","parameters":{"k":1},"inputs":[{"name":"X","datatype":"FP32","shape":[1,2],'
         b'"data":[3.299999952316284,Infinity]}],'
         b'"outputs":[{"name":"A","parameters":{"binary_data":false}}]}'
+    )
+
+
+# --------------------------------------------------------------------------- lone surrogates
+
+#: "\ud800" as JSON text: an escape with no pair, which is no Unicode text (RFC 8259 §8.2)
+NOT_TEXT = "a lone surrogate (\\ud800) is not valid UTF-8 text"
+#: a second input that makes the header bigger than SMALL_DOCUMENT (the simdjson path)
+_PADDING = {"name": "PAD", "datatype": "INT32", "shape": [9000], "data": [1] * 9000}
+
+
+def _text_case(top: dict[str, Any]) -> bytes:
+    # json.dumps writes a lone surrogate as its \u escape, as a client's encoder would
+    return json.dumps(top, separators=(",", ":")).encode()
+
+
+SURROGATE_CASES = [
+    # (id, request, message, field)
+    (
+        "input-name",
+        {"inputs": [_input(name="\ud800", data=[1])]},
+        f"Unable to parse 'inputs[0].name': {NOT_TEXT}",
+        "inputs[0].name",
+    ),
+    (
+        "input-name-inside",
+        {"inputs": [_input(data=[1]), _input(name="A\udfffB", data=[1])]},
+        f"Unable to parse 'inputs[1].name': {NOT_TEXT.replace('d800', 'dfff')}",
+        "inputs[1].name",
+    ),
+    (
+        "output-name",
+        {"inputs": [_input(data=[1])], "outputs": [{"name": "\ud800"}]},
+        f"Unable to parse 'outputs[0].name': {NOT_TEXT}",
+        "outputs[0].name",
+    ),
+    (
+        "bytes-data",
+        {"inputs": [{"name": "S", "datatype": "BYTES", "shape": [2], "data": ["ok", "x\ud800"]}]},
+        f"Unable to parse 'data[1]' for input 'S': {NOT_TEXT}",
+        "inputs[0].data[1]",
+    ),
+    (
+        "bytes-data-nested",
+        {"inputs": [{"name": "S", "datatype": "BYTES", "shape": [2], "data": [["a"], ["\udc00"]]}]},
+        f"Unable to parse 'data[1][0]' for input 'S': {NOT_TEXT.replace('d800', 'dc00')}",
+        "inputs[0].data[1][0]",
+    ),
+    (
+        "bytes-data-of-a-bad-name",  # the tensor is named by position when its name is no text
+        {"inputs": [{"name": "\ud800", "datatype": "BYTES", "shape": [1], "data": ["\ud800"]}]},
+        f"Unable to parse 'inputs[0].name': {NOT_TEXT}",
+        "inputs[0].name",
+    ),
+    (
+        "datatype",
+        {"inputs": [_input(datatype="INT32\ud800", data=[1])]},
+        f"Unable to parse 'datatype' for input 'X': {NOT_TEXT}",
+        "inputs[0].datatype",
+    ),
+    (
+        "id",
+        {"id": "\ud800", "inputs": [_input(data=[1])]},
+        f"Unable to parse 'id': {NOT_TEXT}",
+        "id",
+    ),
+    (
+        "parameter-value",
+        {"parameters": {"p": "\ud800"}, "inputs": [_input(data=[1])]},
+        f"Unable to parse 'parameters.p': {NOT_TEXT}",
+        "parameters.p",
+    ),
+    (
+        "parameter-key",
+        {"parameters": {"\ud800": 1}, "inputs": [_input(data=[1])]},
+        f"Unable to parse a key of 'parameters': {NOT_TEXT}",
+        "parameters",
+    ),
+    (
+        "top-level-key",
+        {"\ud800": 1, "inputs": [_input(data=[1])]},
+        f"Unable to parse a key of the request: {NOT_TEXT}",
+        "",
+    ),
+    (
+        "with-nan-literals",  # the standard library's parser, which reads NaN, reads it too
+        {"inputs": [_input(datatype="FP32", data=[float("nan")]), _input(name="\ud800", data=[1])]},
+        f"Unable to parse 'inputs[1].name': {NOT_TEXT}",
+        "inputs[1].name",
+    ),
+]
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "simdjson"])
+@pytest.mark.parametrize(
+    ("request_obj", "message", "field"),
+    [pytest.param(*c[1:], id=c[0]) for c in SURROGATE_CASES],
+)
+def test_lone_surrogate_names_the_field(
+    request_obj: dict[str, Any], message: str, field: str, big: bool
+) -> None:
+    if big:
+        request_obj = {**request_obj, "inputs": [*request_obj["inputs"], _PADDING]}
+    body = _text_case(request_obj)
+    assert b"\\u" in body and (not big or len(body) > 16 * 1024)
+    with pytest.raises(InvalidText) as info:
+        _decode(body)
+    assert info.value.message == message
+    assert info.value.field == field
+    assert info.value.http_status == 400
+    info.value.message.encode("utf-8")  # the message itself is text
+
+
+def test_lone_surrogate_as_the_whole_document() -> None:
+    with pytest.raises(InvalidText) as info:
+        loads(b'"a\\ud800"', "generate request")
+    assert info.value.message == f"Unable to parse the generate request: {NOT_TEXT}"
+
+
+@pytest.mark.parametrize(
+    ("text", "wire"),
+    [
+        pytest.param('"\\ud83d\\ude00"', _bytes_wire("😀".encode()), id="pair"),
+        pytest.param('"\\\\ud800"', _bytes_wire(b"\\ud800"), id="escaped-backslash"),
+        pytest.param('"\\uD83D\\uDE00"', _bytes_wire("😀".encode()), id="pair-uppercase"),
+    ],
+)
+def test_surrogate_pairs_and_look_alikes_still_decode(text: str, wire: bytes) -> None:
+    body = (
+        b'{"inputs":[{"name":"X","datatype":"BYTES","shape":[1],"data":[' + text.encode() + b"]},"
+        b'{"name":"F","datatype":"FP32","shape":[1],"data":[NaN]}]}'  # the fallback parser
+    )
+    assert bytes(_decode(body).inputs[0].data) == wire
+
+
+def test_bytes_element_that_is_no_text_names_the_input() -> None:
+    """Strings that reach the codec without JSON text (a decoded tree) are checked too; they
+    were encoded with ``surrogatepass`` into bytes that are no UTF-8."""
+    with pytest.raises(CodecError) as info:
+        data_to_buffer(["ok", "x\udc80"], Datatype.BYTES, (2,), "input 'S'")
+    assert info.value.message == (
+        f"Unable to parse 'data[1]' for input 'S': {NOT_TEXT.replace('d800', 'dc80')}"
     )

@@ -38,6 +38,28 @@ INPUTS_LEN = (
 INVALID: list[tuple[str, Any, str]] = [
     ("body-not-json", b"{not json", "Request body is not a valid json."),
     ("body-not-object", ["hi"], "Request body must be json object type."),
+    # a lone surrogate escape ("\ud800": no text) anywhere, named before any other rule
+    (
+        "inputs-lone-surrogate",
+        {"inputs": "a\ud800"},
+        "inputs must be valid UTF-8 text, got a lone surrogate \\ud800.",
+    ),
+    (
+        "inputs-lone-surrogate-stream",
+        {"inputs": "a\udc00", "stream": True},
+        "inputs must be valid UTF-8 text, got a lone surrogate \\udc00.",
+    ),
+    (
+        "list-text-lone-surrogate",
+        {"inputs": [{"type": "text", "text": "ok"}, {"type": "text", "text": "\udbff"}]},
+        "inputs[1].text must be valid UTF-8 text, got a lone surrogate \\udbff.",
+    ),
+    (
+        "unknown-key-lone-surrogate",
+        {"inputs": "a", "parameters": {"\ud800": 1}},
+        "All keys of parameters must be valid UTF-8 text, got a lone surrogate \\ud800.",
+    ),
+    ("body-lone-surrogate", "\ud800", "Request body must be json object type."),
     ("inputs-absent", {"stream": False}, "Inputs must not be null."),
     ("inputs-null", {"inputs": None}, "Inputs must not be null."),
     ("input-conflict", {"inputs": "a", "input_id": [1, 2]}, "Input conflict."),
@@ -247,7 +269,16 @@ def test_a_larger_configured_timeout_raises_the_bound() -> None:
 
 @pytest.mark.parametrize(
     ("text", "units"),
-    [("a", 1), ("héllo", 5), ("中文", 2), ("😀", 2), ("a😀b", 4), ("👨‍👩‍👧", 8), ("你好世界😀", 6)],
+    [
+        ("a", 1),
+        ("héllo", 5),
+        ("中文", 2),
+        ("😀", 2),
+        ("a😀b", 4),
+        ("👨‍👩‍👧", 8),
+        ("你好世界😀", 6),
+        ("é\ud800", 2),
+    ],
 )
 def test_utf16_length(text: str, units: int) -> None:
     assert utf16_length(text) == units

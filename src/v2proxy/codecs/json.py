@@ -3,7 +3,10 @@ serialize primitives under the v2 codecs.
 
 - ``loads`` parses a JSON document (orjson, then the standard library for NaN/Infinity
   literals, which Triton accepts); a body that is not JSON is a CodecError with the parser's
-  message, naming ``what`` was parsed ("request", "response").
+  message, naming ``what`` was parsed ("request", "response"). A string holding a lone
+  surrogate escape (``"\\ud800"``: no Unicode text, refused by orjson and simdjson too) is an
+  :class:`~v2proxy.errors.InvalidText` naming the field at fault (``inputs[0].name``; the
+  tensor too: ``'data[0]' for input 'X'``).
 - ``parse_header`` parses a request or response header with simdjson, leaving each tensor's
   ``data`` array a lazy simdjson array so that :func:`v2proxy.codecs.json_data.data_to_buffer`
   can decode its numbers straight into numpy (no Python float objects); small documents, and
@@ -16,12 +19,14 @@ Pure: no I/O. Errors are CodecError.
 from __future__ import annotations
 
 import json as _stdjson
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import simdjson
 
-from v2proxy.errors import CodecError
+from v2proxy.errors import CodecError, InvalidText
 
 _DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -35,9 +40,101 @@ def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
     # orjson refuses NaN/Infinity literals, which Triton accepts; the stdlib parser takes them.
     try:
         text = bytes(buf).decode("utf-8")
-        return _stdjson.loads(text)
+        doc = _stdjson.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise CodecError(f"failed to parse the {what} JSON buffer: {first}") from None
+    # The standard library takes a lone surrogate escape, which orjson refused: only valid
+    # text gets through (a lone surrogate can come in no other way: the bytes are UTF-8).
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogate(doc, what)
+    return doc
+
+
+#: a \uD800-\uDFFF escape, which the document must hold for a string to hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # the standard library pairs the valid ones
+Path = tuple[str | int, ...]
+
+
+def _refuse_lone_surrogate(doc: Any, what: str) -> None:
+    """InvalidText naming the first string or key (in document order) with a lone surrogate."""
+    found = _find_surrogate(doc)
+    if found is None:
+        return
+    path, in_key, char = found
+    field = _path_text(path)
+    esc = f"\\u{ord(char):04x}"
+    detail = f"a lone surrogate ({esc}) is not valid UTF-8 text"
+    if in_key:
+        where = f"a key of '{field}'" if field else f"a key of the {what}"
+    elif not path:
+        where = f"the {what}"
+    else:
+        where = _tensor_field(doc, path) or f"'{field}'"
+    raise InvalidText(f"Unable to parse {where}: {detail}", field, in_key, esc)
+
+
+def _find_surrogate(doc: Any) -> tuple[Path, bool, str] | None:
+    """(path, whether in a key there, the surrogate) of the first lone surrogate, or None. No
+    recursion: the document may nest as deep as the parser allowed."""
+    stack: list[Iterator[tuple[Path, Any]]] = [iter([((), doc)])]
+    while stack:
+        for path, node in stack[-1]:
+            kind = type(node)
+            if kind is str:
+                m = _SURROGATE.search(node)
+                if m is not None:
+                    return path, False, m.group()
+            elif kind is dict:
+                for key in node:
+                    m = _SURROGATE.search(key)
+                    if m is not None:
+                        return path, True, m.group()
+                stack.append(_children(path, node.items()))
+                break
+            elif kind is list:
+                stack.append(_children(path, enumerate(node)))
+                break
+        else:
+            stack.pop()
+    return None
+
+
+def _children(path: Path, items: Any) -> Iterator[tuple[Path, Any]]:
+    for key, value in items:
+        yield (*path, key), value
+
+
+#: a path in a message is kept short: its first and last parts, each key's first characters
+_PATH_HEAD, _PATH_TAIL, _KEY_CHARS = 8, 4, 64
+
+
+def _path_text(path: Path) -> str:
+    """``inputs[0].name``; ``a.b.c...[0][0]`` when it is long."""
+    out = ""
+    for i, part in enumerate(path):
+        if len(path) > _PATH_HEAD + _PATH_TAIL and i == _PATH_HEAD:
+            out += "..."
+        if _PATH_HEAD <= i < len(path) - _PATH_TAIL:
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            key = part if len(part) <= _KEY_CHARS else part[: _KEY_CHARS - 3] + "..."
+            out += f".{key}" if out else key
+    return out
+
+
+def _tensor_field(doc: Any, path: Path) -> str | None:
+    """``'data[0]' for input 'X'`` when ``path`` leads into a field of a v2 tensor (an item of
+    ``inputs`` or ``outputs``) whose name is valid text; None otherwise."""
+    if len(path) < 3 or path[0] not in ("inputs", "outputs") or type(path[1]) is not int:
+        return None
+    tensor = doc[path[0]][path[1]]
+    name = tensor.get("name")
+    if path[2] == "name" or type(name) is not str or _SURROGATE.search(name):
+        return None
+    return f"'{_path_text(path[2:])}' for {str(path[0])[:-1]} '{name}'"
 
 
 def dumps(obj: Any) -> bytes:

@@ -4,7 +4,8 @@
   matters; a lazy simdjson array from :func:`v2proxy.codecs.json.parse_header` or a list) into
   the binary wire layout, with strict per-datatype checks: kind, integer range, element count
   against the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are
-  accepted as JSON numbers and rounded to nearest (Triton refuses them; see README).
+  accepted as JSON numbers and rounded to nearest (Triton refuses them; see README). BYTES
+  elements are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
 - ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (numpy arrays are
   serialized by orjson directly; FP32 is widened to double like Triton's writer). Non-finite
   floats come as :class:`FloatLiterals`, which the header writer splices in verbatim.
@@ -269,10 +270,16 @@ def data_to_buffer(
         if len(leaves) != count:
             raise _count_error(where, count, len(leaves))
         elems: list[bytes] = []
-        for x in leaves:
+        for i, x in enumerate(leaves):
             if type(x) is not str:
                 raise _type_error(where, datatype, "strings")
-            elems.append(x.encode("utf-8", "surrogatepass"))
+            try:
+                elems.append(x.encode("utf-8"))
+            except UnicodeEncodeError as exc:  # a lone surrogate (loads refuses them in text)
+                raise CodecError(
+                    f"Unable to parse 'data[{i}]' for {where}: a lone surrogate"
+                    f" (\\u{ord(x[exc.start]):04x}) is not valid UTF-8 text"
+                ) from None
         buf = serialize_bytes(elems)
         if len(buf) > max_size:
             raise _too_large(where, len(buf), max_size)

@@ -8,6 +8,8 @@ order: the body is a JSON object; ``inputs``/``input_id`` present and not both; 
 and length (UTF-16 code units, at most ``max_input_chars``; a multimodal list is counted as its
 JSON text); ``stream``; ``parameters`` is an object; then each knob's JSON type and range, in
 the order of the table below. JSON ``null`` is the same as absent; unknown keys are ignored.
+A string anywhere in the body that is no text (a lone surrogate escape, ``"\\ud800"``) is
+refused first, naming its field (``inputs must be valid UTF-8 text, ...``).
 
 Knob types as MindIE's ``ValidateJsonType``: "float" knobs take any JSON number, "integer"
 knobs a JSON integer, "unsigned" knobs (seed, priority, timeout) a non-negative integer.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from v2proxy.codecs.json import dumps, loads
-from v2proxy.errors import CodecError
+from v2proxy.errors import CodecError, InvalidText
 
 FLT_MAX = 3.4028234663852886e38
 INT32_MAX = 2**31 - 1
@@ -74,7 +76,7 @@ def utf16_length(text: str) -> int:
     """Length in UTF-16 code units, as MindIE counts it (a non-BMP character counts 2)."""
     if text.isascii():
         return len(text)
-    return len(text.encode("utf-16-le")) // 2
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2  # (parse_request refuses those)
 
 
 def invalid(message: str) -> CodecError:
@@ -225,12 +227,25 @@ def _timeout(value: Any, high: int) -> int:
     return t
 
 
+def _text_error(exc: InvalidText) -> CodecError:
+    """A string of the body that is no text (a lone surrogate escape), named in MindIE's
+    words: ``inputs must be valid UTF-8 text, ...``."""
+    if exc.in_key:
+        where = f"keys of {exc.field}" if exc.field else "keys of the request body"
+        return invalid(f"All {where} must be valid UTF-8 text, got a lone surrogate {exc.char}.")
+    if not exc.field:
+        return invalid("Request body must be json object type.")
+    return invalid(f"{exc.field} must be valid UTF-8 text, got a lone surrogate {exc.char}.")
+
+
 def parse_request(
     body: bytes | bytearray | memoryview, limits: Limits, draw_seed: Callable[[], int]
 ) -> MindieRequest:
     """The validated request, or CodecError with MindIE's message (the first rule broken)."""
     try:
         doc = loads(body)
+    except InvalidText as exc:
+        raise _text_error(exc) from None
     except CodecError:
         raise invalid("Request body is not a valid json.") from None
     if not isinstance(doc, dict):
