@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from typing import Any
 
 REQUEST_LOG = logging.getLogger("v2proxy.requests")
@@ -89,11 +90,13 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields."""
+    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields. ``ts``
+    is RFC 3339 in UTC with milliseconds: ``2026-11-25T16:12:19.123Z``."""
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "pid": record.process,
