@@ -67,7 +67,10 @@ def test_precedence(tmp_path: Path) -> None:
     ("cli", "message"),
     [
         ({"backend": "ftp://x"}, "--backend=ftp://x: invalid value for 'backend'"),
-        ({"backend": "grpc://127.0.0.1"}, "grpc://host:port"),
+        (
+            {"backend": "grpc://127.0.0.1"},
+            "has no port: give host:port, e.g. grpc://127.0.0.1:8001",
+        ),
         ({"http_port": 70000}, "for 'http_port': must be a port number"),
         ({"backend_encoding": "xml"}, "must be one of auto, json, binary"),
         ({"max_input_size": 0}, "for 'max_input_size': must be at least 1 byte"),
