@@ -3,7 +3,10 @@ every call through one keep-alive pool (:mod:`v2proxy.http.client`), and the RES
 pass-through (``relay_infer``, ``forward``).
 
 - Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
-  ``GET /v2`` for the ``binary_tensor_data`` extension on first use (and again after a failure).
+  ``GET /v2`` for the ``binary_tensor_data`` extension on first use (and again after a failure),
+  and tries binary tensors for FP16/BF16 on a backend that does not list them
+  (:mod:`v2proxy.backends.rest_encoding`). A binary request asks every output binary
+  (:func:`rest_requests.infer_body`); the client gets its answer in the form it asked for.
 - Every /infer request carries a Content-Type (KServe 0.21 refuses requests without one) and
   asks for an uncompressed answer; binary bodies are written buffer by buffer. The client's
   end-to-end headers go on as the bytes it sent, less those this backend sets itself.
@@ -46,8 +49,8 @@ from v2proxy.backends.rest_answers import (
     relayed_headers,
     unknown_model,
 )
-from v2proxy.backends.rest_encoding import Encoding
-from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_headers
+from v2proxy.backends.rest_encoding import Encoding, refuses_binary
+from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_body, infer_headers
 from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
@@ -175,7 +178,9 @@ class RestBackend:
             try:
                 response = await self._infer_as(request, headers, True)
             except BackendError as exc:
-                if not 400 <= exc.http_status < 500:  # a refusal (4xx): nothing ran
+                # only a body the backend could not read (nothing ran) is a refusal; any other
+                # error is about the request, the model or its outputs: the client's answer
+                if not refuses_binary(exc.http_status, exc.message):
                     raise
                 self.encoding.unlisted(False, f"refused binary tensors: {exc.message}")
             else:
@@ -187,7 +192,7 @@ class RestBackend:
         self, request: InferRequest, headers: Headers, binary: bool
     ) -> InferResponse:
         try:
-            chunks, ihcl = binc.encode_request(request, binary=binary)
+            chunks, ihcl = infer_body(request, binary)
         except CodecError as exc:
             # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
             raise CodecError(

@@ -7,7 +7,12 @@
   :data:`AUTO_BINARY_MIN` bytes on, where the backend parsing JSON costs more than v2proxy's
   transcoding. A backend that does not list the extension may take binary tensors all the same
   (KServe 0.21 does, and refuses FP16 in JSON): for requests JSON cannot carry (FP16, BF16
-  inputs) v2proxy tries binary once; the backend's answer, accepted or refused, is kept.
+  inputs) v2proxy tries binary; an answer is kept once it says which: a 200 (taken), or a
+  refusal that is about the binary body itself (:func:`refuses_binary`; that request then goes
+  as JSON). Any other error (the model's, an unknown output, KServe's "... for output X" when
+  its model writes FP16 outputs as JSON whatever was asked) is the client's answer and leaves
+  the question open. MLServer (``"name": "mlserver"`` in ``GET /v2``) has no binary tensors
+  and is never tried.
 
 Asks the backend nothing itself: the REST backend hands it a way to fetch the server metadata.
 """
@@ -30,6 +35,37 @@ log = logging.getLogger(__name__)
 AUTO_BINARY_MIN = 16 * 1024
 _NOT_IN_JSON = (Datatype.FP16, Datatype.BF16)
 
+#: texts of a 422 from a FastAPI (pydantic) server that read the binary-framed body as JSON:
+#: MLServer 1.7 ("JSON decode error", type json_invalid; or "Input should be a valid dictionary
+#: or object to extract fields from", type model_attributes_type), KServe before 0.11
+_UNPARSED_422 = ("json_invalid", "JSON decode error", "model_attributes_type", "valid dictionary")
+#: texts of a 400 from a server that could not read the body it got: FastAPI's "There was an
+#: error parsing the body", KServe's "Unrecognized request format: ...", and KServe's "received
+#: byte inputs, but the 'inference-header-content-length' header is missing" (a hop on the way
+#: dropped the header)
+_UNPARSED_400 = (
+    "error parsing the body",
+    "Unrecognized request format",
+    "inference-header-content-length",
+)
+
+
+def refuses_binary(status: int, message: str) -> bool:
+    """Whether a backend's error answer to a binary-framed /infer request is about binary
+    tensors themselves (the body could not be read), rather than about the request, the model
+    or its outputs (e.g. KServe's "Sending FP16 data via JSON is not supported. Please use the
+    binary data format for output OUTPUT0", or "Unexpected inference output 'X'")."""
+    if status == 415:  # Unsupported Media Type: application/octet-stream
+        return True
+    if status == 422:
+        return any(text in message for text in _UNPARSED_422)
+    if status == 400:
+        low = message.lower()
+        return any(text.lower() in low for text in _UNPARSED_400)
+    # Starlette's bare answer to an unhandled exception: MLServer 1.7 given a binary body that
+    # is not UTF-8 (FP16 -1.25 is 00 BD)
+    return status == 500 and message == "Internal Server Error"
+
 
 class Encoding:
     """The wire form of one backend's /infer requests."""
@@ -50,9 +86,12 @@ class Encoding:
     async def binary(self) -> bool:
         """Whether requests go binary: fixed by configuration, or asked of the backend once."""
         if self._binary is None:
-            ext = (await self._metadata()).get("extensions")
+            metadata = await self._metadata()
+            ext = metadata.get("extensions")
             self._binary = isinstance(ext, list) and "binary_tensor_data" in ext
             log.info("backend %s binary tensors: %s", self._name, self._binary)
+            if not self._binary and metadata.get("name") == "mlserver":
+                self.unlisted(False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
         return self._binary
 
     async def relays(self, binary: bool, size: int) -> bool:
@@ -76,7 +115,8 @@ class Encoding:
         )
 
     def unlisted(self, taken: bool, why: str = "") -> None:
-        """What the backend did with binary tensors it does not list."""
+        """What the backend did with binary tensors it does not list (``why``: the log's words
+        when it refused them)."""
         if self._unlisted is None:
             log.info("backend %s %s", self._name, "takes binary tensors unlisted" if taken else why)
         self._unlisted = taken

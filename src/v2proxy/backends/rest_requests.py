@@ -1,13 +1,23 @@
-"""What the REST backend sends: the headers of its /infer requests and the paths of a model's
-endpoints (quoted once per model and remembered), plus the empty body of answers read whole.
-Pure: no I/O."""
+"""What the REST backend sends: the body and headers of its /infer requests and the paths of a
+model's endpoints (quoted once per model and remembered), plus the empty body of answers read
+whole. Pure: no I/O.
+
+An /infer body (:func:`infer_body`) is all JSON, or binary: every input as binary tensor data
+and every output asked binary, both ways a v2 server may read it: each listed output's
+``binary_data`` and the request's ``binary_data_output`` (KServe 0.21 writes its response as
+its model passes on one or the other: a model that keeps only the flag has FP16 outputs it
+cannot write as JSON). Outputs staged in shared memory are never asked binary, and the
+request-level flag is then left out, so that no server applies it to them.
+"""
 
 from __future__ import annotations
 
 from urllib.parse import quote
 
 from v2proxy.backends.rest_answers import IHCL
+from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.http_io import forwardable
+from v2proxy.model import Buffer, InferRequest
 from v2proxy.ports import Headers
 
 #: client headers not passed on with the requests whose body the REST backend writes
@@ -27,6 +37,23 @@ class _NoChunks:
 
 
 NO_CHUNKS = _NoChunks()
+
+
+def infer_body(request: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
+    """The /infer body for ``request`` and its Inference-Header-Content-Length (None: JSON).
+    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES)."""
+    obj = request_to_obj(request, binary_inputs=binary, binary_outputs=binary)
+    if not binary:
+        return [dumps_tree(obj)], None
+    if request.outputs is not None and not any(
+        "shared_memory_region" in o.parameters for o in request.outputs
+    ):
+        obj.setdefault("parameters", {})["binary_data_output"] = True
+    head = dumps_tree(obj)
+    chunks: list[Buffer] = [head]
+    chunks.extend(t.data for t in request.inputs if memoryview(t.data).nbytes)
+    return chunks, len(head)
+
 
 #: what infer_headers adds (never changed by its users: the HTTP client only reads them)
 _JSON_ONLY: Headers = [(b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json")]

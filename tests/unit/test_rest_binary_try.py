@@ -1,0 +1,137 @@
+"""The REST backend's binary requests and its reading of a refusal (backends/rest_requests.py,
+backends/rest_encoding.py): a binary /infer body asks every output binary both ways (each listed
+output's ``binary_data`` and the request's ``binary_data_output``); only an error answer about
+the binary body itself is taken for a refusal of binary tensors. The error bodies are those the
+real servers wrote (KServe 0.21, MLServer 1.7.1), each read as the backend reads it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from v2proxy.backends.rest_answers import error_message
+from v2proxy.backends.rest_encoding import Encoding, refuses_binary
+from v2proxy.backends.rest_requests import infer_body
+from v2proxy.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
+
+X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
+
+
+def _request(outputs: list[RequestedOutput] | None, **params: Any) -> InferRequest:
+    tensor = Tensor("INPUT0", Datatype.FP16, (3,), X.tobytes())
+    return InferRequest("m", [tensor], outputs, parameters=dict(params))
+
+
+def _head(chunks: list[Buffer], ihcl: int | None) -> Any:
+    return json.loads(bytes(chunks[0]) if ihcl is None else bytes(chunks[0])[:ihcl])
+
+
+def test_binary_body_asks_listed_outputs_binary_both_ways() -> None:
+    req = _request([RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1", {"binary_data": False})])
+    chunks, ihcl = infer_body(req, binary=True)
+    head = _head(chunks, ihcl)
+    assert ihcl == len(chunks[0])
+    assert b"".join(bytes(c) for c in chunks[1:]) == X.tobytes()
+    assert head["inputs"][0]["parameters"] == {"binary_data_size": X.nbytes}
+    assert [o["parameters"]["binary_data"] for o in head["outputs"]] == [True, True]
+    assert head["parameters"] == {"binary_data_output": True}
+
+
+def test_binary_body_without_outputs_asks_all_binary() -> None:
+    chunks, ihcl = infer_body(_request(None, binary_data_output=False, priority=2), binary=True)
+    head = _head(chunks, ihcl)
+    assert "outputs" not in head
+    assert head["parameters"] == {"priority": 2, "binary_data_output": True}
+
+
+def test_shared_memory_output_is_not_asked_binary() -> None:
+    shm = {"shared_memory_region": "r", "shared_memory_byte_size": 6}
+    req = _request([RequestedOutput("OUTPUT0", shm), RequestedOutput("OUTPUT1")])
+    chunks, ihcl = infer_body(req, binary=True)
+    head = _head(chunks, ihcl)
+    assert [o["parameters"]["binary_data"] for o in head["outputs"]] == [False, True]
+    assert "parameters" not in head  # Triton refuses binary data for a shared-memory output
+
+
+def test_json_body_asks_nothing_binary() -> None:
+    chunks, ihcl = infer_body(
+        _request([RequestedOutput("OUTPUT0")], binary_data_output=True), False
+    )
+    head = _head(chunks, ihcl)
+    assert ihcl is None and len(chunks) == 1
+    assert head["inputs"][0]["data"] == X.tolist()
+    assert head["outputs"][0]["parameters"] == {"binary_data": False}
+    assert "parameters" not in head
+
+
+_MLSERVER_JSON_INVALID = (
+    b'{"detail":[{"type":"json_invalid","loc":["body",149],"msg":"JSON decode error",'
+    b'"input":{},"ctx":{"error":"unexpected content after document"}}]}'
+)
+_MLSERVER_NOT_AN_OBJECT = (
+    b'{"detail":[{"type":"model_attributes_type","loc":["body"],"msg":"Input should be a valid'
+    b' dictionary or object to extract fields from","input":"{\\"inputs\\": []}"}]}'
+)
+
+REFUSALS = [
+    (422, _MLSERVER_JSON_INVALID),
+    (422, _MLSERVER_NOT_AN_OBJECT),
+    (500, b"Internal Server Error"),  # MLServer: a binary body that is not UTF-8
+    (400, b'{"detail":"There was an error parsing the body"}'),  # FastAPI (KServe)
+    (400, b'{"error":"Unrecognized request format: unexpected character: line 1 column 150"}'),
+    (
+        400,
+        b'{"error":"received byte inputs, but the\'inference-header-content-length\' header is'
+        b' missing."}',
+    ),
+    (415, b"Unsupported Media Type"),
+]
+
+NOT_REFUSALS = [
+    # KServe took the binary inputs; its model writes FP16 outputs as JSON whatever was asked
+    (
+        400,
+        b'{"error":"Sending FP16 data via JSON is not supported. Please use the binary data'
+        b' format for output OUTPUT0"}',
+    ),
+    (400, b"{\"error\":\"Unexpected inference output 'NOPE' for model 'identity_fp16'\"}"),
+    (400, b'{"error":"INPUT0/INPUT1 must both be [N,16] or [16], got [3] and [3]"}'),
+    (400, b'{"error":"input \'INPUT0\' must be FP32, got FP16"}'),  # MLServer's model, JSON
+    (500, b'{"error":"TypeError : sequence item 1: expected a bytes-like object, NoneType found"}'),
+    (500, b'{"error":"Internal Server Error: the model crashed"}'),
+    (503, b'{"error":"Model with name identity_fp16 is not ready."}'),
+    (422, b'{"error":"Input Validation Error"}'),
+    (404, b'{"error":"Model with name nope does not exist."}'),
+]
+
+
+@pytest.mark.parametrize(("status", "body"), REFUSALS)
+def test_refusals_of_binary_tensors(status: int, body: bytes) -> None:
+    assert refuses_binary(status, error_message(body, status))
+
+
+@pytest.mark.parametrize(("status", "body"), NOT_REFUSALS)
+def test_errors_that_are_no_refusal_of_binary_tensors(status: int, body: bytes) -> None:
+    assert not refuses_binary(status, error_message(body, status))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "tried"),
+    [
+        ({"name": "mlserver", "version": "1.7.1", "extensions": []}, False),
+        (
+            {"name": "kserve", "version": "0.21.0", "extensions": ["model_repository_extension"]},
+            True,
+        ),
+    ],
+)
+async def test_mlserver_is_never_tried_binary(metadata: dict[str, Any], tried: bool) -> None:
+    async def fetch() -> dict[str, Any]:
+        return metadata
+
+    encoding = Encoding("auto", "http://b", fetch)
+    assert await encoding.binary() is False
+    assert encoding.try_unlisted(_request(None)) is tried
