@@ -3,8 +3,11 @@
 # The install steps are deploy/install_image.sh's, which tests/deploy also runs into a venv.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# the wheel holds one small C module (v2proxy.shm._guard): it is built where a compiler is, in the
+# full image of the same Python and Debian release; the final image stays slim, with no compiler
+ARG BUILD_IMAGE=python:3.11-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install run test lint typecheck layers pytest peers deploy-tools clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt src/v2proxy/shm/_guard.c
 	@echo "make: installing v2proxy and its test tools into $(VENV) (about a minute the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,7 +31,19 @@ def _counts(p: Proc) -> dict[str, float]:
 
 
 def _objects(pid: int) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"v2proxy-{pid}-"))
+    """The staging objects process ``pid`` has mapped: their names carry a random token, so
+    /proc tells which are its own. Each is checked to be mode 0600 and named
+    ``v2proxy-<32 hex>-<n>`` (unguessable, reserved prefix)."""
+    names = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(None, 5)[5:]
+            if path and path[0].startswith("/dev/shm/v2proxy-"):
+                names.add(path[0].removeprefix("/dev/shm/").removesuffix(" (deleted)"))
+    for name in names:
+        assert re.fullmatch(r"v2proxy-[0-9a-f]{32}-[0-9]+", name), name
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600
+    return sorted(names)
 
 
 def _identity(p: Proc, data: np.ndarray, kind: str = "http") -> np.ndarray:
@@ -50,14 +64,15 @@ def _identity(p: Proc, data: np.ndarray, kind: str = "http") -> np.ndarray:
         client.close()
 
 
-def _triton_regions(backend_urls, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
+def _triton_regions(backend_urls, names: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+    """Which of the staging regions ``names`` Triton has registered."""
     rest, _ = backend_urls("triton")
     client = httpclient.InferenceServerClient(rest.split("://", 1)[1])
     try:
         status = client.get_system_shared_memory_status()
     finally:
         client.close()
-    return sorted(r["name"] for r in status if r["name"].startswith(f"v2proxy-{pid}-"))
+    return sorted(r["name"] for r in status if r["name"] in names)
 
 
 @contextlib.contextmanager
@@ -92,8 +107,9 @@ def test_large_input_is_staged(staged: Proc, kind: str, triton_url: str, backend
     assert after["hit"] - before["hit"] == 3
     assert after["miss"] == before["miss"] and after["fallback"] == 0
     # the pool's regions (the probe's and one for 1 MiB, reused) are registered with Triton
-    names = _triton_regions(backend_urls, staged.pid)
-    assert names and names == _objects(staged.pid)
+    mapped = _objects(staged.pid)
+    names = _triton_regions(backend_urls, mapped)
+    assert names and names == mapped
     assert len(names) <= 2
 
 
@@ -207,10 +223,11 @@ def test_exit_unlinks_and_unregisters(triton_url: str, backend_urls) -> None:  #
         pid = p.pid
         assert np.array_equal(_identity(p, data, "grpc"), data)
         assert _counts(p)["hit"] == 1
-        assert len(_objects(pid)) == 2  # the probe's region and a 4 MiB one
-        assert _triton_regions(backend_urls, pid) == _objects(pid)
-    assert _objects(pid) == []
-    assert _triton_regions(backend_urls, pid) == []
+        names = _objects(pid)
+        assert len(names) == 2  # the probe's region and a 4 MiB one
+        assert _triton_regions(backend_urls, names) == names
+    assert [n for n in names if os.path.exists(f"/dev/shm/{n}")] == []
+    assert _triton_regions(backend_urls, names) == []
 
 
 @pytest.mark.parametrize("proto", ["rest", "grpc"])

@@ -69,6 +69,12 @@ def test_locate(region: int, offset: int, size: int, message: str | None) -> Non
         ("/" + "x" * 256, None),
         ("/triton_python_backend_shm_region_x", "reserved"),
         ("///triton_python_backend_shm_region_x", "reserved"),
+        ("/v2proxy-0123-0", "reserved"),
+        ("v2proxy-x", "reserved"),
+        ("/r2\ud800x", None),  # a lone surrogate: posix_ipc died of it (SIGSEGV)
+        ("\udfff", None),
+        ("/" + "\u00e9" * 128, None),  # 256 bytes of UTF-8
+        ("/" + "\u00e9" * 127, "/" + "\u00e9" * 127),  # 254: fits NAME_MAX
     ],
 )
 def test_normal_key(key: str, expected: str | None) -> None:
@@ -161,18 +167,18 @@ def test_registry_defers_unregister_while_in_use(obj: tuple[str, Any]) -> None:
     reg = Registry()
     reg.register("a", key, 0, 64)
     region = reg.acquire("a")
-    view = region.view(0, 64)
     reg.unregister("a")
     assert [r["name"] for r in reg.status("")] == ["a"]  # still listed while in use
     with pytest.raises(NotFound, match="Unable to find shared memory region: 'a'"):
         reg.acquire("a")  # no new users
     with pytest.raises(AlreadyExists):
         reg.register("a", key, 0, 64)
-    view[0] = 7  # still mapped
+    region.write(0, b"\7")  # still mapped for the request that holds it
+    assert bytes(region.read(0, 1)) == b"\7"
     reg.release(region)
     assert reg.status("") == []
-    assert view[0] == 7  # the view a request kept stays valid until it goes
-    del view
+    with pytest.raises(InvalidRequest, match="no longer usable"):
+        region.read(0, 1)  # unmapped with the last user: never touched after
     reg.register("a", key, 0, 64)  # the name is free again
     reg.close()
 
@@ -186,7 +192,31 @@ def test_truncated_object_is_refused_not_touched(obj: tuple[str, Any]) -> None:
     os.ftruncate(mem.fd, 4096)
     with pytest.raises(InvalidRequest, match="no longer usable"):
         region.check()
+    # the copies themselves fault safely (no SIGBUS): a 400 naming the region
+    for touch in (lambda: region.read(0, 64), lambda: region.write(0, b"x" * 64)):
+        with pytest.raises(InvalidRequest, match="region 'a' is no longer usable"):
+            touch()
     reg.release(region)
+    reg.close()
+
+
+def test_region_names_must_be_text(obj: tuple[str, Any]) -> None:
+    reg = Registry()
+    with pytest.raises(InvalidRequest, match="name is not valid UTF-8"):
+        reg.register("a\ud800", obj[0], 0, 64)
+    assert reg.status("") == []
+
+
+def test_registry_bound(obj: tuple[str, Any]) -> None:
+    reg = Registry(max_regions=2)
+    reg.register("a", obj[0], 0, 64)
+    reg.register("b", obj[0], 0, 64)
+    with pytest.raises(InvalidRequest) as err:
+        reg.register("c", obj[0], 0, 64)
+    assert err.value.http_status == 400
+    assert "already has 2 regions registered" in err.value.message
+    reg.unregister("a")
+    reg.register("c", obj[0], 0, 64)
     reg.close()
 
 
@@ -216,7 +246,7 @@ def test_resolve_views_writes_and_releases(obj: tuple[str, Any]) -> None:
         [Tensor("INPUT0", Datatype.INT32, (1, 16), b"", _shm("in", 64, 64, x=1))],
         [RequestedOutput("OUTPUT0", _shm("out", 128, binary_data=False))],
     )
-    use = resolve(req, reg)
+    use = resolve(req, reg, peer=None)
     assert use is not None
     assert req.inputs[0].parameters == {"x": 1}
     assert isinstance(req.inputs[0].data, memoryview)
@@ -226,7 +256,7 @@ def test_resolve_views_writes_and_releases(obj: tuple[str, Any]) -> None:
     out = Tensor("OUTPUT0", Datatype.INT32, (1, 16), (a * 2).tobytes(), {"p": 1})
     use.write_outputs(InferResponse("simple", [out]))
     assert out.in_shm and out.data == b"" and out.parameters == {}
-    assert bytes(reg.acquire("out").view(0, 64)) == (a * 2).tobytes()
+    assert bytes(reg.acquire("out").read(0, 64)) == (a * 2).tobytes()
     use.release()
     assert reg.users("out") == 1  # only the acquire above
     reg.close()
@@ -264,12 +294,12 @@ def test_resolve_errors_release_everything(
         [RequestedOutput("OUTPUT0", p) for p in outputs],
     )
     if message is None:
-        use = resolve(req, reg)
+        use = resolve(req, reg, peer=None)
         assert use is not None
         use.release()
     else:
         with pytest.raises(error) as err:
-            resolve(req, reg)
+            resolve(req, reg, peer=None)
         assert message in err.value.message
     assert reg.users("in") == reg.users("out") == 0
     reg.close()
@@ -280,7 +310,7 @@ def test_output_too_small(obj: tuple[str, Any]) -> None:
     reg = Registry()
     reg.register("out", key, 0, 128)
     req = _request([], [RequestedOutput("OUTPUT0", _shm("out", 32))])
-    use = resolve(req, reg)
+    use = resolve(req, reg, peer=None)
     assert use is not None
     with pytest.raises(ProxyError) as err:
         use.write_outputs(

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -213,7 +212,7 @@ class Stager:
             if not isinstance(ext, list) or "system_shared_memory" not in ext:
                 log.info("backend does not list system_shared_memory")
                 return False
-        self.pool = StagingPool(self.max_bytes, f"v2proxy-{os.getpid()}-{os.urandom(3).hex()}")
+        self.pool = StagingPool(self.max_bytes)  # names unguessable, prefix reserved
         region, _ = self.pool.acquire(MIN_REGION)
         assert region is not None
         try:

@@ -12,7 +12,7 @@ Contract:
 - :func:`open_region` opens a registration: an adapter failure is Triton's ``failed to register
   shared memory region: invalid args``, a ``byte_size`` above the allocation (when the adapter
   knows its size) ``failed to register shared memory region '<name>': invalid args``.
-- :class:`CudaRegion` is a :class:`v2proxy.shm_stage.Region`: :meth:`CudaRegion.view` copies the
+- :class:`CudaRegion` is a :class:`v2proxy.shm_stage.Region`: :meth:`CudaRegion.read` copies the
   bytes to a fresh host buffer (the tensor holds that buffer, not device memory),
   :meth:`CudaRegion.write` copies host -> device. Bounds are checked by the caller
   (:func:`v2proxy.shm_stage.locate`) before either. :meth:`CudaRegion.close` closes the IPC
@@ -79,7 +79,7 @@ class CudaRegion:
     def check(self) -> None:
         self._memory()
 
-    def view(self, offset: int, size: int) -> memoryview:
+    def read(self, offset: int, size: int) -> memoryview:
         try:
             return memoryview(self._memory().to_host(offset, size))
         except CudaError as exc:

@@ -3,8 +3,10 @@ memory (``--backend-shm``; :mod:`v2proxy.backends.staging` registers them with t
 
 Contract:
 
-- A region is one POSIX object ``/v2proxy-<pid>-<n>`` created by this process (``O_EXCL``,
-  mode 0600), sized by demand: the request's bytes rounded up to a power of two, at least
+- A region is one POSIX object ``/v2proxy-<token>-<n>`` created by this process (``O_EXCL``,
+  mode 0600; ``<token>`` is 128 random bits drawn per pool, so no client can guess a name, and
+  :data:`STAGING_PREFIX` is reserved: no client may register a key that starts with it), sized
+  by demand: the request's bytes rounded up to a power of two, at least
   :data:`MIN_REGION`. Its pages are reserved at creation (``posix_fallocate``): a full
   ``/dev/shm`` is an error then, never a SIGBUS while a tensor is written.
 - :meth:`StagingPool.acquire` lends one region of at least N bytes to one request; the request
@@ -12,6 +14,8 @@ Contract:
   reused (the smallest that fits); the pool's total size stays within ``max_bytes``: free
   regions are dropped to make room, and a request that still does not fit gets none (it is sent
   as it would be without staging).
+- Reads and writes go through :mod:`v2proxy.shm.guarded` (the objects live in a ``/dev/shm``
+  others can reach); :meth:`StagingRegion.view` is only ever copied from that way.
 - Dropped regions, and all of them at :meth:`StagingPool.close`, are unlinked and unmapped here;
   the caller unregisters them from the backend (their names are handed back).
 """
@@ -22,11 +26,16 @@ import contextlib
 import itertools
 import mmap
 import os
+import secrets
 
 import posix_ipc
 
+from v2proxy.errors import ProxyError
 from v2proxy.model import Buffer
+from v2proxy.shm import guarded
 
+#: every staging object's name starts with it (reserved: clients may not register such keys)
+STAGING_PREFIX = "v2proxy-"
 #: the smallest region created (and the alignment of tensors inside one)
 MIN_REGION = 64 * 1024
 ALIGN = 64
@@ -42,6 +51,10 @@ def region_size(need: int) -> int:
 
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _truncated(name: str) -> ProxyError:
+    return ProxyError(f"v2proxy's staging region '{name}' was truncated by another process")
 
 
 class StagingRegion:
@@ -69,16 +82,20 @@ class StagingRegion:
         self._view = memoryview(self._map)
 
     def write(self, offset: int, data: Buffer) -> None:
-        src = memoryview(data).cast("B")
-        self._view[offset : offset + src.nbytes] = src
+        """Copy ``data`` in (guarded: a staging object truncated by someone else is an error)."""
+        if not guarded.copy(self._view, memoryview(data).cast("B"), offset):
+            raise _truncated(self.name)
 
     def view(self, offset: int, size: int) -> memoryview:
         """``size`` bytes at ``offset``, not copied (valid while the region is lent)."""
         return self._view[offset : offset + size]
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> memoryview:
         """A copy of ``size`` bytes at ``offset`` (the region goes back to the pool after)."""
-        return bytes(self._view[offset : offset + size])
+        data = guarded.read(self._view[offset : offset + size])
+        if data is None:
+            raise _truncated(self.name)
+        return data
 
     def close(self) -> None:
         """Unlink the object and unmap it."""
@@ -96,7 +113,7 @@ class StagingPool:
 
     def __init__(self, max_bytes: int, prefix: str | None = None) -> None:
         self.max_bytes = max_bytes
-        self.prefix = prefix or f"v2proxy-{os.getpid()}"
+        self.prefix = prefix or f"{STAGING_PREFIX}{secrets.token_hex(16)}"
         self._numbers = itertools.count()
         self._free: list[StagingRegion] = []
         self._lent: set[StagingRegion] = set()

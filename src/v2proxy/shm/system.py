@@ -1,22 +1,28 @@
-"""POSIX system shared memory: a client's object opened with ``posix_ipc`` and mapped with
+"""POSIX system shared memory: a client's object opened under ``/dev/shm`` and mapped with
 ``mmap`` (reference §4.1).
 
 Contract:
 
-- :func:`normal_key` checks a key before anything is opened. Leading slashes are dropped, as
-  glibc's ``shm_open`` does (``/k``, ``//k`` and ``k`` name ``/dev/shm/k``); what remains must
-  be a plain file name: not empty (Triton's ``invalid shm key`` for ``/`` and ``///``), no other
-  ``/``, not ``.`` or ``..``, no NUL, at most 255 bytes; nor may it start with Triton's reserved
-  ``triton_python_backend_shm_region_``.
-- :func:`open_region` maps ``byte_size`` bytes from ``offset`` after checking them against the
-  object's size (Triton's ``invalid args``); an offset need not be page-aligned (the mapping
-  starts at the page below it). ``byte_size`` 0 is refused with Triton's text.
-- :class:`SystemRegion` keeps the object's descriptor: :meth:`SystemRegion.check` ``fstat``s it
-  before each use, so a client that truncated its object gets an error rather than the proxy a
-  SIGBUS. An object unlinked after registration stays mapped and keeps working (the client still
-  has it). The proxy never unlinks a client's object.
-- :meth:`SystemRegion.close` releases the mapping; while views exported to a request still exist
-  the memory stays mapped until the last of them goes (never unmapped under a request).
+- :func:`normal_key` checks a key before anything sees it (no library is handed a key that
+  failed): valid UTF-8 text (a lone surrogate is refused), no NUL, leading slashes dropped as
+  glibc's ``shm_open`` does (``/k``, ``//k`` and ``k`` name ``/dev/shm/k``); what remains must be
+  a plain file name: not empty (Triton's ``invalid shm key`` for ``/`` and ``///``), no other
+  ``/``, not ``.`` or ``..``, at most NAME_MAX (255) bytes; nor may it start with a reserved
+  prefix (:data:`RESERVED_PREFIXES`: Triton's python backend's objects and v2proxy's own
+  staging objects). A region's name must be valid UTF-8 text too.
+- :func:`open_region` opens the object itself (``O_NOFOLLOW``, non-blocking: a symbolic link,
+  a directory or anything but a regular file is a client error, 400), maps ``byte_size`` bytes
+  from ``offset`` after checking them against the object's size (Triton's ``invalid args``); an
+  offset need not be page-aligned (the mapping starts at the page below it). ``byte_size`` 0 is
+  refused with Triton's text. Running out of descriptors or memory is the proxy's 503.
+- A :class:`SystemRegion` holds one file descriptor (the mapping's own) and never hands out a
+  view of the client's memory: :meth:`SystemRegion.read` returns a private copy and
+  :meth:`SystemRegion.write` copies in, both through :mod:`v2proxy.shm.guarded`, so a client
+  that truncates its object, even during the copy, gets a 400 naming the region instead of the
+  proxy a SIGBUS. :meth:`SystemRegion.check` compares the object's size first (a clear error
+  before any work). An object unlinked after registration stays mapped and keeps working (the
+  client still has it). The proxy never unlinks a client's object.
+- :meth:`SystemRegion.close` releases the mapping.
 - Messages never contain the key (Triton PR 8269).
 
 Not the stdlib's ``multiprocessing.shared_memory``: before Python 3.13 its resource tracker may
@@ -26,34 +32,50 @@ unlink segments the client still uses (reference/ecosystem.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import stat
 
-import posix_ipc
-
-from v2proxy.errors import InvalidRequest, ProxyError
+from v2proxy.errors import InvalidRequest, Overloaded, ProxyError
 from v2proxy.model import Buffer
+from v2proxy.shm import guarded
+from v2proxy.shm.staging import STAGING_PREFIX
 
+#: Triton's python backend's objects (refused by Triton since 2.61) and v2proxy's staging
+#: objects: no client may register them
 RESERVED_PREFIX = "triton_python_backend_shm_region_"
+RESERVED_PREFIXES = (RESERVED_PREFIX, STAGING_PREFIX)
+SHM_DIR = "/dev/shm"
 _NAME_MAX = 255
+
+
+def check_name(name: str) -> None:
+    """A region name must be UTF-8 text (it is echoed in status answers and errors)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(
+            "cannot register shared memory region: its name is not valid UTF-8 text"
+        ) from None
 
 
 def normal_key(name: str, key: str) -> str:
     """The POSIX name (``/`` + file name) of a register request's key, or InvalidRequest."""
+    check_name(name)
     base = key.lstrip("/")
-    if (
-        not base
-        or "/" in base
-        or base in (".", "..")
-        or "\x00" in base
-        or len(base.encode("utf-8", "surrogatepass")) > _NAME_MAX
-    ):
+    try:
+        size = len(base.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = -1
+    if size <= 0 or size > _NAME_MAX or "/" in base or base in (".", "..") or "\x00" in base:
         raise InvalidRequest(f"cannot register shared memory region '{name}' - invalid shm key")
-    if base.startswith(RESERVED_PREFIX):
-        raise InvalidRequest(
-            f"cannot register shared memory region '{name}' as the key contains the reserved"
-            f" prefix '{RESERVED_PREFIX}'"
-        )
+    for prefix in RESERVED_PREFIXES:
+        if base.startswith(prefix):
+            raise InvalidRequest(
+                f"cannot register shared memory region '{name}' as the key contains the"
+                f" reserved prefix '{prefix}'"
+            )
     return "/" + base
 
 
@@ -64,69 +86,100 @@ def _invalid_args(name: str) -> InvalidRequest:
 class SystemRegion:
     """One registered system region: ``byte_size`` bytes at ``offset`` of the object ``key``."""
 
-    __slots__ = ("_fd", "_map", "_view", "byte_size", "key", "name", "offset")
+    __slots__ = ("_map", "_view", "byte_size", "key", "name", "offset")
 
-    def __init__(
-        self, name: str, key: str, offset: int, byte_size: int, fd: int, mapping: mmap.mmap
-    ) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap):
         self.name = name
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self._fd = fd
         self._map: mmap.mmap | None = mapping
         delta = offset % mmap.ALLOCATIONGRANULARITY
         self._view = memoryview(mapping)[delta : delta + byte_size]
 
+    def _truncated(self) -> InvalidRequest:
+        return InvalidRequest(
+            f"shared memory region '{self.name}' is no longer usable: its object is smaller"
+            " than the registered offset + byte_size (it was truncated after registration)"
+        )
+
     def check(self) -> None:
+        mapping = self._map
         try:
-            size = os.fstat(self._fd).st_size
-        except OSError:
+            size = -1 if mapping is None else mapping.size()
+        except (OSError, ValueError):
             size = -1
         if size < self.offset + self.byte_size:
-            raise InvalidRequest(
-                f"shared memory region '{self.name}' is no longer usable: its object is smaller"
-                " than the registered offset + byte_size (it was truncated after registration)"
-            )
+            raise self._truncated()
 
-    def view(self, offset: int, size: int) -> memoryview:
-        return self._view[offset : offset + size]
+    def read(self, offset: int, size: int) -> memoryview:
+        """A private copy of ``size`` bytes at ``offset`` (bounds checked by the caller)."""
+        if self._map is None:
+            raise self._truncated()
+        data = guarded.read(self._view[offset : offset + size])
+        if data is None:
+            raise self._truncated()
+        return data
 
     def write(self, offset: int, data: Buffer) -> None:
+        """Copy ``data`` to ``offset`` (bounds checked by the caller)."""
         src = memoryview(data).cast("B")
-        self._view[offset : offset + src.nbytes] = src
+        if self._map is None or not guarded.copy(self._view, src, offset):
+            raise self._truncated()
 
     def close(self) -> None:
-        """Unmap (at once, or when the last view a request still holds goes) and close."""
+        """Unmap (no view of the mapping ever leaves this object)."""
         mapping, self._map = self._map, None
         if mapping is None:
             return
-        with contextlib.suppress(BufferError):
-            self._view.release()
-        with contextlib.suppress(BufferError):
-            mapping.close()  # else views still exist: unmapped when the last of them goes
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        self._view.release()
+        mapping.close()
+
+
+_CLIENT_ERRORS = {
+    errno.ENOENT: "the key names no shared memory object",
+    errno.ELOOP: "the key names a symbolic link, not a shared memory object",
+    errno.EISDIR: "the key names a directory, not a shared memory object",
+    errno.EACCES: "v2proxy is not allowed to open the object the key names",
+    errno.EPERM: "v2proxy is not allowed to open the object the key names",
+    errno.ENXIO: "the key names a special file, not a shared memory object",
+    errno.ENAMETOOLONG: "the key is too long",
+}
+_PROXY_SHORT = {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+
+
+def _open_object(name: str, posix_name: str) -> int:
+    """The object's descriptor (read-write, not following links, not blocking); InvalidRequest
+    when the key names nothing usable, Overloaded when the proxy is out of descriptors."""
+    path = SHM_DIR + posix_name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno in _PROXY_SHORT:
+            raise Overloaded(
+                f"Unable to open shared memory region: '{name}': v2proxy is out of file"
+                " descriptors or memory; try again later"
+            ) from None
+        why = _CLIENT_ERRORS.get(exc.errno or 0)
+        error = ProxyError if why is None else InvalidRequest
+        raise error(
+            f"Unable to open shared memory region: '{name}' ({why or exc.strerror}; the client"
+            " and v2proxy must share /dev/shm)"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InvalidRequest(
+            f"Unable to open shared memory region: '{name}' (the key names a special file, not a"
+            " shared memory object)"
+        )
+    return fd
 
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
-    """Open and map a client's object (``key`` as the client gave it; InvalidRequest for a bad
-    key or one that names no object, ProxyError 500 when an object exists but cannot be opened;
-    Triton answers 500 to both, but a key naming nothing is the client's fault)."""
+    """Open and map a client's object (``key`` as the client gave it; see the module's
+    contract for the errors). The descriptor is closed once mapped: the mapping keeps its own."""
     posix_name = normal_key(name, key)
-    try:
-        mem = posix_ipc.SharedMemory(posix_name, flags=0)
-    except (posix_ipc.Error, OSError, ValueError) as exc:
-        cause = type(exc).__name__
-        error = InvalidRequest if isinstance(exc, posix_ipc.ExistentialError) else ProxyError
-        raise error(
-            f"Unable to open shared memory region: '{name}' (the key names no shared memory"
-            f" object this proxy can open: {cause}; the client and v2proxy must share /dev/shm)"
-        ) from None
-    try:
-        fd = os.dup(mem.fd)  # ours alone, whatever posix_ipc does with its own
-    finally:
-        mem.close_fd()
+    fd = _open_object(name, posix_name)
     try:
         size = os.fstat(fd).st_size
         if offset + byte_size > size:
@@ -145,12 +198,22 @@ def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegio
                 mmap.PROT_READ | mmap.PROT_WRITE,
                 offset=offset - delta,
             )
-        except (OSError, ValueError, OverflowError) as exc:
+        except OSError as exc:
+            if exc.errno in _PROXY_SHORT:
+                raise Overloaded(
+                    f"failed to register shared memory region '{name}': v2proxy is out of file"
+                    " descriptors or memory; try again later"
+                ) from None
             raise InvalidRequest(
                 f"failed to register shared memory region '{name}': unable to process address"
-                f" space{exc.strerror if isinstance(exc, OSError) else exc}"
+                f" space{exc.strerror}"
             ) from None
-        return SystemRegion(name, key, offset, byte_size, fd, mapping)
-    except BaseException:
-        os.close(fd)
-        raise
+        except (ValueError, OverflowError) as exc:
+            raise InvalidRequest(
+                f"failed to register shared memory region '{name}': unable to process address"
+                f" space{exc}"
+            ) from None
+        return SystemRegion(name, key, offset, byte_size, mapping)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)

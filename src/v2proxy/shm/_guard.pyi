@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def copy(dst: Buffer, src: Buffer, dst_offset: int = 0, /) -> bool: ...
