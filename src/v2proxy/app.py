@@ -22,7 +22,7 @@ from collections.abc import Callable
 import grpc
 
 from v2proxy.admission import AdmissionGate
-from v2proxy.app_core import build_backend, build_metrics, build_pipeline
+from v2proxy.app_core import build_backend, build_metrics, build_pipeline, raise_fd_limit
 from v2proxy.backends.metered import metered
 from v2proxy.config import Settings
 from v2proxy.errors import ProxyError
@@ -214,7 +214,7 @@ async def _probe_backend(
         if mindie is not None and settings.mindie is not None:
             await mindie.check()
         return
-    fields = {"backend": settings.backend.url or settings.backend.kind, "cause": cause}
+    fields = {"backend": settings.backend.display, "cause": cause}
     log.warning("backend unreachable at start-up", extra={"request": fields})
 
 
@@ -234,6 +234,7 @@ def _run_one(settings: Settings, reuse_port: bool, shm_folder: str | None = None
 def run(settings: Settings) -> None:
     """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
     setup_logging(settings.log_format, settings.log_level, settings.access_log)
+    raise_fd_limit()
     if settings.workers == 1:
         _run_one(settings, reuse_port=False)
     else:

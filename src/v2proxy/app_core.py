@@ -4,13 +4,18 @@
   TLS context and the metrics it feeds (staging counts, retries, token timings).
 - :func:`build_pipeline`: the one core every frontend goes through, with the clients'
   shared-memory registries (this process's own, or the folder all workers share) and their
-  gauges.
+  gauges, bounded by :func:`region_limit`.
+- :func:`raise_fd_limit`: the soft limit on open files raised to the hard one at start (as
+  nginx's ``worker_rlimit_nofile`` or Go's runtime do), so that connections, backend sockets
+  and registered regions do not run out at a distribution's 1024.
 - :func:`build_metrics`: the process's metrics registry (or the no-op recorder).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 from typing import Literal
 
 from prometheus_client import CollectorRegistry
@@ -37,6 +42,39 @@ from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
 from v2proxy.tls import channel_credentials, client_context
+
+log = logging.getLogger(__name__)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (where allowed); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def region_limit(configured: int) -> int:
+    """``--max-shm-regions``, kept to a quarter of the open-file limit (each region holds a
+    descriptor; the rest are left to connections and the backend), with a warning when cut."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    room = max(1, soft // 4)
+    if configured > room:
+        log.warning(
+            "max_shm_regions %d is more than a quarter of the open-file limit (%d): %d used",
+            configured,
+            soft,
+            room,
+        )
+        return room
+    return configured
 
 
 def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Backend:
@@ -103,8 +141,15 @@ def build_pipeline(
         tensors = {d: metrics.store(SHM_TENSORS).child(d) for d in ("input", "output")}
     if cuda_adapter == "auto":
         cuda_adapter = default_adapter()
+    limit = region_limit(settings.max_shm_regions)
     shm = (
-        Registry(gauges=gauges, tensors=tensors, cuda_adapter=cuda_adapter, cuda_gauges=cuda_gauges)
+        Registry(
+            gauges=gauges,
+            tensors=tensors,
+            cuda_adapter=cuda_adapter,
+            cuda_gauges=cuda_gauges,
+            max_regions=limit,
+        )
         if shm_folder is None
         else SharedRegistry(
             shm_folder,
@@ -112,6 +157,7 @@ def build_pipeline(
             tensors=tensors,
             cuda_adapter=cuda_adapter,
             cuda_gauges=cuda_gauges,
+            max_regions=limit,
         )
     )
     return Pipeline(

@@ -99,10 +99,10 @@ def _common(p: argparse.ArgumentParser, http_default: int, restricted_default: s
     )
     p.add_argument(
         "--max-shm-regions",
-        type=int,
         metavar="N",
-        help="most shared-memory regions registered at once (each holds one file descriptor);"
-        " beyond it a registration gets 400 (default 256)",
+        help="most shared-memory regions registered at once (each holds one file descriptor;"
+        " kept to a quarter of the open-file limit); beyond it a registration gets 400"
+        " (default 256)",
     )
     p.add_argument(
         "--restricted-api",

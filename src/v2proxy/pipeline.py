@@ -14,9 +14,10 @@ An inference request passes these stages, in this order:
    raw binary body gets its shape from the model metadata (:meth:`Pipeline.decode_raw`).
 2. **access**: the restricted API groups (``--restricted-api``) are checked for every operation
    (:meth:`Pipeline._allow`).
-3. **shared-memory resolution**: inputs named by ``shared_memory_region`` become views into the
-   client's registered region, and outputs named so are planned into theirs; the request holds
-   those regions until it ends (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.shm_stage`).
+3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
+   inputs named by ``shared_memory_region`` become private copies of the client's region, and
+   outputs named so are planned into theirs; the request holds those regions until it ends
+   (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.shm_stage`).
 4. **output planning** (classification): which outputs the
    backend is asked for, in which form (:meth:`Pipeline._plan_outputs`). An output with a
    ``classification`` parameter is classified by the proxy (the backend is asked for the raw
@@ -153,9 +154,13 @@ class Pipeline:
 
     # ------------------------------------------------------------------ inference
 
-    async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
+    ) -> InferResponse:
+        """One inference; ``peer``: the client's IP address (None: a unix socket), which
+        ``--client-shm`` checks when the request names a shared-memory region."""
         self._allow("inference", headers)
-        use = self._resolve_inputs(request)
+        use = self._resolve_inputs(request, peer)
         if use is None:
             return await self._infer(request, headers)
         try:
@@ -174,11 +179,12 @@ class Pipeline:
         return await self._classify(request, todo, response)
 
     async def stream_infer(
-        self, request: InferRequest, headers: Headers
+        self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
     ) -> AsyncIterator[InferResponse]:
-        """Every response of a (possibly decoupled) model to one request."""
+        """Every response of a (possibly decoupled) model to one request (``peer`` as for
+        :meth:`infer`)."""
         self._allow("inference", headers)
-        use = self._resolve_inputs(request)
+        use = self._resolve_inputs(request, peer)
         try:
             counts = self._plan_outputs(request)
             sent, todo = (
@@ -224,10 +230,11 @@ class Pipeline:
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
 
-    def _resolve_inputs(self, request: InferRequest) -> shm_stage.Use | None:
+    def _resolve_inputs(self, request: InferRequest, peer: str | None) -> shm_stage.Use | None:
         """Stage 3 (and the shared-memory part of stage 4): None when no tensor names a
-        region; else the regions held until the caller releases them."""
-        return shm_stage.resolve(request, self.shm)
+        region; else (the client allowed shared memory) the regions held until the caller
+        releases them."""
+        return shm_stage.resolve(request, self.shm, self.client_shm, peer)
 
     @staticmethod
     def _plan_outputs(request: InferRequest) -> dict[str, int] | None:
@@ -352,9 +359,12 @@ class Pipeline:
 
     # ------------------------------------------------------------------ shared memory
 
-    async def shm_status(self, kind: str, name: str, headers: Headers) -> list[dict[str, Any]]:
+    async def shm_status(
+        self, kind: str, name: str, peer: str | None, headers: Headers
+    ) -> list[dict[str, Any]]:
         """Status of the ``kind`` ("system" | "cuda") regions, all or the one named."""
         self._allow("shared-memory", headers)
+        shm_stage.check_client(self.client_shm, peer)
         if self.shm is not None:
             return self.shm.status(name, kind)
         if name:

@@ -11,18 +11,23 @@ Contract:
   :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the request ends,
   whatever happens), so an unregister meanwhile is deferred and no mapping is ever closed under
   a request.
-- Inputs become views into the region (no copy); their shm parameters are dropped, so the backend
-  sees ordinary tensors. Outputs in shm lose their shm parameters too: the backend is asked for
-  them normally and :meth:`Use.write_outputs` copies its answer into the region, marking the
-  tensor ``in_shm`` (REST: name, datatype, shape only; gRPC: an empty raw slot). Each such
-  output also carries a ``sink`` (its place in the region, with the same checks), so that a
-  backend that staged it in its own shared memory copies it across once, marking it ``in_shm``.
+- Who may use shared memory (``--client-shm``, :func:`check_client`) is checked for every use:
+  register, status, unregister, and every inference request that names a region (a client off
+  the pod's boundary may neither read a region's bytes as an input nor overwrite them as an
+  output), over REST and gRPC alike.
+- Inputs become private copies of the region's bytes (:meth:`Region.read`: no view of a client's
+  memory ever reaches other code, so a client truncating its object cannot fault the process);
+  their shm parameters are dropped, so the backend sees ordinary tensors. Outputs in shm lose
+  their shm parameters too: the backend is asked for them normally and :meth:`Use.write_outputs`
+  copies its answer into the region, marking the tensor ``in_shm`` (REST: name, datatype, shape
+  only; gRPC: an empty raw slot). Each such output also carries a ``sink`` (its place in the
+  region, with the same checks), so that a backend that staged it in its own shared memory copies
+  it across once, marking it ``in_shm``.
 - Every offset and size is checked with Triton's rules and texts before memory is touched
   (:func:`locate`: offset, integer overflow against 2^64-1, end), and each region's object is
-  checked to still hold the registered bytes (:meth:`Region.check`, an ``fstat``) right before
-  the proxy reads it (here, just before the backend call) and before it writes it. A client that
-  truncates its object between that check and the backend's encoding of the request could still
-  fault the process: that window is the backend call's start, with no await in this module.
+  checked to still hold the registered bytes (:meth:`Region.check`) before the proxy reads or
+  writes it; a truncation after that check is caught by the copy itself (a 400 naming the
+  region either way).
 - Errors never name the shared-memory key (Triton PR 8269).
 
 Pure: no I/O library (checked by tools/check_layers.py).
@@ -58,8 +63,8 @@ class Region(Protocol):
         """Raise a ProxyError when the object no longer holds the registered bytes."""
         ...
 
-    def view(self, offset: int, size: int) -> memoryview:
-        """``size`` bytes at ``offset`` (bounds checked by the caller)."""
+    def read(self, offset: int, size: int) -> memoryview:
+        """A private copy of ``size`` bytes at ``offset`` (bounds checked by the caller)."""
         ...
 
     def write(self, offset: int, data: Buffer) -> None:
@@ -114,8 +119,14 @@ def is_local(peer: str | None) -> bool:
     return ip.is_loopback
 
 
+#: the peer of a request whose frontend did not say where it came from: never local
+UNKNOWN_PEER = ""
+
+
 def check_client(mode: str, peer: str | None) -> None:
-    """``--client-shm``: may this client register or unregister regions?"""
+    """``--client-shm``: may this client use shared memory at all (register, status,
+    unregister, or name a region in an inference)? ``peer``: its IP address, None on a unix
+    socket, :data:`UNKNOWN_PEER` when unknown."""
     if mode == "on":
         return
     if mode == "off":
@@ -248,11 +259,17 @@ class _Sink:
         self.regions.served("output", 1)
 
 
-def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
+def resolve(
+    request: InferRequest,
+    regions: Regions | None,
+    mode: str = "local",
+    peer: str | None = UNKNOWN_PEER,
+) -> Use | None:
     """Stages 3 and 4 for shared memory: None when the request names no region (one dict
-    lookup per tensor that has parameters). Otherwise its shm inputs become views into their
-    regions and its shm outputs are planned; the regions are held by the returned :class:`Use`
-    (released here if this fails)."""
+    lookup per tensor that has parameters). Otherwise the client must be allowed shared memory
+    (``mode``: ``--client-shm``; ``peer`` as :func:`check_client` takes it), its shm inputs
+    become private copies of their regions' bytes and its shm outputs are planned; the regions
+    are held by the returned :class:`Use` (released here if this fails)."""
     inputs = [t for t in request.inputs if t.parameters and REGION in t.parameters]
     outputs = [o for o in request.outputs or () if o.parameters and REGION in o.parameters]
     if not inputs and not outputs:
@@ -262,6 +279,7 @@ def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
             raise InvalidRequest(WITH_SHM)
         if o.parameters.get("binary_data") is True:
             raise InvalidRequest(WITH_BINARY)
+    check_client(mode, peer)
     refs = [_reference(t.parameters, t.name) for t in inputs]
     out_refs = [_reference(o.parameters, o.name) for o in outputs]
     if regions is None:
@@ -273,7 +291,7 @@ def resolve(request: InferRequest, regions: Regions | None) -> Use | None:
             region = use.acquire(name)
             locate(name, region.byte_size, offset, size)
             region.check()
-            t.data = region.view(offset, size)
+            t.data = region.read(offset, size)
             t.parameters = _without_shm(t.parameters)
             check_tensor_size(t, f"input '{t.name}' for model '{request.model_name}'")
         for o, (name, offset, size) in zip(outputs, out_refs, strict=True):

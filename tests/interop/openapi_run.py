@@ -64,8 +64,9 @@ BACKEND_OWN = [
 ]
 #: in front of a real backend, its own 5xx answers are told apart by BACKEND_OWN instead
 BACKEND_CHECKS = CHECKS.replace("not_a_server_error,", "")
-#: the API groups --restricted-api restricts by default, as the document's tags
-RESTRICTED_TAGS = ("model-repository", "logging", "trace", "shared-memory")
+#: the API groups --restricted-api restricts by default, as the document's tags (shared memory
+#: is gated by --client-shm instead)
+RESTRICTED_TAGS = ("model-repository", "logging", "trace")
 
 
 @dataclass

@@ -447,7 +447,10 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         ),
         (["serve", "--no-such-option"], "v2proxy: unrecognized arguments: --no-such-option"),
         (["serve", "--http-port"], "v2proxy: argument --http-port: expected one argument"),
-        (["serve", "--max-shm-regions", "x"], "v2proxy: argument --max-shm-regions: invalid int"),
+        (
+            ["serve", "--max-shm-regions", "x"],
+            "v2proxy: --max-shm-regions=x: invalid value for 'max_shm_regions'",
+        ),
         (["inject", "--tls-cert", "c.pem"], "v2proxy: the following arguments are required:"),
     ],
 )

@@ -87,9 +87,9 @@ def test_defaults_and_tables() -> None:
             "model-repository",
             "logging",
             "trace",
-            "shared-memory",
         }
     )
+    assert not policy.restricts("shared-memory")  # --client-shm local gates it
     assert policy.header is None
     assert set(REST_GROUPS.values()) == GROUPS
     assert set(GRPC_GROUPS.values()) == GROUPS

@@ -168,7 +168,7 @@ def test_inputs_copied_out_outputs_copied_in_and_gauges() -> None:
     reg.register_cuda("c", H1, 0, 256)
     assert (regions.value, size.value) == (1, 256)
     request = _simple()
-    use = resolve(request, reg)
+    use = resolve(request, reg, peer=None)
     assert use is not None
     fake.devices[H1][0:4] = b"\xff" * 4  # a copy: later device writes do not reach the tensor
     a = np.frombuffer(request.inputs[0].data, np.int32)
@@ -201,7 +201,7 @@ def test_bounds_checked_before_any_copy(offsets: tuple[int, int, int], message: 
     reg = registry(fake)
     reg.register_cuda("c", H1, 0, 256)
     with pytest.raises(InvalidRequest) as err:
-        resolve(_simple(offsets), reg)
+        resolve(_simple(offsets), reg, peer=None)
     assert _message(err) == message
     assert reg.users("c") == 0
     assert all(kind != "d2h" or off + n <= 256 for kind, off, n in fake.copies)
@@ -212,7 +212,7 @@ def test_output_too_small_and_copy_failures() -> None:
     reg = registry(fake)
     reg.register_cuda("c", H1, 0, 256)
     request = _simple()
-    use = resolve(request, reg)
+    use = resolve(request, reg, peer=None)
     assert use is not None
     big = Tensor("OUTPUT0", Datatype.INT32, (1, 32), bytes(128))
     with pytest.raises(ProxyError) as err:
@@ -226,7 +226,7 @@ def test_output_too_small_and_copy_failures() -> None:
     region: Any = reg.acquire("c")
     region._mem.to_host = broken
     with pytest.raises(ProxyError, match="failed to copy from CUDA shared memory region 'c'"):
-        resolve(_simple(), reg)
+        resolve(_simple(), reg, peer=None)
     reg.release(region)
     assert reg.users("c") == 0
 
@@ -235,13 +235,13 @@ def test_unregister_is_deferred_while_a_request_holds_the_region() -> None:
     fake = FakeAdapter()
     reg = registry(fake)
     reg.register_cuda("c", H1, 0, 256)
-    use = resolve(_simple(), reg)
+    use = resolve(_simple(), reg, peer=None)
     assert use is not None and reg.users("c") == 1
     reg.unregister("", "cuda")
     assert [r["name"] for r in reg.status("", "cuda")] == ["c"]  # still listed
     assert fake.closed == 0
     with pytest.raises(NotFound, match="Unable to find shared memory region: 'c'"):
-        resolve(_simple(), reg)
+        resolve(_simple(), reg, peer=None)
     use.write_outputs(
         InferResponse(
             model_name="simple", outputs=[Tensor("OUTPUT0", Datatype.INT32, (1, 16), bytes(64))]
@@ -268,7 +268,7 @@ def test_workers_share_cuda_records_and_open_handles_lazily(tmp_path: Any) -> No
     assert b_fake.opened == 0
     a_fake.devices[H1][0:64] = np.arange(16, dtype=np.int32).tobytes()
     request = _simple()
-    use = resolve(request, b)  # b opens the handle on first use
+    use = resolve(request, b, peer=None)  # b opens the handle on first use
     assert use is not None and b_fake.opened == 1
     assert np.frombuffer(request.inputs[0].data, np.int32).tolist() == list(range(16))
     b.unregister("", "cuda")  # deferred: b holds it

@@ -43,6 +43,7 @@ from v2proxy.frontends.grpc_call import (
     refusal_trailers,
     status_code,
 )
+from v2proxy.frontends.grpc_shm import peer_of
 from v2proxy.metrics_export import AnyMetrics, NullMetrics
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Headers
@@ -142,7 +143,7 @@ class GrpcFrontend:
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
         _no_reserved_keys(request.parameters)
-        response = await self.pipeline.infer(request, forwarded_headers(c))
+        response = await self.pipeline.infer(request, forwarded_headers(c), peer_of(c))
         t0 = perf_counter()
         out = grpcc.response_to_proto(response)
         self.recorder.encode["grpc"].observe(perf_counter() - t0)
@@ -178,6 +179,7 @@ class GrpcFrontend:
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
         )
         headers = forwarded_headers(context)
+        peer = peer_of(context)
         queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         rec = self.recorder
@@ -190,7 +192,7 @@ class GrpcFrontend:
                 with call:
                     r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
                     call.model = r.model_name
-                    async for out in self._stream_one(r, headers):
+                    async for out in self._stream_one(r, headers, peer):
                         data = out.SerializeToString()
                         call.n_out += len(data)
                         await queue.put(data)
@@ -232,7 +234,7 @@ class GrpcFrontend:
                 await reader
 
     async def _stream_one(
-        self, r: pb.ModelInferRequest, headers: Headers
+        self, r: pb.ModelInferRequest, headers: Headers, peer: str | None
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
@@ -242,7 +244,7 @@ class GrpcFrontend:
         previous: pb.ModelInferResponse | None = None
         encode = self.recorder.encode["grpc"]
         try:
-            async for response in self.pipeline.stream_infer(request, headers):
+            async for response in self.pipeline.stream_infer(request, headers, peer):
                 if previous is not None:
                     yield self._stream_response(previous, flag, final=False)
                 t0 = perf_counter()

@@ -35,14 +35,15 @@ def peer_host(peer: str | None) -> str | None:
     return ""
 
 
-def _peer(c: Context) -> str | None:
+def peer_of(c: Context) -> str | None:
+    """The client's IP address for ``--client-shm`` (None: a unix socket; "" unknown)."""
     return peer_host(c.peer())
 
 
 async def SystemSharedMemoryStatus(
     fe: GrpcFrontend, r: pb.SystemSharedMemoryStatusRequest, c: Context
 ) -> pb.SystemSharedMemoryStatusResponse:
-    regions = await fe.pipeline.shm_status("system", r.name, forwarded_headers(c))
+    regions = await fe.pipeline.shm_status("system", r.name, peer_of(c), forwarded_headers(c))
     resp = pb.SystemSharedMemoryStatusResponse()
     for reg in regions:
         status = resp.regions[reg["name"]]
@@ -55,7 +56,7 @@ async def SystemSharedMemoryRegister(
     fe: GrpcFrontend, r: pb.SystemSharedMemoryRegisterRequest, c: Context
 ) -> pb.SystemSharedMemoryRegisterResponse:
     await fe.pipeline.shm_register(
-        r.name, r.key, r.offset, r.byte_size, _peer(c), forwarded_headers(c)
+        r.name, r.key, r.offset, r.byte_size, peer_of(c), forwarded_headers(c)
     )
     return pb.SystemSharedMemoryRegisterResponse()
 
@@ -63,7 +64,7 @@ async def SystemSharedMemoryRegister(
 async def SystemSharedMemoryUnregister(
     fe: GrpcFrontend, r: pb.SystemSharedMemoryUnregisterRequest, c: Context
 ) -> pb.SystemSharedMemoryUnregisterResponse:
-    await fe.pipeline.shm_unregister("system", r.name, _peer(c), forwarded_headers(c))
+    await fe.pipeline.shm_unregister("system", r.name, peer_of(c), forwarded_headers(c))
     return pb.SystemSharedMemoryUnregisterResponse()
 
 
@@ -71,7 +72,7 @@ async def CudaSharedMemoryStatus(
     fe: GrpcFrontend, r: pb.CudaSharedMemoryStatusRequest, c: Context
 ) -> pb.CudaSharedMemoryStatusResponse:
     regions: list[dict[str, Any]]
-    regions = await fe.pipeline.shm_status("cuda", r.name, forwarded_headers(c))
+    regions = await fe.pipeline.shm_status("cuda", r.name, peer_of(c), forwarded_headers(c))
     resp = pb.CudaSharedMemoryStatusResponse()
     for reg in regions:
         status = resp.regions[reg["name"]]
@@ -84,7 +85,7 @@ async def CudaSharedMemoryRegister(
     fe: GrpcFrontend, r: pb.CudaSharedMemoryRegisterRequest, c: Context
 ) -> pb.CudaSharedMemoryRegisterResponse:
     await fe.pipeline.cuda_shm_register(
-        r.name, r.raw_handle, r.device_id, r.byte_size, _peer(c), forwarded_headers(c)
+        r.name, r.raw_handle, r.device_id, r.byte_size, peer_of(c), forwarded_headers(c)
     )
     return pb.CudaSharedMemoryRegisterResponse()
 
@@ -92,5 +93,5 @@ async def CudaSharedMemoryRegister(
 async def CudaSharedMemoryUnregister(
     fe: GrpcFrontend, r: pb.CudaSharedMemoryUnregisterRequest, c: Context
 ) -> pb.CudaSharedMemoryUnregisterResponse:
-    await fe.pipeline.shm_unregister("cuda", r.name, _peer(c), forwarded_headers(c))
+    await fe.pipeline.shm_unregister("cuda", r.name, peer_of(c), forwarded_headers(c))
     return pb.CudaSharedMemoryUnregisterResponse()

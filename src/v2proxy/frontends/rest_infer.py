@@ -68,6 +68,12 @@ async def _then(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[byt
         yield chunk
 
 
+def peer_of(r: HttpRequest) -> str | None:
+    """The client's IP address for ``--client-shm`` (None: a unix socket)."""
+    client = r.client
+    return None if client is None else str(client[0])
+
+
 def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> Headers:
     """The request's end-to-end headers as the bytes the client sent."""
     return forwardable(request.headers, drop)
@@ -114,7 +120,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             )
             if isinstance(outcome, ForwardResponse):
                 return outcome
-            return await _answer(fe, outcome, forwarded, encoding)
+            return await _answer(fe, outcome, forwarded, encoding, peer_of(r))
         ihcl = binc.parse_ihcl(ihcl_value, length)
         if ihcl:
             chunks = aiter(r.chunks())
@@ -146,14 +152,19 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             relayed = await fe.pipeline.relay(request, data, ihcl, forwarded)
             if relayed is not None:
                 return relayed
-    return await _answer(fe, request, forwarded, encoding)
+    return await _answer(fe, request, forwarded, encoding, peer_of(r))
 
 
 async def _answer(
-    fe: RestFrontend, request: InferRequest, forwarded: Headers, encoding: str | None
+    fe: RestFrontend,
+    request: InferRequest,
+    forwarded: Headers,
+    encoding: str | None,
+    peer: str | None,
 ) -> Answer:
-    """Run a decoded request through the pipeline; the answer in the client's wire form."""
-    response = await fe.pipeline.infer(request, forwarded)
+    """Run a decoded request through the pipeline; the answer in the client's wire form
+    (``peer``: the client's address, for ``--client-shm``)."""
+    response = await fe.pipeline.infer(request, forwarded, peer)
     t0 = perf_counter()
     chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
     if json_length is None:

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import InvalidRequest
-from v2proxy.frontends.rest_infer import headers_of
+from v2proxy.frontends.rest_infer import headers_of, peer_of
 from v2proxy.http.request import HttpRequest
 
 if TYPE_CHECKING:
@@ -36,13 +36,8 @@ def _name(m: re.Match[str]) -> str:
     return unquote(m.group("name") or "")
 
 
-def _peer(r: HttpRequest) -> str | None:
-    client = r.client
-    return None if client is None else str(client[0])
-
-
 async def status(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
-    regions = await fe.pipeline.shm_status(m.group("kind"), _name(m), headers_of(r))
+    regions = await fe.pipeline.shm_status(m.group("kind"), _name(m), peer_of(r), headers_of(r))
     return 200, [_JSON], dumps(regions)
 
 
@@ -53,15 +48,17 @@ async def register(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer
         raise InvalidRequest(f"'region name' is necessary to register {kind} shared memory region")
     if kind == "cuda":
         handle, device_id, size = side.cuda_register_body(body)
-        await fe.pipeline.cuda_shm_register(name, handle, device_id, size, _peer(r), headers_of(r))
+        await fe.pipeline.cuda_shm_register(
+            name, handle, device_id, size, peer_of(r), headers_of(r)
+        )
     else:
         key, offset, byte_size = side.shm_register_body(body)
-        await fe.pipeline.shm_register(name, key, offset, byte_size, _peer(r), headers_of(r))
+        await fe.pipeline.shm_register(name, key, offset, byte_size, peer_of(r), headers_of(r))
     return 200, [_JSON], b""
 
 
 async def unregister(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
-    await fe.pipeline.shm_unregister(m.group("kind"), _name(m), _peer(r), headers_of(r))
+    await fe.pipeline.shm_unregister(m.group("kind"), _name(m), peer_of(r), headers_of(r))
     return 200, [_JSON], b""
 
 

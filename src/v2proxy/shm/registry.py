@@ -5,8 +5,9 @@ Contract (implements :class:`v2proxy.shm_stage.Regions`):
 
 - :meth:`Registry.register` checks, in Triton's order: the key (:func:`system.normal_key`), the
   name is new (``already in manager``, ALREADY_EXISTS; a region awaiting its deferred unregister
-  still holds its name), then opens and maps the object (:func:`system.open_region`: object
-  size, zero size).
+  still holds its name), then that fewer than ``max_regions`` regions are registered (each holds a
+  file descriptor: :func:`full` words the 400), then opens and maps the object
+  (:func:`system.open_region`: object size, zero size).
 - :meth:`Registry.acquire` hands a region to a request and counts it as a user; an unknown name,
   or one being unregistered, is Triton's ``Unable to find shared memory region``.
 - :meth:`Registry.unregister` of a region in use marks it: it stays listed by :meth:`status`
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from v2proxy.errors import AlreadyExists, NotFound
+from v2proxy.errors import AlreadyExists, InvalidRequest, NotFound
 from v2proxy.shm import cuda, system
 from v2proxy.shm_stage import Region, cuda_register
 
@@ -59,6 +60,18 @@ class _Entry:
     doomed: bool = False
 
 
+#: ``--max-shm-regions``' default
+MAX_REGIONS = 256
+
+
+def full(name: str, limit: int) -> InvalidRequest:
+    """The refusal of a registration beyond ``--max-shm-regions``."""
+    return InvalidRequest(
+        f"cannot register shared memory region '{name}': v2proxy already has {limit} regions"
+        " registered, the most it allows (--max-shm-regions); unregister some first"
+    )
+
+
 class Registry:
     """The regions by name; ``gauges``: (regions, bytes) metric cells, or None."""
 
@@ -69,8 +82,10 @@ class Registry:
         tensors: dict[str, _Cell] | None = None,
         cuda_adapter: cuda.CudaAdapter | None = None,
         cuda_gauges: tuple[_Cell, _Cell] | None = None,
+        max_regions: int = MAX_REGIONS,
     ) -> None:
         self._open = opener
+        self.max_regions = max_regions
         self._gauges = {"system": gauges, "cuda": cuda_gauges}
         self._tensors = tensors
         self._cuda = cuda_adapter
@@ -93,6 +108,8 @@ class Registry:
         system.normal_key(name, key)
         if name in self._entries:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if len(self._entries) >= self.max_regions:
+            raise full(name, self.max_regions)
         region = self._open(name, key, offset, byte_size)
         self._entries[name] = _Entry(region)
         self._count(region, 1)
@@ -100,8 +117,11 @@ class Registry:
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         if self._cuda is None:
             cuda_register(name)  # Triton's CPU-build answer
+        system.check_name(name)
         if name in self._entries:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if len(self._entries) >= self.max_regions:
+            raise full(name, self.max_regions)
         assert self._cuda is not None
         region = cuda.open_region(self._cuda, name, raw_handle, device_id, byte_size)
         self._entries[name] = _Entry(region, "cuda")

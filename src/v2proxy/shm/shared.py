@@ -4,6 +4,8 @@ small record files in a folder the supervisor creates before forking (and remove
 Contract (implements :class:`v2proxy.shm_stage.Regions`, same errors and texts as
 :class:`v2proxy.shm.registry.Registry`):
 
+- At most ``max_regions`` records exist (all workers together; beyond it
+  :func:`v2proxy.shm.registry.full`'s 400).
 - A registration is one record file (name, key, offset, byte_size, kind) named by the SHA-256
   of the region's name, created complete and atomically (written to a temporary file, then
   ``os.link``: an existing record is Triton's ``already in manager``, also when two workers race
@@ -40,7 +42,7 @@ from typing import Any
 
 from v2proxy.errors import AlreadyExists, NotFound
 from v2proxy.shm import cuda, system
-from v2proxy.shm.registry import Mapped, Opener, _Cell
+from v2proxy.shm.registry import MAX_REGIONS, Mapped, Opener, _Cell, full
 from v2proxy.shm_stage import Region, cuda_register
 
 Ident = tuple[int, int]  # (st_ino, st_mtime_ns) of a record
@@ -68,8 +70,10 @@ class SharedRegistry:
         tensors: dict[str, _Cell] | None = None,
         cuda_adapter: cuda.CudaAdapter | None = None,
         cuda_gauges: tuple[_Cell, _Cell] | None = None,
+        max_regions: int = MAX_REGIONS,
     ) -> None:
         self._folder = folder
+        self.max_regions = max_regions
         self._open = opener
         self._cuda = cuda_adapter
         self._gauges = {"system": gauges, "cuda": cuda_gauges}
@@ -95,6 +99,7 @@ class SharedRegistry:
         path = self._path(name)
         if self._read(path) is not None:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        self._room(name)
         region = self._open(name, key, offset, byte_size)
         record = {"name": name, "key": key, "offset": offset, "byte_size": byte_size}
         self._create(path, {**record, "kind": "system"}, region)
@@ -102,14 +107,23 @@ class SharedRegistry:
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         if self._cuda is None:
             cuda_register(name)  # Triton's CPU-build answer
+        system.check_name(name)
         path = self._path(name)
         if self._read(path) is not None:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        self._room(name)
         assert self._cuda is not None
         region = cuda.open_region(self._cuda, name, raw_handle, device_id, byte_size)
         handle = base64.b64encode(raw_handle).decode()
         record = {"name": name, "device_id": device_id, "byte_size": byte_size}
         self._create(path, {**record, "raw_handle": handle, "kind": "cuda"}, region)
+
+    def _room(self, name: str) -> None:
+        """Refuse a registration beyond ``max_regions`` records (every worker's)."""
+        with os.scandir(self._folder) as it:
+            count = sum(1 for e in it if not e.name.startswith("."))
+        if count >= self.max_regions:
+            raise full(name, self.max_regions)
 
     def _create(self, path: str, record: dict[str, Any], region: Mapped | cuda.CudaRegion) -> None:
         name = record["name"]
