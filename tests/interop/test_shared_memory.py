@@ -127,8 +127,12 @@ def _output(kind: str, name: str) -> Any:
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_simple_shm_client_flow(shm_proxy: Proc, kind: str) -> None:
+    simple_shm_flow(shm_proxy, kind)
+
+
+def simple_shm_flow(proxy: Proc, kind: str) -> None:
     """simple_{http,grpc}_shm_client.py: both inputs and both outputs in shared memory."""
-    c, mod = _client(kind, shm_proxy), CLIENTS[kind]
+    c, mod = _client(kind, proxy), CLIENTS[kind]
     c.unregister_system_shared_memory()
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.int32)

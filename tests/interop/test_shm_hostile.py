@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-import tritonclient.utils.shared_memory as shm
 from peers.launch import _free_ports, _http_status, _stop
 from procs import Proc, v2proxy
+from test_shared_memory import simple_shm_flow
 
 from v2proxy._proto import grpc_service_pb2 as pb
 
@@ -323,40 +323,4 @@ def sidecar() -> Iterator[Proc]:
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_tritonclient_shm_flow_with_defaults(sidecar: Proc, kind: str) -> None:
     """simple_{http,grpc}_shm_client.py against a proxy started with only --backend."""
-    mod: Any = httpclient if kind == "http" else grpcclient
-    c = mod.InferenceServerClient(sidecar.url if kind == "http" else sidecar.grpc_url)
-    c.unregister_system_shared_memory()
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.ones((1, 16), dtype=np.int32)
-    handles = []
-    try:
-        out = shm.create_shared_memory_region("output_data", _key(f"out_{kind}"), 128)
-        handles.append(out)
-        inp = shm.create_shared_memory_region("input_data", _key(f"in_{kind}"), 128)
-        handles.append(inp)
-        shm.set_shared_memory_region(inp, [a])
-        shm.set_shared_memory_region(inp, [b], offset=64)
-        c.register_system_shared_memory("output_data", _key(f"out_{kind}"), 128)
-        c.register_system_shared_memory("input_data", _key(f"in_{kind}"), 128)
-        status = c.get_system_shared_memory_status()
-        assert len(status if kind == "http" else status.regions) == 2
-        i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
-        i0.set_shared_memory("input_data", 64)
-        i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
-        i1.set_shared_memory("input_data", 64, offset=64)
-        o0 = mod.InferRequestedOutput("OUTPUT0")
-        o1 = mod.InferRequestedOutput("OUTPUT1")
-        o0.set_shared_memory("output_data", 64)
-        o1.set_shared_memory("output_data", 64, offset=64)
-        c.infer("simple", [i0, i1], outputs=[o0, o1])
-        got0 = shm.get_contents_as_numpy(out, np.int32, [1, 16])
-        got1 = shm.get_contents_as_numpy(out, np.int32, [1, 16], offset=64)
-        np.testing.assert_array_equal(got0, a + b)
-        np.testing.assert_array_equal(got1, a - b)
-        c.unregister_system_shared_memory()
-        status = c.get_system_shared_memory_status()
-        assert len(status if kind == "http" else status.regions) == 0
-    finally:
-        for h in handles:
-            with contextlib.suppress(Exception):
-                shm.destroy_shared_memory_region(h)
+    simple_shm_flow(sidecar, kind)

@@ -70,6 +70,20 @@ static int ensure_installed(void)
 /* Below this many bytes the GIL is kept (releasing it costs more than the copy). */
 #define RELEASE_GIL_FROM (1 << 16)
 
+/* memcpy with this thread's recovery point set: 1 when it faulted, else 0. Not inlined, so that
+ * the jump lands in a frame that is still there. */
+static __attribute__((noinline)) int guarded_memcpy(char *to, const char *from, size_t n)
+{
+    sigjmp_buf env;
+    if (sigsetjmp(env, 1) != 0) {
+        return 1;
+    }
+    recovery = &env;
+    memcpy(to, from, n);
+    recovery = NULL;
+    return 0;
+}
+
 static PyObject *guard_copy(PyObject *self, PyObject *args)
 {
     Py_buffer dst, src;
@@ -92,25 +106,12 @@ static PyObject *guard_copy(PyObject *self, PyObject *args)
     const char *from = (const char *)src.buf;
     size_t n = (size_t)src.len;
     int faulted = 0;
-    sigjmp_buf env;
     if (n >= RELEASE_GIL_FROM) {
         Py_BEGIN_ALLOW_THREADS
-        if (sigsetjmp(env, 1) == 0) {
-            recovery = &env;
-            memcpy(to, from, n);
-            recovery = NULL;
-        } else {
-            faulted = 1;
-        }
+        faulted = guarded_memcpy(to, from, n);
         Py_END_ALLOW_THREADS
     } else if (n > 0) {
-        if (sigsetjmp(env, 1) == 0) {
-            recovery = &env;
-            memcpy(to, from, n);
-            recovery = NULL;
-        } else {
-            faulted = 1;
-        }
+        faulted = guarded_memcpy(to, from, n);
     }
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
