@@ -4,11 +4,14 @@ reached over real loopback HTTP; fake backends are aiohttp applications."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -140,3 +143,30 @@ async def proxy_to(
     return await make_client(
         build_rest(s, build_pipeline(s, build_backend(s))), **(server_options or {})
     )
+
+
+@contextlib.asynccontextmanager
+async def stuck_grpc_backend(method: str, request: Any, response: Any) -> AsyncIterator[str]:
+    """A gRPC model server on loopback whose ``method`` (e.g. "ModelInfer") answers only after
+    10 s: a stuck backend. Yields its ``grpc://`` URL; ``request``/``response``: the message
+    classes of that method."""
+
+    async def stuck(_request: Any, _context: Any) -> Any:
+        await asyncio.sleep(10)
+        return response()
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(
+        stuck,
+        request_deserializer=request.FromString,
+        response_serializer=response.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {method: handler})]
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        await server.stop(0)

@@ -5,44 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
-from tests.integration.conftest import Factory, proxy_to
+from tests.integration.conftest import Factory, proxy_to, stuck_grpc_backend
 from tests.integration.test_rest_errors import simple_json
 from tests.interop.peers.launch import _free_ports
 from v2proxy._proto import grpc_service_pb2 as pb
 
 
 @pytest.fixture
-async def slow_grpc_backend() -> Any:
+async def slow_grpc_backend() -> AsyncIterator[str]:
     """A gRPC server whose ModelInfer never answers in time (a stuck model server)."""
-
-    async def model_infer(_request: Any, _context: Any) -> Any:
-        await asyncio.sleep(10)
-        return pb.ModelInferResponse()
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                "inference.GRPCInferenceService",
-                {
-                    "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                        model_infer,
-                        request_deserializer=pb.ModelInferRequest.FromString,
-                        response_serializer=pb.ModelInferResponse.SerializeToString,
-                    )
-                },
-            )
-        ]
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"grpc://127.0.0.1:{port}"
-    await server.stop(0)
+    async with stuck_grpc_backend("ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse) as url:
+        yield url
 
 
 async def test_grpc_backend_deadline_is_504(make_client: Factory, slow_grpc_backend: str) -> None:

@@ -4,16 +4,13 @@ inference, to tell decoupled models); and how the start-up line shows every kind
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
-import grpc
 import pytest
 
-from tests.integration.conftest import Factory, proxy_to
+from tests.integration.conftest import Factory, proxy_to, stuck_grpc_backend
 from tests.integration.test_rest_errors import simple_json
 from tests.interop.peers.launch import _free_ports
 from v2proxy._proto import grpc_service_pb2 as pb
@@ -38,30 +35,10 @@ async def test_backend_down_during_infer_names_the_inference(make_client: Factor
 @pytest.fixture
 async def stuck_config_backend() -> AsyncIterator[str]:
     """A gRPC server whose ModelConfig never answers in time."""
-
-    async def model_config(_request: Any, _context: Any) -> Any:
-        await asyncio.sleep(10)
-        return pb.ModelConfigResponse()
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                "inference.GRPCInferenceService",
-                {
-                    "ModelConfig": grpc.unary_unary_rpc_method_handler(
-                        model_config,
-                        request_deserializer=pb.ModelConfigRequest.FromString,
-                        response_serializer=pb.ModelConfigResponse.SerializeToString,
-                    )
-                },
-            )
-        ]
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"grpc://127.0.0.1:{port}"
-    await server.stop(0)
+    async with stuck_grpc_backend(
+        "ModelConfig", pb.ModelConfigRequest, pb.ModelConfigResponse
+    ) as url:
+        yield url
 
 
 async def test_backend_stuck_before_infer_names_the_inference(
