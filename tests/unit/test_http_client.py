@@ -15,6 +15,9 @@ import hashlib
 import random
 import socket
 import ssl
+import struct
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -351,21 +354,253 @@ async def test_many_answers_on_one_connection_randomly_split(
 # ------------------------------------------------------------------------- retries
 
 
-async def test_post_on_a_dropped_reused_connection_is_never_resent(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_post_on_a_dropped_reused_connection_is_resent_once(serve) -> None:  # type: ignore[no-untyped-def]
+    """Any method whose body is in memory: the kept connection ended before a byte of answer."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        first = srv.accepts == 1
+        await read_request(reader, srv)
+        writer.write(OK)
+        await writer.drain()
+        if first:
+            await read_request(reader, srv)  # read the POST, then close without answering
+        else:
+            await asyncio.sleep(30)
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    resp = await client.request("POST", "/post", [(b"x-a", b"1")], [b"pay", memoryview(b"load")])
+    assert await resp.read() == b"ok"
+    assert [r.split(b" ", 1)[0] for r in srv.requests] == [b"GET", b"POST", b"POST"]
+    assert srv.requests[1] == srv.requests[2] and srv.requests[2].endswith(b"\r\n\r\npayload")
+    assert srv.accepts == 2 and retries == [1] and client._slots._value == 100
+    await client.close()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with an RST (SO_LINGER on, 0 s), not a FIN."""
+    writer.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    writer.transport.abort()
+
+
+@pytest.mark.parametrize(
+    ("delay", "rst"),
+    [(None, False), (None, True), (0.02, False), (0.02, True)],
+    ids=["close-at-once", "reset-at-once", "close-racing", "reset-racing"],
+)
+async def test_answer_then_close_without_connection_close(  # type: ignore[no-untyped-def]
+    serve, delay: float | None, rst: bool
+) -> None:
+    """uvicorn after a 500 (MLServer, KServe): a whole answer, keep-alive by its head, then the
+    connection closed. At once: the end is on the socket when the next request comes (never
+    handed out, or resent); racing: it ends after the next request reached the server, which
+    never answers it (resent on a new connection). Every POST is answered."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        _, body = await read_request(reader, srv)
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(body)
+        await writer.drain()
+        if delay is not None:
+            await asyncio.sleep(delay)  # the client's next request is on its way by then
+        if rst:
+            _reset(writer)
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    for i in range(5):
+        resp = await client.request("POST", "/v2/models/m/infer", [], [b"request %d" % i])
+        assert (resp.status, await resp.read()) == (500, b"request %d" % i)
+    assert srv.accepts == 5  # one connection per answer, each request answered once
+    assert [r.rsplit(b" ", 1)[1] for r in srv.requests] == [b"0", b"1", b"2", b"3", b"4"]
+    if delay is not None:
+        assert retries == [1] * 4  # each reached the old connection first
+    assert client._slots._value == 100
+    await client.close()
+
+
+async def test_idle_connection_whose_end_the_loop_has_not_read_is_not_used() -> None:
+    """The server's FIN is on the socket but the loop has not run since: the pooled connection
+    is looked at before reuse and not handed out, so even a body that cannot be sent again
+    (a stream) goes out once, on a new connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    port = listener.getsockname()[1]
+    seen: list[bytes] = []
+
+    def run() -> None:  # answers each connection's first request, then closes it
+        for _ in range(2):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data or not data.endswith((b"0", b"1")):
+                    data += conn.recv(65536)
+                seen.append(data)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"body 1"
+
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", port, on_retry=lambda: retries.append(1))
+    try:
+        assert await (await client.request("POST", "/", [], [b"body 0"])).read() == b"ok"
+        time.sleep(0.2)  # noqa: ASYNC251 (on purpose: the FIN comes, the loop does not read it)
+        assert client._idle and client._idle[0].reusable  # not seen by the loop yet
+        resp = await client.request("POST", "/", [], StreamBody(6, chunks()))
+        assert await resp.read() == b"ok"
+        assert [d.rsplit(b"\n", 1)[1] for d in seen] == [b"body 0", b"body 1"]
+        assert retries == []
+    finally:
+        await client.close()
+        listener.close()
+        thread.join(5)
+
+
+async def test_no_retry_when_the_answer_had_begun_then_reset(serve) -> None:  # type: ignore[no-untyped-def]
+    """Part of the head came, then an RST: the server has the request; it is not resent."""
+
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
         await read_request(reader, srv)
         writer.write(OK)
         await writer.drain()
-        await read_request(reader, srv)  # read the POST, then close without answering
+        await read_request(reader, srv)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Le")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the client has read those bytes
+        _reset(writer)
 
     srv = await serve(handler)
-    client = HttpClient("127.0.0.1", srv.port)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     assert await (await client.request("GET", "/", [])).read() == b"ok"
-    with pytest.raises(RemoteClosed) as info:
-        await client.request("POST", "/post", [(b"x-a", b"1")], [b"payload"])
-    assert info.value.request_sent
-    assert [r.split(b" ", 1)[0] for r in srv.requests] == [b"GET", b"POST"]
-    assert srv.accepts == 1 and client._slots._value == 100
+    with pytest.raises(RemoteClosed):
+        await client.request("POST", "/half", [], [b"payload"])
+    assert len(srv.requests) == 2 and srv.accepts == 1 and retries == []
+    assert client._slots._value == 100 and not client._idle
+    await client.close()
+
+
+async def test_partly_sent_streamed_body_is_not_resent(serve) -> None:  # type: ignore[no-untyped-def]
+    """The kept connection is reset while a streamed body goes out: its first part is gone."""
+    pulled: list[int] = []
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(OK)
+        await writer.drain()
+        srv.requests.append(await reader.readuntil(b"\r\n\r\n") + await reader.readexactly(4))
+        _reset(writer)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(3):
+            pulled.append(i)
+            yield b"part"
+            await asyncio.sleep(0.05)
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(RemoteClosed):
+        await client.request("POST", "/", [], StreamBody(12, chunks()))
+    assert srv.accepts == 1 and retries == [] and len(srv.requests) == 2
+    assert 1 <= len(pulled) < 3
+    await client.close()
+
+
+async def test_resent_once_only_and_never_from_a_new_connection(serve) -> None:  # type: ignore[no-untyped-def]
+    """A new connection that ends before a byte of answer fails the request (the server may
+    have it), whether it was the first try or the one resend."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        if srv.accepts == 1:
+            await read_request(reader, srv)
+            writer.write(OK)
+            await writer.drain()
+        await read_request(reader, srv)  # then closed without answering
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(RemoteClosed):  # kept connection, then its one resend: both dropped
+        await client.request("POST", "/", [], [b"a"])
+    assert srv.accepts == 2 and len(srv.requests) == 3 and retries == [1]
+    with pytest.raises(RemoteClosed):  # a new connection from the start: never resent
+        await client.request("POST", "/", [], [b"b"])
+    assert srv.accepts == 3 and len(srv.requests) == 4 and retries == [1]
+    assert client._slots._value == 100
+    await client.close()
+
+
+@pytest.mark.parametrize("which", ["read_timeout", "call_timeout"])
+async def test_timeout_on_a_kept_connection_is_not_resent(serve, which: str) -> None:  # type: ignore[no-untyped-def]
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(OK)
+        await writer.drain()
+        await stall_after(reader, writer, srv, b"")
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(ReadTimeout):
+        await client.request("POST", "/", [], [b"x"], **{which: 0.2})
+    assert srv.accepts == 1 and len(srv.requests) == 2 and retries == []
+    await client.close()
+
+
+async def test_resend_goes_on_a_new_connection_within_the_limit(serve) -> None:  # type: ignore[no-untyped-def]
+    """Two kept connections; the request dropped on one is resent on a new one, not on the
+    other kept one, whose place it takes (at most ``limit`` open)."""
+    open_now = most = 0
+    dropped = False
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        nonlocal open_now, most, dropped
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            n = 0
+            while True:
+                await read_request(reader, srv)
+                n += 1
+                if n == 2 and not dropped:
+                    dropped = True
+                    return
+                await asyncio.sleep(0.05 if n == 1 else 0)
+                writer.write(OK)
+                await writer.drain()
+        finally:
+            open_now -= 1
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, limit=2, on_retry=lambda: retries.append(1))
+
+    async def call(body: bytes) -> bytes | bytearray:
+        return await (await client.request("POST", "/", [], [body])).read()
+
+    assert list(await asyncio.gather(call(b"1"), call(b"2"))) == [b"ok", b"ok"]
+    assert len(client._idle) == 2
+    assert await call(b"3") == b"ok"
+    assert srv.accepts == 3 and retries == [1] and most <= 2
+    assert len(client._idle) == 1 and client._slots._value == 2
     await client.close()
 
 

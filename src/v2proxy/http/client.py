@@ -21,10 +21,19 @@ Contract:
 - At most ``limit`` connections are open (in use or idle). One goes back to the pool only when
   its answer was read to the end, keep-alive, and nothing more arrived. Idle ones are closed
   after ``idle_timeout`` (below the 5 s of uvicorn-based servers) or when the server ends them,
-  and never used then.
-- Retries: a GET, HEAD or OPTIONS whose reused connection ended before any byte of answer is
-  sent once more on a new connection. Nothing else is resent: :class:`RemoteClosed` tells with
-  ``request_sent`` whether the server may have seen the request.
+  and never used then: a connection is handed out again only when the loop has not seen its
+  end and its socket, looked at right then, holds nothing either
+  (:meth:`ClientConnection.alive`).
+- Retries (as urllib3, httpcore, aiohttp and Go's net/http): a request whose *reused*
+  connection ended (reset, EOF, a failed write) before any byte of the answer came is sent once
+  more, on a new connection, whatever its method, when its whole body can be sent again (none,
+  or buffers: not a :class:`StreamBody`, which is consumed as it goes). The server closing an
+  idle connection (a timeout, or uvicorn's close after a 500 without ``Connection: close``)
+  races the next request on it; a request that reached the server and lost its connection
+  before any answer may so run twice. Never resent: a request on a new connection, one of which
+  any byte of answer came, a streamed body, a timeout, an invalid answer. The one that failed
+  raises :class:`RemoteClosed`, whose ``request_sent`` tells whether the server may have seen
+  the request.
 - ``read_timeout``: every wait for the next bytes of the answer (the head here, the body in
   :class:`ClientResponse`) fails with :class:`ReadTimeout` after that many seconds without
   one. ``call_timeout``: the whole call, from the wait for a free connection to the answer's head
@@ -53,7 +62,6 @@ from v2proxy.model import Buffer
 
 #: request bodies up to this size are joined with the head and written at once
 _JOIN_MAX = 64 * 1024
-_RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 _EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
 
 __all__ = ["HttpClient", "StreamBody"]
@@ -128,8 +136,8 @@ class HttpClient:
     ) -> None:
         self.host = host
         self.port = port
-        #: called each time a request is sent again (a GET/HEAD whose idle connection the
-        #: server had closed): the ``v2proxy_backend_retries_total`` counter
+        #: called each time a request is sent again (its reused connection ended before any
+        #: byte of answer): the ``v2proxy_backend_retries_total`` counter
         self._on_retry = on_retry
         self._ssl = ssl
         self._connect_timeout = connect_timeout
@@ -172,10 +180,11 @@ class HttpClient:
             for b in body:
                 length += b.nbytes if isinstance(b, memoryview) else len(b)
         head = self._head(method, target, headers, length)
-        retry = method in _RETRIABLE and not isinstance(body, StreamBody)
+        retry = not isinstance(body, StreamBody)  # a body in memory can be sent again
+        fresh = False
         wait_for = None if covered else read_timeout
         while True:
-            conn = await self._acquire(deadline)
+            conn = await self._acquire(deadline, fresh)
             try:
                 conn.begin(method == "HEAD")
                 if deadline is not None:
@@ -198,7 +207,10 @@ class HttpClient:
             except RemoteClosed:
                 self._release(conn, False)
                 if retry and conn.reused and not conn.got_answer:
-                    retry = False  # the server had closed the idle connection: once more
+                    # the server had ended the kept connection (or did as the request went
+                    # out), no byte of answer came: once more, on a new connection
+                    retry = False
+                    fresh = True
                     if self._on_retry is not None:
                         self._on_retry()
                     continue
@@ -226,8 +238,9 @@ class HttpClient:
         if sent != body.length:
             raise ValueError(f"streamed body of {sent} bytes, not its length {body.length}")
 
-    async def _acquire(self, deadline: float | None) -> ClientConnection:
-        """A slot and a connection: the most recently used live idle one, or a new one; by
+    async def _acquire(self, deadline: float | None, fresh: bool = False) -> ClientConnection:
+        """A slot and a connection: the most recently used live idle one, or a new one (always
+        when ``fresh``: the oldest idle one is closed to keep within the limit); by
         ``deadline`` (``loop.time()``) when one is given, else ReadTimeout."""
         if not self._slots.try_acquire():
             if deadline is None:
@@ -244,11 +257,14 @@ class HttpClient:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         idle = self._idle
-        if idle:
+        if fresh:
+            if idle:
+                idle.popleft().close()
+        elif idle:
             now = loop.time()
             while idle:
                 conn = idle.pop()
-                if conn.reusable and now - conn.idle_since < self._idle_timeout:
+                if now - conn.idle_since < self._idle_timeout and conn.alive():
                     conn.reused = True
                     return conn
                 conn.close()

@@ -19,11 +19,18 @@ Contract (RFC 9112):
   its head came in (llhttp is not fed the rest: it copies what it hands out).
 - The request's body: :meth:`ClientConnection.drain` waits out the transport's write buffer;
   :meth:`ClientConnection.stop_sending` says when the rest is no longer wanted (§9.5).
+- An idle connection ends when the server ends it (``eof_received``/``connection_lost``: never
+  ``reusable`` again). :meth:`ClientConnection.alive`, asked right before a reuse, also looks
+  at the socket itself (one ``poll`` with no wait, 1-1.5 µs): the end (FIN, RST) or anything
+  else the server sent since the last answer may be there before the loop has read it, e.g.
+  when the server closes just after its answer without ``Connection: close`` (uvicorn after a
+  500).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 
 import httptools
 
@@ -38,6 +45,10 @@ _HEAD = 1  # the final answer's head (llhttp parses)
 _BODY = 2  # the body, parsed by llhttp (chunked, read-to-close, the first buffer of a length)
 _RAW = 3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
 
+#: anything the server sends to an idle connection (its end included) makes the socket readable
+#: (POLLERR and POLLHUP come unasked)
+_POLL_READ = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
+
 
 class ClientConnection(AnswerFlow):
     """One connection: llhttp parses each answer as its bytes arrive; the one coroutine waiting
@@ -48,6 +59,7 @@ class ClientConnection(AnswerFlow):
         "_head_only",
         "_max_head",
         "_parser",
+        "_poll",
         "_remaining",
         "_seen",
         "_stale",
@@ -91,11 +103,17 @@ class ClientConnection(AnswerFlow):
         self.writing_paused = False
         self._drain: asyncio.Future[None] | None = None
         self.idle_since = 0.0
+        self._poll: select.poll | None = None
 
     # ------------------------------------------------------------------ transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a socket transport (TLS ones pass the question on to theirs)
+            poll = select.poll()
+            poll.register(sock.fileno(), _POLL_READ)
+            self._poll = poll
 
     def data_received(self, data: bytes) -> None:
         if self._idle_limit is not None:
@@ -299,6 +317,17 @@ class ClientConnection(AnswerFlow):
         """The request's body is no longer wanted: the connection ended, or the server
         answered and is closing it (RFC 9112 §9.5)."""
         return self.closed or (self.head_done and not self.keep)
+
+    def alive(self) -> bool:
+        """Fit to carry the next exchange (asked of an idle connection right before reuse): not
+        ended nor unfit, and nothing waiting on its socket, where an idle connection's server
+        sends nothing but its end. Closes the connection when not."""
+        if self.reusable and not self.transport.is_closing():
+            poll = self._poll
+            if poll is None or not poll.poll(0):
+                return True
+        self.close()
+        return False
 
     def close(self) -> None:
         self.reusable = False
