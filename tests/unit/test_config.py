@@ -286,25 +286,13 @@ def test_serve_help_lists_every_option() -> None:
 
 
 def test_reference_server_restricts_nothing_by_default() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "v2proxy", "reference-server", "--restricted-api", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _serve("reference-server", "--restricted-api", "nope")
     assert proc.returncode == 2
     assert "unknown API group 'nope'" in proc.stderr
 
 
 def test_cli_rejects_bad_config_with_exit_2() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "v2proxy", "serve", "--backend", "ftp://nowhere"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _serve("serve", "--backend", "ftp://nowhere")
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(
         "v2proxy: --backend=ftp://nowhere: invalid value for 'backend': must be 'builtin',"
@@ -410,13 +398,15 @@ def test_size_options_from_the_command_line() -> None:
     assert (s.max_body_size, s.max_input_size, s.http_port) == (10**9, 64 * 2**20, 9100)
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m v2proxy ARGS`` (with ``env``, else this process's), output captured."""
     return subprocess.run(
         [sys.executable, "-m", "v2proxy", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
 
 
@@ -554,27 +544,13 @@ def test_every_v2proxy_variable_the_project_names_is_known() -> None:
 
 def test_serve_refuses_a_misspelt_variable_and_reference_server_reads_none() -> None:
     env = os.environ | {"V2PROXY_BACKEND_TIMOUT": "5"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "v2proxy", "serve", "--http-port", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    proc = _serve("serve", "--http-port", "x", env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith(
         "v2proxy: V2PROXY_BACKEND_TIMOUT: unknown environment variable (did you mean"
     )
     assert proc.stderr.count("\n") == 1
-    proc = subprocess.run(
-        [sys.executable, "-m", "v2proxy", "reference-server", "--http-port", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    proc = _serve("reference-server", "--http-port", "x", env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith("v2proxy: --http-port=x: invalid value for 'http_port'")
 
