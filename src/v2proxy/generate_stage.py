@@ -80,11 +80,22 @@ def generate_target(model: str, version: str, stream: bool) -> str:
 
 
 async def single(responses: AsyncIterator[InferResponse]) -> InferResponse:
-    """The one response a (non-stream) generate request needs; Triton's message otherwise."""
-    got = [r async for r in responses]
-    if len(got) != 1:
+    """The one response a (non-stream) generate request needs; Triton's message otherwise,
+    at the second response (the stream is closed then: a model asked to stream may have a
+    million more to make)."""
+    got: InferResponse | None = None
+    try:
+        async for response in responses:
+            if got is not None:
+                raise InvalidRequest(gc.NOT_ONE_RESPONSE)
+            got = response
+    finally:
+        aclose = getattr(responses, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if got is None:
         raise InvalidRequest(gc.NOT_ONE_RESPONSE)
-    return got[0]
+    return got
 
 
 async def read_answer(answer: ForwardResponse, limit: int) -> bytes:

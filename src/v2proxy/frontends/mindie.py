@@ -123,22 +123,22 @@ class MindieFrontend:
     # ------------------------------------------------------------------ non-stream
 
     async def _text(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
-        parts: list[str] = []
+        parts = _Text()
         reported: int | None = None
         reason: str | None = None
-        n_chunks = 0
         try:
             async with asyncio.timeout(req.timeout):
                 async for chunk, _ in backend_chunks(self.discovery, target, req, headers):
                     if chunk.text:
                         parts.append(chunk.text)
-                        n_chunks += 1
                     if chunk.tokens is not None:
                         reported = (reported or 0) + chunk.tokens
                     reason = chunk.finish_reason or reason
         except TimeoutError:
             raise BackendError(answer.TIMEOUT_MESSAGE, 500) from None
-        text = "".join(parts)
+        text = parts.text()
+        n_chunks = parts.count
+        del parts
         if not target.view.decoupled and not target.view.has("exclude_input_in_output"):
             # one answer of a model that cannot be told not to echo the prompt (streamed
             # pieces never repeat it)
@@ -224,6 +224,31 @@ class MindieFrontend:
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
+class _Text:
+    """The generated text kept for the answer, compact: the pieces are joined every
+    :data:`_JOIN_EVERY` (a million one-token strings would take ~60 MB, their text ~3 MB)."""
+
+    __slots__ = ("count", "joined", "pending")
+
+    def __init__(self) -> None:
+        self.joined: list[str] = []
+        self.pending: list[str] = []
+        self.count = 0
+
+    def append(self, piece: str) -> None:
+        self.count += 1
+        self.pending.append(piece)
+        if len(self.pending) >= _JOIN_EVERY:
+            self.joined.append("".join(self.pending))
+            self.pending.clear()
+
+    def text(self) -> str:
+        return "".join(self.joined) + "".join(self.pending)
+
+
+_JOIN_EVERY = 1024
+
+
 class _Token:
     __slots__ = ("decode", "prefill", "text")
 
@@ -240,12 +265,12 @@ class _StreamState:
         self.t0 = t0
         self.req = req
         self.prev: float | None = None
-        self.parts: list[str] = []
+        self.parts = _Text()
         self.reported: int | None = None
         self.reason: str | None = None
 
     def tokens(self) -> int:
-        return self.reported if self.reported is not None else len(self.parts)
+        return self.reported if self.reported is not None else self.parts.count
 
     async def next_token(
         self, chunks: AsyncIterator[tuple[answer.Chunk, float]], deadline: float
@@ -279,4 +304,4 @@ class _StreamState:
             detail = answer.details(why, n, req.seed)
         if last is None:
             return answer.final_event(now - self.t0, None, "", detail)
-        return answer.final_event(last.prefill, last.decode, "".join(self.parts), detail)
+        return answer.final_event(last.prefill, last.decode, self.parts.text(), detail)
