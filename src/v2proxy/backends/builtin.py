@@ -7,19 +7,22 @@ repository index/load/unload, trace and log settings.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.base import DecodedOnly
 from v2proxy.codecs import settings
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.model import InferRequest, InferResponse, Tensor
 from v2proxy.ports import Headers
-from v2proxy.reference.models import MODELS, ModelSpec
+from v2proxy.reference.models import MODELS, ModelSpec, Produced
+
+_END: Any = object()
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 
@@ -145,6 +148,26 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
     return [t for t in outputs if t.name in wanted]
 
 
+async def _next(spec: ModelSpec, request: InferRequest, produced: Produced) -> list[Tensor] | None:
+    """The outputs of the model's next response (None: no more), letting the event loop run at
+    each of the model's pauses."""
+    while True:
+        item = next(produced, _END)
+        if item is _END:
+            return None
+        if item is not None:
+            return select_outputs(spec, request, item)
+        await asyncio.sleep(0)
+
+
+def _not_one(model: str, count: int) -> InvalidRequest:
+    """:func:`~v2proxy.backends.base.single_response`'s refusal of ``count`` responses."""
+    return InvalidRequest(
+        f"model '{model}' answers this request with {count} responses: ask with"
+        " streaming (gRPC ModelStreamInfer) or set 'stream' to false"
+    )
+
+
 class BuiltinBackend(DecodedOnly):
     """Serves the reference models in-process."""
 
@@ -188,36 +211,62 @@ class BuiltinBackend(DecodedOnly):
         return True
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        return await single_response(request.model_name, self.stream_infer(request, headers))
+        responses = self.stream_infer(request, headers)
+        try:
+            first: InferResponse | None = None
+            count = 0
+            # one response is kept: the others of a request that belongs on a stream are
+            # counted for the message, not held (there may be a million)
+            async for response in responses:
+                count += 1
+                if first is None:
+                    first = response
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+        if first is None or count != 1:
+            raise _not_one(request.model_name, count)
+        return first
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
-        """Every response of the model to the request (several for the streaming llm)."""
+        """Every response of the model to the request (several for the streaming llm), each
+        made when the caller asks for the next: the model's work never holds the event loop
+        for more than a slice (it runs between responses and at the model's pauses), and
+        closing this iterator (the client went away) stops it."""
         spec = self.spec(request.model_name, request.model_version)
         stats = self._stats[spec.name]
         start = time.perf_counter_ns()
+        produced: Produced | None = None
         try:
-            inputs = validate_inputs(spec, request)
-            produced = spec.compute(inputs)
-            # the first response is made before any is sent, so that a bad request fails whole;
-            # the rest are made one at a time as the client takes them (a long stream starts
-            # at once and never sits in memory)
-            first = next(produced, None)
-            outputs = None if first is None else select_outputs(spec, request, first)
-        except ProxyError:
-            stats.failure += 1
-            stats.failure_ns += time.perf_counter_ns() - start
-            raise
-        stats.success += 1
-        stats.success_ns += time.perf_counter_ns() - start
-        stats.last_inference_ms = int(time.time() * 1000)
-        while outputs is not None:
-            yield InferResponse(
-                model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
-            )
-            nxt = next(produced, None)
-            outputs = None if nxt is None else select_outputs(spec, request, nxt)
+            try:
+                inputs = validate_inputs(spec, request)
+                produced = spec.compute(inputs)
+                # the first response is made before any is sent, so that a bad request fails
+                # whole; the rest are made one at a time as the client takes them (a long
+                # stream starts at once and never sits in memory)
+                outputs = await _next(spec, request, produced)
+            except ProxyError:
+                stats.failure += 1
+                stats.failure_ns += time.perf_counter_ns() - start
+                raise
+            stats.success += 1
+            stats.success_ns += time.perf_counter_ns() - start
+            stats.last_inference_ms = int(time.time() * 1000)
+            while outputs is not None:
+                yield InferResponse(
+                    model_name=spec.name, model_version="1", id=request.id or None, outputs=outputs
+                )
+                outputs = await _next(spec, request, produced)
+                if outputs is not None:
+                    # the event loop's turn between two responses (none after a model's only
+                    # one): a consumer that never waits (its writes all fit in buffers) would
+                    # otherwise take a million in one go
+                    await asyncio.sleep(0)
+        finally:
+            close = getattr(produced, "close", None)  # a generator: its work stops here
+            if close is not None:
+                close()
 
     # ------------------------------------------------------------------ side operations
 

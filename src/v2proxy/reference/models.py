@@ -12,14 +12,22 @@ Names and tensors are part of the product contract:
   ``text_input`` [1] (+ optional ``max_tokens``, ``stream``, ``exclude_input_in_output`` and
   sampling knobs) -> BYTES ``text_output``; decoupled: one response per token when streaming.
   It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16, at most
-  1,000,000, and at most 16 Mi characters in all: 400 beyond).
+  1,000,000, and at most 16 Mi characters in all: 400 beyond, naming ``max_tokens``; through
+  MindIE's ``/infer`` that is ``max_new_tokens``, answered 422 as MindIE does). A generation of
+  any allowed size never holds the event loop nor memory: tokens are made one at a time as they
+  are taken (a stream keeps none of them), a whole text in slices of :data:`LLM_SLICE_TOKENS`
+  with a pause between, and a generation whose client goes away stops at its next token.
 
-Compute functions take numpy views of validated inputs and return the outputs of each response
-(one list for ordinary models, one per token for the streaming llm).
+Compute functions take numpy views of validated inputs and yield the outputs of each response
+(one list for ordinary models, one per token for the streaming llm), each made when the caller
+asks for it; a ``None`` between them is a pause: a bounded slice of work is done and the caller
+(the builtin backend) lets its event loop run before it asks for more. Closing the generator
+stops the work.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +50,10 @@ class TensorSpec:
     optional: bool = False
 
 
-Compute = Callable[[dict[str, Tensor]], Iterator[list[Tensor]]]
+#: each response's outputs, made as they are asked for; None: a pause (module docstring).
+#: A generator, closed by the caller when it stops early.
+Produced = Iterator[list[Tensor] | None]
+Compute = Callable[[dict[str, Tensor]], Produced]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +109,7 @@ class ModelSpec:
         return config
 
 
-def _simple(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+def _simple(inputs: dict[str, Tensor]) -> Produced:
     a, b = as_numpy(inputs["INPUT0"]), as_numpy(inputs["INPUT1"])
     yield [
         from_numpy("OUTPUT0", Datatype.INT32, (a + b).astype("<i4")),
@@ -115,7 +126,7 @@ def _decimal(values: np.ndarray, name: str) -> np.ndarray:
         ) from None
 
 
-def _simple_string(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+def _simple_string(inputs: dict[str, Tensor]) -> Produced:
     a = _decimal(as_numpy(inputs["INPUT0"]), "INPUT0")
     b = _decimal(as_numpy(inputs["INPUT1"]), "INPUT1")
     shape = inputs["INPUT0"].shape
@@ -129,7 +140,7 @@ def _simple_string(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     ]
 
 
-def _identity(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+def _identity(inputs: dict[str, Tensor]) -> Produced:
     t = inputs["INPUT0"]
     yield [Tensor("OUTPUT0", t.datatype, t.shape, t.data)]
 
@@ -138,17 +149,19 @@ _WEIGHTS = np.float32(2.0)
 _BIAS = (np.arange(10, dtype=np.float32) * np.float32(0.125)).astype(np.float32)
 
 
-def _classifier(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+def _classifier(inputs: dict[str, Tensor]) -> Produced:
     x = as_numpy(inputs["INPUT0"])
     scores = (x * _WEIGHTS + _BIAS).astype("<f4")
     yield [from_numpy("SCORES", Datatype.FP32, scores)]
 
 
 LLM_DEFAULT_MAX_TOKENS = 16
-#: bounds of one generation: a client cannot make the in-process toy model block the event
-#: loop or exhaust memory (max_tokens up to INT32_MAX reaches it unchecked from /infer)
+#: bounds of one generation: a client cannot make the in-process toy model run for long or
+#: hold much memory (max_tokens up to INT32_MAX reaches it unchecked from /infer)
 LLM_MAX_TOKENS = 1_000_000
 LLM_MAX_OUTPUT_CHARS = 1 << 24
+#: tokens joined into a whole (non-stream) text between two pauses: well under a millisecond
+LLM_SLICE_TOKENS = 4096
 
 
 def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
@@ -161,8 +174,10 @@ def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
     return values[0].item() if hasattr(values[0], "item") else values[0]
 
 
-def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
-    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces."""
+def iter_llm_tokens(prompt: str, max_tokens: int) -> Iterator[str]:
+    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces, made
+    one at a time as they are taken. Refused at once (InvalidRequest) when the whole text would
+    be longer than :data:`LLM_MAX_OUTPUT_CHARS`."""
     words = prompt.split() or ["token"]
     cycles, rest = divmod(max_tokens, len(words))
     size = cycles * sum(map(len, words)) + sum(map(len, words[:rest])) + max_tokens - 1
@@ -171,10 +186,21 @@ def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
             f"model 'llm' would generate {size} characters, more than {LLM_MAX_OUTPUT_CHARS}:"
             " ask for fewer tokens or a shorter prompt"
         )
-    return [("" if i == 0 else " ") + words[i % len(words)] for i in range(max_tokens)]
+    return _cycle(words, max_tokens)
 
 
-def _llm(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
+def _cycle(words: list[str], n: int) -> Iterator[str]:
+    spaced = [" " + w for w in words]
+    for i in range(n):
+        yield spaced[i % len(words)] if i else words[0]
+
+
+def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
+    """:func:`iter_llm_tokens` as a list (for tests and small counts)."""
+    return list(iter_llm_tokens(prompt, max_tokens))
+
+
+def _llm(inputs: dict[str, Tensor]) -> Produced:
     raw = _scalar(inputs, "text_input", b"")
     prompt = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     max_tokens = int(_scalar(inputs, "max_tokens", LLM_DEFAULT_MAX_TOKENS))
@@ -184,7 +210,7 @@ def _llm(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
         raise InvalidRequest(f"input 'max_tokens' of model 'llm' must be at most {LLM_MAX_TOKENS}")
     stream = bool(_scalar(inputs, "stream", False))
     exclude_input = bool(_scalar(inputs, "exclude_input_in_output", stream))
-    tokens = llm_tokens(prompt, max_tokens)
+    tokens = iter_llm_tokens(prompt, max_tokens)
 
     def text(value: str) -> list[Tensor]:
         return [Tensor("text_output", Datatype.BYTES, (1,), serialize_bytes([value.encode()]))]
@@ -192,9 +218,16 @@ def _llm(inputs: dict[str, Tensor]) -> Iterator[list[Tensor]]:
     if stream:
         for token in tokens:
             yield text(token)
-    else:
-        generated = "".join(tokens)
-        yield text(generated if exclude_input else f"{prompt} {generated}")
+        return
+    # the whole text, a slice at a time with a pause between (1,000,000 tokens joined at once
+    # hold the event loop for a tenth of a second)
+    slices: list[str] = []
+    while piece := "".join(itertools.islice(tokens, LLM_SLICE_TOKENS)):
+        slices.append(piece)
+        yield None
+    generated = "".join(slices)
+    del slices
+    yield text(generated if exclude_input else f"{prompt} {generated}")
 
 
 def _spec(
