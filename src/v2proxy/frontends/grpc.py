@@ -50,6 +50,8 @@ from v2proxy.ports import Headers
 from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
+#: answers of one ModelStreamInfer call serialized ahead of the client at most
+_STREAM_QUEUE = 16
 
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -180,7 +182,9 @@ class GrpcFrontend:
         )
         headers = forwarded_headers(context)
         peer = peer_of(context)
-        queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue()
+        # bounded: a client that reads slowly holds the models back (each put waits), never
+        # the proxy's memory
+        queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue(_STREAM_QUEUE)
         tasks: set[asyncio.Task[None]] = set()
         rec = self.recorder
 
@@ -217,8 +221,12 @@ class GrpcFrontend:
                     task.add_done_callback(tasks.discard)
                 if tasks:
                     await asyncio.gather(*list(tasks))
-            finally:
+            except asyncio.CancelledError:
+                raise  # by the writer below, which is gone: nobody waits for the end
+            except BaseException:
                 await queue.put(None)
+                raise
+            await queue.put(None)
 
         reader = asyncio.create_task(read_all())
         try:
