@@ -57,7 +57,7 @@ V2PROXY_CONFIGS: dict[str, list[str]] = {
     "v2proxy-binary": ["--backend", "http://{reference_http}", "--backend-encoding", "binary"],
     "v2proxy-grpc": ["--backend", "grpc://{reference_grpc}"],
     "v2proxy-mlserver": ["--backend", "http://{mlserver_http}", "--backend-encoding", "auto"],
-    # (g) only: shared memory needs no backend hop; the shared-memory API is restricted by default
+    # (g) only: shared memory needs no backend hop (--restricted-api none: nothing in the way)
     "v2proxy-builtin": [
         "--backend",
         "builtin",
