@@ -111,7 +111,8 @@ REJECTED = Family(
     " progress than --max-concurrency allows; answered 503 / RESOURCE_EXHAUSTED).",
     ("frontend", "reason"),
 )
-# The REST backend's HTTP client: a GET/HEAD sent again, its idle connection closed by the server.
+# The REST backend's HTTP client: a GET, HEAD or OPTIONS sent again on a new connection, its
+# reused one having ended before any byte of answer (a POST, an inference, never is).
 BACKEND_RETRIES = Family(
     "v2proxy_backend_retries_total",
     "counter",

@@ -3,12 +3,13 @@ uvicorn does so when an exception escapes the application after Starlette's erro
 answered 500 (MLServer on a binary body it cannot decode, KServe on a model's ValueError), a few
 milliseconds after the answer (the traceback is logged first). The next request through
 v2proxy used to go on that connection as it closed and reach the client as a 502 ("Connection
-reset by peer", "the connection ended before the answer's head"); it must be answered.
+reset by peer", "the connection ended before the answer's head"); it must be answered. v2proxy
+never reuses a connection whose answer was a 5xx, so the next request goes on a new one.
 
 Against a real MLServer 1.7 with ``--backend-encoding binary`` (MLServer has no binary tensors:
 each inference is its bare 500, then the close). The request after it is a POST too
-(``/v2/repository/index``, restricted groups opened with ``--restricted-api none``), so only a
-connection that is really alive, or a resend on a new one, answers it."""
+(``/v2/repository/index``, restricted groups opened with ``--restricted-api none``), which is
+never sent twice: only a connection that is really alive answers it."""
 
 from __future__ import annotations
 

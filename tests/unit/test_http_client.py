@@ -173,6 +173,30 @@ CASES: dict[str, Case] = {
         method="HEAD",
         reused=False,
     ),
+    "4xx-reused": Case(
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno", status=404, body=b"no"
+    ),
+    # a server's error handler often closes right after a 5xx without saying so (uvicorn)
+    "5xx-not-reused": Case(
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\n\r\nno",
+        status=500,
+        body=b"no",
+        reused=False,
+    ),
+    "5xx-keep-alive-not-reused": Case(
+        b"HTTP/1.1 503 Service Unavailable\r\nConnection: keep-alive\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n",
+        status=503,
+        body=b"no",
+        reused=False,
+    ),
+    "head-5xx-not-reused": Case(
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 100\r\n\r\n",
+        status=502,
+        headers={b"content-length": b"100"},
+        method="HEAD",
+        reused=False,
+    ),
     "100-continue-then-200": Case(
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", body=b"ok"
     ),
@@ -354,31 +378,6 @@ async def test_many_answers_on_one_connection_randomly_split(
 # ------------------------------------------------------------------------- retries
 
 
-async def test_post_on_a_dropped_reused_connection_is_resent_once(serve) -> None:  # type: ignore[no-untyped-def]
-    """Any method whose body is in memory: the kept connection ended before a byte of answer."""
-
-    async def handler(reader: Any, writer: Any, srv: Server) -> None:
-        first = srv.accepts == 1
-        await read_request(reader, srv)
-        writer.write(OK)
-        await writer.drain()
-        if first:
-            await read_request(reader, srv)  # read the POST, then close without answering
-        else:
-            await asyncio.sleep(30)
-
-    srv = await serve(handler)
-    retries: list[int] = []
-    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
-    assert await (await client.request("GET", "/", [])).read() == b"ok"
-    resp = await client.request("POST", "/post", [(b"x-a", b"1")], [b"pay", memoryview(b"load")])
-    assert await resp.read() == b"ok"
-    assert [r.split(b" ", 1)[0] for r in srv.requests] == [b"GET", b"POST", b"POST"]
-    assert srv.requests[1] == srv.requests[2] and srv.requests[2].endswith(b"\r\n\r\npayload")
-    assert srv.accepts == 2 and retries == [1] and client._slots._value == 100
-    await client.close()
-
-
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with an RST (SO_LINGER on, 0 s), not a FIN."""
     writer.get_extra_info("socket").setsockopt(
@@ -387,28 +386,75 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+@pytest.mark.parametrize("rst", [False, True], ids=["close", "reset"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+async def test_post_on_a_dropped_reused_connection_is_never_resent(  # type: ignore[no-untyped-def]
+    serve, method: str, rst: bool
+) -> None:
+    """The kept connection ends after the server read the request, before a byte of answer:
+    the server may have acted on it (an inference that ran), so it is not sent again, though
+    its body is in memory. Only GET, HEAD and OPTIONS are resent."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        await read_request(reader, srv)
+        writer.write(OK)
+        await writer.drain()
+        await read_request(reader, srv)  # read the request, then end without answering
+        if rst:
+            _reset(writer)
+
+    srv = await serve(handler)
+    retries: list[int] = []
+    client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(RemoteClosed, match="before the answer's head") as info:
+        await client.request(method, "/post", [(b"x-a", b"1")], [b"pay", memoryview(b"load")])
+    assert info.value.request_sent
+    assert [r.split(b" ", 1)[0] for r in srv.requests] == [b"GET", method.encode()]
+    assert srv.requests[1].endswith(b"\r\n\r\npayload")
+    await asyncio.sleep(0.05)  # a resend would have reached the server by now
+    assert len(srv.requests) == 2 and srv.accepts == 1 and retries == []
+    assert client._slots._value == 100 and not client._idle
+    await client.close()
+
+
 @pytest.mark.parametrize(
-    ("delay", "rst"),
-    [(None, False), (None, True), (0.02, False), (0.02, True)],
-    ids=["close-at-once", "reset-at-once", "close-racing", "reset-racing"],
+    ("status", "delay", "rst"),
+    [
+        (500, None, False),
+        (500, None, True),
+        (500, 0.02, False),
+        (500, 0.02, True),
+        (200, None, False),
+        (200, None, True),
+    ],
+    ids=[
+        "500-close-at-once",
+        "500-reset-at-once",
+        "500-close-racing",
+        "500-reset-racing",
+        "200-close-at-once",
+        "200-reset-at-once",
+    ],
 )
 async def test_answer_then_close_without_connection_close(  # type: ignore[no-untyped-def]
-    serve, delay: float | None, rst: bool
+    serve, status: int, delay: float | None, rst: bool
 ) -> None:
     """uvicorn after a 500 (MLServer, KServe): a whole answer, keep-alive by its head, then the
-    connection closed. At once: the end is on the socket when the next request comes (never
-    handed out, or resent); racing: it ends after the next request reached the server, which
-    never answers it (resent on a new connection). Every POST is answered."""
+    connection closed, at once or a little later (the traceback is logged first: racing the
+    next request). A 5xx's connection is never reused, so the next request always goes on a
+    new one and nothing is resent. A 200 then a close at once: the end is on the socket when
+    the next request comes, and the look before reuse (:meth:`ClientConnection.alive`) keeps
+    that connection from being handed out (a POST on it would fail, never resent). Every POST
+    is answered once."""
 
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
         _, body = await read_request(reader, srv)
-        writer.write(
-            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body)
-        )
+        writer.write(b"HTTP/1.1 %d Whatever\r\nContent-Length: %d\r\n\r\n" % (status, len(body)))
         writer.write(body)
         await writer.drain()
         if delay is not None:
-            await asyncio.sleep(delay)  # the client's next request is on its way by then
+            await asyncio.sleep(delay)  # the client's next request would be on its way by then
         if rst:
             _reset(writer)
 
@@ -417,11 +463,10 @@ async def test_answer_then_close_without_connection_close(  # type: ignore[no-un
     client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     for i in range(5):
         resp = await client.request("POST", "/v2/models/m/infer", [], [b"request %d" % i])
-        assert (resp.status, await resp.read()) == (500, b"request %d" % i)
-    assert srv.accepts == 5  # one connection per answer, each request answered once
+        assert (resp.status, await resp.read()) == (status, b"request %d" % i)
+    assert srv.accepts == 5  # one connection per answer
     assert [r.rsplit(b" ", 1)[1] for r in srv.requests] == [b"0", b"1", b"2", b"3", b"4"]
-    if delay is not None:
-        assert retries == [1] * 4  # each reached the old connection first
+    assert retries == []  # each request went out once, on a new connection
     assert client._slots._value == 100
     await client.close()
 
@@ -471,7 +516,8 @@ async def test_idle_connection_whose_end_the_loop_has_not_read_is_not_used() -> 
 
 
 async def test_no_retry_when_the_answer_had_begun_then_reset(serve) -> None:  # type: ignore[no-untyped-def]
-    """Part of the head came, then an RST: the server has the request; it is not resent."""
+    """Part of the head came, then an RST: the server has the request; even a GET is not
+    resent."""
 
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
         await read_request(reader, srv)
@@ -487,15 +533,16 @@ async def test_no_retry_when_the_answer_had_begun_then_reset(serve) -> None:  # 
     retries: list[int] = []
     client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     assert await (await client.request("GET", "/", [])).read() == b"ok"
-    with pytest.raises(RemoteClosed):
-        await client.request("POST", "/half", [], [b"payload"])
+    with pytest.raises(RemoteClosed, match="before the answer's head"):
+        await client.request("GET", "/half", [])
     assert len(srv.requests) == 2 and srv.accepts == 1 and retries == []
     assert client._slots._value == 100 and not client._idle
     await client.close()
 
 
 async def test_partly_sent_streamed_body_is_not_resent(serve) -> None:  # type: ignore[no-untyped-def]
-    """The kept connection is reset while a streamed body goes out: its first part is gone."""
+    """The kept connection is reset while a streamed body goes out: its first part is gone
+    (a GET: what may be resent)."""
     pulled: list[int] = []
 
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
@@ -516,34 +563,50 @@ async def test_partly_sent_streamed_body_is_not_resent(serve) -> None:  # type: 
     client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     assert await (await client.request("GET", "/", [])).read() == b"ok"
     with pytest.raises(RemoteClosed):
-        await client.request("POST", "/", [], StreamBody(12, chunks()))
+        await client.request("GET", "/", [], StreamBody(12, chunks()))
     assert srv.accepts == 1 and retries == [] and len(srv.requests) == 2
     assert 1 <= len(pulled) < 3
     await client.close()
 
 
 async def test_resent_once_only_and_never_from_a_new_connection(serve) -> None:  # type: ignore[no-untyped-def]
-    """A new connection that ends before a byte of answer fails the request (the server may
-    have it), whether it was the first try or the one resend."""
+    """A GET: a new connection that ends before a byte of answer fails the request (the server
+    may have it), whether it was the first try or the one resend. A POST in the same place is
+    not resent at all."""
 
     async def handler(reader: Any, writer: Any, srv: Server) -> None:
-        if srv.accepts == 1:
-            await read_request(reader, srv)
+        while True:
+            head, _ = await read_request(reader, srv)
+            if not head.startswith(b"GET / "):
+                return  # dropped without a byte of answer
             writer.write(OK)
             await writer.drain()
-        await read_request(reader, srv)  # then closed without answering
 
     srv = await serve(handler)
     retries: list[int] = []
     client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
+
+    def seen() -> list[bytes]:
+        return [r.split(b" HTTP/", 1)[0] for r in srv.requests]
+
     assert await (await client.request("GET", "/", [])).read() == b"ok"
-    with pytest.raises(RemoteClosed):  # kept connection, then its one resend: both dropped
-        await client.request("POST", "/", [], [b"a"])
-    assert srv.accepts == 2 and len(srv.requests) == 3 and retries == [1]
-    with pytest.raises(RemoteClosed):  # a new connection from the start: never resent
-        await client.request("POST", "/", [], [b"b"])
-    assert srv.accepts == 3 and len(srv.requests) == 4 and retries == [1]
-    assert client._slots._value == 100
+    with pytest.raises(RemoteClosed) as info:  # kept connection, then its one resend: dropped
+        await client.request("GET", "/a", [])
+    assert info.value.request_sent
+    assert seen() == [b"GET /", b"GET /a", b"GET /a"]
+    assert srv.accepts == 2 and retries == [1]
+    with pytest.raises(RemoteClosed) as info:  # a new connection from the start: never resent
+        await client.request("GET", "/b", [])
+    assert info.value.request_sent
+    assert seen()[3:] == [b"GET /b"] and srv.accepts == 3 and retries == [1]
+    # the same with a POST on a kept connection: dropped once, never resent
+    assert await (await client.request("GET", "/", [])).read() == b"ok"
+    with pytest.raises(RemoteClosed) as info:
+        await client.request("POST", "/c", [], [b"c"])
+    assert info.value.request_sent
+    await asyncio.sleep(0.05)  # a resend would have reached the server by now
+    assert seen()[4:] == [b"GET /", b"POST /c"] and srv.accepts == 4 and retries == [1]
+    assert client._slots._value == 100 and not client._idle
     await client.close()
 
 
@@ -559,15 +622,17 @@ async def test_timeout_on_a_kept_connection_is_not_resent(serve, which: str) -> 
     retries: list[int] = []
     client = HttpClient("127.0.0.1", srv.port, on_retry=lambda: retries.append(1))
     assert await (await client.request("GET", "/", [])).read() == b"ok"
-    with pytest.raises(ReadTimeout):
-        await client.request("POST", "/", [], [b"x"], **{which: 0.2})
+    with pytest.raises(ReadTimeout):  # a GET, which a dropped connection would resend
+        await client.request("GET", "/", [], **{which: 0.2})
     assert srv.accepts == 1 and len(srv.requests) == 2 and retries == []
     await client.close()
 
 
-async def test_resend_goes_on_a_new_connection_within_the_limit(serve) -> None:  # type: ignore[no-untyped-def]
-    """Two kept connections; the request dropped on one is resent on a new one, not on the
-    other kept one, whose place it takes (at most ``limit`` open)."""
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_resend_goes_on_a_new_connection_within_the_limit(serve, method: str) -> None:  # type: ignore[no-untyped-def]
+    """Two kept connections; a GET dropped on one is resent on a new one, not on the other
+    kept one, whose place it takes (at most ``limit`` open). A POST dropped there is not
+    resent: it fails, and the other kept connection stays."""
     open_now = most = 0
     dropped = False
 
@@ -593,13 +658,23 @@ async def test_resend_goes_on_a_new_connection_within_the_limit(serve) -> None: 
     retries: list[int] = []
     client = HttpClient("127.0.0.1", srv.port, limit=2, on_retry=lambda: retries.append(1))
 
-    async def call(body: bytes) -> bytes | bytearray:
-        return await (await client.request("POST", "/", [], [body])).read()
+    async def call(target: bytes) -> bytes | bytearray:
+        body = None if method == "GET" else [target]
+        return await (await client.request(method, target.decode(), [], body)).read()
 
-    assert list(await asyncio.gather(call(b"1"), call(b"2"))) == [b"ok", b"ok"]
+    assert list(await asyncio.gather(call(b"/1"), call(b"/2"))) == [b"ok", b"ok"]
     assert len(client._idle) == 2
-    assert await call(b"3") == b"ok"
-    assert srv.accepts == 3 and retries == [1] and most <= 2
+    if method == "GET":
+        assert await call(b"/3") == b"ok"
+        assert srv.accepts == 3 and retries == [1] and most <= 2
+    else:
+        with pytest.raises(RemoteClosed):
+            await call(b"/3")
+        await asyncio.sleep(0.05)  # a resend would have reached the server by now
+        assert srv.accepts == 2 and retries == [] and most <= 2
+    targets = [r.split(b" ", 2)[1] for r in srv.requests]
+    assert sorted(targets[:2]) == [b"/1", b"/2"]
+    assert targets[2:] == ([b"/3", b"/3"] if method == "GET" else [b"/3"])
     assert len(client._idle) == 1 and client._slots._value == 2
     await client.close()
 

@@ -24,16 +24,17 @@ Contract:
   and never used then: a connection is handed out again only when the loop has not seen its
   end and its socket, looked at right then, holds nothing either
   (:meth:`ClientConnection.alive`).
-- Retries (as urllib3, httpcore, aiohttp and Go's net/http): a request whose *reused*
-  connection ended (reset, EOF, a failed write) before any byte of the answer came is sent once
-  more, on a new connection, whatever its method, when its whole body can be sent again (none,
-  or buffers: not a :class:`StreamBody`, which is consumed as it goes). The server closing an
-  idle connection (a timeout, or uvicorn's close after a 500 without ``Connection: close``)
-  races the next request on it; a request that reached the server and lost its connection
-  before any answer may so run twice. Never resent: a request on a new connection, one of which
-  any byte of answer came, a streamed body, a timeout, an invalid answer. The one that failed
-  raises :class:`RemoteClosed`, whose ``request_sent`` tells whether the server may have seen
-  the request.
+- A connection whose answer was a 5xx is not reused: servers' error handlers often close it
+  right after without ``Connection: close`` (uvicorn after an unhandled exception: MLServer,
+  KServe), and the next request would race that close.
+- Retries (as Go's net/http and nginx do for requests that may change state): a GET, HEAD or
+  OPTIONS whose *reused* connection ended (reset, EOF, a failed write) before any byte of the
+  answer came is sent once more, on a new connection, when its whole body can be sent again (not
+  a :class:`StreamBody`). A POST (an inference) is never sent twice: it may have reached the
+  model (a sequence model's state, an LLM's cost); the looks before reuse and the 5xx rule above
+  keep the races that would fail it rare. Never resent either: a request on a new connection, one
+  of which any byte of answer came, a timeout, an invalid answer. The one that failed raises
+  :class:`RemoteClosed`, whose ``request_sent`` tells whether the server may have seen it.
 - ``read_timeout``: every wait for the next bytes of the answer (the head here, the body in
   :class:`ClientResponse`) fails with :class:`ReadTimeout` after that many seconds without
   one. ``call_timeout``: the whole call, from the wait for a free connection to the answer's head
@@ -62,6 +63,7 @@ from v2proxy.model import Buffer
 
 #: request bodies up to this size are joined with the head and written at once
 _JOIN_MAX = 64 * 1024
+_RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 _EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
 
 __all__ = ["HttpClient", "StreamBody"]
@@ -180,7 +182,7 @@ class HttpClient:
             for b in body:
                 length += b.nbytes if isinstance(b, memoryview) else len(b)
         head = self._head(method, target, headers, length)
-        retry = not isinstance(body, StreamBody)  # a body in memory can be sent again
+        retry = method in _RETRIABLE and not isinstance(body, StreamBody)
         fresh = False
         wait_for = None if covered else read_timeout
         while True:

@@ -13,8 +13,9 @@ Contract (RFC 9112):
   ``max_head`` bytes. All as :class:`ProtocolError`; an end before the answer is complete as
   :class:`RemoteClosed`.
 - Keep-alive (§9.3): HTTP/1.1 unless ``Connection`` lists ``close``; HTTP/1.0 only when it
-  lists ``keep-alive``; never after a body delimited by the end of the connection. Bytes past
-  the end of an answer make the connection unfit for reuse (``reusable``).
+  lists ``keep-alive``; never after a body delimited by the end of the connection, nor after a
+  5xx (error handlers often close right after one without saying so). Bytes past the end of an
+  answer make the connection unfit for reuse (``reusable``).
 - A Content-Length body is handed out in the transport's own ``bytes`` objects past the buffer
   its head came in (llhttp is not fed the rest: it copies what it hands out).
 - The request's body: :meth:`ClientConnection.drain` waits out the transport's write buffer;
@@ -210,12 +211,15 @@ class ClientConnection(AnswerFlow):
                 length = value  # llhttp rejects a second one
             elif name == b"transfer-encoding":
                 te = value if te is None else te + b"," + value
+        # never kept after a 5xx: a server's error handler often closes the connection right
+        # after it without saying so (uvicorn after an unhandled exception: MLServer, KServe),
+        # and the next request would race that close
         if self._head_only:
-            self.keep = self._keep_alive()
+            self.keep = self._keep_alive() and status < 500
             self.content_length = 0
         else:
             # llhttp's reading of Connection's tokens and the version (and of read-to-close)
-            self.keep = parser.should_keep_alive()
+            self.keep = parser.should_keep_alive() and status < 500
             if status in (204, 304):
                 self.content_length = 0
             elif te is not None:
