@@ -170,3 +170,18 @@ async def stuck_grpc_backend(method: str, request: Any, response: Any) -> AsyncI
         yield f"grpc://127.0.0.1:{port}"
     finally:
         await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def grpc_frontend(s: Settings, pipeline: Any) -> AsyncIterator[grpc.aio.Channel]:
+    """v2proxy's gRPC frontend on a loopback port in this process, and a channel to it."""
+    from v2proxy.app import build_grpc_server
+
+    server = build_grpc_server(s, pipeline)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(None)

@@ -12,10 +12,9 @@ import aiohttp
 import grpc
 import pytest
 
-from tests.integration.conftest import Factory, proxy_to, settings
+from tests.integration.conftest import Factory, grpc_frontend, proxy_to, settings
 from tests.integration.test_rest_errors import simple_json
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import build_grpc_server
 from v2proxy.app_core import build_backend, build_pipeline
 
 TIMEOUT = 0.3
@@ -125,11 +124,8 @@ async def test_grpc_repository_index_times_out(stuck: StuckBackend) -> None:
     s = settings(backend=url, backend_timeout=TIMEOUT, restricted_api="none")
     backend = build_backend(s)
     await backend.start()
-    server = build_grpc_server(s, build_pipeline(s, backend))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc_frontend(s, build_pipeline(s, backend)) as channel:
             call = channel.unary_unary(
                 "/inference.GRPCInferenceService/RepositoryIndex",
                 request_serializer=pb.RepositoryIndexRequest.SerializeToString,
@@ -140,7 +136,6 @@ async def test_grpc_repository_index_times_out(stuck: StuckBackend) -> None:
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "in time" in (info.value.details() or "")
     finally:
-        await server.stop(None)
         await backend.close()
 
 

@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import grpc
-
-from tests.integration.conftest import settings
+from tests.integration.conftest import grpc_frontend, settings
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import build_grpc_server
 from v2proxy.app_core import build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.model import Datatype, InferRequest, InferResponse, Tensor
@@ -39,24 +36,18 @@ class Endless(BuiltinBackend):
 async def test_a_slow_reader_holds_the_model_back() -> None:
     Endless.made = 0
     s = settings()
-    server = build_grpc_server(s, build_pipeline(s, Endless(), cuda_adapter=None))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.stream_stream(
-                "/inference.GRPCInferenceService/ModelStreamInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelStreamInferResponse.FromString,
-            )
-            stream = call(iter([pb.ModelInferRequest(model_name="endless")]))
-            first = await stream.read()
-            assert first.infer_response.outputs[0].name == "OUT"
-            await asyncio.sleep(1.0)  # the client reads nothing more
-            made = Endless.made
-            # the queue (16) plus what grpc's own buffers and windows hold: far from the
-            # thousands an unbounded queue lets the model make in that second
-            assert made < 150, made
-            stream.cancel()
-    finally:
-        await server.stop(None)
+    async with grpc_frontend(s, build_pipeline(s, Endless(), cuda_adapter=None)) as channel:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        stream = call(iter([pb.ModelInferRequest(model_name="endless")]))
+        first = await stream.read()
+        assert first.infer_response.outputs[0].name == "OUT"
+        await asyncio.sleep(1.0)  # the client reads nothing more
+        made = Endless.made
+        # the queue (16) plus what grpc's own buffers and windows hold: far from the
+        # thousands an unbounded queue lets the model make in that second
+        assert made < 150, made
+        stream.cancel()
