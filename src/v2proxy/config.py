@@ -4,11 +4,13 @@ Precedence: command line > environment (``V2PROXY_<NAME>``) > YAML file (``--con
 defaults. A bad value stops the start with one clear line (:class:`ConfigError`) naming the key;
 an unknown key anywhere in the file is refused the same way. Nothing reads configuration per
 request.
+Each setting is declared once, in :data:`v2proxy.config_spec.SETTINGS` (default, parser, help,
+metavar): :class:`Settings`' defaults and :data:`PARSERS` are built from it, as are the command
+line's options and docs/reference/settings.md.
 Every value is parsed by the same parser (:data:`PARSERS`) whichever its source: the command line
-passes text, like the environment. Byte sizes (``max_input_size``, ``max_body_size``,
-``grpc_max_message_size``, ``backend_shm_threshold``) take a unit: ``K``, ``M``, ``G``, ``T``
-powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024, ``B`` optional (``64Mi``, ``1GB``;
-:func:`v2proxy.config_values.byte_size`).
+passes text, like the environment. Byte sizes (the settings whose metavar is ``SIZE``) take a
+unit: ``K``, ``M``, ``G``, ``T`` powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024,
+``B`` optional (``64Mi``, ``1GB``; :func:`v2proxy.config_values.byte_size`).
 The environment holds only known ``V2PROXY_*`` names: a setting's ``V2PROXY_<KEY>``, or one of
 :data:`OTHER_VARIABLES` (``V2PROXY_CONFIG``, and those of the project's own tests and benchmarks,
 which the servers they start inherit); any other ``V2PROXY_*`` name, a misspelt setting most
@@ -17,7 +19,8 @@ The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
 (:func:`v2proxy.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
 the setting.
 
-Besides the option keys, the YAML file holds two sections (DESIGN.md "Product contract"):
+Besides the option keys, the YAML file holds two sections (see docs/architecture.md, product
+contract; their keys are listed in docs/reference/settings.md):
 
 - ``models``: model name -> ``{outputs: {output name -> {labels: FILE}}}``. Each label file is
   read here, once: UTF-8 (a BOM is dropped), one label per line (``\n`` or ``\r\n``; blank
@@ -25,7 +28,8 @@ Besides the option keys, the YAML file holds two sections (DESIGN.md "Product co
   path is taken from the working directory when it exists there, else from the config file's
   folder. -> ``Settings.models[m].outputs[o].labels``.
 - ``mindie``: how ``POST /infer`` (MindIE's native API) maps to a v2 model -> ``Settings.mindie``
-  (:class:`MindieSettings`; keys in reference/mindie-adaptation.md §4).
+  (:class:`MindieSettings`; its keys are declared in
+  :data:`v2proxy.config_sections.MINDIE_KEYS`; the mapping itself: see docs/protocol.md, MindIE).
 """
 
 from __future__ import annotations
@@ -37,85 +41,74 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
 from v2proxy.config_sections import (
     ConfigError,
-    MiB,
     MindieSettings,
     ModelSettings,
     parse_mindie,
     parse_models,
 )
-from v2proxy.config_values import (
-    byte_size,
-    choice,
-    non_negative_int,
-    port,
-    positive_float,
-    positive_int,
-    switch,
-)
-from v2proxy.config_values import text as path_text
-from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy, parse_groups, parse_header
+from v2proxy.config_spec import DEFAULTS, SETTINGS
+from v2proxy.config_values import BackendTarget, parse_backend
+from v2proxy.restricted import RestrictedPolicy
 from v2proxy.tls import BackendTls, ListenerTls, TlsFileError
 from v2proxy.tls import check as check_tls
 
-
-@dataclass(frozen=True, slots=True)
-class BackendTarget:
-    """Where the model server is: ``kind`` is builtin, http, https (``url`` the base URL), grpc
-    or mindie (``url`` is then host:port); ``tls``: https://, grpcs:// (kind grpc) or mindies://
-    (kind mindie: MindIE's server speaks HTTPS by default)."""
-
-    kind: str
-    url: str = ""
-    tls: bool = False
-
-    @property
-    def display(self) -> str:
-        """The backend as logs show it, always with its scheme: ``builtin``, the http(s) URL,
-        ``grpc://``, ``grpcs://``, ``mindie://`` or ``mindies://`` host:port."""
-        if self.kind in ("grpc", "mindie"):
-            return f"{self.kind}{'s' if self.tls else ''}://{self.url}"
-        return self.url or self.kind
+#: BackendTarget and parse_backend are defined in v2proxy.config_values (the table of settings
+#: needs them) and still imported from here
+__all__ = [
+    "OTHER_VARIABLES",
+    "PARSERS",
+    "SECRET",
+    "BackendTarget",
+    "Settings",
+    "load_settings",
+    "parse_backend",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of ``v2proxy serve`` (and of ``reference-server``)."""
+    """Every setting of ``v2proxy serve`` (and of ``reference-server``). A field named like a
+    setting of :data:`v2proxy.config_spec.SETTINGS` takes its default from there; the others are
+    built from several settings (``restricted``, ``tls``, ``backend_tls``) or from the file's
+    sections (``models``, ``mindie``)."""
 
-    backend: BackendTarget = BackendTarget("builtin")
-    backend_encoding: str = "auto"
-    http_port: int = 9000
-    grpc_port: int = 9001
-    host: str = "0.0.0.0"
-    grpc_max_message_size: int = 2**31 - 1
-    max_input_size: int = 64 * MiB
-    max_body_size: int = 2048 * MiB - 1
-    max_tensors: int = 1024
-    max_concurrency: int = 1024
-    backend_timeout: float = 60.0
-    backend_connect_timeout: float = 5.0
-    backend_connections: int = 100
-    client_header_timeout: float = 10.0
-    client_idle_timeout: float = 5.0
-    client_body_timeout: float = 60.0
-    drain_timeout: float = 30.0
-    event_loop: str = "uvloop"
-    workers: int = 1
-    log_level: str = "info"
-    log_format: str = "text"
-    access_log: bool = False
-    metrics: bool = True
-    server_name: str = "v2proxy"
-    client_shm: str = "local"
-    max_shm_regions: int = 256
-    backend_shm: str = "auto"
-    backend_shm_threshold: int = 64 * 1024
-    restricted: RestrictedPolicy = field(default_factory=RestrictedPolicy)
+    backend: BackendTarget = DEFAULTS["backend"]
+    backend_encoding: str = DEFAULTS["backend_encoding"]
+    http_port: int = DEFAULTS["http_port"]
+    grpc_port: int = DEFAULTS["grpc_port"]
+    host: str = DEFAULTS["host"]
+    grpc_max_message_size: int = DEFAULTS["grpc_max_message_size"]
+    max_input_size: int = DEFAULTS["max_input_size"]
+    max_body_size: int = DEFAULTS["max_body_size"]
+    max_tensors: int = DEFAULTS["max_tensors"]
+    max_concurrency: int = DEFAULTS["max_concurrency"]
+    backend_timeout: float = DEFAULTS["backend_timeout"]
+    backend_connect_timeout: float = DEFAULTS["backend_connect_timeout"]
+    backend_connections: int = DEFAULTS["backend_connections"]
+    client_header_timeout: float = DEFAULTS["client_header_timeout"]
+    client_idle_timeout: float = DEFAULTS["client_idle_timeout"]
+    client_body_timeout: float = DEFAULTS["client_body_timeout"]
+    drain_timeout: float = DEFAULTS["drain_timeout"]
+    event_loop: str = DEFAULTS["event_loop"]
+    workers: int = DEFAULTS["workers"]
+    log_level: str = DEFAULTS["log_level"]
+    log_format: str = DEFAULTS["log_format"]
+    access_log: bool = DEFAULTS["access_log"]
+    metrics: bool = DEFAULTS["metrics"]
+    server_name: str = "v2proxy"  # not a setting: reference-server's is v2proxy-reference
+    client_shm: str = DEFAULTS["client_shm"]
+    max_shm_regions: int = DEFAULTS["max_shm_regions"]
+    backend_shm: str = DEFAULTS["backend_shm"]
+    backend_shm_threshold: int = DEFAULTS["backend_shm_threshold"]
+    #: --restricted-api (groups; default DEFAULTS["restricted_api"]) and --restricted-api-header
+    restricted: RestrictedPolicy = field(
+        default_factory=lambda: RestrictedPolicy(DEFAULTS["restricted_api"])
+    )
     models: Mapping[str, ModelSettings] = field(default_factory=lambda: MappingProxyType({}))
     mindie: MindieSettings | None = None
     #: --tls-cert/--tls-key/--tls-client-ca (None: plain listeners); --backend-ca/-cert/-key
@@ -123,79 +116,10 @@ class Settings:
     backend_tls: BackendTls = field(default_factory=BackendTls)
 
 
-#: the port an example names when a backend URL has none (the servers' usual ones)
-_EXAMPLE_PORT = {"http": 8000, "https": 8000, "grpc": 8001, "grpcs": 8001, "mindie": 1025}
-_EXAMPLE_PORT["mindies"] = _EXAMPLE_PORT["mindie"]
-
-
-def parse_backend(v: Any) -> BackendTarget:
-    text = str(v).strip()
-    if text == "builtin":
-        return BackendTarget("builtin")
-    parts = urlsplit(text)
-    if parts.scheme not in _EXAMPLE_PORT or not parts.hostname:
-        raise ValueError(
-            "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
-            " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port or"
-            " mindies://host:port (a MindIE server's native /infer)"
-        )
-    address = parts.netloc.rpartition("@")[2]
-    end = address.index("]") + 1 if address.startswith("[") and "]" in address else 0
-    host, _, given = address[end:].partition(":")
-    example = f"e.g. {parts.scheme}://{address[:end] or host}:{_EXAMPLE_PORT[parts.scheme]}"
-    try:
-        port_number = parts.port
-    except ValueError:  # not a number, or beyond 65535
-        port_number = -1
-    if port_number is None:
-        raise ValueError(f"has no port: give host:port, {example}")
-    if not 0 < port_number <= 65535:
-        raise ValueError(f"port '{given}' is not a port number 1..65535 ({example})")
-    if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
-        secure = parts.scheme in ("grpcs", "mindies")
-        kind = parts.scheme.removesuffix("s") if secure else parts.scheme
-        return BackendTarget(kind, parts.netloc, secure)
-    return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")
-
-
-PARSERS: dict[str, Any] = {
-    "backend": parse_backend,
-    "backend_encoding": choice("auto", "json", "binary"),
-    "http_port": port,
-    "grpc_port": port,
-    "host": str,
-    "grpc_max_message_size": byte_size(1, 2**31 - 1, " (2 GiB - 1: gRPC's largest message)"),
-    "max_input_size": byte_size(),
-    "max_body_size": byte_size(),
-    "max_tensors": positive_int,
-    "max_concurrency": non_negative_int,
-    "backend_timeout": positive_float,
-    "backend_connect_timeout": positive_float,
-    "backend_connections": positive_int,
-    "client_header_timeout": positive_float,
-    "client_idle_timeout": positive_float,
-    "client_body_timeout": positive_float,
-    "drain_timeout": positive_float,
-    "event_loop": choice("uvloop", "asyncio"),
-    "workers": positive_int,
-    "log_level": choice("debug", "info", "warning", "error"),
-    "log_format": choice("text", "json"),
-    "access_log": switch,
-    "metrics": switch,
-    "client_shm": choice("off", "local", "on"),
-    "max_shm_regions": positive_int,
-    "backend_shm": choice("off", "system", "auto"),
-    "backend_shm_threshold": byte_size(),
-    "restricted_api": parse_groups,
-    "restricted_api_header": parse_header,
-    "tls_cert": path_text,
-    "tls_key": path_text,
-    "tls_client_ca": path_text,
-    "backend_ca": path_text,
-    "backend_cert": path_text,
-    "backend_key": path_text,
-}
-SECRET = {"restricted_api_header"}  # never echoed in an error
+#: each setting's parser (text, or a YAML value -> value; ValueError says why not)
+PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in SETTINGS}
+#: the settings whose values are never echoed in an error
+SECRET = frozenset(spec.name for spec in SETTINGS if spec.secret)
 
 #: ``V2PROXY_*`` variables that are not settings, which v2proxy accepts in its environment and
 #: ignores, except V2PROXY_CONFIG (the --config file). The others belong to the project's own
@@ -277,7 +201,8 @@ def load_settings(
             "several workers need fixed ports: 'http_port'/'grpc_port' 0 is not allowed"
         )
     parsed["restricted"] = RestrictedPolicy(
-        parsed.pop("restricted_api", DEFAULT_GROUPS), parsed.pop("restricted_api_header", None)
+        parsed.pop("restricted_api", DEFAULTS["restricted_api"]),
+        parsed.pop("restricted_api_header", DEFAULTS["restricted_api_header"]),
     )
     _tls(parsed, origin)
     known = {f.name for f in fields(Settings)}

@@ -1,7 +1,9 @@
-"""The two sections of the YAML config file besides the option keys (DESIGN.md "Product
-contract"), parsed and checked once at start-up into frozen objects; see config.py's docstring
-for what they hold. Label files are read here. A bad section stops the start with one line
-naming the file and the key (:class:`ConfigError`)."""
+"""The two sections of the YAML config file besides the option keys (see docs/architecture.md,
+product contract), parsed and checked once at start-up into frozen objects; see config.py's
+docstring for what they hold. Label files are read here. A bad section stops the start with one
+line naming the file and the key (:class:`ConfigError`). The ``mindie:`` keys are declared once,
+in :data:`MINDIE_KEYS` (default, parser, meaning), from which :class:`MindieSettings`' defaults,
+:data:`MINDIE_PARSERS` and their table in docs/reference/settings.md are built."""
 
 from __future__ import annotations
 
@@ -11,9 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from v2proxy.config_values import choice, int_range, positive_int, text
-
-MiB = 1024 * 1024
+from v2proxy.config_spec import SettingSpec
+from v2proxy.config_values import MiB, choice, int_range, positive_int, text
 
 
 class ConfigError(Exception):
@@ -35,34 +36,63 @@ class ModelSettings:
     outputs: Mapping[str, OutputSettings] = field(default_factory=lambda: MappingProxyType({}))
 
 
+#: the keys of ``mindie:`` (``model`` is required; the other defaults are MindIE's own)
+MINDIE_KEYS: tuple[SettingSpec, ...] = (
+    SettingSpec("model", None, text, "the v2 model that serves /infer", "NAME", shown="required"),
+    SettingSpec(
+        "profile",
+        "trtllm",
+        choice("trtllm", "vllm", "generate"),
+        "how the text and the sampling knobs map to that model's tensors: trtllm (the"
+        " TensorRT-LLM ensemble), vllm (Triton's vLLM backend) or generate (any server with the"
+        " generate extension)",
+        "trtllm|vllm|generate",
+    ),
+    SettingSpec(
+        "max_new_tokens",
+        20,
+        int_range(1, 2**31 - 1),
+        "tokens to generate when a request gives none (MindIE's default)",
+        "N",
+    ),
+    SettingSpec(
+        "max_input_chars",
+        4 * MiB,
+        positive_int,
+        "longest inputs text, in UTF-16 code units (MindIE's documented limit)",
+        "N",
+    ),
+    SettingSpec(
+        "timeout",
+        600,
+        int_range(1, 65535),
+        "seconds a request may take when it gives no timeout (MindIE's default)",
+        "SECONDS",
+    ),
+    SettingSpec(
+        "seed_input",
+        "seed",
+        choice("seed", "random_seed"),
+        "the name of the TensorRT-LLM seed tensor: seed, or random_seed before May 2025 (profile"
+        " trtllm only)",
+        "seed|random_seed",
+    ),
+)
+MINDIE_PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in MINDIE_KEYS}
+_MINDIE_DEFAULTS = {spec.name: spec.default for spec in MINDIE_KEYS}
+
+
 @dataclass(frozen=True, slots=True)
 class MindieSettings:
-    """``mindie:`` — serving MindIE's native ``POST /infer`` from a v2 model.
-
-    ``profile`` says how text and sampling knobs map to that model's tensors: ``trtllm`` (the
-    TensorRT-LLM ``ensemble``), ``vllm`` (Triton's vLLM backend) or ``generate`` (any server with
-    the generate extension). ``max_new_tokens`` and ``timeout`` (seconds) apply when a request
-    gives none (MindIE's defaults: 20 and 600); ``max_input_chars`` bounds ``inputs`` in UTF-16
-    code units (MindIE's documented 4 Mi); ``seed_input`` names the TensorRT-LLM seed tensor
-    (``seed``, or ``random_seed`` before May 2025).
-    """
+    """``mindie:`` — serving MindIE's native ``POST /infer`` from a v2 model (the keys:
+    :data:`MINDIE_KEYS`)."""
 
     model: str
-    profile: str = "trtllm"
-    max_new_tokens: int = 20
-    max_input_chars: int = 4 * MiB
-    timeout: int = 600
-    seed_input: str = "seed"
-
-
-MINDIE_PARSERS: dict[str, Any] = {
-    "model": text,
-    "profile": choice("trtllm", "vllm", "generate"),
-    "max_new_tokens": int_range(1, 2**31 - 1),
-    "max_input_chars": positive_int,
-    "timeout": int_range(1, 65535),
-    "seed_input": choice("seed", "random_seed"),
-}
+    profile: str = _MINDIE_DEFAULTS["profile"]
+    max_new_tokens: int = _MINDIE_DEFAULTS["max_new_tokens"]
+    max_input_chars: int = _MINDIE_DEFAULTS["max_input_chars"]
+    timeout: int = _MINDIE_DEFAULTS["timeout"]
+    seed_input: str = _MINDIE_DEFAULTS["seed_input"]
 
 
 def _yaml_kind(value: Any) -> str:
@@ -153,6 +183,6 @@ def parse_mindie(raw: Any, file: str) -> MindieSettings:
             values[key] = MINDIE_PARSERS[key](value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{file}: mindie.{key}: {exc} (got {value!r})") from None
-    if "seed_input" in values and values.get("profile", "trtllm") != "trtllm":
+    if "seed_input" in values and values.get("profile", _MINDIE_DEFAULTS["profile"]) != "trtllm":
         raise ConfigError(f"{file}: mindie.seed_input: only applies to profile 'trtllm'")
     return MindieSettings(**values)

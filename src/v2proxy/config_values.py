@@ -6,13 +6,20 @@ Byte sizes (:func:`byte_size`) are an integer number of bytes or a number with a
 end in ``B`` (``1GB``, ``1GiB``) and ``B`` alone is bytes; case does not matter, a space may
 separate the number from its unit, and a fraction is allowed when it makes whole bytes
 (``1.5Gi``). The same text is taken from the command line, the environment and the YAML file.
+
+The backend's URL (:func:`parse_backend`) becomes a :class:`BackendTarget`; a URL without a port,
+or with a bad one, is refused with an example of the server's usual port.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+from urllib.parse import urlsplit
+
+MiB = 1024 * 1024
 
 #: byte-size units (upper case; ``i`` marks the powers of 1024)
 SIZE_UNITS = {
@@ -140,3 +147,57 @@ def text(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise ValueError("must be a non-empty string")
     return v.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTarget:
+    """Where the model server is: ``kind`` is builtin, http, https (``url`` the base URL), grpc
+    or mindie (``url`` is then host:port); ``tls``: https://, grpcs:// (kind grpc) or mindies://
+    (kind mindie: MindIE's server speaks HTTPS by default)."""
+
+    kind: str
+    url: str = ""
+    tls: bool = False
+
+    @property
+    def display(self) -> str:
+        """The backend as logs show it, always with its scheme: ``builtin``, the http(s) URL,
+        ``grpc://``, ``grpcs://``, ``mindie://`` or ``mindies://`` host:port."""
+        if self.kind in ("grpc", "mindie"):
+            return f"{self.kind}{'s' if self.tls else ''}://{self.url}"
+        return self.url or self.kind
+
+
+#: the port an example names when a backend URL has none (the servers' usual ones)
+_EXAMPLE_PORT = {"http": 8000, "https": 8000, "grpc": 8001, "grpcs": 8001, "mindie": 1025}
+_EXAMPLE_PORT["mindies"] = _EXAMPLE_PORT["mindie"]
+
+
+def parse_backend(v: Any) -> BackendTarget:
+    text = str(v).strip()
+    if text == "builtin":
+        return BackendTarget("builtin")
+    parts = urlsplit(text)
+    if parts.scheme not in _EXAMPLE_PORT or not parts.hostname:
+        raise ValueError(
+            "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
+            " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port or"
+            " mindies://host:port (a MindIE server's native /infer)"
+        )
+    address = parts.netloc.rpartition("@")[2]
+    end = address.index("]") + 1 if address.startswith("[") and "]" in address else 0
+    host, _, given = address[end:].partition(":")
+    example = f"e.g. {parts.scheme}://{address[:end] or host}:{_EXAMPLE_PORT[parts.scheme]}"
+    try:
+        port_number = parts.port
+    except ValueError:  # not a number, or beyond 65535
+        port_number = -1
+    if port_number is None:
+        raise ValueError(f"has no port: give host:port, {example}")
+    if not 0 < port_number <= 65535:
+        raise ValueError(f"port '{given}' is not a port number 1..65535 ({example})")
+    if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
+        secure = parts.scheme in ("grpcs", "mindies")
+        kind = parts.scheme.removesuffix("s") if secure else parts.scheme
+        return BackendTarget(kind, parts.netloc, secure)
+    return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")

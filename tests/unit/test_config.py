@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from v2proxy.cli import parser
-from v2proxy.config import OTHER_VARIABLES, PARSERS, BackendTarget, load_settings
-from v2proxy.config_sections import ConfigError, MindieSettings
+from v2proxy.config import OTHER_VARIABLES, PARSERS, BackendTarget, Settings, load_settings
+from v2proxy.config_sections import MINDIE_KEYS, ConfigError, MindieSettings
+from v2proxy.config_spec import DEFAULTS, SETTINGS
 from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,32 @@ def test_defaults_are_the_product_contract() -> None:
     assert s.restricted.groups == {"model-repository", "logging", "trace"}
     assert dict(s.models) == {}
     assert s.mindie is None
+
+
+def test_defaults_come_from_the_table_of_settings() -> None:
+    """Settings' defaults are the table's (v2proxy.config_spec.SETTINGS), and every setting is a
+    field of Settings or one of those built from several; the same for mindie:."""
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    built = {"restricted_api", "restricted_api_header", "tls_cert", "tls_key", "tls_client_ca"}
+    built |= {"backend_ca", "backend_cert", "backend_key"}
+    defaults = Settings()
+    for spec in SETTINGS:
+        if spec.name in built:
+            assert spec.name not in fields
+            continue
+        assert getattr(defaults, spec.name) == spec.default, spec.name
+    assert set(fields) - {s.name for s in SETTINGS} == {
+        "server_name",
+        "restricted",
+        "models",
+        "mindie",
+        "tls",
+        "backend_tls",
+    }
+    assert defaults.restricted.groups == DEFAULTS["restricted_api"]
+    for spec in MINDIE_KEYS[1:]:
+        assert getattr(MindieSettings("m"), spec.name) == spec.default, spec.name
+    assert MINDIE_KEYS[0].name == "model"  # required: no default
 
 
 def test_precedence(tmp_path: Path) -> None:

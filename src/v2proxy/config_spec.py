@@ -1,0 +1,423 @@
+"""The settings of ``v2proxy serve``, each declared once (:data:`SETTINGS`): its default, its
+parser, its help text and its metavar. Everything else is built from this table: the defaults of
+:class:`v2proxy.config.Settings` and :data:`v2proxy.config.PARSERS`, the options of ``v2proxy
+serve`` and ``v2proxy reference-server`` (v2proxy.cli, which renders each default into the help),
+and the settings reference ``docs/reference/settings.md`` (written by tools/gen_settings_doc.py;
+tests/unit/test_settings_doc.py fails when the page is not what the table says).
+
+A setting's three names follow from its ``name``: the YAML key ``name`` (``-`` or ``_`` alike),
+the environment variable ``V2PROXY_<NAME>`` and the option ``--name-with-dashes``. ``default`` is
+the value :class:`~v2proxy.config.Settings` holds when no source gives one, already parsed (None:
+the setting is unset, and ``shown`` says what that means). :func:`show` writes a value as the help
+and the page show it: sizes with binary units (``64 MiB``), seconds with ``s``, switches ``on`` /
+``off``, API groups comma-separated. A ``help`` is a sentence or two, lowercase first and without
+the final stop, as argparse's are. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from v2proxy.config_values import (
+    BackendTarget,
+    MiB,
+    byte_size,
+    choice,
+    non_negative_int,
+    parse_backend,
+    port,
+    positive_float,
+    positive_int,
+    switch,
+)
+from v2proxy.config_values import text as path_text
+from v2proxy.restricted import DEFAULT_GROUPS, GROUPS, parse_groups, parse_header
+
+_BINARY = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def human_size(n: int) -> str:
+    """``65536`` -> ``64 KiB``, ``2**31 - 1`` -> ``2 GiB - 1``, ``1000`` -> ``1000 bytes``."""
+    for exact in (n, n + 1):
+        for unit, name in _BINARY:
+            if exact >= unit and exact % unit == 0:
+                text = f"{exact // unit} {name}"
+                return text if exact == n else f"{text} - 1"
+    return f"{n} byte{'s' if n != 1 else ''}"
+
+
+#: gRPC's largest message
+GRPC_MAX_MESSAGE = 2**31 - 1
+_GRPC_MAX = human_size(GRPC_MAX_MESSAGE)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingSpec:
+    """One setting: its key, default (parsed), parser (text or YAML value -> value, ValueError
+    with the reason), help and metavar (``SIZE``: a byte size, ``SECONDS``: a duration, ``a|b``:
+    a choice). ``shown``: what a default of None means (``none: no TLS``). ``serve_only``: an
+    option of ``serve`` alone (the backend's), not of ``reference-server``. ``secret``: its value
+    is never echoed in an error. ``bare``: the value the option given alone stands for
+    (``--access-log`` is ``--access-log on``)."""
+
+    name: str
+    default: Any
+    parser: Callable[[Any], Any]
+    help: str
+    metavar: str
+    shown: str = ""
+    serve_only: bool = False
+    secret: bool = False
+    bare: str | None = None
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return f"V2PROXY_{self.name.upper()}"
+
+
+SETTINGS: tuple[SettingSpec, ...] = (
+    # the backend: options of `serve` only
+    SettingSpec(
+        "backend",
+        BackendTarget("builtin"),
+        parse_backend,
+        "the model server: 'builtin' (the reference models in-process), http://host:port or"
+        " https://host:port (a v2 REST server), grpc://host:port or grpcs://host:port (a v2 gRPC"
+        " server; grpcs: over TLS) or mindie://host:port or mindies://host:port (a MindIE"
+        " server's native /infer, mindies: over HTTPS; served as the v2 model that mindie.model"
+        " names, llm when unset)",
+        "URL",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_ca",
+        None,
+        path_text,
+        "PEM CA bundle the certificate of an https://, grpcs:// or mindies:// backend must chain"
+        " to; its host name is always checked",
+        "FILE",
+        shown="the system's trust store",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_cert",
+        None,
+        path_text,
+        "PEM client certificate presented to an https://, grpcs:// or mindies:// backend, with"
+        " --backend-key",
+        "FILE",
+        shown="none",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_key",
+        None,
+        path_text,
+        "PEM private key of --backend-cert, unencrypted",
+        "FILE",
+        shown="none",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_encoding",
+        "auto",
+        choice("auto", "json", "binary"),
+        "how tensors are sent to a REST backend: json, binary, or auto (ask its /v2 extensions)",
+        "auto|json|binary",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_timeout",
+        60.0,
+        positive_float,
+        "seconds to wait on the backend per request, 504 beyond it; for a body streamed to the"
+        " backend as it arrives, the longest wait on the backend (a client's slow upload is not"
+        " counted)",
+        "SECONDS",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_connect_timeout",
+        5.0,
+        positive_float,
+        "seconds to open a connection to the backend, 503 beyond it",
+        "SECONDS",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_connections",
+        100,
+        positive_int,
+        "most connections open to a REST backend at once",
+        "N",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_shm",
+        "auto",
+        choice("off", "system", "auto"),
+        "stage large tensors in the backend's own shared memory: off, system (always) or auto"
+        " (when the backend lists system_shared_memory and can open v2proxy's regions)",
+        "off|system|auto",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_shm_threshold",
+        64 * 1024,
+        byte_size(),
+        "inputs and fixed-size outputs of at least this size are staged in the backend's shared"
+        " memory",
+        "SIZE",
+        serve_only=True,
+    ),
+    # the listeners and the rest: options of `serve` and `reference-server`
+    SettingSpec("http_port", 9000, port, "HTTP port (REST and /metrics)", "PORT"),
+    SettingSpec("grpc_port", 9001, port, "gRPC port", "PORT"),
+    SettingSpec("host", "0.0.0.0", str, "address to listen on, both ports", "ADDRESS"),
+    SettingSpec(
+        "grpc_max_message_size",
+        GRPC_MAX_MESSAGE,
+        byte_size(1, GRPC_MAX_MESSAGE, f" ({_GRPC_MAX}: gRPC's largest message)"),
+        f"largest gRPC message either way, frontend and backend; at most {_GRPC_MAX}, the most"
+        " gRPC allows",
+        "SIZE",
+    ),
+    SettingSpec(
+        "max_input_size",
+        64 * MiB,
+        byte_size(),
+        "largest JSON header, JSON-decoded input, raw body or decompressed body, like Triton's"
+        " --http-max-input-size",
+        "SIZE",
+    ),
+    SettingSpec(
+        "max_body_size",
+        2048 * MiB - 1,
+        byte_size(),
+        "hard cap on any HTTP request body, 413 beyond it; binary tensors inside a framed body"
+        " are bound only by this, as in Triton",
+        "SIZE",
+    ),
+    SettingSpec(
+        "max_tensors",
+        1024,
+        positive_int,
+        "most inputs, and most requested outputs, one inference request may name (400, gRPC"
+        " INVALID_ARGUMENT beyond it)",
+        "N",
+    ),
+    SettingSpec(
+        "max_concurrency",
+        1024,
+        non_negative_int,
+        "most requests in progress at once per worker, REST and gRPC together (a stream counts"
+        " as one while open); beyond it 503 with Retry-After, gRPC RESOURCE_EXHAUSTED, but"
+        " health, metadata and /metrics are never refused; 0: no limit",
+        "N",
+    ),
+    SettingSpec(
+        "tls_cert",
+        None,
+        path_text,
+        "PEM certificate chain: serve HTTPS and gRPC over TLS on both ports, with --tls-key",
+        "FILE",
+        shown="no TLS",
+    ),
+    SettingSpec(
+        "tls_key",
+        None,
+        path_text,
+        "PEM private key of --tls-cert, unencrypted",
+        "FILE",
+        shown="none",
+    ),
+    SettingSpec(
+        "tls_client_ca",
+        None,
+        path_text,
+        "PEM CA bundle: require client certificates signed by one of these CAs on both ports"
+        " (mutual TLS)",
+        "FILE",
+        shown="no client certificates asked",
+    ),
+    SettingSpec(
+        "client_shm",
+        "local",
+        choice("off", "local", "on"),
+        "who may register and use shared memory (register, status, unregister and every"
+        " inference naming a region): off, local (peers on loopback or a unix socket, the pod's"
+        " boundary) or on (anyone)",
+        "off|local|on",
+    ),
+    SettingSpec(
+        "max_shm_regions",
+        256,
+        positive_int,
+        "most shared-memory regions registered at once (each holds one file descriptor; kept to"
+        " a quarter of the open-file limit, which v2proxy raises to its hard limit at start);"
+        " beyond it a registration gets 400",
+        "N",
+    ),
+    SettingSpec(
+        "restricted_api",
+        DEFAULT_GROUPS,
+        parse_groups,
+        "comma-separated API groups refused unless the request carries --restricted-api-header,"
+        f" or 'none'; groups: {', '.join(sorted(GROUPS))}",
+        "GROUPS",
+    ),
+    SettingSpec(
+        "restricted_api_header",
+        None,
+        parse_header,
+        "requests carrying header KEY (any case) with exactly VALUE may use the restricted"
+        " groups; prefer the variable V2PROXY_RESTRICTED_API_HEADER, as command lines are"
+        " visible to other users",
+        "KEY=VALUE",
+        shown="unset, so the restricted groups are refused to everyone",
+        secret=True,
+    ),
+    SettingSpec(
+        "client_header_timeout",
+        10.0,
+        positive_float,
+        "a client must send a request's whole head within this from its first byte, and a new"
+        " connection its first request (408 and closed beyond it)",
+        "SECONDS",
+    ),
+    SettingSpec(
+        "client_idle_timeout",
+        5.0,
+        positive_float,
+        "an idle keep-alive connection between requests is closed after this",
+        "SECONDS",
+    ),
+    SettingSpec(
+        "client_body_timeout",
+        60.0,
+        positive_float,
+        "a request body that stops arriving for this long gets 408 and its connection is"
+        " closed; also the longest a client may take to read an answer",
+        "SECONDS",
+    ),
+    SettingSpec(
+        "drain_timeout",
+        30.0,
+        positive_float,
+        "on SIGTERM/SIGINT: stop accepting, turn readiness false, and let requests in flight"
+        " (REST, gRPC, streams) finish for up to this long before closing",
+        "SECONDS",
+    ),
+    SettingSpec(
+        "event_loop", "uvloop", choice("uvloop", "asyncio"), "event loop", "uvloop|asyncio"
+    ),
+    SettingSpec(
+        "workers",
+        1,
+        positive_int,
+        "processes serving the same ports (SO_REUSEPORT), supervised by the parent",
+        "N",
+    ),
+    SettingSpec(
+        "log_level",
+        "info",
+        choice("debug", "info", "warning", "error"),
+        "log level",
+        "debug|info|warning|error",
+    ),
+    SettingSpec(
+        "log_format",
+        "text",
+        choice("text", "json"),
+        "text lines, or json: one JSON object per line with ts (RFC 3339, UTC), level, logger,"
+        " pid, message and the request's fields",
+        "text|json",
+    ),
+    SettingSpec(
+        "access_log",
+        False,
+        switch,
+        "one INFO line per request (logger v2proxy.access): method, path, status, duration,"
+        " bytes in and out, request id; --access-log alone turns it on",
+        "on|off",
+        bare="on",
+    ),
+    SettingSpec(
+        "metrics",
+        True,
+        switch,
+        "Prometheus metrics on GET /metrics of the HTTP port; off: nothing is recorded and"
+        " /metrics answers 404",
+        "on|off",
+    ),
+)
+
+#: ``--config FILE``: an option of ``serve``, and ``V2PROXY_CONFIG``, but no setting (no YAML key)
+CONFIG_OPTION = SettingSpec(
+    "config",
+    None,
+    path_text,
+    "YAML file with the same keys (underscores: backend_timeout), plus per-model settings"
+    " (models: NAME: outputs: OUTPUT: labels: FILE) and the mindie: section",
+    "FILE",
+    shown="none",
+    serve_only=True,
+)
+
+#: each setting's default, by name
+DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in SETTINGS})
+
+#: what ``reference-server`` starts from instead of the defaults (unparsed, as from a source);
+#: it reads no environment, no file, and has no ``serve_only`` option
+REFERENCE_SERVER: Mapping[str, Any] = MappingProxyType(
+    {
+        "http_port": 8000,
+        "backend": "builtin",
+        "server_name": "v2proxy-reference",
+        "restricted_api": "none",  # like Triton
+    }
+)
+
+
+def serve_options() -> tuple[SettingSpec, ...]:
+    """The options of ``v2proxy serve`` in the order its help lists them: the backend's,
+    ``--config``, then those it shares with ``reference-server``."""
+    own = tuple(s for s in SETTINGS if s.serve_only)
+    return (*own, CONFIG_OPTION, *(s for s in SETTINGS if not s.serve_only))
+
+
+def reference_server_default(spec: SettingSpec) -> Any:
+    """The default of ``spec`` under ``reference-server`` (parsed)."""
+    if spec.name in REFERENCE_SERVER:
+        return spec.parser(REFERENCE_SERVER[spec.name])
+    return spec.default
+
+
+#: :func:`show` without a value: the spec's default
+_UNSET: Any = object()
+
+
+def show(spec: SettingSpec, value: Any = _UNSET) -> str:
+    """``value`` (by default the spec's default) as the help and the settings page write it."""
+    if value is _UNSET:
+        value = spec.default
+    if value is None:
+        return spec.shown or "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, BackendTarget):
+        return value.display
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value)) or "none"
+    if spec.metavar == "SIZE":
+        return human_size(value)
+    if spec.metavar == "SECONDS":
+        return f"{value:g} s"
+    return f"{value:g}" if isinstance(value, float) else str(value)
