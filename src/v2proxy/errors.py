@@ -5,8 +5,9 @@ the gRPC status-code *name* (``"INVALID_ARGUMENT"``; this module is pure and doe
 that a frontend answers with. Frontends translate these in exactly one place each; foreign
 exceptions (aiohttp, grpc, OS errors) are mapped to this tree at the boundary where they occur.
 
-Status choices follow Triton (reference §0, §1.11) except where Triton is plainly wrong for a
-proxy: malformed JSON and JSON type errors are client errors here (400, not 500).
+Status choices follow Triton (docs/protocol.md, status codes and error bodies) except where Triton
+is plainly wrong for a proxy: malformed JSON and JSON type errors are client errors here (400, not
+500).
 
 A message always encodes to UTF-8 (:func:`safe_text`): a lone surrogate that came from the
 client's or a backend's text (``"\\ud800"`` in JSON, say) is kept as its escape, so that every

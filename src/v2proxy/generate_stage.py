@@ -1,4 +1,4 @@
-"""The generate extension through any backend (reference/mindie-adaptation.md §2.1): how a
+"""The generate extension through any backend (docs/protocol.md, generate extension): how a
 ``generate`` / ``generate_stream`` request reaches the model server.
 
 - **Passed through** to a backend that has the extension: the client's body and headers go

@@ -1,6 +1,6 @@
-"""Every Prometheus metric of v2proxy, declared here and nowhere else (DESIGN.md rule 5): the
-metric families, the closed sets of their label values, and the plain cells that hold one label
-set's value on the hot path.
+"""Every Prometheus metric of v2proxy, declared here and nowhere else (docs/architecture.md, rules
+the code follows): the metric families, the closed sets of their label values, and the plain cells
+that hold one label set's value on the hot path.
 
 Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total`` counters,
 ``_seconds`` and ``_bytes``); every label has a small, closed set of values:

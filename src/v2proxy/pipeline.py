@@ -224,7 +224,8 @@ class Pipeline:
         return await self._relay.relay_json(model, version, body, headers)
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
-        """The request a raw binary body (IHCL 0) stands for (reference §2)."""
+        """The request a raw binary body (IHCL 0) stands for (docs/protocol.md, raw binary
+        requests)."""
         metadata, max_batch_size = await self.info.shape_info(model, version)
         return decode_raw_request(
             body, model, version, metadata, max_batch_size, self.max_input_size

@@ -1,11 +1,11 @@
 """The port between the core and the model servers: what the :class:`~v2proxy.pipeline.Pipeline`
-needs from a backend, typed per operation (DESIGN.md "The way a request travels").
+needs from a backend, typed per operation (docs/architecture.md, the request path).
 
-Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`. Operations
-take and return the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON
-objects of reference §5.1 (statistics, repository index, trace and log settings), never wire
-bytes or REST paths; every failure is raised as a :class:`~v2proxy.errors.ProxyError` of its own
-class, mapped from foreign exceptions inside the backend that meets them.
+Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`. Operations take and return
+the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON objects of the REST
+side endpoints (docs/protocol.md, endpoints: statistics, repository index, trace and log settings),
+never wire bytes or REST paths; every failure is raised as a :class:`~v2proxy.errors.ProxyError` of
+its own class, mapped from foreign exceptions inside the backend that meets them.
 
 Two operations exist for the REST↔REST pass-through fast path only: ``relay_infer`` (an /infer
 body sent unchanged) and ``forward`` (any other REST request, e.g. ``generate``). Backends that
@@ -82,7 +82,7 @@ class Backend(Protocol):
         """One or more responses (several for decoupled models)."""
         ...
 
-    # side operations, in the canonical v2 REST JSON form (reference §5.1)
+    # side operations, in the canonical v2 REST JSON form (docs/protocol.md, endpoints)
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         """``{"model_stats": [...]}``; every model when ``model`` is ""."""
         ...

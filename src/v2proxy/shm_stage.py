@@ -1,7 +1,7 @@
-"""System shared memory as stages of the pipeline (reference §4.1, §4.2): the side operations'
-rules (who may register, CUDA on a CPU proxy) and, per inference request, stage 3 (inputs read
-from the client's registered regions), stage 4 (outputs planned into them) and stage 6 (the
-backend's outputs written there).
+"""System shared memory as stages of the pipeline (docs/protocol.md, shared memory): the side
+operations' rules (who may register, CUDA on a CPU proxy) and, per inference request, stage 3
+(inputs read from the client's registered regions), stage 4 (outputs planned into them) and stage 6
+(the backend's outputs written there).
 
 Contract:
 
@@ -141,7 +141,7 @@ def check_client(mode: str, peer: str | None) -> None:
 
 
 def cuda_register(name: str) -> None:
-    """Triton's answer on a build without GPUs or without cupy (reference §4.3)."""
+    """Triton's answer on a build without GPUs or without cupy (docs/protocol.md, CUDA regions)."""
     raise InvalidRequest(
         f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
     )

@@ -1,8 +1,8 @@
 """The in-process backend serving the builtin reference models (``--backend builtin``).
 
-It validates requests the way Triton's core does (input count, names, datatypes, shapes, byte
-sizes; reference §1.4, L0_input_validation) and answers the v2 side endpoints itself: statistics,
-repository index/load/unload, trace and log settings.
+It validates requests the way Triton's core does (input count, names, datatypes, shapes, byte sizes,
+with its texts; docs/protocol.md, tensor layout) and answers the v2 side endpoints itself:
+statistics, repository index/load/unload, trace and log settings.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The MindIE backend (``--backend mindie://host:port``): a Huawei MindIE server's native
 ``POST /infer`` (text, and SSE streams) served to v2 clients as one v2 model, ``mindie.model``
-(default ``llm``), with the builtin ``llm``'s tensors, metadata and config (decoupled), so that
-REST v2 infer and gRPC ``ModelInfer``/``ModelStreamInfer`` (one response per token) work in
-front of it (reference/mindie-adaptation.md §4.7). The mapping itself is pure and lives in
+(default ``llm``), with the builtin ``llm``'s tensors, metadata and config (decoupled), so that REST
+v2 infer and gRPC ``ModelInfer``/``ModelStreamInfer`` (one response per token) work in front of it
+(docs/protocol.md, MindIE: a MindIE server as backend). The mapping itself is pure and lives in
 :mod:`v2proxy.codecs.mindie_backend`.
 
 - Every call goes through v2proxy's own HTTP client pool to MindIE's service port (plain HTTP).

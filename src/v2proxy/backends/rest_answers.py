@@ -1,6 +1,6 @@
-"""What a REST backend (:mod:`v2proxy.backends.rest`) answers, checked and mapped to the error
-tree (DESIGN.md rule 2): the HTTP client's failures, error answers, the JSON of structured
-answers, and the v2 checks of a relayed /infer answer.
+"""What a REST backend (:mod:`v2proxy.backends.rest`) answers, checked and mapped to the error tree
+(docs/architecture.md, the error tree): the HTTP client's failures, error answers, the JSON of
+structured answers, and the v2 checks of a relayed /infer answer.
 
 - The HTTP client's failures (:func:`failure`, :func:`mapped`), each naming the backend and
   the call: refused or unreachable -> 503, connect or read timeout (or the call's deadline)

@@ -1,4 +1,4 @@
-"""The binary-tensor extension framing (reference §1.1, §1.6, §1.7).
+"""The binary-tensor extension framing (docs/protocol.md, binary tensors).
 
 A body is a JSON header of ``Inference-Header-Content-Length`` (IHCL) bytes followed by a binary
 section holding, in order, the bytes of every tensor that declares ``binary_data_size``. Tensors
@@ -32,7 +32,7 @@ IHCL_HEADER = "Inference-Header-Content-Length"
 
 def parse_ihcl(value: str | None, body_length: int) -> int | None:
     """The JSON header length from an IHCL header value; None when the header is absent.
-    0 means a raw binary request (reference §2)."""
+    0 means a raw binary request (docs/protocol.md, raw binary requests)."""
     if value is None:
         return None
     text = value.strip()
@@ -140,8 +140,8 @@ def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
 def encode_response(
     resp: InferResponse, is_binary: Callable[[Tensor], bool]
 ) -> tuple[list[Buffer], int | None]:
-    """A response body for a client. IHCL (second item) is set only when at least one binary
-    output has bytes, as Triton does (reference §1.2)."""
+    """A response body for a client. IHCL (second item) is set only when at least one binary output
+    has bytes, as Triton does (docs/protocol.md, binary tensors: content type of answers)."""
     obj = response_to_obj(resp, is_binary)
     head = dumps_tree(obj)
     blobs = [t.data for t in resp.outputs if is_binary(t) and memoryview(t.data).nbytes]
@@ -151,9 +151,9 @@ def encode_response(
 
 
 def binary_output_rule(req: InferRequest) -> Callable[[Tensor], bool]:
-    """Which response outputs go binary, exactly per reference §1.6: an output listed in
-    ``outputs`` follows its own ``binary_data`` (default false); when ``outputs`` is absent,
-    the request's ``binary_data_output`` decides for all."""
+    """Which response outputs go binary, exactly per docs/protocol.md (which outputs go binary): an
+    output listed in ``outputs`` follows its own ``binary_data`` (default false); when ``outputs``
+    is absent, the request's ``binary_data_output`` decides for all."""
     if req.outputs is None:
         flag = req.parameters.get("binary_data_output") is True
         return lambda _t: flag

@@ -1,4 +1,4 @@
-"""HTTP body compression for /infer (reference §1.8).
+"""HTTP body compression for /infer (docs/protocol.md, compression).
 
 Requests: ``Content-Encoding`` gzip or deflate is inflated with zlib's automatic gzip/zlib header
 detection, bounded by the size limit; identity or none passes through; anything else is 415

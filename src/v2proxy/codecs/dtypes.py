@@ -1,4 +1,4 @@
-"""Datatype table and element-level helpers (reference §1.4).
+"""Datatype table and element-level helpers (docs/protocol.md, tensor layout).
 
 Maps each v2 datatype to its explicit little-endian numpy dtype and element size, validates
 that a buffer holds exactly the bytes a shape needs, and (de)serializes BYTES elements in the

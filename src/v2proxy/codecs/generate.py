@@ -1,6 +1,5 @@
-"""Triton's generate extension <-> the internal model (reference/mindie-adaptation.md §2.1;
-reference/triton-protocol.md §5.1): ``POST /v2/models/{m}[/versions/{v}]/generate`` and
-``generate_stream``.
+"""Triton's generate extension <-> the internal model (docs/protocol.md, generate extension):
+``POST /v2/models/{m}[/versions/{v}]/generate`` and ``generate_stream``.
 
 Request (:func:`request_from_generate`): one JSON object. Every top-level key, and every key
 inside the ``parameters`` object, that names an input of the model (its metadata) becomes that

@@ -1,4 +1,5 @@
-"""gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (reference §5.2).
+"""gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (docs/protocol.md,
+endpoints: gRPC).
 
 Requests: per input, shared-memory parameters first, then typed ``contents``, else the next unused
 ``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in order).
@@ -224,9 +225,9 @@ def request_from_proto(
 
 
 def _output_params(output: Any) -> dict[str, Any]:
-    """A requested output's parameters; ``classification`` checked as Triton's gRPC frontend
-    does (reference §3.1), here where the parameter's type is still known: only a positive
-    ``int64_param`` reaches the pipeline."""
+    """A requested output's parameters; ``classification`` checked as Triton's gRPC frontend does
+    (docs/protocol.md, classification), here where the parameter's type is still known: only a
+    positive ``int64_param`` reaches the pipeline."""
     params = params_from_proto(output.parameters)
     if "classification" in params:
         p = output.parameters["classification"]

@@ -1,4 +1,4 @@
-"""JSON text <-> Python values for v2 bodies (reference §1.3, §1.5, §1.7): the parse and
+"""JSON text <-> Python values for v2 bodies (docs/protocol.md, JSON bodies): the parse and
 serialize primitives under the v2 codecs.
 
 - ``loads`` parses a JSON document (orjson, then the standard library for NaN/Infinity

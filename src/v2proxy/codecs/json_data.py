@@ -1,11 +1,12 @@
-"""A tensor's JSON ``data`` value <-> its bytes in wire layout (reference §1.5, §1.4).
+"""A tensor's JSON ``data`` value <-> its bytes in wire layout (docs/protocol.md: data
+arrays, tensor layout).
 
 - ``data_to_buffer`` turns a JSON ``data`` array (flat, nested or ragged: only the leaf count
-  matters; a lazy simdjson array from :func:`v2proxy.codecs.json.parse_header` or a list) into
-  the binary wire layout, with strict per-datatype checks: kind, integer range, element count
-  against the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are
-  accepted as JSON numbers and rounded to nearest (Triton refuses them; see README). BYTES
-  elements are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
+  matters; a lazy simdjson array from :func:`v2proxy.codecs.json.parse_header` or a list) into the
+  binary wire layout, with strict per-datatype checks: kind, integer range, element count against
+  the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are accepted as
+  JSON numbers and rounded to nearest (Triton refuses them; docs/compatibility.md). BYTES elements
+  are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
 - ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (numpy arrays are
   serialized by orjson directly; FP32 is widened to double like Triton's writer). Non-finite
   floats come as :class:`FloatLiterals`, which the header writer splices in verbatim.

@@ -1,4 +1,5 @@
-"""The check of a JSON /infer request body fed piece by piece as it arrives (reference §1.2).
+"""The check of a JSON /infer request body fed piece by piece as it arrives
+(docs/guides/sidecar.md, pass-through).
 
 Behind relaying a large JSON body while it streams: the big number arrays are parsed in pieces
 by simdjson and only counted, the rest of the document (the skeleton) is checked by

@@ -1,5 +1,5 @@
-"""v2 inference request and response JSON objects <-> the internal model (reference §1.3,
-§1.7, §1.10).
+"""v2 inference request and response JSON objects <-> the internal model (docs/protocol.md,
+JSON bodies).
 
 - ``request_from_obj`` / ``response_from_obj`` build the model from a parsed JSON header (from
   :func:`v2proxy.codecs.json.parse_header`); ``data`` arrays are decoded by
@@ -78,9 +78,9 @@ def _binary_data(
     no_section: str,
 ) -> bytes | memoryview:
     """The bytes of a tensor whose ``parameters`` (``tparams``, from which the key is removed)
-    declare ``binary_data_size``. Zero bytes need no binary section: Triton accepts such a
-    request without IHCL and writes such a response without one (reference §1.2); any other
-    size without a section is a CodecError saying ``no_section``."""
+    declare ``binary_data_size``. Zero bytes need no binary section: Triton accepts such a request
+    without IHCL and writes such a response without one (docs/protocol.md, content type of answers);
+    any other size without a section is a CodecError saying ``no_section``."""
     size = _uint_param(tparams, "binary_data_size", where)
     del tparams["binary_data_size"]
     if binary is not None:

@@ -1,5 +1,5 @@
-"""MindIE's native ``POST /infer`` request, validated as MindIE validates it (reference
-mindie-adaptation.md §1.2, §1.4, §4.2).
+"""MindIE's native ``POST /infer`` request, validated as MindIE validates it
+(docs/protocol.md, MindIE clients).
 
 :func:`parse_request` turns the body into a :class:`MindieRequest` or raises
 :class:`~v2proxy.errors.CodecError` with MindIE's message; the MindIE frontend answers it as

@@ -1,5 +1,5 @@
 """What a v2 backend answers, read as generated text, and MindIE's answers written from it
-(reference mindie-adaptation.md §1.3, §1.4, §2.1, §4.4-4.6, §6).
+(docs/protocol.md, MindIE; docs/guides/mindie.md for what is approximated).
 
 Reading: each backend response becomes a :class:`Chunk` (its text, the tokens it reports, its
 finish reason) whether it came as a v2 :class:`~v2proxy.model.InferResponse` (gRPC stream,

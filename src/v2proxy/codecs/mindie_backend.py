@@ -1,6 +1,6 @@
 """The MindIE backend's mapping (``--backend mindie://host:port``): a v2 inference request for
 the one model a MindIE server appears as, onto MindIE's native ``POST /infer``, and MindIE's
-answers back (reference/mindie-adaptation.md §1.2-1.4, §4.6, §4.7). Pure: no I/O.
+answers back (docs/protocol.md, MindIE: a MindIE server as backend). Pure: no I/O.
 
 The model has the builtin ``llm``'s tensors: BYTES ``text_input`` (+ optional INT32
 ``max_tokens``, BOOL ``stream``, FP32 ``temperature``, INT32 ``top_k``, FP32 ``top_p``, UINT64

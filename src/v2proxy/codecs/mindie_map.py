@@ -1,5 +1,5 @@
-"""A validated MindIE request mapped onto a v2 model, per backend profile (reference
-mindie-adaptation.md §4.1, §4.3, §2.3-2.5, §6).
+"""A validated MindIE request mapped onto a v2 model, per backend profile (docs/protocol.md,
+MindIE; the profiles: docs/guides/mindie.md).
 
 The model is seen through :class:`ModelView`, discovered from its metadata and config: the
 inputs it declares (name -> datatype), whether it has a batch dimension (a scalar is sent as

@@ -1,4 +1,5 @@
-"""Raw binary requests: ``Inference-Header-Content-Length: 0`` (reference §2).
+"""Raw binary requests: ``Inference-Header-Content-Length: 0`` (docs/protocol.md, raw binary
+requests).
 
 The whole body is the one input of the model. Name, datatype and shape come from the model's v2
 metadata (and ``max_batch_size`` from its config when known). Every output is returned binary.

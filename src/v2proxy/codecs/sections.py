@@ -1,4 +1,4 @@
-"""Readers of the binary section of a binary-framed body (reference §1.1, §1.7).
+"""Readers of the binary section of a binary-framed body (docs/protocol.md, binary tensors).
 
 The binary section holds, in order, the bytes of every tensor whose JSON header entry declares
 ``binary_data_size``. ``take`` hands out the next ``size`` bytes, a view (no copy); ``finish``

@@ -1,5 +1,5 @@
-"""Request bodies of the v2 REST side endpoints (reference §5.1) -> the arguments of the
-pipeline's side operations.
+"""Request bodies of the v2 REST side endpoints (docs/protocol.md, endpoints) -> the arguments of
+the pipeline's side operations.
 
 - ``POST /v2/repository/index``: ``{"ready": bool}`` (optional; empty body means false).
 - ``POST /v2/repository/models/{m}/load|unload``: ``{"parameters": {...}}`` (optional).
@@ -57,9 +57,9 @@ def settings_update(body: Buffer, what: str) -> dict[str, Any]:
 
 
 def shm_register_body(body: Buffer) -> tuple[str, int, int]:
-    """``POST /v2/systemsharedmemory/region/{name}/register``: (key, offset, byte_size), checked
-    in Triton's order (reference §4.1; Triton answers 500 for an empty or malformed body and a
-    non-string key, v2proxy 400)."""
+    """``POST /v2/systemsharedmemory/region/{name}/register``: (key, offset, byte_size), checked in
+    Triton's order (docs/protocol.md, registering system regions; Triton answers 500 for an empty or
+    malformed body and a non-string key, v2proxy 400)."""
     if not bytes(body).strip():
         raise CodecError("failed to parse the request JSON buffer: The document is empty.")
     obj = _object(body, "shared memory register request")
@@ -73,10 +73,10 @@ def shm_register_body(body: Buffer) -> tuple[str, int, int]:
 
 
 def cuda_register_body(body: Buffer) -> tuple[bytes, int, int]:
-    """``POST /v2/cudasharedmemory/region/{name}/register``: (raw handle, device_id, byte_size)
-    from ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}`` (reference §4.3; Triton
-    answers 500 for a missing ``b64``, ``device_id`` or ``byte_size``, v2proxy 400). The base64
-    is decoded leniently, as libb64 does; anything but 64 bytes is Triton's 400."""
+    """``POST /v2/cudasharedmemory/region/{name}/register``: (raw handle, device_id, byte_size) from
+    ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}`` (docs/protocol.md, CUDA regions;
+    Triton answers 500 for a missing ``b64``, ``device_id`` or ``byte_size``, v2proxy 400). The
+    base64 is decoded leniently, as libb64 does; anything but 64 bytes is Triton's 400."""
     if not bytes(body).strip():
         raise CodecError("failed to parse the request JSON buffer: The document is empty.")
     obj = _object(body, "shared memory register request")

@@ -1,5 +1,5 @@
 """The gRPC frontend (grpc.aio): every RPC of ``inference.GRPCInferenceService`` plus
-``grpc.health.v1.Health`` (reference §5.2).
+``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC).
 
 Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
 repository, trace and log settings). Handlers are registered from one table (method name -> request

@@ -1,11 +1,12 @@
-"""The envelope of every gRPC call of the frontend: the request's bytes parsed into its message
-(a malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would
-be UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`, DESIGN.md
-rule 2), the answer serialized (so that its size is known), the call recorded (metrics and log
-lines, :class:`Call`; each message of a stream is recorded on its own), and the end-to-end
-request metadata forwarded to the backend (:func:`forwarded_headers`). A call is admitted first
-by the process's :class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``): refused, it is
-RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms`` (:func:`refusal_trailers`).
+"""The envelope of every gRPC call of the frontend: the request's bytes parsed into its message (a
+malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would be
+UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`;
+docs/architecture.md, the error tree), the answer serialized (so that its size is known), the call
+recorded (metrics and log lines, :class:`Call`; each message of a stream is recorded on its own),
+and the end-to-end request metadata forwarded to the backend (:func:`forwarded_headers`). A call is
+admitted first by the process's :class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``):
+refused, it is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``
+(:func:`refusal_trailers`).
 """
 
 from __future__ import annotations

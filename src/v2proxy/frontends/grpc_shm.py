@@ -1,6 +1,7 @@
-"""The shared-memory RPCs of the gRPC frontend (reference §4.4), each one call of the pipeline
-(group ``shared-memory``): ``SystemSharedMemoryStatus/Register/Unregister`` and the CUDA three
-(the raw handle's bytes as sent; without a CUDA adapter register is Triton's CPU-build error).
+"""The shared-memory RPCs of the gRPC frontend (docs/protocol.md, shared memory), each one call of
+the pipeline (group ``shared-memory``): ``SystemSharedMemoryStatus/Register/Unregister`` and the
+CUDA three (the raw handle's bytes as sent; without a CUDA adapter register is Triton's CPU-build
+error).
 
 The client's address for ``--client-shm local`` comes from ``context.peer()`` (:func:`peer_host`:
 ``ipv4:127.0.0.1:5000`` -> ``127.0.0.1``, ``ipv6:[::1]:5000`` -> ``::1``, ``unix:...`` -> None).

@@ -1,6 +1,6 @@
-"""MindIE's native text/stream interface, ``POST /infer`` on the HTTP port (reference
-mindie-adaptation.md §1.2-1.4, §4; DESIGN.md "Product contract"): one more frontend of the
-one :class:`~v2proxy.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
+"""MindIE's native text/stream interface, ``POST /infer`` on the HTTP port (docs/protocol.md,
+MindIE; docs/architecture.md, the product contract): one more frontend of the one
+:class:`~v2proxy.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
 ``mindie.profile`` mapping (default: the builtin ``llm``, profile ``trtllm``).
 
 - The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without

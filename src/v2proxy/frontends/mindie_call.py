@@ -1,5 +1,5 @@
 """The backend side of MindIE's ``/infer``: which v2 model serves it, seen how, and over which
-transport (reference mindie-adaptation.md §2, §4.1, §4.5).
+transport (docs/protocol.md, MindIE; docs/guides/mindie.md, profiles and transport).
 
 :class:`Discovery` looks the model (``mindie.model``) up once through the pipeline — its
 metadata and config give a :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the

@@ -1,5 +1,5 @@
-"""The REST frontend: every v2 endpoint of reference §5.1, on v2proxy's own HTTP/1.1 server
-(:mod:`v2proxy.http.server`, llhttp under an ``asyncio.Protocol``).
+"""The REST frontend: every v2 REST endpoint (docs/protocol.md, endpoints), on v2proxy's own
+HTTP/1.1 server (:mod:`v2proxy.http.server`, llhttp under an ``asyncio.Protocol``).
 
 Each endpoint is decoded here into a call of the one :class:`Pipeline` (health, metadata,
 config, statistics, repository, trace and log settings, ``/infer`` in all its wire forms: JSON,

@@ -1,5 +1,5 @@
 """``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` of the REST
-frontend: Triton's generate extension (reference/mindie-adaptation.md §2.1), whatever the
+frontend: Triton's generate extension (docs/protocol.md, generate extension), whatever the
 backend (:mod:`v2proxy.generate_stage` decides between passing through and mapping).
 
 - A passed-through answer is written as the backend sends it, server-sent events one by one.

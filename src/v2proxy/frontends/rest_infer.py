@@ -1,5 +1,5 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer`` of the REST frontend, in every wire form
-(reference §1 JSON, §1.3 binary tensors, §2 raw binary; gzip/deflate both ways), and the writer
+(JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md), and the writer
 of answers passed through from the backend.
 
 The request is decoded (checked) first, whatever happens next. Then, in this order:

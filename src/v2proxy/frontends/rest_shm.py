@@ -1,5 +1,5 @@
-"""The shared-memory endpoints of the REST frontend (reference §4.1, §4.3), each one call of the
-pipeline (group ``shared-memory``):
+"""The shared-memory endpoints of the REST frontend (docs/protocol.md, shared memory), each one call
+of the pipeline (group ``shared-memory``):
 
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status``: 200, Triton's JSON array;
 - ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",

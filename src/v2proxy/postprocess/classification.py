@@ -1,4 +1,4 @@
-"""The classification extension's top-k (reference/triton-protocol.md §3), pure.
+"""The classification extension's top-k (docs/protocol.md, classification), pure.
 
 :func:`requested_count` reads ``k`` from a requested output's ``parameters`` as the REST
 frontend sees it (a JSON unsigned integer; 0 means no classification) with Triton's messages.

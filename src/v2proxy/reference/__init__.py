@@ -1,1 +1,2 @@
-"""The builtin reference models (DESIGN.md, product contract; reference §6.1)."""
+"""The builtin reference models (docs/architecture.md, the product contract;
+docs/reference/models.md)."""

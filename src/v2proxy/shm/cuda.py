@@ -1,6 +1,6 @@
-"""CUDA shared memory (reference §4.3) behind a small adapter: a client's ``cudaIpcMemHandle_t``
-opened on a device, inputs copied device -> host before the backend call and outputs host ->
-device after it (every backend here takes host tensors).
+"""CUDA shared memory (docs/protocol.md, CUDA regions) behind a small adapter: a client's
+``cudaIpcMemHandle_t`` opened on a device, inputs copied device -> host before the backend call and
+outputs host -> device after it (every backend here takes host tensors).
 
 Contract:
 

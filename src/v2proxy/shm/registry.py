@@ -1,5 +1,5 @@
-"""The system shared-memory regions clients registered with this process (reference §4.1),
-reference counted so that no mapping is closed under a request.
+"""The system shared-memory regions clients registered with this process (docs/protocol.md, shared
+memory), reference counted so that no mapping is closed under a request.
 
 Contract (implements :class:`v2proxy.shm_stage.Regions`):
 

@@ -1,5 +1,5 @@
 """POSIX system shared memory: a client's object opened under ``/dev/shm`` and mapped with
-``mmap`` (reference §4.1).
+``mmap`` (docs/protocol.md, shared memory).
 
 Contract:
 
@@ -26,7 +26,7 @@ Contract:
 - Messages never contain the key (Triton PR 8269).
 
 Not the stdlib's ``multiprocessing.shared_memory``: before Python 3.13 its resource tracker may
-unlink segments the client still uses (reference/ecosystem.md).
+unlink segments the client still uses (docs/protocol.md, shared memory: POSIX objects).
 """
 
 from __future__ import annotations
