@@ -1,6 +1,6 @@
-"""The fuzz invariant of DESIGN.md: any bytes either decode or raise CodecError (or another
-ProxyError subclass), nothing else: no ValueError, TypeError, IndexError, RecursionError,
-numpy warning or anything else that would end up as a 500 with a traceback.
+"""The fuzz invariant (docs/reliability.md, fuzzing): any bytes either decode or raise CodecError
+(or another ProxyError subclass), nothing else: no ValueError, TypeError, IndexError,
+RecursionError, numpy warning or anything else that would end up as a 500 with a traceback.
 
 Inputs are raw random bytes, and structured requests/responses that are then corrupted (a node
 replaced or deleted, bytes flipped, the body cut) with random IHCL values. What decodes must also

@@ -3,8 +3,8 @@
 
 Used by tests/interop/test_openapi_schemathesis.py (a bounded run inside `make test`) and by
 `make schemathesis` (``python tests/interop/openapi_run.py``: a longer run in front of the
-builtin models, Triton over REST and Triton over gRPC, whose figures go into the README's
-reliability table).
+builtin models, Triton over REST and Triton over gRPC, whose figures go into docs/reliability.md,
+schemathesis).
 
 The checks are those that hold for any request, valid or not: no server error
 (``not_a_server_error``), every status code, Content-Type, header and body as documented

@@ -1,5 +1,5 @@
-"""The classification extension through v2proxy (reference/triton-protocol.md §3, qa
-``L0_parameters/class_count_test.py`` and ``L0_infer`` classification cases), driven by
+"""The classification extension through v2proxy (docs/protocol.md, classification; Triton's
+qa ``L0_parameters/class_count_test.py`` and ``L0_infer`` classification cases), driven by
 tritonclient HTTP (binary and JSON results) and gRPC.
 
 v2proxy runs with ``--config`` holding label files (the classifier's, and a CRLF file for
@@ -9,9 +9,9 @@ passes through to Triton, which classifies with its own ``label_filename``. Trit
 the oracle: the same request gives the same strings. Every element, status and message is
 checked.
 
-Triton 2.51 (the peer) crashes on classification of a BYTES output and has no
-1,000,000-element cap (both added to Triton later, reference §3.2): those two cases are not sent
-to it, straight or passed through.
+Triton 2.51 (the peer) crashes on classification of a BYTES output and has no 1,000,000-element cap
+(both added to Triton later; docs/compatibility.md, classification): those two cases are not sent to
+it, straight or passed through.
 """
 
 from __future__ import annotations
@@ -279,7 +279,8 @@ IDENTITY_INPUT = {"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1
 def test_http_parameter_errors(
     cproxy: tuple[str, Proc], backend_urls: Any, params: dict[str, Any], message: str
 ) -> None:
-    """Triton's messages; v2proxy answers JSON type errors with 400 (Triton: 500, README)."""
+    """Triton's messages; v2proxy answers JSON type errors with 400 (Triton: 500;
+    docs/compatibility.md)."""
     _, proxy = cproxy
     body = {"inputs": [IDENTITY_INPUT], "outputs": [{"name": "OUTPUT0", "parameters": params}]}
     status, text = _http_error(proxy.base_url, "identity_fp32", body)

@@ -4,7 +4,8 @@ CUDA device, see tests/conftest.py): Triton's ``simple_{http,grpc}_cudashm_clien
 models. The client process exports the IPC handles, v2proxy (another process) opens them with
 cupy, copies the inputs device -> host and the outputs host -> device.
 
-Not run in this project: its machines have no GPU (README, "Shared memory")."""
+Not run in this project: its machines have no GPU (docs/guides/shared-memory.md, CUDA shared
+memory)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""MindIE's native ``POST /infer`` through v2proxy in front of real v2 LLM backends (reference
-mindie-adaptation.md §1.2-1.4, §4, §6): the builtin ``llm`` (in process), and a real Triton
-(2.51, python backend) serving the decoupled toy ``ensemble`` with TensorRT-LLM's tensors,
-reached over HTTP generate/generate_stream and over gRPC ModelStreamInfer; the ``generate``
-profile in front of Triton's ``llm`` twin. Also AISBench's ``MindieStreamApi``, a real
-third-party MindIE client, run from its own venv.
+"""MindIE's native ``POST /infer`` through v2proxy in front of real v2 LLM backends
+(docs/protocol.md, MindIE; docs/guides/mindie.md): the builtin ``llm`` (in process), and a real
+Triton (2.51, python backend) serving the decoupled toy ``ensemble`` with TensorRT-LLM's tensors,
+reached over HTTP generate/generate_stream and over gRPC ModelStreamInfer; the ``generate`` profile
+in front of Triton's ``llm`` twin. Also AISBench's ``MindieStreamApi``, a real third-party MindIE
+client, run from its own venv.
 
 The toy models "generate" the words of the prompt in a cycle; the ensemble's test knobs
 (``[delay=MS]``, ``[fail_after=N]``, ``[cancelled?]``) are described in its model.py."""

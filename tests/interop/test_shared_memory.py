@@ -1,11 +1,11 @@
-"""System shared memory through v2proxy (reference §4), with real clients and real peers:
-``tritonclient.utils.shared_memory`` with ``tritonclient.http`` and ``tritonclient.grpc`` run the
-flows of Triton's ``simple_{http,grpc}_shm_client.py`` and ``..._shm_string_client.py`` through
-v2proxy in front of every backend (builtin, reference server, KServe, MLServer, Triton over REST
-and gRPC); the ``L0_shared_memory`` cases that apply to a proxy are run against v2proxy and
-straight against Triton (2.51, system shm on CPU) to compare statuses and messages; fault tests
-(an object truncated or unlinked after registration, unregister during a slow inference, offsets
-near 2^63) check errors, no crash, and that the proxy keeps serving.
+"""System shared memory through v2proxy (docs/protocol.md, shared memory), with real clients and
+real peers: ``tritonclient.utils.shared_memory`` with ``tritonclient.http`` and
+``tritonclient.grpc`` run the flows of Triton's ``simple_{http,grpc}_shm_client.py`` and
+``..._shm_string_client.py`` through v2proxy in front of every backend (builtin, reference server,
+KServe, MLServer, Triton over REST and gRPC); the ``L0_shared_memory`` cases that apply to a proxy
+are run against v2proxy and straight against Triton (2.51, system shm on CPU) to compare statuses
+and messages; fault tests (an object truncated or unlinked after registration, unregister during a
+slow inference, offsets near 2^63) check errors, no crash, and that the proxy keeps serving.
 
 The proxies here open the ``shared-memory`` group (``--restricted-api none``); the conftest's
 shared proxies keep the default. Every shared-memory object a test creates is unlinked.

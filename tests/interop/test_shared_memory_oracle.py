@@ -1,9 +1,9 @@
-"""``L0_shared_memory`` cases (reference §6.3) against v2proxy (builtin models) and straight
-against Triton 2.51 (system shm on CPU): the same status and message, but for the differences
-listed in :data:`DIFFERENT` (Triton 2.51 predates its key and overflow checks; Triton prefixes
-core errors with the request id); plus fault tests: an object truncated or unlinked after
-registration, unregister during a slow inference, offsets near 2^63 over gRPC. Every object a
-test creates is unlinked; the proxies stay up and keep serving.
+"""``L0_shared_memory`` cases (Triton's qa; docs/compatibility.md, shared memory against Triton)
+against v2proxy (builtin models) and straight against Triton 2.51 (system shm on CPU): the same
+status and message, but for the differences listed in :data:`DIFFERENT` (Triton 2.51 predates its
+key and overflow checks; Triton prefixes core errors with the request id); plus fault tests: an
+object truncated or unlinked after registration, unregister during a slow inference, offsets near
+2^63 over gRPC. Every object a test creates is unlinked; the proxies stay up and keep serving.
 """
 
 from __future__ import annotations

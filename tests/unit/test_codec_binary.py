@@ -1,4 +1,4 @@
-"""The binary-tensor framing (reference §1.1, §1.6, §1.7), against bodies built by hand and by
+"""The binary-tensor framing (docs/protocol.md, binary tensors), against bodies built by hand and by
 the real ``tritonclient.http`` client, in both directions."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_zero_size_binary_input_without_ihcl() -> None:
 
 
 def test_zero_byte_binary_output_from_a_json_response() -> None:
-    # Triton answers zero-byte binary outputs as plain JSON with no IHCL (reference §1.2).
+    # Triton answers zero-byte binary outputs as plain JSON with no IHCL (docs/protocol.md).
     body = (
         b'{"model_name":"M","model_version":"1","outputs":[{"name":"C","datatype":"INT32",'
         b'"shape":[0],"parameters":{"binary_data_size":0}}]}'

@@ -1,4 +1,5 @@
-"""Body compression for /infer (reference §1.8): request inflation and response encoding."""
+"""Body compression for /infer (docs/protocol.md, compression): request inflation and response
+encoding."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_unknown_encoding_is_415(encoding: str) -> None:
 
 
 def test_encoding_names_are_case_insensitive() -> None:
-    # Triton answers 501 to `GZIP`; the proxy is liberal in what it accepts (DESIGN.md).
+    # Triton answers 501 to `GZIP`; the proxy is liberal in what it accepts (docs/architecture.md).
     assert decompress(gzip.compress(PAYLOAD), "GZIP", LIMIT) == PAYLOAD
 
 

@@ -1,6 +1,6 @@
-"""The gRPC codec (reference §5.2) as tables, both directions, with tritonclient's own messages,
-encoder (``InferInput`` + ``_get_inference_request``) and decoder (``InferResult.as_numpy``) as
-the reference for the wire format, plus a Hypothesis round trip.
+"""The gRPC codec (docs/protocol.md, endpoints: gRPC) as tables, both directions, with
+tritonclient's own messages, encoder (``InferInput`` + ``_get_inference_request``) and decoder
+(``InferResult.as_numpy``) as the reference for the wire format, plus a Hypothesis round trip.
 
 tritonclient's ``service_pb2`` and v2proxy's ``grpc_service_pb2`` are different Python classes
 for the same wire format: messages cross between them as serialized bytes.

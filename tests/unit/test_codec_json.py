@@ -1,4 +1,4 @@
-"""The JSON codec (reference §1.3, §1.5, §1.7), as tables run in both directions.
+"""The JSON codec (docs/protocol.md, JSON bodies), as tables run in both directions.
 
 JSON ``data`` -> wire bytes is checked byte for byte against numpy (explicit little-endian dtypes,
 ``ml_dtypes.bfloat16``); wire bytes -> JSON is checked against the exact text Triton writes.

@@ -1,4 +1,4 @@
-"""Raw binary requests (``Inference-Header-Content-Length: 0``, reference §2): shape deduction
+"""Raw binary requests (``Inference-Header-Content-Length: 0``, docs/protocol.md): shape deduction
 and the decoded request, as tables."""
 
 from __future__ import annotations

@@ -548,7 +548,7 @@ def test_every_v2proxy_variable_the_project_names_is_known() -> None:
     """Every V2PROXY_* name in the repository (code, Makefile, chart, docs) is a setting or one
     of OTHER_VARIABLES: a new tool's variable, inherited by the servers its tests start, would
     stop them. V2PROXY_CONFIGS and V2PROXY_COMMON are Python names of benchmarks/run.py;
-    V2PROXY_BACKEND_TIMOUT is the README's example of a misspelt setting that stops the start."""
+    V2PROXY_BACKEND_TIMOUT is the docs' example of a misspelt setting that stops the start."""
     known = {f"V2PROXY_{key.upper()}" for key in PARSERS} | OTHER_VARIABLES
     known |= {"V2PROXY_CONFIGS", "V2PROXY_COMMON", "V2PROXY_BACKEND_TIMOUT"}
     pattern = r"V2PROXY_[A-Z0-9_]+(?![\w*])"  # not a prefix such as V2PROXY_PEER* in a comment

@@ -1,4 +1,4 @@
-"""DESIGN.md rule 1, checked in the suite as well as by `make layers`."""
+"""The layer rule (docs/architecture.md, layers), checked in the suite and by `make layers`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MindIE's /infer codec: every validation rule of reference mindie-adaptation.md §4.2 as a table
+"""MindIE's /infer codec: every validation rule (docs/protocol.md, MindIE clients) as a table
 case (MindIE's messages, checked in MindIE's order), UTF-16 length counting, the field map per
 profile and the response map (non-stream body, stream events, backend answers read)."""
 

@@ -1,4 +1,4 @@
-"""The MindIE frontend's one error translator (reference mindie-adaptation.md §1.4, §4.6): every
+"""The MindIE frontend's one error translator (docs/protocol.md, MindIE clients: errors): every
 error of the tree answered with MindIE's status and ``error_type``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The classification extension (reference/triton-protocol.md §3): the pure top-k
+"""The classification extension (docs/protocol.md, classification): the pure top-k
 (``postprocess/classification.py``), the stage's planning (``postprocess/stage.py``), the gRPC
 parameter checks (``codecs/grpc.py``) and the pipeline running it in front of the builtin
 models. Expected strings are Triton's (checked against Triton 2.51 where it answers)."""

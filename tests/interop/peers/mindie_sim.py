@@ -1,5 +1,5 @@
 """A MindIE Server stand-in for tests: the native ``POST /infer`` of MindIE's EndPoint, written
-from its documentation and source as summarised in the project's MindIE notes (§1.2-1.4). No
+from its documentation and source as the project describes it (docs/protocol.md, MindIE). No
 MindIE runs without Ascend hardware, so this is the one stand-in of the interop suite; it is a
 test fixture, not product code, and imports nothing of v2proxy.
 
