@@ -1,4 +1,13 @@
-"""Shared test configuration: every async test runs on both uvloop and plain asyncio."""
+"""Shared test configuration: the event loops async tests run on, and the ``gpu`` skip.
+
+An async test runs on uvloop (what ``v2proxy serve`` uses by default) and, where the loop itself
+is what is tested, on plain asyncio too: a test module (or test) marked ``both_loops`` -- v2proxy's
+HTTP server and client, TLS, streaming and flow control, deadlines, the gRPC backend's failures,
+the builtin llm's turns on the loop. The two loops differ in their transports (write buffers,
+flow control, TLS, close) and timers, not in what v2proxy computes, so a test of codecs, messages,
+metrics or settings gains nothing from the second run. (Interop tests choose the loop of the
+``v2proxy serve`` process they start by their own fixtures; the test's own loop is only a client.)
+"""
 
 from __future__ import annotations
 
@@ -18,7 +27,9 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], Any]]:
-    return LOOPS
+    if item.get_closest_marker("both_loops") is not None:
+        return LOOPS
+    return {"uvloop": LOOPS["uvloop"]}
 
 
 def _gpu_missing() -> str | None:

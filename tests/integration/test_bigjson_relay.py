@@ -28,6 +28,9 @@ from v2proxy.pipeline import Pipeline
 from v2proxy.ports import ForwardResponse, StreamedBody
 from v2proxy.relay import HOLD_BACK
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 MODEL = "identity_fp32"
 LIMIT = 64 * 1024 * 1024
 N = 150_000  # about 3 MB of JSON

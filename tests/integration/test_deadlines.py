@@ -17,6 +17,9 @@ from tests.integration.test_rest_errors import simple_json
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.app_core import build_backend, build_pipeline
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 TIMEOUT = 0.3
 
 

@@ -16,6 +16,9 @@ from tests.integration.test_rest_errors import simple_json
 from tests.interop.peers.launch import _free_ports
 from v2proxy._proto import grpc_service_pb2 as pb
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 
 @pytest.fixture
 async def slow_grpc_backend() -> AsyncIterator[str]:

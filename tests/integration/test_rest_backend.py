@@ -20,6 +20,9 @@ from aiohttp.test_utils import TestClient
 from tests.integration.conftest import Factory, proxy_to
 from tests.integration.test_rest_errors import BIN_HEADER, BLOB, framed, simple_json
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 Recorded = tuple[Any, list[Any]]
 
 

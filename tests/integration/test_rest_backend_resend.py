@@ -24,6 +24,9 @@ from v2proxy.app_core import build_backend, build_pipeline
 from v2proxy.metrics import BACKEND_RETRIES, Counter
 from v2proxy.metrics_export import Metrics
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 #: test_rest_backend's fixture ``raw_backend``, here named ``backend``: backend(handler) -> the
 #: URL of a loopback server running ``handler`` per connection
 backend = test_rest_backend.raw_backend

@@ -342,6 +342,7 @@ async def test_wrong_method_and_unknown_path(builtin: TestClient[Any, Any]) -> N
     assert (await resp.json()) == {"error": "Not Found"}
 
 
+@pytest.mark.both_loops  # HTTP framing and connections: the loop's transports
 async def test_input_size_limits(make_client: Factory) -> None:
     """--max-input-size bounds JSON headers, raw bodies and decompressed bodies (Triton's
     messages); --max-body-size bounds any body with 413."""
@@ -386,6 +387,7 @@ async def test_input_size_limits(make_client: Factory) -> None:
     assert resp.status == 200
 
 
+@pytest.mark.both_loops  # HTTP framing and connections: the loop's transports
 async def test_backend_refuses_connection(make_client: Factory) -> None:
     from tests.interop.peers.launch import _free_ports
 
@@ -408,6 +410,7 @@ async def _exchange(client: TestClient[Any, Any], head: bytes) -> tuple[bytes, A
         return await reader.readuntil(b"\r\n\r\n"), reader, writer
 
 
+@pytest.mark.both_loops  # HTTP framing and connections: the loop's transports
 async def test_expect_100_continue(builtin: TestClient[Any, Any]) -> None:
     """A client that sends ``Expect: 100-continue`` gets the interim answer before it sends
     its body (curl does so for big bodies); any other expectation is refused with 417."""
@@ -434,6 +437,7 @@ async def test_expect_100_continue(builtin: TestClient[Any, Any]) -> None:
     assert (await resp.json()) == {"error": "only 'Expect: 100-continue' is supported"}
 
 
+@pytest.mark.both_loops  # HTTP framing and connections: the loop's transports
 async def test_chunked_body_over_the_limit(make_client: Factory) -> None:
     """A body without Content-Length is bounded by --max-body-size as it arrives."""
     client = await make_client(

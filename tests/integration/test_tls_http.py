@@ -23,6 +23,9 @@ from v2proxy.http.response import HttpResponse
 from v2proxy.http.server import HttpServer
 from v2proxy.tls import BackendTls, ListenerTls, client_context, server_context
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:

@@ -22,6 +22,9 @@ from v2proxy.model import Datatype, InferRequest, InferResponse, Tensor
 from v2proxy.reference import models
 from v2proxy.reference.models import LLM_MAX_TOKENS, LLM_SLICE_TOKENS, iter_llm_tokens
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 
 def llm_request(prompt: str, max_tokens: int, stream: bool) -> InferRequest:
     return InferRequest(

@@ -35,6 +35,9 @@ from v2proxy.http.client_errors import (
     RemoteClosed,
 )
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

@@ -23,6 +23,9 @@ from v2proxy.http.server import (
     ServerLimits,
 )
 
+# the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
+pytestmark = pytest.mark.both_loops
+
 WAIT = 10.0  # the most any outcome is waited for
 FAST = ServerLimits(header_timeout=0.3, keepalive_timeout=0.3, body_timeout=0.3, write_timeout=0.3)
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
