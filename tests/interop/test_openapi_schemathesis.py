@@ -168,7 +168,7 @@ def test_schemathesis_restricted_groups_are_403(tmp_path: Path) -> None:
             checks=CHECKS,
         )
     assert fig.failures == 0 and fig.errored == 0, _explain(fig)
-    assert fig.cases > 30, _explain(fig)
+    assert fig.cases > 15, _explain(fig)  # 9 operations (repository, logging, trace)
     assert 403 in fig.statuses and set(fig.statuses) <= {403, 405}, fig.statuses
 
 
@@ -345,7 +345,9 @@ def test_restricted_group_refused_before_the_body_is_read() -> None:
         for path in ("/v2/repository/index", "/v2/logging", "/v2/trace/setting"):
             status, _, answer = _post(proxy.base_url + path, b"not json")
             assert status == 403 and "This API is restricted" in answer["error"], path
+        # shared memory is not a restricted group by default (--client-shm local gates it): a
+        # local client's bad body is read and judged
         status, _, answer = _post(
             proxy.base_url + "/v2/systemsharedmemory/region/r/register", b"[]"
         )
-        assert status == 403
+        assert status == 400 and "This API is restricted" not in answer["error"], answer

@@ -26,6 +26,9 @@ class FakeTransport:
     def is_reading(self) -> bool:
         return self.reading
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # no socket to look at
+
 
 async def test_answer_completed_while_paused_resumes_reading_when_taken() -> None:
     conn = ClientConnection(asyncio.get_running_loop(), 65536)

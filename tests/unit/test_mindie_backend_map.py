@@ -301,9 +301,16 @@ def test_backend_url(value: str, kind: str, url: str, tls: bool) -> None:
     assert (target.kind, target.url, target.tls) == (kind, url, tls)
 
 
-@pytest.mark.parametrize("value", ["mindie://127.0.0.1", "mindie:1025", "mindie://:1025"])
-def test_backend_url_refused(value: str) -> None:
-    with pytest.raises(ValueError, match=r"mindies://host:port \(a MindIE server"):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("mindie://127.0.0.1", r"has no port: give host:port, e\.g\. mindie://127\.0\.0\.1:1025"),
+        ("mindie:1025", r"mindies://host:port \(a MindIE server"),
+        ("mindie://:1025", r"mindies://host:port \(a MindIE server"),
+    ],
+)
+def test_backend_url_refused(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         parse_backend(value)
 
 

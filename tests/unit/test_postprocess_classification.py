@@ -448,7 +448,7 @@ async def test_pipeline_parameter_errors(
         assert request.outputs is not None
         del request.outputs[0].parameters["classification"]
     with pytest.raises(error) as err:
-        await Pipeline(backend, 1 << 20).infer(request, [])
+        await Pipeline(backend, 1 << 20).infer(request, [], None)  # a local (unix) client
     assert err.value.message == message
     assert backend.sent == []
 
