@@ -1,6 +1,6 @@
-"""Check DESIGN.md rule 1: the pure layers (model, errors, restricted, codecs, postprocess,
-ports, pipeline, relay, shm_stage, generate_stage, admission) import no I/O library and nothing
-from the outer layers. Exit status 1 names each offending import."""
+"""Check the layer rule (docs/architecture.md, layers): the pure layers (model, errors,
+restricted, codecs, postprocess, ports, pipeline, relay, shm_stage, generate_stage, admission)
+import no I/O library and nothing from the outer layers. Exit status 1 names each offending import."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ FORBIDDEN = {
     "v2proxy.config",
     "v2proxy.config_sections",
     "v2proxy.config_values",
+    "v2proxy.config_spec",
 }
 
 

@@ -1,7 +1,7 @@
 """Run the fault-injection matrix once (tests/faults/fault_matrix.py: v2proxy in front of
 ``v2proxy reference-server`` through a fault-injecting relay, REST and gRPC backends, unary,
 large and streamed requests) and print the table "scenario x outcome" (status, elapsed) in
-Markdown, for the README's reliability table.
+Markdown, for the reliability page (docs/reliability.md).
 
     .venv/bin/python tools/fault_table.py [--loop uvloop|asyncio] [--only SCENARIO,...]
 

@@ -25,7 +25,7 @@ def add_parser(sub: Any, version: str) -> None:
         " /mutate over HTTPS; GET /healthz) that adds the v2proxy sidecar, a shared /dev/shm"
         ' and the grace period to pods annotated v2proxy.io/inject: "true". Per-pod'
         " annotations v2proxy.io/backend, v2proxy.io/ports, v2proxy.io/client-shm, ... override"
-        " the defaults (README 'Deploying').",
+        " the defaults (docs/deployment.md).",
     )
     p.add_argument("--tls-cert", required=True, metavar="FILE", help="PEM certificate chain")
     p.add_argument("--tls-key", required=True, metavar="FILE", help="PEM private key")
