@@ -1,6 +1,7 @@
 """Check the layer rule (docs/architecture.md, layers): the pure layers (model, errors,
 restricted, codecs, postprocess, ports, pipeline, relay, shm_stage, generate_stage, admission)
-import no I/O library and nothing from the outer layers. Exit status 1 names each offending import."""
+import no I/O library and nothing from the outer layers. Exit status 1 names each offending
+import."""
 
 from __future__ import annotations
 
