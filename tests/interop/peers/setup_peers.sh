@@ -2,13 +2,13 @@
 # Create the virtual environments of the real peer model servers used by the
 # v2proxy interop tests:
 #
-#   bash tests/interop/peers/setup_peers.sh [DIR]
+#   bash tests/interop/peers/setup_peers.sh [DIR [NAME...]]
 #
 #   DIR/kserve    <- requirements-kserve.txt   (KServe ModelServer)
 #   DIR/mlserver  <- requirements-mlserver.txt (MLServer)
 #   DIR/triton    <- requirements-triton.txt   (Triton Inference Server, from nvidia-pytriton)
 #   DIR/aisbench  <- requirements-aisbench.txt (AISBench, whose MindieStreamApi is a MindIE client;
-#                    it pulls torch with its CUDA wheels: several GB, 5-10 minutes the first time)
+#                    its package imports torch: the CPU build, see that file)
 #
 # For Triton the venv also gets a runnable server tree, DIR/triton/tritonserver: a copy of the
 # wheel's pytriton/tritonserver with the python backend stub for the venv's Python at
@@ -16,13 +16,16 @@
 #
 # DIR defaults to .cache/peers under the repository root (also read from
 # $V2PROXY_PEERS_DIR); a relative DIR argument is taken from the current
-# directory. The packages pin conflicting dependencies, hence one venv each.
+# directory. The packages pin conflicting dependencies, hence one venv each. NAMEs (kserve,
+# mlserver, triton, aisbench) build only those.
 #
 # Idempotent: each venv holds a stamp with the sha256 of its requirements
 # file; a venv whose stamp matches (and whose python still runs) is left
 # alone, otherwise it is rebuilt from scratch. All venvs are built in
-# parallel, with pip's output in DIR/NAME.install.log. Prints one line per
-# venv; exits non-zero if any install fails. $PYTHON picks the interpreter
+# parallel, with pip's output in DIR/NAME.install.log; while they build, every
+# $V2PROXY_PEERS_TICK seconds (default 20) a line per venv still building says
+# how long it has taken and pip's last line. Prints one line per venv at the
+# end; exits non-zero if any install fails. $PYTHON picks the interpreter
 # (default python3).
 set -euo pipefail
 
@@ -31,6 +34,8 @@ ROOT="$(cd "$HERE/../../.." && pwd)"
 PY="${PYTHON:-python3}"
 
 DIR="${1:-${V2PROXY_PEERS_DIR:-$ROOT/.cache/peers}}"
+shift || true
+TICK="${V2PROXY_PEERS_TICK:-20}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 
@@ -118,8 +123,24 @@ build() {
     local start=$SECONDS
     echo "$name: building its venv in $venv (pip's output in $log) ..." >&2
     rm -rf "$venv"
+    # A requirement pinned to a +cpu build (torch==X+cpu) is installed first, on its own: PyPI has
+    # only the CUDA build of torch (~4 GB of nvidia-* and triton wheels), PyTorch's CPU index
+    # (asked for that one package only) has the CPU one. A wheel pip already has at hand (its
+    # --find-links) is taken without asking the index. The -r install then finds it installed.
+    local cpu
+    cpu="$(grep -E '^[A-Za-z0-9_.-]+==[^[:space:]]+[+]cpu' "$req" || true)"
     if ! {
         "$PY" -m venv "$venv" &&
+            if [[ -n "$cpu" ]]; then
+                # shellcheck disable=SC2086 # one requirement per word
+                "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+                    --no-deps --no-index $cpu ||
+                    {
+                        echo "setup_peers: $cpu not at hand: from https://download.pytorch.org/whl/cpu"
+                        "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+                            --no-deps --index-url https://download.pytorch.org/whl/cpu $cpu
+                    }
+            fi &&
             "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
                 -r "$req" &&
             if [[ "$name" == triton ]]; then prepare_triton "$venv"; fi
@@ -136,6 +157,15 @@ build() {
 }
 
 names=(kserve mlserver triton aisbench)
+if (($#)); then
+    for n in "$@"; do
+        [[ -f "$HERE/requirements-$n.txt" ]] || {
+            echo "setup_peers: no peer named $n (kserve, mlserver, triton, aisbench)" >&2
+            exit 2
+        }
+    done
+    names=("$@")
+fi
 stale=()
 for n in "${names[@]}"; do
     want="$(sha256_of "$HERE/requirements-$n.txt")"
@@ -145,9 +175,9 @@ for n in "${names[@]}"; do
 done
 if ((${#stale[@]})); then
     echo "setup_peers: building the peer model servers' venvs (${stale[*]}) in parallel under $DIR;" \
-        "the first time this usually takes 3-5 minutes (pip downloads KServe, MLServer and" \
-        "Triton's ~55 MB wheel; AISBench's torch, several GB, takes 5-10), afterwards it is" \
-        "instant" >&2
+        "the first time this usually takes 5-10 minutes (pip downloads KServe, MLServer," \
+        "Triton's ~55 MB wheel and AISBench's many dependencies, torch's CPU build among them)," \
+        "afterwards it is instant; progress every ${TICK} s" >&2
 fi
 pids=()
 for n in "${names[@]}"; do
@@ -155,6 +185,34 @@ for n in "${names[@]}"; do
     build "$n" &
     pids+=("$!")
 done
+
+# ticker: every TICK seconds, one line per venv still building: its time so far and pip's last
+# line other than a warning (pip writes no progress bars to a file, and resolving or installing
+# can take minutes).
+# It wakes every second (killed at the end, it leaves no sleep behind holding the output open)
+# and ends by itself once no build is left.
+ticker() {
+    local t0=$SECONDS next=$((SECONDS + TICK)) i n line alive
+    while sleep 1; do
+        ((SECONDS >= next)) || continue
+        next=$((SECONDS + TICK))
+        alive=0
+        for i in "${!names[@]}"; do
+            n="${names[$i]}"
+            kill -0 "${pids[$i]}" 2>/dev/null || continue
+            alive=1
+            line="$(grep -v '^WARNING' "$DIR/$n.install.log" 2>/dev/null | tail -n 1 | tr -d '\r' |
+                tr -s ' ' | cut -c1-110 || true)"
+            echo "  $n: $((SECONDS - t0)) s, ${line:-starting}" >&2
+        done
+        ((alive)) || return 0
+    done
+}
+ticker_pid=
+if ((${#stale[@]})); then
+    ticker &
+    ticker_pid=$!
+fi
 
 rc=0
 for i in "${!names[@]}"; do
@@ -170,4 +228,8 @@ for i in "${!names[@]}"; do
         rc=1
     fi
 done
+if [[ -n "$ticker_pid" ]]; then
+    kill "$ticker_pid" 2>/dev/null || true
+    wait "$ticker_pid" 2>/dev/null || true
+fi
 exit $rc
