@@ -23,7 +23,7 @@
 # file; a venv whose stamp matches (and whose python still runs) is left
 # alone, otherwise it is rebuilt from scratch. All venvs are built in
 # parallel, with pip's output in DIR/NAME.install.log; while they build, every
-# $V2PROXY_PEERS_TICK seconds (default 20) a line per venv still building says
+# $SETUP_PEERS_TICK seconds (default 20) a line per venv still building says
 # how long it has taken and pip's last line. Prints one line per venv at the
 # end; exits non-zero if any install fails. $PYTHON picks the interpreter
 # (default python3).
@@ -35,7 +35,7 @@ PY="${PYTHON:-python3}"
 
 DIR="${1:-${V2PROXY_PEERS_DIR:-$ROOT/.cache/peers}}"
 shift || true
-TICK="${V2PROXY_PEERS_TICK:-20}"
+TICK="${SETUP_PEERS_TICK:-20}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 
