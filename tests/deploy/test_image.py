@@ -96,6 +96,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.timeout(1200)  # two pip runs from the network, each bounded at 600 s below
 def test_install_script_in_a_fresh_venv(tmp_path: Path) -> None:
     # the build context as .dockerignore leaves it: the files the Dockerfile copies
     src = tmp_path / "src-tree"
