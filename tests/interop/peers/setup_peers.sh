@@ -175,9 +175,10 @@ for n in "${names[@]}"; do
 done
 if ((${#stale[@]})); then
     echo "setup_peers: building the peer model servers' venvs (${stale[*]}) in parallel under $DIR;" \
-        "the first time this usually takes 5-10 minutes (pip downloads KServe, MLServer," \
-        "Triton's ~55 MB wheel and AISBench's many dependencies, torch's CPU build among them)," \
-        "afterwards it is instant; progress every ${TICK} s" >&2
+        "the first time this takes a few minutes (all four: 157 s on a 2-core VM near a package" \
+        "mirror; pip downloads KServe, MLServer, Triton's ~55 MB wheel and AISBench's many" \
+        "dependencies, torch's CPU build among them), afterwards it is instant; progress every" \
+        "${TICK} s" >&2
 fi
 pids=()
 for n in "${names[@]}"; do
@@ -187,7 +188,7 @@ for n in "${names[@]}"; do
 done
 
 # ticker: every TICK seconds, one line per venv still building: its time so far and pip's last
-# line other than a warning (pip writes no progress bars to a file, and resolving or installing
+# line other than a warning or a progress bar (pip writes no progress bars to a file, and resolving or installing
 # can take minutes).
 # It wakes every second (killed at the end, it leaves no sleep behind holding the output open)
 # and ends by itself once no build is left.
@@ -201,7 +202,7 @@ ticker() {
             n="${names[$i]}"
             kill -0 "${pids[$i]}" 2>/dev/null || continue
             alive=1
-            line="$(grep -v '^WARNING' "$DIR/$n.install.log" 2>/dev/null | tail -n 1 | tr -d '\r' |
+            line="$(grep -v -e '^WARNING' -e '━' "$DIR/$n.install.log" 2>/dev/null | tail -n 1 | tr -d '\r' |
                 tr -s ' ' | cut -c1-110 || true)"
             echo "  $n: $((SECONDS - t0)) s, ${line:-starting}" >&2
         done
