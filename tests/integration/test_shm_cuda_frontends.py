@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.integration.conftest import Factory, settings
+from tests.integration.conftest import Factory, grpc_frontend, settings
 from tests.unit.test_shm_cuda import H1, FakeAdapter
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.app import build_grpc_server, build_rest
+from v2proxy.app import build_rest
 from v2proxy.app_core import build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.shm.cuda import CudaAdapter
@@ -113,14 +113,10 @@ async def grpc_proxy(request: pytest.FixtureRequest) -> AsyncIterator[grpc.aio.C
     s = settings(restricted_api="none")
     backend = BuiltinBackend()
     await backend.start()
-    server = build_grpc_server(s, build_pipeline(s, backend, cuda_adapter=adapter))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc_frontend(s, build_pipeline(s, backend, cuda_adapter=adapter)) as channel:
             yield channel
     finally:
-        await server.stop(None)
         await backend.close()
 
 
