@@ -14,7 +14,9 @@
      at ``/dev/shm`` in every app container that has nothing there (POSIX shared memory between
      containers needs the same tmpfs), and in the sidecar;
   2. ``v2proxy-tmp`` (an ``emptyDir`` for ``/tmp``: the sidecar's root file system is
-     read-only) and, with ``v2proxy.io/config-map``, that ConfigMap at ``/etc/v2proxy``;
+     read-only; its securityContext meets the Pod Security Standard ``restricted`` by itself,
+     seccomp included, and the pod's own context is left as it is) and, with
+     ``v2proxy.io/config-map``, that ConfigMap at ``/etc/v2proxy``;
   3. the sidecar: native (the last init container, ``restartPolicy: Always``: it starts before
      the app containers, which wait for its startup probe, and stops after them) or classic
      (the last container, for clusters before 1.29);
@@ -30,6 +32,7 @@ also sets ``failurePolicy: Ignore`` for when it cannot be reached).
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -112,12 +115,8 @@ def container(s: SidecarSettings, shm_volume: str | None) -> dict[str, Any]:
         "startupProbe": probe("/v2/health/live", 1, 30),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(s.pre_stop_sleep)]}}},
         "resources": dict(s.resources),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        # restricted on its own (settings.RESTRICTED_CONTEXT): the pod's context is not touched
+        "securityContext": copy.deepcopy(dict(s.security_context)),
         "volumeMounts": mounts,
     }
     if s.mode == "native":

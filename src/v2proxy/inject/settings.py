@@ -43,6 +43,18 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
+#: the sidecar's container securityContext: the Pod Security Standard "restricted" on its own
+#: (seccomp included), so the sidecar passes a restricted namespace whatever the pod sets, and
+#: never weakens a compliant pod; the root file system is read-only (/tmp is an emptyDir)
+RESTRICTED_CONTEXT: Mapping[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 class AnnotationError(ValueError):
     """A ``v2proxy.io/`` annotation or sidecar setting is invalid; the message names it."""
 
@@ -67,6 +79,7 @@ class SidecarSettings:
     config_map: str = ""
     extra_args: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
+    security_context: Mapping[str, Any] = field(default_factory=lambda: dict(RESTRICTED_CONTEXT))
 
     def grace_period(self) -> int:
         """Seconds the pod needs to stop: the pre-stop pause, the drain, and a margin."""
@@ -138,6 +151,12 @@ def _resources(v: Any) -> Mapping[str, Any]:
     return v
 
 
+def _security_context(v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, dict):
+        raise ValueError("must be a mapping (a container's securityContext)")
+    return v
+
+
 _Parser = Callable[[Any], Any]
 
 #: annotation (after the prefix) -> (field of SidecarSettings, parser)
@@ -173,6 +192,7 @@ DEFAULT_KEYS: dict[str, tuple[str, _Parser]] = {
     "shmSizeLimit": ("shm_size", _quantity),
     "extraArgs": ("extra_args", _args),
     "resources": ("resources", _resources),
+    "securityContext": ("security_context", _security_context),
 }
 _FIXED = {INJECT, INJECTED}
 

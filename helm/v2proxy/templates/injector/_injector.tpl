@@ -35,6 +35,10 @@ preStopSleepSeconds: {{ int $p.preStopSleepSeconds }}
 shmSizeLimit: {{ .Values.sharedMemory.sizeLimit | quote }}
 resources:
   {{- toYaml ($p.resources | default dict) | nindent 2 }}
+{{- with $p.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 extraArgs:
   {{- include "v2proxy.moreArgs" . | nindent 2 }}
 {{- end }}
