@@ -1,4 +1,4 @@
-"""Write the settings reference, docs/reference/settings.md, from the table of settings
+"""Write the settings reference, docs/settings.md, from the table of settings
 (src/v2proxy/config_spec.py: SETTINGS, CONFIG_OPTION, REFERENCE_SERVER) and the ``mindie:`` keys
 (src/v2proxy/config_sections.py: MINDIE_KEYS). The page is generated: edit those tables (or the
 prose here), then run
@@ -29,7 +29,7 @@ from v2proxy.config_spec import (
 from v2proxy.config_values import SIZE_UNITS
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "reference" / "settings.md"
+PAGE = ROOT / "docs" / "settings.md"
 
 
 def sentence(text: str) -> str:
@@ -184,7 +184,7 @@ def render() -> str:
         "## The `mindie:` section",
         "",
         "How MindIE's native `POST /infer` maps to a v2 model (see the MindIE part of the"
-        " [protocol notes](../protocol.md)). Keys are spelt with `_` or `-`; any other key is"
+        " [protocol notes](protocol.md)). Keys are spelt with `_` or `-`; any other key is"
         " refused.",
         "",
         *_mindie_table(),

@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run the proxy in front of a model server. Every option is also a YAML key"
         f" of --config FILE (http_port: {DEFAULTS['http_port']}) and an environment variable"
         " (V2PROXY_HTTP_PORT); command line > environment > file > defaults (all listed, with"
-        " their environment variables and YAML keys, in docs/reference/settings.md). A SIZE is"
+        " their environment variables and YAML keys, in docs/settings.md). A SIZE is"
         " a number of bytes or a number with a unit: K, M, G, T are powers of 1000, Ki, Mi, Gi,"
         " Ti powers of 1024, B optional (512K, 64Mi, 1GB, 1GiB), in every source. Any other"
         " V2PROXY_* variable stops the start (a misspelt setting), except V2PROXY_CONFIG and"

@@ -6,7 +6,7 @@ an unknown key anywhere in the file is refused the same way. Nothing reads confi
 request.
 Each setting is declared once, in :data:`v2proxy.config_spec.SETTINGS` (default, parser, help,
 metavar): :class:`Settings`' defaults and :data:`PARSERS` are built from it, as are the command
-line's options and docs/reference/settings.md.
+line's options and docs/settings.md.
 Every value is parsed by the same parser (:data:`PARSERS`) whichever its source: the command line
 passes text, like the environment. Byte sizes (the settings whose metavar is ``SIZE``) take a
 unit: ``K``, ``M``, ``G``, ``T`` powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024,
@@ -20,7 +20,7 @@ The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
 the setting.
 
 Besides the option keys, the YAML file holds two sections (see docs/architecture.md, product
-contract; their keys are listed in docs/reference/settings.md):
+contract; their keys are listed in docs/settings.md):
 
 - ``models``: model name -> ``{outputs: {output name -> {labels: FILE}}}``. Each label file is
   read here, once: UTF-8 (a BOM is dropped), one label per line (``\n`` or ``\r\n``; blank

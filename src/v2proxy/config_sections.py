@@ -3,7 +3,7 @@ product contract), parsed and checked once at start-up into frozen objects; see 
 docstring for what they hold. Label files are read here. A bad section stops the start with one
 line naming the file and the key (:class:`ConfigError`). The ``mindie:`` keys are declared once,
 in :data:`MINDIE_KEYS` (default, parser, meaning), from which :class:`MindieSettings`' defaults,
-:data:`MINDIE_PARSERS` and their table in docs/reference/settings.md are built."""
+:data:`MINDIE_PARSERS` and their table in docs/settings.md are built."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 parser, its help text and its metavar. Everything else is built from this table: the defaults of
 :class:`v2proxy.config.Settings` and :data:`v2proxy.config.PARSERS`, the options of ``v2proxy
 serve`` and ``v2proxy reference-server`` (v2proxy.cli, which renders each default into the help),
-and the settings reference ``docs/reference/settings.md`` (written by tools/gen_settings_doc.py;
+and the settings reference ``docs/settings.md`` (written by tools/gen_settings_doc.py;
 tests/unit/test_settings_doc.py fails when the page is not what the table says).
 
 A setting's three names follow from its ``name``: the YAML key ``name`` (``-`` or ``_`` alike),

@@ -1,4 +1,4 @@
-"""docs/reference/settings.md is generated from the table of settings (tools/gen_settings_doc.py):
+"""docs/settings.md is generated from the table of settings (tools/gen_settings_doc.py):
 the committed page is what the generator writes now, and it shows every option of ``v2proxy serve
 --help`` with the default the help shows."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "reference" / "settings.md"
+PAGE = ROOT / "docs" / "settings.md"
 
 
 def _generator() -> ModuleType:
@@ -36,8 +36,7 @@ def test_the_page_is_what_the_generator_writes() -> None:
         )
     )
     assert written == wanted, (
-        "docs/reference/settings.md is stale: run .venv/bin/python tools/gen_settings_doc.py\n"
-        + diff[:4000]
+        "docs/settings.md is stale: run .venv/bin/python tools/gen_settings_doc.py\n" + diff[:4000]
     )
 
 

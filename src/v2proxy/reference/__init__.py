@@ -1,2 +1,2 @@
 """The builtin reference models (docs/architecture.md, the product contract;
-docs/reference/models.md)."""
+docs/models.md)."""
