@@ -16,14 +16,25 @@ from v2proxy.ports import Body, ForwardResponse, Headers
 
 async def single_response(model: str, responses: AsyncIterator[InferResponse]) -> InferResponse:
     """The one response of a (decoupled) model to a unary request; a request that makes it
-    answer several times (or none) belongs on a stream."""
-    got = [r async for r in responses]
-    if len(got) != 1:
+    answer several times (or none) belongs on a stream. Only the first response is kept, the
+    others are counted for the message (there may be a million); the iterator is closed."""
+    first: InferResponse | None = None
+    count = 0
+    try:
+        async for response in responses:
+            count += 1
+            if first is None:
+                first = response
+    finally:
+        close = getattr(responses, "aclose", None)
+        if close is not None:
+            await close()
+    if first is None or count != 1:
         raise InvalidRequest(
-            f"model '{model}' answers this request with {len(got)} responses: ask with"
+            f"model '{model}' answers this request with {count} responses: ask with"
             " streaming (gRPC ModelStreamInfer) or set 'stream' to false"
         )
-    return got[0]
+    return first
 
 
 class DecodedOnly:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly
+from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.codecs import settings
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
@@ -160,14 +160,6 @@ async def _next(spec: ModelSpec, request: InferRequest, produced: Produced) -> l
         await asyncio.sleep(0)
 
 
-def _not_one(model: str, count: int) -> InvalidRequest:
-    """:func:`~v2proxy.backends.base.single_response`'s refusal of ``count`` responses."""
-    return InvalidRequest(
-        f"model '{model}' answers this request with {count} responses: ask with"
-        " streaming (gRPC ModelStreamInfer) or set 'stream' to false"
-    )
-
-
 class BuiltinBackend(DecodedOnly):
     """Serves the reference models in-process."""
 
@@ -211,21 +203,7 @@ class BuiltinBackend(DecodedOnly):
         return True
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        responses = self.stream_infer(request, headers)
-        try:
-            first: InferResponse | None = None
-            count = 0
-            # one response is kept: the others of a request that belongs on a stream are
-            # counted for the message, not held (there may be a million)
-            async for response in responses:
-                count += 1
-                if first is None:
-                    first = response
-        finally:
-            await responses.aclose()  # type: ignore[attr-defined]
-        if first is None or count != 1:
-            raise _not_one(request.model_name, count)
-        return first
+        return await single_response(request.model_name, self.stream_infer(request, headers))
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers
