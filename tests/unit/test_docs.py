@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: citations of documents that are not in the repository: the design notes, the protocol
 #: "reference" and its sections, the notes' files by name, and the original extension documents
-#: (docs/reference/*.md are pages of the site, in the repository)
+#: (no page of the site lives under a reference/ folder, so any such path is the notes')
 OUTSIDE = re.compile(
-    r"DESIGN\.md|reference §|(?<!docs/)reference/[a-z-]*\.md|seeds/"
+    r"DESIGN\.md|reference §|reference/[a-z-]*\.md|seeds/"
     r"|mindie-adaptation|triton-protocol|triton-peer\.md|ecosystem\.md"
 )
 #: a docs/ page cited by path
