@@ -106,8 +106,16 @@ def _http(p: Proc) -> httpclient.InferenceServerClient:
                                             network_timeout=60)  # fmt: skip
 
 
+def _http_infer(p: Proc, *args: Any, **kwargs: Any) -> httpclient.InferResult:
+    """One request on a client of its own, closed before returning: a client left to the
+    garbage collector leaves its socket to it too (a ResourceWarning in whichever test is
+    running when it is collected)."""
+    with _http(p) as c:
+        return c.infer(*args, **kwargs)
+
+
 def _http_sum(p: Proc) -> list[int]:
-    out = _http(p).infer("simple", http_inputs()).as_numpy("OUTPUT0")
+    out = _http_infer(p, "simple", http_inputs()).as_numpy("OUTPUT0")
     assert out is not None
     return [int(x) for x in out.reshape(-1)]
 
@@ -191,7 +199,7 @@ def test_the_request_beyond_max_concurrency_is_refused_and_probes_keep_answering
             assert (status, headers.get("retry-after")) == (503, "1")
             assert json.loads(answer) == {"error": LIMIT_TEXT}
             with pytest.raises(InferenceServerException) as err:
-                _http(p).infer("simple", http_inputs())
+                _http_infer(p, "simple", http_inputs())
             assert (err.value.status(), err.value.message()) == ("503", LIMIT_TEXT)
             # ... and over gRPC: RESOURCE_EXHAUSTED, unary and stream alike
             with grpcclient.InferenceServerClient(p.grpc_url) as c:
@@ -213,11 +221,12 @@ def test_the_request_beyond_max_concurrency_is_refused_and_probes_keep_answering
                 assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("simple")
                 assert c.get_server_metadata().name == "held"
                 assert c.get_model_metadata("simple").name == "simple"
-            h = _http(p)
-            assert h.is_server_live() and h.is_server_ready() and h.is_model_ready("simple")
-            assert h.get_server_metadata()["name"] == "held"
-            assert h.get_model_metadata("simple")["name"] == "simple"
-            assert h.get_model_config("simple") == {"name": "simple", "max_batch_size": 8}
+            with _http(p) as h:
+                assert h.is_server_live() and h.is_server_ready()
+                assert h.is_model_ready("simple")
+                assert h.get_server_metadata()["name"] == "held"
+                assert h.get_model_metadata("simple")["name"] == "simple"
+                assert h.get_model_config("simple") == {"name": "simple", "max_batch_size": 8}
             assert _rejected(p) == {"rest": 2.0, "grpc": 2.0}
 
             # the held requests are answered in full; then 3 at once are accepted again
@@ -253,7 +262,7 @@ def test_an_open_stream_holds_one_slot_until_it_is_closed() -> None:
                 assert result.as_numpy("OUTPUT0").reshape(-1).tolist() == SUM
             # the stream is idle but open: the one slot is taken
             with pytest.raises(InferenceServerException) as err:
-                _http(p).infer("simple", http_inputs())
+                _http_infer(p, "simple", http_inputs())
             assert err.value.status() == "503"
             with pytest.raises(InferenceServerException) as err:
                 c.infer("simple", grpc_inputs(), client_timeout=ANSWER_S)
@@ -337,7 +346,7 @@ def test_too_many_inputs_or_outputs_are_refused_on_both_protocols() -> None:
         for t in extra:
             t.set_data_from_numpy(np.zeros(1, np.int32), binary_data=False)
         with pytest.raises(InferenceServerException) as err:
-            _http(p).infer("simple", http_inputs() + extra)
+            _http_infer(p, "simple", http_inputs() + extra)
         assert err.value.status() == "400"
         assert err.value.message() == (
             "the request names 5 inputs, more than the maximum of 4 per request. Use"
@@ -345,7 +354,7 @@ def test_too_many_inputs_or_outputs_are_refused_on_both_protocols() -> None:
         )
         outputs = [httpclient.InferRequestedOutput(f"O{i}") for i in range(5)]
         with pytest.raises(InferenceServerException) as err:
-            _http(p).infer("simple", http_inputs(), outputs=outputs)
+            _http_infer(p, "simple", http_inputs(), outputs=outputs)
         assert err.value.status() == "400" and "names 5 outputs" in err.value.message()
         with grpcclient.InferenceServerClient(p.grpc_url) as c:
             gextra = [grpcclient.InferInput(f"X{i}", [1], "INT32") for i in range(3)]
@@ -442,13 +451,13 @@ def test_small_requests_are_served_while_others_send_large_bodies_over_and_over(
 
     def http_big() -> int:
         done = 0
-        c = _http(p)
-        while not stop.is_set() or done == 0:
-            i = httpclient.InferInput("INPUT0", [big.size], "FP32")
-            i.set_data_from_numpy(big, binary_data=True)
-            out = c.infer("identity_fp32", [i]).as_numpy("OUTPUT0")
-            assert out is not None and np.array_equal(out, big)
-            done += 1
+        with _http(p) as c:
+            while not stop.is_set() or done == 0:
+                i = httpclient.InferInput("INPUT0", [big.size], "FP32")
+                i.set_data_from_numpy(big, binary_data=True)
+                out = c.infer("identity_fp32", [i]).as_numpy("OUTPUT0")
+                assert out is not None and np.array_equal(out, big)
+                done += 1
         return done
 
     def grpc_big() -> int:
