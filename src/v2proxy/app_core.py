@@ -37,7 +37,7 @@ from v2proxy.metrics import (
 from v2proxy.metrics_export import AnyMetrics, Metrics, NullMetrics
 from v2proxy.pipeline import Pipeline
 from v2proxy.ports import Backend
-from v2proxy.recorders import TokenRecorder
+from v2proxy.recorders import EndpointRecorder, TokenRecorder
 from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
@@ -98,6 +98,13 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
     staging = Stager(
         settings.backend_shm, settings.backend_shm_threshold, counts=counts, staged_bytes=staged
     )
+    cells = EndpointRecorder(metrics) if isinstance(metrics, Metrics) else None
+    netloc = target.url.split("://", 1)[-1].split("/", 1)[0]
+    if "," in netloc and settings.backend_shm != "off":
+        log.info(
+            "the backend lists several servers: --backend-shm does not stage tensors (a region"
+            " registered with one server is unknown to the next)"
+        )
     if target.kind == "grpc":
         return GrpcBackend(
             target.url,
@@ -105,6 +112,8 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             max_message_size=settings.grpc_max_message_size,
             staging=staging,
             credentials=channel_credentials(settings.backend_tls) if target.tls else None,
+            resolve_every=settings.backend_resolve_interval,
+            cells=cells,
         )
     return RestBackend(
         target.url,
@@ -119,6 +128,8 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             if isinstance(metrics, Metrics)
             else None
         ),
+        resolve_every=settings.backend_resolve_interval,
+        cells=cells,
     )
 
 

@@ -26,6 +26,7 @@ from v2proxy.config_values import (
     MiB,
     byte_size,
     choice,
+    non_negative_float,
     non_negative_int,
     parse_backend,
     port,
@@ -155,8 +156,17 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "backend_connections",
         100,
         positive_int,
-        "most connections open to a REST backend at once",
+        "most connections open to a REST backend at once (to each of its endpoints)",
         "N",
+        serve_only=True,
+    ),
+    SettingSpec(
+        "backend_resolve_interval",
+        30.0,
+        non_negative_float,
+        "seconds between two resolutions of the backend's host names (a headless Service's"
+        " addresses: requests are spread over all of them); 0: resolved once, at start",
+        "SECONDS",
         serve_only=True,
     ),
     SettingSpec(

@@ -120,6 +120,18 @@ def positive_float(v: Any) -> float:
     return x
 
 
+def non_negative_float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("must be a number, 0 or more")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number, 0 or more") from None
+    if not 0 <= x < float("inf"):
+        raise ValueError("must be a number, 0 or more")
+    return x
+
+
 def choice(*options: str) -> Any:
     def parse(v: Any) -> str:
         # YAML 1.1 reads a bare off/on as false/true.
@@ -174,30 +186,46 @@ _EXAMPLE_PORT["mindies"] = _EXAMPLE_PORT["mindie"]
 
 
 def parse_backend(v: Any) -> BackendTarget:
+    """A backend URL; its host:port may be a comma-separated list (several endpoints,
+    ``grpc://10.0.0.1:8001,10.0.0.2:8001``), each with its port."""
     text = str(v).strip()
     if text == "builtin":
         return BackendTarget("builtin")
     parts = urlsplit(text)
-    if parts.scheme not in _EXAMPLE_PORT or not parts.hostname:
+    addresses = parts.netloc.rpartition("@")[2].split(",")
+    if parts.scheme not in _EXAMPLE_PORT or (len(addresses) == 1 and not parts.hostname):
         raise ValueError(
             "must be 'builtin', http://host:port or https://host:port (a v2 REST server),"
             " grpc://host:port or grpcs://host:port (a v2 gRPC server) or mindie://host:port or"
-            " mindies://host:port (a MindIE server's native /infer)"
+            " mindies://host:port (a MindIE server's native /infer); several host:port of one"
+            " backend separated by commas"
         )
-    address = parts.netloc.rpartition("@")[2]
+    if len(addresses) > 1 and parts.scheme in ("mindie", "mindies"):
+        raise ValueError("names several host:port: a MindIE backend is one server")
+    for address in addresses:
+        _check_address(parts.scheme, address)
+    if len(set(addresses)) != len(addresses):
+        raise ValueError("names one host:port more than once")
+    if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
+        secure = parts.scheme in ("grpcs", "mindies")
+        kind = parts.scheme.removesuffix("s") if secure else parts.scheme
+        return BackendTarget(kind, parts.netloc, secure)
+    return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")
+
+
+def _check_address(scheme: str, address: str) -> None:
+    """One host:port of a backend URL: a host and a port 1..65535."""
     end = address.index("]") + 1 if address.startswith("[") and "]" in address else 0
     host, _, given = address[end:].partition(":")
-    example = f"e.g. {parts.scheme}://{address[:end] or host}:{_EXAMPLE_PORT[parts.scheme]}"
+    example = f"e.g. {scheme}://{address[:end] or host or 'host'}:{_EXAMPLE_PORT[scheme]}"
+    one = urlsplit(f"{scheme}://{address}")
+    if not one.hostname:
+        raise ValueError(f"has an empty host in '{address}': {example}")
     try:
-        port_number = parts.port
+        port_number = one.port
     except ValueError:  # not a number, or beyond 65535
         port_number = -1
     if port_number is None:
         raise ValueError(f"has no port: give host:port, {example}")
     if not 0 < port_number <= 65535:
         raise ValueError(f"port '{given}' is not a port number 1..65535 ({example})")
-    if parts.scheme in ("grpc", "grpcs", "mindie", "mindies"):
-        secure = parts.scheme in ("grpcs", "mindies")
-        kind = parts.scheme.removesuffix("s") if secure else parts.scheme
-        return BackendTarget(kind, parts.netloc, secure)
-    return BackendTarget(parts.scheme, text.rstrip("/"), parts.scheme == "https")

@@ -119,6 +119,23 @@ BACKEND_RETRIES = Family(
     "Backend requests sent again on a new connection.",
     ("backend",),
 )
+# The backend's endpoints (v2proxy.backends.endpoints): one label value per address of the
+# backend URL now (an address that leaves takes its series with it).
+BACKEND_ENDPOINT_CALLS = Family(
+    "v2proxy_backend_endpoint_calls_total",
+    "counter",
+    "Backend calls per endpoint (address:port of the backend URL): answered (ok), or not"
+    " reached (unreachable: refused, connect timeout, connection lost).",
+    ("backend_endpoint", "outcome"),
+)
+BACKEND_ENDPOINT_UP = Family(
+    "v2proxy_backend_endpoint_up",
+    "gauge",
+    "1 while the backend endpoint is in rotation, 0 while it is out after failing to be"
+    " reached (tried again after a back-off).",
+    ("backend_endpoint",),
+    multiprocess_mode="livemax",
+)
 # Filled by the shared-memory extension (issue "shared memory").
 SHM_REGIONS = Family(
     "v2proxy_shm_registered_regions",
@@ -188,6 +205,8 @@ FAMILIES = (
     BACKEND_DURATION,
     BACKEND_ERRORS,
     BACKEND_RETRIES,
+    BACKEND_ENDPOINT_CALLS,
+    BACKEND_ENDPOINT_UP,
     SHM_REGIONS,
     SHM_BYTES,
     SHM_TENSORS,

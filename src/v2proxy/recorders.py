@@ -13,6 +13,8 @@ from typing import Any
 
 from v2proxy.metrics import (
     BACKEND_DURATION,
+    BACKEND_ENDPOINT_CALLS,
+    BACKEND_ENDPOINT_UP,
     BACKEND_ERRORS,
     DURATION,
     ERRORS,
@@ -188,3 +190,25 @@ class TokenRecorder:
 
     def generated(self, model: str, tokens: int) -> None:
         self._of(model)[2].inc(tokens)
+
+
+class EndpointRecorder:
+    """The backend endpoints' cells (:class:`~v2proxy.backends.endpoints.EndpointCells`):
+    calls per endpoint and outcome, and whether each is in rotation. An endpoint that leaves
+    takes its series with it (the label stays bounded by the endpoints there are now)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._calls = metrics.store(BACKEND_ENDPOINT_CALLS)
+        self._up = metrics.store(BACKEND_ENDPOINT_UP)
+
+    def calls(self, endpoint: str, outcome: str) -> Counter:
+        cell: Counter = self._calls.child(endpoint, outcome)
+        return cell
+
+    def up(self, endpoint: str, value: float) -> None:
+        self._up.child(endpoint).value = value
+
+    def forget(self, endpoint: str) -> None:
+        for labels in [k for k in self._calls.children if k[0] == endpoint]:
+            del self._calls.children[labels]
+        self._up.children.pop((endpoint,), None)

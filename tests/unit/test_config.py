@@ -596,6 +596,12 @@ def test_serve_refuses_a_misspelt_variable_and_reference_server_reads_none() -> 
         ("https://h:0", "port '0' is not a port number 1..65535 (e.g. https://h:8000)"),
         ("http://h:70000", "port '70000' is not a port number 1..65535 (e.g. http://h:8000)"),
         ("tcp://h:1", "must be 'builtin', http://host:port or https://host:port"),
+        # several endpoints: each with its port, each once, never for MindIE
+        ("grpc://a:8001,b", "has no port: give host:port, e.g. grpc://b:8001"),
+        ("http://a:8000,,b:8000", "has an empty host in '': e.g. http://host:8000"),
+        ("http://a:8000,b:x", "port 'x' is not a port number 1..65535 (e.g. http://b:8000)"),
+        ("grpc://a:8001,a:8001", "names one host:port more than once"),
+        ("mindie://a:1025,b:1025", "names several host:port: a MindIE backend is one server"),
     ],
 )
 def test_a_backend_url_without_a_port_says_so(url: str, message: str) -> None:
@@ -614,6 +620,8 @@ def test_a_backend_url_without_a_port_says_so(url: str, message: str) -> None:
         ("grpcs://triton:8001", "grpcs://triton:8001"),
         ("mindie://127.0.0.1:1025", "mindie://127.0.0.1:1025"),
         ("mindies://[::1]:1025", "mindies://[::1]:1025"),
+        ("grpc://10.0.0.1:8001,10.0.0.2:8001", "grpc://10.0.0.1:8001,10.0.0.2:8001"),
+        ("http://a:8000,[::1]:8000/v/", "http://a:8000,[::1]:8000/v"),
     ],
 )
 def test_the_backend_is_shown_with_its_scheme(url: str, shown: str) -> None:

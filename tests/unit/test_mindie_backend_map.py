@@ -315,12 +315,12 @@ def test_backend_url_refused(value: str, message: str) -> None:
 
 
 def test_backend_address_split() -> None:
+    from v2proxy.backends.endpoints import HostPort
     from v2proxy.backends.mindie import MindieBackend
 
     b = MindieBackend("[::1]:1025", model="ensemble")
-    assert (b._pool.host, b._pool.port, b.model, b.spec.name) == (
-        "::1",
-        1025,
+    assert (b._pool.endpoints.names, b.model, b.spec.name) == (
+        (HostPort("::1", 1025),),
         "ensemble",
         "ensemble",
     )

@@ -1,15 +1,22 @@
 """Helpers shared by the backends (the interface itself, :class:`v2proxy.ports.Backend`,
 belongs to the core that calls it): a unary answer from a decoupled model, the mixin of
 backends that take decoded requests only, and the HTTP client pool the REST and MindIE
-backends open on ``start`` and close on ``close``."""
+backends open on ``start`` and close on ``close``: one keep-alive pool per backend endpoint
+(:mod:`v2proxy.backends.endpoints`), each call on the endpoint picked for it, and sent to
+another one when the picked one could not be reached (the request never left: refused, or no
+connection within the connect timeout)."""
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 
+from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort
 from v2proxy.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
-from v2proxy.http.client import HttpClient
+from v2proxy.http.client import HttpClient, StreamBody
+from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, RemoteClosed
+from v2proxy.http.client_response import ClientResponse
 from v2proxy.model import Buffer, InferResponse
 from v2proxy.ports import Body, ForwardResponse, Headers
 
@@ -62,50 +69,118 @@ class DecodedOnly:
 
 
 class HttpPool:
-    """One backend's keep-alive pool to ``host:port`` (TLS with ``ssl_context`` when given):
-    built on :meth:`start`, closed on :meth:`close`; :attr:`client` before ``start`` or after
-    ``close`` is :class:`BackendUnavailable` naming ``what``."""
+    """One backend's keep-alive pools, one per endpoint of ``names`` (TLS with ``ssl_context``
+    when given; ``connections`` per endpoint): built on :meth:`start`, closed on
+    :meth:`close`; :attr:`client` before ``start`` or after ``close`` is
+    :class:`BackendUnavailable` naming ``what``."""
 
     def __init__(
         self,
         what: str,
-        host: str,
-        port: int,
+        names: Sequence[HostPort],
         ssl_context: ssl.SSLContext | None,
         connect_timeout: float,
         connections: int,
         on_retry: Callable[[], object] | None = None,
+        *,
+        resolve_every: float = 30.0,
+        cells: EndpointCells | None = None,
     ) -> None:
         self.what = what
-        self.host = host
-        self.port = port
         self.ssl = ssl_context
         self._connect_timeout = connect_timeout
         self._connections = connections
         self._on_retry = on_retry
-        self._client: HttpClient | None = None
+        self.endpoints: Endpoints[HttpClient] = Endpoints(
+            names, self._make, _close, resolve_every=resolve_every, cells=cells
+        )
+        self._client: BalancedClient | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._client is not None
-
-    def start(self) -> None:
-        self._client = HttpClient(
-            self.host,
-            self.port,
+    def _make(self, name: HostPort, address: str) -> HttpClient:
+        return HttpClient(
+            name.host,
+            name.port,
+            address=address,
             ssl=self.ssl,
             on_retry=self._on_retry,
             limit=self._connections,
             connect_timeout=self._connect_timeout,
         )
 
+    @property
+    def started(self) -> bool:
+        return self._client is not None
+
+    async def start(self) -> None:
+        await self.endpoints.start()
+        self._client = BalancedClient(self.endpoints)
+
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.close()
             self._client = None
+            await self.endpoints.close()
 
     @property
-    def client(self) -> HttpClient:
+    def client(self) -> BalancedClient:
         if self._client is None:
             raise BackendUnavailable(f"the {self.what} backend is not started")
         return self._client
+
+
+async def _close(client: HttpClient) -> None:
+    await client.close()
+
+
+class BalancedClient:
+    """:meth:`HttpClient.request <v2proxy.http.client.HttpClient.request>` over the endpoints:
+    each call on the endpoint :meth:`Endpoints.pick` gives; one that cannot be reached
+    (:class:`ConnectFailed`, :class:`ConnectTimeout`: nothing was sent) is taken out of rotation
+    and the call goes to the next, within what is left of ``call_timeout``. A connection lost
+    once the request may have gone out (:class:`RemoteClosed`) takes the endpoint out too, and
+    the call fails: an inference is never sent twice."""
+
+    __slots__ = ("endpoints",)
+
+    def __init__(self, endpoints: Endpoints[HttpClient]) -> None:
+        self.endpoints = endpoints
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: list[Buffer] | StreamBody | None = None,
+        *,
+        read_timeout: float | None = None,
+        call_timeout: float | None = None,
+    ) -> ClientResponse:
+        endpoints = self.endpoints
+        tried: list[Endpoint[HttpClient]] = []
+        last: Exception | None = None
+        first = time.monotonic() if call_timeout is not None else 0.0
+        timeout = call_timeout
+        while True:
+            ep = endpoints.pick(tried)
+            if ep is None:
+                if last is None:
+                    raise BackendUnavailable("the backend has no endpoint")
+                raise last
+            if tried and call_timeout is not None:  # the next endpoint has what is left
+                timeout = max(call_timeout - (time.monotonic() - first), 0.001)
+            ep.outstanding += 1
+            try:
+                resp = await ep.client.request(
+                    method, target, headers, body, read_timeout=read_timeout, call_timeout=timeout
+                )
+            except (ConnectFailed, ConnectTimeout) as exc:
+                endpoints.failed(ep)
+                tried.append(ep)
+                last = exc
+                continue
+            except RemoteClosed:
+                endpoints.failed(ep)
+                raise
+            finally:
+                ep.outstanding -= 1
+            endpoints.ok(ep)
+            return resp

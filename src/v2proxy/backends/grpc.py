@@ -1,6 +1,12 @@
 """The gRPC backend (``--backend grpc://host:port``): one grpc.aio channel (HTTP/2 multiplexes
-every request over it) to a v2 gRPC model server.
+every request over it) per backend endpoint (:mod:`v2proxy.backends.endpoints`: several
+host:port in the URL, or a name with several addresses), each call (each stream) on the one
+picked for it.
 
+- An endpoint that cannot be reached (UNAVAILABLE while connecting: the request never left) is
+  taken out of rotation and the call goes to the next one; a call that fails once it may have
+  reached the model is never sent again (it fails, and takes its endpoint out of rotation
+  when the connection was lost).
 - Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
   with it the call in flight. A unary call is also cancelled :data:`DEADLINE_GRACE_S` after its
   deadline from the event loop: grpcio leaves a call whose request is blocked on a backend that
@@ -32,6 +38,7 @@ import grpc
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
@@ -104,6 +111,9 @@ class GrpcBackend(DecodedOnly):
         max_message_size: int = 2**31 - 1,
         staging: Stager | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        *,
+        resolve_every: float = 30.0,
+        cells: EndpointCells | None = None,
     ):
         self.target = target
         #: grpcs://: TLS to the backend (None: a plain channel)
@@ -111,7 +121,7 @@ class GrpcBackend(DecodedOnly):
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
         self._timeout = timeout
-        self._options = [
+        self._options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_size),
             ("grpc.max_receive_message_length", max_message_size),
             # gRPC's reconnect backoff (1 s growing to 120 s) would keep failing requests for
@@ -119,35 +129,45 @@ class GrpcBackend(DecodedOnly):
             ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
-        self._channel: grpc.aio.Channel | None = None
-        self._calls: dict[str, Any] = {}
+        self.endpoints: Endpoints[_Channel] = Endpoints(
+            split_hosts(target), self._open, _close, resolve_every=resolve_every, cells=cells
+        )
+        self._started = False
         self._decoupled: dict[tuple[str, str], bool] = {}
 
-    async def start(self) -> None:
-        if self._credentials is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+    def _open(self, name: HostPort, address: str) -> _Channel:
+        """A channel to one address of ``name`` (its authority and TLS name stay the name's)."""
+        options = list(self._options)
+        if address == name.host:
+            target = name.authority
         else:
-            self._channel = grpc.aio.secure_channel(
-                self.target, self._credentials, options=self._options
-            )
-        for name, (req, resp) in UNARY_RPCS.items():
-            self._calls[name] = self._channel.unary_unary(
-                f"/{SERVICE}/{name}",
-                request_serializer=req.SerializeToString,
-                response_deserializer=resp.FromString,
-            )
-        self._calls["ModelStreamInfer"] = self._channel.stream_stream(
-            f"/{SERVICE}/ModelStreamInfer",
-            request_serializer=pb.ModelInferRequest.SerializeToString,
-            response_deserializer=pb.ModelStreamInferResponse.FromString,
-        )
+            target = ("ipv6:" if ":" in address else "ipv4:") + HostPort(
+                address, name.port
+            ).authority
+            options.append(("grpc.default_authority", name.authority))
+            if self._credentials is not None:
+                options.append(("grpc.ssl_target_name_override", name.host))
+        if self._credentials is None:
+            channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            channel = grpc.aio.secure_channel(target, self._credentials, options=options)
+        return _Channel(channel)
+
+    async def start(self) -> None:
+        await self.endpoints.start()
+        self._started = True
 
     async def close(self) -> None:
-        if self.staging is not None and self._channel is not None:
+        if self.staging is not None and self._started:
             await self.staging.close(self)
-        if self._channel is not None:
-            await self._channel.close(None)
-            self._channel = None
+        if self._started:
+            self._started = False
+            await self.endpoints.close()
+
+    def _staging(self) -> Stager | None:
+        """--backend-shm, unless the endpoints are several servers (a region registered with
+        one is unknown to the next)."""
+        return self.staging if self.endpoints.one_server else None
 
     @contextmanager
     def _mapped(self, what: str, model: str = "") -> Iterator[None]:
@@ -185,6 +205,11 @@ class GrpcBackend(DecodedOnly):
             return Unsupported(details)
         return BackendError(details, _HTTP_BY_CODE.get(code, 500), code)
 
+    def _pick(self, tried: list[Endpoint[_Channel]]) -> Endpoint[_Channel] | None:
+        if not self._started:
+            raise BackendUnavailable("the gRPC backend is not started")
+        return self.endpoints.pick(tried)
+
     async def _call(
         self,
         name: str,
@@ -193,23 +218,47 @@ class GrpcBackend(DecodedOnly):
         model: str = "",
         metadata: list[tuple[str, str]] | None = None,
     ) -> Any:
-        if self._channel is None:
-            raise BackendUnavailable("the gRPC backend is not started")
+        endpoints = self.endpoints
+        tried: list[Endpoint[_Channel]] = []
+        last: grpc.aio.AioRpcError | None = None
+        loop = asyncio.get_running_loop()
+        # grpcio's deadline does not end a call whose request cannot be sent (a backend that
+        # stops reading mid-message): the call would wait forever, so the loop's own timeout,
+        # a little later, cancels it. One deadline for every endpoint tried.
+        deadline = loop.time() + self._timeout
         with self._mapped(what, model):
-            try:
-                # grpcio's deadline does not end a call whose request cannot be sent (a backend
-                # that stops reading mid-message): the call would wait forever, so the loop's
-                # own timeout, a little later, cancels it
-                async with asyncio.timeout(self._timeout + DEADLINE_GRACE_S):
-                    return await self._calls[name](
-                        request, timeout=self._timeout, metadata=metadata
-                    )
-            except TimeoutError:
-                of_model = f"model '{model}', " if model else ""
-                raise GatewayTimeout(
-                    f"backend at {self.target} did not take {_ASKED_FOR.get() or what} in time"
-                    f" ({of_model}--backend-timeout {self._timeout:g} s)"
-                ) from None
+            while True:
+                ep = self._pick(tried)
+                if ep is None:
+                    if last is None:
+                        raise BackendUnavailable(f"backend at {self.target} has no endpoint")
+                    raise last
+                ep.outstanding += 1
+                try:
+                    async with asyncio.timeout_at(deadline + DEADLINE_GRACE_S):
+                        answer = await ep.client.calls[name](
+                            request, timeout=max(deadline - loop.time(), 0.001), metadata=metadata
+                        )
+                except TimeoutError:
+                    of_model = f"model '{model}', " if model else ""
+                    raise GatewayTimeout(
+                        f"backend at {self.target} did not take {_ASKED_FOR.get() or what} in"
+                        f" time ({of_model}--backend-timeout {self._timeout:g} s)"
+                    ) from None
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        endpoints.ok(ep)  # it answered, with an error
+                        raise
+                    endpoints.failed(ep)
+                    if not _not_sent(exc):
+                        raise
+                    tried.append(ep)
+                    last = exc
+                    continue
+                finally:
+                    ep.outstanding -= 1
+                endpoints.ok(ep)
+                return answer
 
     # ------------------------------------------------------------------ structured calls
 
@@ -249,7 +298,7 @@ class GrpcBackend(DecodedOnly):
             # the stream and answers when the model gave exactly one response, as the builtin
             # models do.
             return await single_response(request.model_name, self.stream_infer(request, headers))
-        staging = self.staging
+        staging = self._staging()
         if staging is not None and staging.wanted(request):
             return await staging.infer(self, request, lambda r: self._model_infer(r, headers))
         return await self._model_infer(request, headers)
@@ -301,7 +350,11 @@ class GrpcBackend(DecodedOnly):
         msg.parameters["triton_enable_empty_final_response"].bool_param = True
         # No deadline on the whole call: an LLM stream may last far longer than
         # --backend-timeout. The backend has that long for each response instead.
-        call = self._calls["ModelStreamInfer"](iter([msg]), metadata=_metadata(headers))
+        ep = self._pick([])
+        assert ep is not None
+        call = ep.client.calls["ModelStreamInfer"](iter([msg]), metadata=_metadata(headers))
+        ep.outstanding += 1
+        answered = False
         try:
             with self._mapped("streaming inference", request.model_name):
                 while True:
@@ -313,6 +366,9 @@ class GrpcBackend(DecodedOnly):
                             f"backend at {self.target} sent no response of the stream for"
                             f" {self._timeout:g} s (--backend-timeout)"
                         ) from None
+                    if not answered:
+                        answered = True
+                        self.endpoints.ok(ep)
                     if item is grpc.aio.EOF:  # type: ignore[attr-defined]
                         break
                     if item.error_message:
@@ -325,7 +381,11 @@ class GrpcBackend(DecodedOnly):
                         yield self._decode(resp)
                     if is_final:
                         break
+        except BackendUnavailable:
+            self.endpoints.failed(ep)
+            raise
         finally:
+            ep.outstanding -= 1
             call.cancel()
 
     # ------------------------------------------------------------------ staging regions
@@ -378,3 +438,34 @@ class GrpcBackend(DecodedOnly):
                 req.settings[key].ParseFromString(value.SerializeToString())
         resp = await self._call("LogSettings", req, "log settings", "", _metadata(headers))
         return grpc_side.log_settings_to_json(resp.settings)
+
+
+class _Channel:
+    """One endpoint's channel and the callables of every RPC on it."""
+
+    __slots__ = ("calls", "channel")
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.calls: dict[str, Any] = {}
+        for name, (req, resp) in UNARY_RPCS.items():
+            self.calls[name] = channel.unary_unary(
+                f"/{SERVICE}/{name}",
+                request_serializer=req.SerializeToString,
+                response_deserializer=resp.FromString,
+            )
+        self.calls["ModelStreamInfer"] = channel.stream_stream(
+            f"/{SERVICE}/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+
+
+async def _close(ch: _Channel) -> None:
+    await ch.channel.close(None)
+
+
+def _not_sent(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether an UNAVAILABLE call never left the proxy: gRPC found no connection to send it
+    on (its load balancer's text), as opposed to a connection lost during the call."""
+    return "failed to connect to all addresses" in (exc.details() or "")

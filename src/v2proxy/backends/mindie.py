@@ -28,13 +28,13 @@ from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any, Protocol
 
-from v2proxy.backends.base import DecodedOnly, HttpPool, single_response
+from v2proxy.backends.base import BalancedClient, DecodedOnly, HttpPool, single_response
 from v2proxy.backends.builtin import unknown_model, validate_inputs
+from v2proxy.backends.endpoints import split_hosts
 from v2proxy.backends.rest_answers import failure, json_answer, mapped
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import InvalidRequest, ProxyError, Unsupported
-from v2proxy.http.client import HttpClient
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
 from v2proxy.ports import Headers
@@ -96,15 +96,9 @@ class MindieBackend(DecodedOnly):
         tokens: TokenSink | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        host, _, port = address.rpartition(":")
         # mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
         self._pool = HttpPool(
-            "MindIE",
-            host.strip("[]") or "127.0.0.1",
-            int(port),
-            ssl_context,
-            connect_timeout,
-            connections,
+            "MindIE", split_hosts(address), ssl_context, connect_timeout, connections
         )
         self.base_url = f"mindie{'s' if ssl_context is not None else ''}://{address}"
         self.model = model
@@ -113,13 +107,13 @@ class MindieBackend(DecodedOnly):
         self.tokens = tokens
 
     async def start(self) -> None:
-        self._pool.start()
+        await self._pool.start()
 
     async def close(self) -> None:
         await self._pool.close()
 
     @property
-    def client(self) -> HttpClient:
+    def client(self) -> BalancedClient:
         return self._pool.client
 
     def _check(self, model: str, version: str) -> None:

@@ -37,7 +37,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from v2proxy.backends.base import HttpPool
+from v2proxy.backends.base import BalancedClient, HttpPool
+from v2proxy.backends.endpoints import EndpointCells, split_hosts
 from v2proxy.backends.rest_answers import (
     IHCL,
     error_message,
@@ -56,7 +57,7 @@ from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BadGateway, CodecError, ProxyError
-from v2proxy.http.client import HttpClient, StreamBody
+from v2proxy.http.client import StreamBody
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.http_io import forwardable
 from v2proxy.model import Buffer, InferRequest, InferResponse
@@ -83,6 +84,9 @@ class RestBackend:
         staging: Stager | None = None,
         ssl_context: ssl.SSLContext | None = None,
         on_retry: Callable[[], object] | None = None,
+        *,
+        resolve_every: float = 30.0,
+        cells: EndpointCells | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
@@ -93,20 +97,23 @@ class RestBackend:
         self._prefix = parts.path.rstrip("/")
         # https://: verification against ``ssl_context``'s CAs (default: the system's);
         # on_retry counts the client's resent requests (``v2proxy_backend_retries_total``)
+        # several host:port, or a name with several addresses: one pool per endpoint
+        # (:mod:`v2proxy.backends.endpoints`), ``connections`` each
         self._pool = HttpPool(
             "REST",
-            parts.hostname or "127.0.0.1",
-            parts.port or (443 if https else 80),
+            split_hosts(parts.netloc),
             (ssl_context or ssl.create_default_context()) if https else None,
             connect_timeout,
             connections,
             on_retry,
+            resolve_every=resolve_every,
+            cells=cells,
         )
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
 
     async def start(self) -> None:
-        self._pool.start()
+        await self._pool.start()
 
     async def close(self) -> None:
         if self.staging is not None and self._pool.started:
@@ -114,7 +121,7 @@ class RestBackend:
         await self._pool.close()
 
     @property
-    def client(self) -> HttpClient:
+    def client(self) -> BalancedClient:
         return self._pool.client
 
     async def _call(
@@ -168,7 +175,7 @@ class RestBackend:
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         staging = self.staging
-        if staging is not None and staging.wanted(request):
+        if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
             return await staging.infer(self, request, lambda r: self._infer(r, headers))
         return await self._infer(request, headers)
 

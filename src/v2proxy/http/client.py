@@ -122,13 +122,15 @@ class _Slots:
 
 
 class HttpClient:
-    """Keep-alive connections to one origin, at most ``limit`` open (in use or idle)."""
+    """Keep-alive connections to one origin, at most ``limit`` open (in use or idle);
+    ``address``: the one address of the origin's name to connect to (else the name)."""
 
     def __init__(
         self,
         host: str,
         port: int,
         *,
+        address: str | None = None,
         ssl: _ssl.SSLContext | None = None,
         limit: int = 100,
         connect_timeout: float = 5.0,
@@ -138,6 +140,9 @@ class HttpClient:
     ) -> None:
         self.host = host
         self.port = port
+        #: what is connected to: ``host`` unless given (one address of a name that has several;
+        #: the Host header and the TLS server name stay ``host``)
+        self.address = address or host
         #: called each time a request is sent again (its reused connection ended before any
         #: byte of answer): the ``v2proxy_backend_retries_total`` counter
         self._on_retry = on_retry
@@ -152,6 +157,8 @@ class HttpClient:
         self._closed = False
         heads = RequestHeads(host, port)
         self._name = ("https://" if ssl else "http://") + heads.authority
+        #: the origin as connect failures name it (with the address when not the name)
+        self._at = self._name + (f" ({self.address})" if self.address != host else "")
         self._head = heads.build
 
     async def request(
@@ -292,21 +299,21 @@ class HttpClient:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: ClientConnection(loop, max_head),
-                    self.host,
+                    self.address,
                     self.port,
                     ssl=self._ssl,
                     server_hostname=self.host if self._ssl is not None else None,
                 )
         except TimeoutError:  # an OSError too: first
             raise ConnectTimeout(
-                f"connecting to {self._name} took over {self._connect_timeout:g} s"
+                f"connecting to {self._at} took over {self._connect_timeout:g} s"
             ) from None
         except _ssl.SSLCertVerificationError as exc:  # an OSError too: first
             raise ConnectFailed(
                 f"TLS verification of {self._name}'s certificate failed: {exc.verify_message}"
             ) from None
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {self._name}: {exc}") from None
+            raise ConnectFailed(f"cannot connect to {self._at}: {exc}") from None
         return conn
 
     def _release(self, conn: ClientConnection, keep: bool) -> None:

@@ -1,0 +1,306 @@
+"""Several addresses behind one backend URL: the endpoints a backend spreads its calls over.
+
+A backend URL names one or more ``host:port`` (``grpc://10.0.0.1:8001,10.0.0.2:8001``); each
+host that is a name (a headless Service) stands for every address it resolves to. The backend
+holds one client per address (an HTTP pool, a gRPC channel) in an :class:`Endpoints`, which:
+
+- **resolves** the names at :meth:`Endpoints.start` and again every ``resolve_every`` seconds
+  (0: never again): an address that appears gets a client, one that is gone is dropped and its
+  client closed. An IP literal is its own address. A name that does not resolve (yet) is kept as
+  the name, the client connecting by name, so a backend that comes up after the proxy behaves as
+  with one address (the failure is the call's, and the next resolution finds the addresses); a
+  name that stops resolving keeps its last addresses;
+- **picks** an endpoint per call (:meth:`Endpoints.pick`): the one with the fewest calls
+  outstanding among those in rotation, ties going round-robin (so an idle proxy still spreads
+  its calls evenly);
+- takes out an endpoint that failed to be **reached** (:meth:`Endpoints.failed`: refused, reset
+  before the request went out, a connect timeout, gRPC UNAVAILABLE) for a back-off of
+  :data:`BACKOFF_S` doubling to :data:`BACKOFF_MAX_S`, after which the next call tries it again
+  (passive health: no probes of its own); one answer from it (:meth:`Endpoints.ok`) puts it back.
+  When every endpoint is out, the one due back first is tried anyway: a backend that has come
+  back is found at once.
+
+Whether a failed call may be sent to another endpoint is the backend's decision (never once it
+may have reached the model: an inference is not sent twice); :meth:`Endpoints.pick` takes the
+endpoints already tried to leave out. The endpoint count, addresses in and out of rotation and
+the calls per endpoint are reported to an :class:`EndpointCells` (the
+``backend_endpoint`` metrics), one label value per current address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+#: first back-off of an endpoint that could not be reached (s), doubled per failure in a row
+BACKOFF_S = 0.5
+#: the longest back-off (s)
+BACKOFF_MAX_S = 10.0
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """One ``host:port`` of a backend URL, as written (a name or an IP literal, no brackets)."""
+
+    host: str
+    port: int
+
+    @property
+    def authority(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def split_hosts(netloc: str) -> list[HostPort]:
+    """The host:port of a backend URL's authority, one or several separated by commas (each
+    with its port: the configuration has checked them)."""
+    out = []
+    for one in netloc.rpartition("@")[2].split(","):
+        host, _, port = one.rpartition(":")
+        out.append(HostPort(host.strip("[]"), int(port)))
+    return out
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class _Cell(Protocol):
+    def inc(self, amount: float = 1.0) -> None: ...
+
+
+class EndpointCells(Protocol):
+    """Where the endpoints report (``--metrics``): the cells of one endpoint label."""
+
+    def calls(self, endpoint: str, outcome: str) -> _Cell:
+        """``outcome``: ok (answered) or unreachable."""
+        ...
+
+    def up(self, endpoint: str, value: float) -> None: ...
+
+    def forget(self, endpoint: str) -> None: ...
+
+
+class Endpoint(Generic[C]):
+    """One address of the backend and its client."""
+
+    __slots__ = (
+        "_ok",
+        "_unreachable",
+        "address",
+        "client",
+        "down_until",
+        "failures",
+        "label",
+        "name",
+        "outstanding",
+    )
+
+    def __init__(self, name: HostPort, address: str, client: C, ok: _Cell, bad: _Cell) -> None:
+        #: the URL's host:port this address is of (its name: Host header, TLS server name)
+        self.name = name
+        #: the address connected to (an IP literal, or the name when it did not resolve)
+        self.address = address
+        self.label = HostPort(address, name.port).authority
+        self.client = client
+        self.outstanding = 0
+        self.failures = 0
+        #: loop time before which it is out of rotation (0.0: in)
+        self.down_until = 0.0
+        self._ok = ok
+        self._unreachable = bad
+
+
+class Endpoints(Generic[C]):
+    """The endpoints of one backend (see the module's docstring)."""
+
+    def __init__(
+        self,
+        names: Sequence[HostPort],
+        make: Callable[[HostPort, str], C],
+        close: Callable[[C], Awaitable[None]],
+        *,
+        resolve_every: float = 30.0,
+        cells: EndpointCells | None = None,
+        resolver: Callable[[str, int], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        if not names:
+            raise ValueError("a backend needs at least one host:port")
+        self.names = tuple(names)
+        self._make = make
+        self._close = close
+        self._resolve_every = resolve_every
+        self._cells = cells
+        self._resolver = resolver or _getaddrinfo
+        self.all: list[Endpoint[C]] = []
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last: dict[HostPort, list[str]] = {}
+
+    @property
+    def one_server(self) -> bool:
+        """Whether the endpoints are one server: one host:port whose addresses are one, or all
+        loopback (``localhost``'s 127.0.0.1 and ::1). What staging in the backend's shared
+        memory needs: a region registered with one server is unknown to the next."""
+        eps = self.all
+        if len(self.names) != 1:
+            return False
+        return len(eps) <= 1 or all(_loopback(ep.address) for ep in eps)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.resolve()
+        if self._resolve_every > 0 and not all(is_ip(n.host) for n in self.names):
+            self._task = asyncio.create_task(self._every())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        gone, self.all = self.all, []
+        for ep in gone:
+            self._forget(ep)
+            await self._close(ep.client)
+
+    async def _every(self) -> None:
+        while True:
+            await asyncio.sleep(self._resolve_every)
+            try:
+                await self.resolve()
+            except Exception:  # never ends the loop: the next round tries again
+                log.exception("re-resolving the backend's addresses failed")
+
+    async def resolve(self) -> None:
+        """Resolve every name and bring the endpoints in line with the addresses found."""
+        wanted: list[tuple[HostPort, str]] = []
+        for name in self.names:
+            if is_ip(name.host):
+                addresses = [name.host]
+            else:
+                try:
+                    addresses = await self._resolver(name.host, name.port)
+                except OSError as exc:
+                    addresses = []
+                    log.warning("backend host %s does not resolve: %s", name.host, exc)
+                if not addresses:  # kept: its last addresses, or the name itself
+                    addresses = self._last.get(name) or [name.host]
+                else:
+                    self._last[name] = addresses
+            wanted.extend((name, a) for a in addresses)
+        have = {(ep.name, ep.address): ep for ep in self.all}
+        kept: list[Endpoint[C]] = []
+        for key in dict.fromkeys(wanted):
+            ep = have.pop(key, None)
+            if ep is None:
+                ep = self._endpoint(*key)
+                log.info("backend endpoint %s joins (%s)", ep.label, key[0].authority)
+            kept.append(ep)
+        self.all = kept
+        for ep in have.values():
+            log.info("backend endpoint %s leaves (%s)", ep.label, ep.name.authority)
+            self._forget(ep)
+            await self._close(ep.client)
+
+    def _endpoint(self, name: HostPort, address: str) -> Endpoint[C]:
+        client = self._make(name, address)
+        label = HostPort(address, name.port).authority
+        cells = self._cells
+        ok: _Cell
+        bad: _Cell
+        if cells is None:
+            ok = bad = _NULL
+        else:
+            ok, bad = cells.calls(label, "ok"), cells.calls(label, "unreachable")
+            cells.up(label, 1.0)
+        return Endpoint(name, address, client, ok, bad)
+
+    def _forget(self, ep: Endpoint[C]) -> None:
+        if self._cells is not None:
+            self._cells.forget(ep.label)
+
+    # ------------------------------------------------------------------ per call
+
+    def pick(self, tried: Iterable[Endpoint[C]] = ()) -> Endpoint[C] | None:
+        """The endpoint for the next call, leaving out ``tried``; None when none is left."""
+        eps = self.all
+        n = len(eps)
+        if n == 1:
+            ep = eps[0]
+            return None if tried and ep in tried else ep
+        loop = self._loop
+        now = loop.time() if loop is not None else 0.0
+        start = self._next
+        self._next = (start + 1) % n if n else 0
+        best: Endpoint[C] | None = None
+        due: Endpoint[C] | None = None  # out of rotation, due back first
+        for i in range(n):
+            ep = eps[(start + i) % n]
+            if tried and ep in tried:
+                continue
+            if ep.down_until > now:
+                if due is None or ep.down_until < due.down_until:
+                    due = ep
+            elif best is None or ep.outstanding < best.outstanding:
+                best = ep
+        return best if best is not None else due
+
+    def ok(self, ep: Endpoint[C]) -> None:
+        """The endpoint answered (whatever the answer): in rotation."""
+        ep._ok.inc()
+        if ep.failures:
+            ep.failures = 0
+            ep.down_until = 0.0
+            log.info("backend endpoint %s answers again", ep.label)
+            if self._cells is not None:
+                self._cells.up(ep.label, 1.0)
+
+    def failed(self, ep: Endpoint[C]) -> None:
+        """The endpoint could not be reached: out of rotation for its back-off."""
+        ep._unreachable.inc()
+        ep.failures += 1
+        backoff = min(BACKOFF_S * 2 ** (ep.failures - 1), BACKOFF_MAX_S)
+        loop = self._loop
+        ep.down_until = (loop.time() if loop is not None else 0.0) + backoff
+        if ep.failures == 1:
+            log.warning("backend endpoint %s cannot be reached: out of rotation", ep.label)
+            if self._cells is not None:
+                self._cells.up(ep.label, 0.0)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+class _NullCell:
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0) -> None:
+        return None
+
+
+_NULL = _NullCell()
+
+
+async def _getaddrinfo(host: str, port: int) -> list[str]:
+    """Every address of ``host`` for TCP, in the resolver's order, each once."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
