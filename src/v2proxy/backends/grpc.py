@@ -263,8 +263,13 @@ class GrpcBackend(DecodedOnly):
     # ------------------------------------------------------------------ structured calls
 
     async def server_ready(self) -> bool:
-        resp = await self._call("ServerReady", pb.ServerReadyRequest(), "server readiness")
-        return bool(resp.ready)
+        """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
+        does; one that cannot be reached passes the question on by itself."""
+        for _ in range(len(self.endpoints.all) or 1):
+            resp = await self._call("ServerReady", pb.ServerReadyRequest(), "server readiness")
+            if resp.ready:
+                return True
+        return False
 
     async def server_metadata(self) -> dict[str, Any]:
         resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "server metadata")

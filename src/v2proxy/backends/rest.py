@@ -151,7 +151,12 @@ class RestBackend:
     # ------------------------------------------------------------------ structured calls
 
     async def server_ready(self) -> bool:
-        return await self._status("/v2/health/ready", "health/ready") == 200
+        """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
+        does; one that cannot be reached passes the question on by itself."""
+        for _ in range(len(self._pool.endpoints.all) or 1):
+            if await self._status("/v2/health/ready", "health/ready") == 200:
+                return True
+        return False
 
     async def server_metadata(self) -> dict[str, Any]:
         status, obj = await self._get_json("/v2", "server metadata")
