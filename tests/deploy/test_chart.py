@@ -1,5 +1,6 @@
 """The Helm chart helm/v2proxy: `helm lint`, and `helm template` of each shape and of the values'
-main combinations, every manifest valid for Kubernetes 1.29-1.33 (kubernetes-validate --strict),
+main combinations (the standalone tier at scale among them: its own checks in
+test_chart_scale.py), every manifest valid for Kubernetes 1.29-1.33 (kubernetes-validate --strict),
 plus what each shape must contain: the sidecar native or classic, the shared /dev/shm, probes,
 grace period, monitors only with the Prometheus Operator's API, the webhook and its
 certificates, the dashboard; the rendered arguments and config file are accepted by v2proxy
@@ -109,6 +110,14 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "--set=injector.certificates.source=cert-manager",
         "--api-versions=cert-manager.io/v1",
     ),
+    "injector-network-policy": (
+        "--set=injector.enabled=true",
+        "--set=deployment.enabled=false",
+        "--set=injector.networkPolicy.enabled=true",
+    ),
+    # the chart's example of a standalone tier: HPA, PDB, topology spread, NetworkPolicy
+    # (test_chart_scale.py)
+    "standalone-at-scale": (f"--values={CHART / 'examples' / 'standalone-at-scale.yaml'}",),
 }
 
 

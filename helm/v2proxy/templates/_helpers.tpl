@@ -43,8 +43,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: v2proxy
 {{- end }}
 
+{{/* repository:tag, or repository@digest where image.digest pins the build. */}}
 {{- define "v2proxy.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The ports of proxy.backend (each host:port of its comma list), one per line, without repeats;
+nothing for builtin. The proxy's NetworkPolicy lets egress reach them.
+*/}}
+{{- define "v2proxy.backendPorts" -}}
+{{- $backend := .Values.proxy.backend | trimSuffix "/" }}
+{{- if ne $backend "builtin" }}
+{{- $ports := list }}
+{{- range splitList "," (regexReplaceAll "^[a-z]+://" $backend "") }}
+{{- $ports = append $ports (regexFind "[0-9]+$" .) }}
+{{- end }}
+{{- join "\n" (uniq $ports) }}
+{{- end }}
 {{- end }}
 
 {{/* "native" or "classic": sidecar.mode, auto from the cluster version (native from 1.29). */}}
