@@ -56,11 +56,21 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/python tools/check_layers.py
 
-# helm for the chart checks of tests/deploy (hadolint and kubernetes-validate come with .[dev])
+# helm and checkov for the chart checks of tests/deploy (hadolint and kubernetes-validate come with
+# .[dev]; checkov gets a venv of its own, its pins conflict with the dev extra's), installed by
+# the project's .venv's pip where there is one (deploy/install_checkov.sh says why)
 deploy-tools:
 	bash deploy/install_helm.sh $(DEPLOY_TOOLS)
+	PYTHON=$(if $(wildcard $(BIN)/python),$(abspath $(BIN))/python,$(PYTHON)) bash deploy/install_checkov.sh $(DEPLOY_TOOLS)
 
-pytest: $(STAMP) peers deploy-tools
+# the peers and the deploy tools side by side (checkov's install hides behind the peers' first
+# build); if either fails, so does this
+pytest: $(STAMP)
+	@$(MAKE) --no-print-directory peers & peers=$$!; \
+		$(MAKE) --no-print-directory deploy-tools & tools=$$!; \
+		wait $$peers; p=$$?; wait $$tools; t=$$?; \
+		if [ $$p -ne 0 ] || [ $$t -ne 0 ]; then \
+			echo "make: peers exited $$p, deploy-tools $$t" >&2; exit 1; fi
 	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) V2PROXY_DEPLOY_TOOLS=$(abspath $(DEPLOY_TOOLS)) \
 		$(BIN)/pytest
 

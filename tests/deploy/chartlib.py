@@ -1,8 +1,9 @@
 """Helpers of the chart tests (test_chart, test_chart_tls): ``helm template`` of helm/v2proxy
-as release ``rel`` in namespace ``NS`` (``render``, cached per argument list), the pieces of the
-rendered manifests (``one``, ``pod_spec``, ``by_name``), their validation (``assert_valid``:
-kubernetes-validate for every built-in kind), a container's arguments as ``v2proxy serve`` parses
-them (``serve_args``), and what helm says when the chart refuses values (``refusal``)."""
+as release ``rel`` (or another) in namespace ``NS`` (``render``, cached per argument list), the
+pieces of the rendered manifests (``one``, ``pod_spec``, ``by_name``), their validation
+(``assert_valid``: kubernetes-validate for every built-in kind), a container's arguments as
+``v2proxy serve`` parses them (``serve_args``), and what helm says when the chart refuses values
+(``refusal``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ NS = "serving"
 
 
 @cache
-def render(*args: str, chart: str = str(CHART)) -> tuple[dict[str, Any], ...]:
-    out = run(helm(), "template", "rel", chart, "--namespace", NS, *args)
+def render(*args: str, chart: str = str(CHART), release: str = "rel") -> tuple[dict[str, Any], ...]:
+    out = run(helm(), "template", release, chart, "--namespace", NS, *args)
     return tuple(documents(out))
 
 

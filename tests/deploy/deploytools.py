@@ -1,8 +1,10 @@
-"""Helpers of the deployment tests: where helm and hadolint are, Kubernetes schema validation.
+"""Helpers of the deployment tests: where helm, checkov and hadolint are, Kubernetes schema
+validation.
 
 ``make deploy-tools`` (part of ``make test``) installs helm into ``.cache/deploy-tools`` and
-sets ``V2PROXY_DEPLOY_TOOLS`` for pytest: then a missing tool fails the test. Run by hand
-without that variable, tests needing helm are skipped with the command to run instead.
+checkov into a venv of its own there (``deploy/install_checkov.sh``), and ``make test`` sets
+``V2PROXY_DEPLOY_TOOLS`` for pytest: then a missing tool fails the test. Run by hand without that
+variable, tests needing helm or checkov are skipped with the command to run instead.
 hadolint and kubernetes-validate come with the ``dev`` extra, so they are always required.
 """
 
@@ -32,14 +34,26 @@ CRD_KINDS = {
 }
 
 
-def helm() -> str:
+def _deploy_tool(relative: str) -> str:
+    """The tool at ``relative`` under the deploy tools' folder; a failure naming it under
+    ``make test`` (V2PROXY_DEPLOY_TOOLS set), a skip otherwise."""
     env = os.environ.get("V2PROXY_DEPLOY_TOOLS")
-    path = Path(env or ROOT / ".cache" / "deploy-tools") / "helm"
+    path = Path(env or ROOT / ".cache" / "deploy-tools") / relative
+    name = path.name
     if path.is_file() and os.access(path, os.X_OK):
         return str(path)
     if env:
-        pytest.fail(f"helm missing at {path}: `make deploy-tools` should have installed it")
-    pytest.skip("helm not installed: run `make deploy-tools` (or `make test`)")
+        pytest.fail(f"{name} missing at {path}: `make deploy-tools` should have installed it")
+    pytest.skip(f"{name} not installed: run `make deploy-tools` (or `make test`)")
+
+
+def helm() -> str:
+    return _deploy_tool("helm")
+
+
+def checkov() -> str:
+    """checkov, in its own venv (deploy/install_checkov.sh)."""
+    return _deploy_tool("checkov/bin/checkov")
 
 
 def venv_tool(name: str) -> str:
