@@ -12,8 +12,10 @@ An inference request passes these stages, in this order:
 
 1. **decode-check** (frontend): wire bytes -> :class:`InferRequest`, every field validated; a
    raw binary body gets its shape from the model metadata (:meth:`Pipeline.decode_raw`).
-2. **access**: the restricted API groups (``--restricted-api``) are checked for every operation
-   (:meth:`Pipeline._allow`).
+2. **access**: the restricted API groups (``--restricted-api``) are checked once for every
+   operation (:meth:`Pipeline._allow`); a REST /infer is checked by the frontend before its body
+   is read (a 403 before a body's 400), and its one pipeline call
+   (:meth:`Pipeline.infer_body`) does not check again.
 3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
    inputs named by ``shared_memory_region`` become private copies of the client's region, and
    outputs named so are planned into theirs; the request holds those regions until it ends
@@ -67,12 +69,19 @@ PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memor
 class AccessPolicy(Protocol):
     """Decides whether a request may use an API group (``v2proxy.restricted``)."""
 
+    def restricts(self, group: str) -> bool:
+        """Whether ``group`` is restricted at all (else :meth:`check` never refuses it)."""
+        ...
+
     def check(self, group: str, headers: Headers) -> None:
         """Raise a ProxyError (403) when the request may not use ``group``."""
         ...
 
 
 class _Open:
+    def restricts(self, group: str) -> bool:
+        return False
+
     def check(self, group: str, headers: Headers) -> None:
         return None
 
@@ -160,6 +169,32 @@ class Pipeline:
         """One inference; ``peer``: the client's IP address (None: a unix socket), which
         ``--client-shm`` checks when the request names a shared-memory region."""
         self._allow("inference", headers)
+        return await self._staged(request, headers, peer)
+
+    async def infer_body(
+        self,
+        request: InferRequest,
+        body: bytes | bytearray | StreamedBody | None,
+        ihcl: int | None,
+        headers: Headers,
+        peer: str | None,
+    ) -> ForwardResponse | InferResponse:
+        """One REST /infer, decoded (``request``) and as the client sent it (``body``; None:
+        not to be relayed, e.g. an answer to be compressed), whose API group the frontend has
+        checked before reading it (``RestFrontend.dispatch``: a 403 comes before a body's
+        400): relayed untouched when no stage applies and the backend takes its wire form
+        (:meth:`Relay.relay`), else through the stages. One call of the frontend, one access
+        check, one backend call."""
+        if body is not None:
+            relayed = await self._relay.relay(request, body, ihcl, headers)
+            if relayed is not None:
+                return relayed
+        return await self._staged(request, headers, peer)
+
+    async def _staged(
+        self, request: InferRequest, headers: Headers, peer: str | None
+    ) -> InferResponse:
+        """Stages 3-6 and the backend call (the access was checked)."""
         use = self._resolve_inputs(request, peer)
         if use is None:
             return await self._infer(request, headers)
@@ -210,17 +245,17 @@ class Pipeline:
         ihcl: int | None,
         headers: Headers,
     ) -> ForwardResponse | None:
-        """The client's /infer body passed through untouched when nothing needs changing
-        (:meth:`Relay.relay`); None when it must go through :meth:`infer`."""
-        self._allow("inference", headers)
+        """A REST client's /infer body (admitted as for :meth:`infer_body`) passed through
+        untouched when nothing needs changing (:meth:`Relay.relay`); None when it must go
+        through the stages (:meth:`infer_body` with no body)."""
         return await self._relay.relay(request, body, ihcl, headers)
 
     async def relay_json(
         self, model: str, version: str, body: StreamedBody, headers: Headers
     ) -> ForwardResponse | InferRequest:
-        """A large JSON /infer body relayed while it arrives (:meth:`Relay.relay_json`), or the
-        decoded request when it must go through :meth:`infer`."""
-        self._allow("inference", headers)
+        """A large JSON /infer body (admitted as for :meth:`infer_body`) relayed while it
+        arrives (:meth:`Relay.relay_json`), or the decoded request when it must go through the
+        stages (:meth:`infer_body` with no body)."""
         return await self._relay.relay_json(model, version, body, headers)
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:

@@ -126,8 +126,12 @@ class RestFrontend:
             try:
                 held = self.gate.enter(op)
                 if op in _BODY_FIRST and handler is not RestFrontend.not_allowed:
-                    # the API group before the body is read: 403, not a body's 400
-                    self.pipeline.access.check(_group(op, request.path), headers_of(request))
+                    # the API group before the body is read: 403, not a body's 400 (the
+                    # headers are gathered only for a group that is restricted)
+                    group = _group(op, request.path)
+                    access = self.pipeline.access
+                    if access.restricts(group):
+                        access.check(group, headers_of(request))
                 answer = await handler(self, request, m)
             except ProxyError as exc:
                 answer = error_answer(exc)

@@ -113,6 +113,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
         and (content_encoding or "identity").strip().lower() == "identity"
     )
     body: bytearray | None = None
+    declined = False  # the pipeline declined to relay it already (the same answer again)
     if streams and length is not None:
         if ihcl_value is None:
             outcome = await fe.pipeline.relay_json(
@@ -120,7 +121,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             )
             if isinstance(outcome, ForwardResponse):
                 return outcome
-            return await _answer(fe, outcome, forwarded, encoding, peer_of(r))
+            return await _answer(fe, outcome, None, None, forwarded, encoding, peer_of(r))
         ihcl = binc.parse_ihcl(ihcl_value, length)
         if ihcl:
             chunks = aiter(r.chunks())
@@ -132,6 +133,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             relayed = await fe.pipeline.relay(probe, streamed, ihcl, forwarded)
             if relayed is not None:
                 return relayed
+            declined = True
             body = header + extra  # refused after the header: the rest is read as usual
             async for chunk in chunks:
                 body += chunk
@@ -140,6 +142,7 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
     t0 = perf_counter()
     data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
     ihcl = binc.parse_ihcl(ihcl_value, len(data))
+    relayable: bytes | bytearray | None = None
     if ihcl == 0:  # (the model's shape, from the pipeline's metadata cache, counts too)
         request = await fe.pipeline.decode_raw(data, model, version)
         fe.recorder.decode["raw"].observe(perf_counter() - t0)
@@ -148,23 +151,26 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
             data, ihcl, model, version, fe.max_input_size, fe.pipeline.max_tensors
         )
         fe.recorder.decode["json" if ihcl is None else "binary"].observe(perf_counter() - t0)
-        if encoding is None and isinstance(data, bytes | bytearray):
-            relayed = await fe.pipeline.relay(request, data, ihcl, forwarded)
-            if relayed is not None:
-                return relayed
-    return await _answer(fe, request, forwarded, encoding, peer_of(r))
+        if encoding is None and not declined and isinstance(data, bytes | bytearray):
+            relayable = data
+    return await _answer(fe, request, relayable, ihcl, forwarded, encoding, peer_of(r))
 
 
 async def _answer(
     fe: RestFrontend,
     request: InferRequest,
+    body: bytes | bytearray | None,
+    ihcl: int | None,
     forwarded: Headers,
     encoding: str | None,
     peer: str | None,
 ) -> Answer:
-    """Run a decoded request through the pipeline; the answer in the client's wire form
-    (``peer``: the client's address, for ``--client-shm``)."""
-    response = await fe.pipeline.infer(request, forwarded, peer)
+    """The pipeline's one answer to a decoded request (``body``: as the client sent it, when it
+    may be relayed): passed through, or in the client's wire form (``peer``: the client's
+    address, for ``--client-shm``)."""
+    response = await fe.pipeline.infer_body(request, body, ihcl, forwarded, peer)
+    if isinstance(response, ForwardResponse):
+        return response
     t0 = perf_counter()
     chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
     if json_length is None:
