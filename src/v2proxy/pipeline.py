@@ -46,7 +46,7 @@ Pure with respect to I/O libraries: it awaits the backend but imports no asyncio
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from v2proxy import restricted, shm_stage
@@ -112,6 +112,7 @@ class Pipeline:
         self.shm = shm
         self.client_shm = client_shm
         self._relay = Relay(backend, max_input_size, max_tensors)
+        self._forgetters: list[Callable[[], None]] = []
         #: the backend's model metadata and extensions, cached (:mod:`v2proxy.model_info`)
         self.info = ModelInfo(backend)
         self.generation = GenerateStage(
@@ -390,8 +391,17 @@ class Pipeline:
         return self.generation.objects(model, version, obj, headers, stream)
 
     def invalidate(self) -> None:
-        """Forget cached model metadata (after repository load/unload)."""
+        """Forget everything cached about the backend's models (after a repository load or
+        unload): the metadata here, the backend's own (:meth:`Backend.invalidate`) and what
+        the frontends registered with :meth:`on_invalidate` (MindIE's discovered target)."""
         self.info.invalidate()
+        self.backend.invalidate()
+        for forget in self._forgetters:
+            forget()
+
+    def on_invalidate(self, forget: Callable[[], None]) -> None:
+        """Have ``forget`` called whenever the cached knowledge of the models is dropped."""
+        self._forgetters.append(forget)
 
     # ------------------------------------------------------------------ shared memory
 

@@ -164,6 +164,11 @@ class GrpcBackend(DecodedOnly):
             self._started = False
             await self.endpoints.close()
 
+    def invalidate(self) -> None:
+        self._decoupled.clear()
+        if self.staging is not None:
+            self.staging.invalidate()
+
     def _staging(self) -> Stager | None:
         """--backend-shm, unless the endpoints are several servers (a region registered with
         one is unknown to the next)."""

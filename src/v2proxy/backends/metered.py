@@ -45,6 +45,9 @@ class MeteredBackend:
     async def close(self) -> None:
         await self.inner.close()
 
+    def invalidate(self) -> None:
+        self.inner.invalidate()
+
     # ------------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:

@@ -120,6 +120,10 @@ class RestBackend:
             await self.staging.close(self)
         await self._pool.close()
 
+    def invalidate(self) -> None:
+        if self.staging is not None:
+            self.staging.invalidate()
+
     @property
     def client(self) -> BalancedClient:
         return self._pool.client

@@ -146,6 +146,10 @@ class Stager:
         if self.counts is not None:
             self.counts[result].inc()
 
+    def invalidate(self) -> None:
+        """Forget the models' output sizes (a repository load or unload changed them)."""
+        self._sizes.clear()
+
     def wanted(self, request: InferRequest) -> bool:
         """Whether ``request`` has an input of at least the threshold (cheap)."""
         threshold = self.threshold

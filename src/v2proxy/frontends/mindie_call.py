@@ -75,6 +75,12 @@ class Discovery:
         self._target: Target | None = None
         self._failed_at = 0.0
         self._dropped: set[str] = set()
+        pipeline.on_invalidate(self.forget)
+
+    def forget(self) -> None:
+        """Discover the model again on next use (a repository load or unload may have
+        changed it)."""
+        self._target = None
 
     async def target(self, headers: Headers) -> Target:
         if self._target is not None:
