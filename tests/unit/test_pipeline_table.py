@@ -1,0 +1,517 @@
+"""The pipeline's decisions, table-driven, against a fake backend (``fake_backend.py``): no
+sockets, no subprocesses. Part of the issue "One pass per request" (tests of the core without
+sockets).
+
+Each row is one client request: a wire form, a stage that applies to it (or none), and what the
+backend can do. It asserts exactly which backend calls happened (names in order, and the
+arguments of the inference call: the body relayed, or the request the backend was asked), how
+many times the access policy was checked (per group), and what the answer is: the backend's
+pass-through answer unchanged, or an InferResponse with the request id and model name filled in,
+the outputs the client did not ask for dropped, and its outputs classified or written to shared
+memory as the stage says.
+
+Wire forms:
+
+- ``json`` and ``binary`` (binary tensors, Inference-Header-Content-Length): a small REST body
+  through the REST frontend's own handler (``RestFrontend.dispatch`` with a fake request and
+  response object, so the counts are those of one whole client request, the frontend's access
+  check before the body is read included);
+- ``grpc``: a decoded request through ``Pipeline.infer`` (what the gRPC frontend calls);
+- ``stream``: a decoded request through ``Pipeline.stream_infer`` (gRPC's ModelStreamInfer),
+  the backend answering once (a plain model) or three times (``x3``: a decoupled model).
+
+Stages: ``none``; ``class-labels`` (a ``classification`` parameter on an output, labels
+configured for it here), ``class-backend`` (no labels, the backend lists the ``classification``
+extension: the parameter passes through), ``class-proxy`` (no labels, the backend does not list
+it: the proxy classifies without labels); ``shm-in`` / ``shm-out`` (an input read from, an output
+written to, a region of the real registry ``v2proxy.shm.registry.Registry`` on a real POSIX
+object); ``binary-output`` (``binary_data_output`` with no outputs listed), ``binary-output-
+listed`` (the same with the outputs listed, where it changes nothing in the answer),
+``binary-data`` (an output's ``binary_data``); ``fp16`` (an FP16 input). Backend capability:
+``can_relay`` true or false (``norelay``) for either wire form.
+
+The expected counts are the columns ``backend_calls`` and ``access_checks`` of :data:`ROWS`,
+written as the code behaves today, so that a change to the pipeline changes them there (and
+nowhere else). The access policy of these tests restricts every group (``restricts`` is True),
+so every check the code would make is counted.
+
+What the table shows today (at ce01b69, "REST /infer: one pipeline call, one access check"):
+
+- Every request is checked once, for the group ``inference``: a REST one by
+  ``RestFrontend.dispatch`` before its body is read (``Pipeline.infer_body`` does not check
+  again), relayed or not; a gRPC one by ``Pipeline.infer`` / ``stream_infer``. Before ce01b69
+  (at 48514c1) the same table counted 2 checks for a relayed REST request (dispatch and
+  ``Pipeline.relay``) and 3 for one that was not relayed (dispatch, ``Pipeline.relay`` and
+  ``Pipeline.infer``).
+- The backend is still asked twice for a REST request that may be relayed: ``can_relay`` then
+  ``relay_infer``; when it declines (``norelay`` rows), ``can_relay`` then ``infer``. A request
+  that a stage applies to never asks ``can_relay``: ``nothing_to_do`` decides first.
+- Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
+  :mod:`v2proxy.model_info`) whenever no labels are configured here, and ``model_metadata`` plus
+  ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
+  A decoupled model's three responses share the cache: those calls happen once per stream.
+- ``class-backend``: the backend classifies and the request reaches it with its parameter
+  unchanged, yet a REST body is not relayed (``classification`` is in ``STAGE_PARAMS``): it is
+  decoded, re-encoded, and costs a ``server_metadata`` question besides.
+- ``binary_data_output`` in a JSON body stops the relay even when every output is listed, where
+  it changes nothing in the answer (each listed output's own ``binary_data`` decides).
+- A binary body relays with FP16 inputs, ``binary_data_output`` or ``binary_data``; a JSON one
+  does not.
+- A shared-memory output of a decoupled model is written into the same place of the region once
+  per response (each response comes back ``in_shm``): the last response wins.
+- A request naming a region is checked for ``inference`` only: ``--client-shm`` decides on the
+  region, not ``--restricted-api``'s ``shared-memory`` group.
+- A decoupled model reached over REST is the backend's business (``infer``, one answer): the
+  pipeline does not tell the two apart, so the ``x3`` rows are stream rows only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import posix_ipc
+import pytest
+
+from tests.unit.fake_backend import Answers, FakeBackend, Sent
+from v2proxy.codecs import binary as binc
+from v2proxy.codecs.dtypes import deserialize_bytes
+from v2proxy.config_sections import ModelSettings, OutputSettings
+from v2proxy.frontends.rest import RestFrontend
+from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.pipeline import Pipeline
+from v2proxy.ports import Headers
+from v2proxy.shm.registry import Registry
+
+MODEL = "m"
+RID = "rid-1"
+LIMIT = 1 << 20
+#: the client's own end-to-end header: what every backend call must carry
+TOKEN: Headers = [(b"x-token", b"t1")]
+
+X = [0.5, 3.0, 1.5, 2.0]  # the client's input, in the body
+X_SHM = [9.0, 8.0, 7.0, 6.0]  # the same input, in the client's region
+OUT0 = np.array([[0.5, 3.0, 1.5, 2.0]], "<f4")  # the backend's outputs
+OUT1 = np.array([[1.0, 1.0, 1.0, 1.0]], "<f4")
+LABELS = ("a", "b", "c", "d")
+TOP2 = ["3.000000:1", "2.000000:3"]
+TOP2_LABELLED = ["3.000000:1:b", "2.000000:3:d"]
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What the client asks for, and what the stages make of it when they run."""
+
+    name: str
+    # the client's request
+    input_datatype: str = "FP32"
+    input_shm: bool = False
+    #: requested outputs (name, parameters); None: none listed
+    outputs: tuple[tuple[str, dict[str, Any]], ...] | None = (("OUT0", {}),)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    #: labels configured here for (m, OUT0)
+    labels: bool = False
+    #: the backend's server metadata ``extensions``
+    extensions: tuple[str, ...] = ("classification",)
+    # when the request goes through the stages: what the backend is asked ...
+    sent_outputs: tuple[tuple[str, dict[str, Any]], ...] | None = (("OUT0", {}),)
+    # ... and what the client gets: the outputs' names, and OUT0 as
+    #: "raw" (the backend's bytes), "top2" / "top2-labelled" (classified), "shm" (in the region)
+    answer_outputs: tuple[str, ...] = ("OUT0",)
+    out0: str = "raw"
+
+
+CLASS = {"classification": 2}
+SHM_OUT = {"shared_memory_region": "out", "shared_memory_byte_size": 64}
+
+NONE = Stage("none")
+CLASS_LABELS = Stage("class-labels", outputs=(("OUT0", CLASS),), labels=True, out0="top2-labelled")
+CLASS_BACKEND = Stage("class-backend", outputs=(("OUT0", CLASS),), sent_outputs=(("OUT0", CLASS),))
+CLASS_PROXY = Stage("class-proxy", outputs=(("OUT0", CLASS),), extensions=(), out0="top2")
+SHM_IN = Stage("shm-in", input_shm=True)
+SHM_OUT_STAGE = Stage("shm-out", outputs=(("OUT0", SHM_OUT),), out0="shm")
+BINARY_OUTPUT = Stage(
+    "binary-output",
+    outputs=None,
+    parameters={"binary_data_output": True},
+    sent_outputs=None,
+    answer_outputs=("OUT0", "OUT1"),
+)
+BINARY_OUTPUT_LISTED = Stage("binary-output-listed", parameters={"binary_data_output": True})
+BINARY_DATA = Stage(
+    "binary-data",
+    outputs=(("OUT0", {"binary_data": True}),),
+    sent_outputs=(("OUT0", {"binary_data": True}),),
+)
+FP16 = Stage("fp16", input_datatype="FP16")
+
+JSON, BINARY, GRPC, STREAM = "json", "binary", "grpc", "stream"
+FORWARD, RESPONSE = "forward", "response"
+
+# backend calls
+CAN_RELAY, RELAY, INFER, STREAM_INFER = "can_relay", "relay_infer", "infer", "stream_infer"
+SERVER_META, MODEL_META, MODEL_CONFIG = "server_metadata", "model_metadata", "model_config"
+
+
+@dataclass(frozen=True)
+class Row:
+    wire: str
+    stage: Stage
+    #: the backend's ``can_relay`` answer (for both wire forms)
+    can_relay: bool = True
+    #: how many responses ``stream_infer`` gives (3: a decoupled model)
+    responses: int = 1
+    # ---- what happens today: change these when the pipeline changes
+    #: every backend call, in order
+    backend_calls: tuple[str, ...] = ()
+    #: ``AccessPolicy.check`` calls with the group ``inference`` (no other group is checked)
+    access_checks: int = 1
+    #: FORWARD (the backend's pass-through answer, unchanged) or RESPONSE (an InferResponse)
+    answer: str = RESPONSE
+
+    @property
+    def id(self) -> str:
+        parts = [self.wire, self.stage.name]
+        if not self.can_relay:
+            parts.append("norelay")
+        if self.responses != 1:
+            parts.append(f"x{self.responses}")
+        return "/".join(parts)
+
+
+_CLASS_LABELS_CALLS = (INFER, MODEL_META, MODEL_CONFIG)
+_CLASS_BACKEND_CALLS = (SERVER_META, INFER)
+_CLASS_PROXY_CALLS = (SERVER_META, INFER, MODEL_META, MODEL_CONFIG)
+
+# fmt: off
+ROWS = [
+    # ---- REST, JSON body
+    Row(JSON, NONE, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
+    Row(JSON, NONE, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
+    Row(JSON, FP16, backend_calls=(INFER,), access_checks=1),
+    Row(JSON, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
+    Row(JSON, BINARY_OUTPUT_LISTED, backend_calls=(INFER,), access_checks=1),
+    Row(JSON, BINARY_DATA, backend_calls=(INFER,), access_checks=1),
+    Row(JSON, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
+    Row(JSON, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
+    Row(JSON, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
+    Row(JSON, SHM_IN, backend_calls=(INFER,), access_checks=1),
+    Row(JSON, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    # ---- REST, binary tensors
+    Row(BINARY, NONE, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
+    Row(BINARY, NONE, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
+    Row(BINARY, FP16, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
+    Row(BINARY, FP16, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
+    Row(BINARY, BINARY_OUTPUT, backend_calls=(CAN_RELAY, RELAY), access_checks=1,
+        answer=FORWARD),
+    Row(BINARY, BINARY_DATA, backend_calls=(CAN_RELAY, RELAY), access_checks=1,
+        answer=FORWARD),
+    Row(BINARY, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
+    Row(BINARY, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
+    Row(BINARY, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
+    Row(BINARY, SHM_IN, backend_calls=(INFER,), access_checks=1),
+    Row(BINARY, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    # ---- a decoded request: Pipeline.infer (gRPC); can_relay is never asked
+    Row(GRPC, NONE, backend_calls=(INFER,), access_checks=1),
+    Row(GRPC, FP16, backend_calls=(INFER,), access_checks=1),
+    Row(GRPC, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
+    Row(GRPC, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
+    Row(GRPC, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
+    Row(GRPC, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
+    Row(GRPC, SHM_IN, backend_calls=(INFER,), access_checks=1),
+    Row(GRPC, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    # ---- a decoded request: Pipeline.stream_infer, a plain model (1) or a decoupled one (x3)
+    Row(STREAM, NONE, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM, NONE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM, CLASS_LABELS, backend_calls=(STREAM_INFER, MODEL_META, MODEL_CONFIG),
+        access_checks=1),
+    Row(STREAM, CLASS_LABELS, responses=3, backend_calls=(STREAM_INFER, MODEL_META,
+        MODEL_CONFIG), access_checks=1),
+    Row(STREAM, CLASS_BACKEND, responses=3, backend_calls=(SERVER_META, STREAM_INFER),
+        access_checks=1),
+    Row(STREAM, CLASS_PROXY, responses=3, backend_calls=(SERVER_META, STREAM_INFER,
+        MODEL_META, MODEL_CONFIG), access_checks=1),
+    Row(STREAM, SHM_IN, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM, SHM_OUT_STAGE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+]
+# fmt: on
+
+
+# --------------------------------------------------------------------------- fakes and fixtures
+
+
+class CountingAccess:
+    """An AccessPolicy that restricts every group (so none is skipped), allows every request
+    and counts its checks per group."""
+
+    def __init__(self) -> None:
+        self.checks: Counter[str] = Counter()
+        self.headers: list[Headers] = []
+
+    def restricts(self, group: str) -> bool:
+        return True
+
+    def check(self, group: str, headers: Headers) -> None:
+        self.checks[group] += 1
+        self.headers.append(list(headers))
+
+
+class FakeHttpRequest:
+    """What ``RestFrontend.dispatch`` and the /infer handler read of an HTTP request: a whole
+    body, already arrived, from a unix socket (``client`` None: a local client)."""
+
+    def __init__(self, path: str, headers: Headers, body: bytes) -> None:
+        self.method = "POST"
+        self.path = path
+        self.target = path.encode()
+        self.query = b""
+        self.headers = headers
+        self.content_length = len(body)
+        self.chunked = False
+        self.keep_alive = True
+        self.client = None
+        self._body = body
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for n, v in self.headers if n == name), None)
+
+    async def read(self, limit: int | None = None) -> bytearray:
+        return bytearray(self._body)
+
+    async def chunks(self) -> Any:
+        yield self._body
+
+
+class FakeHttpResponse:
+    """Keeps what the frontend writes."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: Any = None
+
+    async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: Any) -> None:
+        self.status, self.headers, self.body = status, list(headers), body
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: Any) -> None:
+        self.status, self.headers, self.body = status, list(headers), bytearray()
+
+    async def write(self, chunk: bytes) -> None:
+        self.body += chunk
+
+    async def end(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        raise AssertionError("the answer broke off")
+
+
+@pytest.fixture
+def regions() -> Iterator[Registry]:
+    """The registry with "in" (16 bytes holding X_SHM) and "out" (64 bytes, zeroed) on one
+    real POSIX object, unlinked at the end."""
+    key = f"/v2proxy_unit_table_{os.getpid()}"
+    mem = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=2 * 4096)
+    reg = Registry()
+    try:
+        reg.register("in", key, 0, 16)
+        reg.register("out", key, 4096, 64)
+        held = reg.acquire("in")
+        held.write(0, np.array(X_SHM, "<f4").tobytes())
+        reg.release(held)
+        yield reg
+    finally:
+        reg.close()
+        mem.close_fd()
+        mem.unlink()
+
+
+def _region_bytes(reg: Registry, name: str, size: int) -> bytes:
+    region = reg.acquire(name)
+    try:
+        return bytes(region.read(0, size))
+    finally:
+        reg.release(region)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _input_bytes(stage: Stage) -> bytes:
+    dtype = "<f2" if stage.input_datatype == "FP16" else "<f4"
+    return np.array([X], dtype).tobytes()
+
+
+def _input_params(stage: Stage) -> dict[str, Any]:
+    if stage.input_shm:
+        return {"shared_memory_region": "in", "shared_memory_byte_size": 16}
+    return {}
+
+
+def _rest_body(stage: Stage, binary: bool) -> tuple[bytes, int | None]:
+    """The client's body and its Inference-Header-Content-Length (None: JSON)."""
+    entry: dict[str, Any] = {"name": "IN0", "datatype": stage.input_datatype, "shape": [1, 4]}
+    params = _input_params(stage)
+    section = b""
+    if not stage.input_shm:
+        if binary:
+            section = _input_bytes(stage)
+            params = {**params, "binary_data_size": len(section)}
+        else:
+            entry["data"] = X
+    if params:
+        entry["parameters"] = params
+    obj: dict[str, Any] = {"id": RID, "inputs": [entry]}
+    if stage.outputs is not None:
+        obj["outputs"] = [
+            {"name": n, "parameters": p} if p else {"name": n} for n, p in stage.outputs
+        ]
+    if stage.parameters:
+        obj["parameters"] = stage.parameters
+    header = json.dumps(obj).encode()
+    if not binary:
+        return header, None
+    return header + section, len(header)
+
+
+def _decoded(stage: Stage) -> InferRequest:
+    """The request as the gRPC frontend decodes it."""
+    data = b"" if stage.input_shm else _input_bytes(stage)
+    tensor = Tensor("IN0", Datatype(stage.input_datatype), (1, 4), data, _input_params(stage))
+    outputs = (
+        None if stage.outputs is None else [RequestedOutput(n, dict(p)) for n, p in stage.outputs]
+    )
+    return InferRequest(MODEL, [tensor], outputs, RID, dict(stage.parameters))
+
+
+async def _rest(pipeline: Pipeline, body: bytes, ihcl: int | None) -> FakeHttpResponse:
+    headers: Headers = [(b"content-type", b"application/json"), *TOKEN]
+    if ihcl is not None:
+        headers.append((b"inference-header-content-length", str(ihcl).encode()))
+    frontend = RestFrontend(pipeline, LIMIT, LIMIT)
+    response = FakeHttpResponse()
+    await frontend.dispatch(  # type: ignore[arg-type]
+        FakeHttpRequest(f"/v2/models/{MODEL}/infer", headers, body), response
+    )
+    return response
+
+
+def _answer_of(response: FakeHttpResponse) -> InferResponse:
+    """The client's answer decoded (it is JSON or binary-framed)."""
+    assert response.status == 200, response.body
+    body = response.body
+    data = b"".join(bytes(c) for c in body) if isinstance(body, list) else bytes(body)
+    ihcl = next((v for n, v in response.headers if n == b"inference-header-content-length"), None)
+    return binc.decode_response(data, None if ihcl is None else int(ihcl))
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def _strings(t: Tensor) -> list[str]:
+    assert t.datatype is Datatype.BYTES
+    return [b.decode() for b in deserialize_bytes(t.data)]
+
+
+def _check_response(row: Row, response: InferResponse, regions: Registry) -> None:
+    stage = row.stage
+    assert response.id == RID
+    assert response.model_name == MODEL
+    assert tuple(t.name for t in response.outputs) == stage.answer_outputs
+    out0 = response.outputs[0]
+    if stage.out0 == "raw":
+        assert (out0.datatype, bytes(out0.data)) == (Datatype.FP32, OUT0.tobytes())
+    elif stage.out0 == "top2":
+        assert (out0.shape, _strings(out0)) == ((1, 2), TOP2)
+    elif stage.out0 == "top2-labelled":
+        assert (out0.shape, _strings(out0)) == ((1, 2), TOP2_LABELLED)
+    else:
+        assert stage.out0 == "shm"
+        assert bytes(out0.data) == b""
+        assert _region_bytes(regions, "out", OUT0.nbytes) == OUT0.tobytes()
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
+async def test_pipeline_table(row: Row, regions: Registry) -> None:
+    stage = row.stage
+    backend = FakeBackend(
+        Answers(
+            outputs=[
+                Tensor("OUT0", Datatype.FP32, (1, 4), OUT0.tobytes()),
+                Tensor("OUT1", Datatype.FP32, (1, 4), OUT1.tobytes()),
+            ],
+            relay={False: row.can_relay, True: row.can_relay},
+            extensions=("binary_tensor_data", *stage.extensions),
+            stream_responses=row.responses,
+            model_metadata={"name": MODEL, "outputs": [{"name": "OUT0", "shape": [-1, 4]}]},
+            model_config={"max_batch_size": 8},
+        )
+    )
+    access = CountingAccess()
+    models = {MODEL: ModelSettings({"OUT0": OutputSettings(LABELS)})} if stage.labels else None
+    pipeline = Pipeline(backend, LIMIT, access=access, models=models, shm=regions)
+
+    responses: list[InferResponse] = []
+    body: bytes | None = None
+    ihcl: int | None = None
+    if row.wire in (JSON, BINARY):
+        body, ihcl = _rest_body(stage, binary=row.wire == BINARY)
+        http = await _rest(pipeline, body, ihcl)
+        if row.answer == FORWARD:
+            # the backend's answer, passed through unchanged (its very body object)
+            (forwarded,) = backend.forwarded
+            assert http.status == forwarded.status
+            assert http.headers == forwarded.headers
+            assert http.body is forwarded.content
+        else:
+            responses.append(_answer_of(http))
+    elif row.wire == GRPC:
+        responses.append(await pipeline.infer(_decoded(stage), list(TOKEN), None))
+    else:
+        responses = [r async for r in pipeline.stream_infer(_decoded(stage), list(TOKEN), None)]
+
+    # the backend calls, exactly
+    assert tuple(backend.names()) == row.backend_calls
+    # the access policy: only the inference group, this many times
+    assert access.checks == Counter({"inference": row.access_checks})
+
+    for call in backend.called("can_relay"):
+        assert body is not None
+        assert call.args == (row.wire == BINARY, len(body))
+    for call in backend.called("relay_infer"):
+        assert call.args == (MODEL, "", body, ihcl, TOKEN)  # the client's bytes, unchanged
+    for call in backend.called("model_metadata") + backend.called("model_config"):
+        assert call.args == (MODEL, "")
+    for call in backend.called("infer") + backend.called("stream_infer"):
+        sent, headers = call.args
+        assert isinstance(sent, Sent)
+        assert headers == TOKEN
+        assert (sent.model, sent.id) == (MODEL, RID)
+        ((name, datatype, shape, data, params),) = sent.inputs
+        assert (name, datatype, shape, params) == ("IN0", stage.input_datatype, (1, 4), {})
+        if stage.input_shm:
+            assert data == np.array([X_SHM], "<f4").tobytes()  # read from the region
+        else:
+            assert data == _input_bytes(stage)
+        assert sent.outputs == stage.sent_outputs
+
+    if row.answer == FORWARD:
+        assert responses == []
+        assert _region_bytes(regions, "out", 64) == bytes(64)  # no stage ran
+        return
+    assert len(responses) == row.responses
+    for response in responses:
+        _check_response(row, response, regions)
+    if stage.out0 != "shm":
+        assert _region_bytes(regions, "out", 64) == bytes(64)
+    assert [r["name"] for r in regions.status("")] == ["in", "out"]
+    assert (regions.users("in"), regions.users("out")) == (0, 0)  # every region released
