@@ -133,6 +133,7 @@ class GrpcBackend(DecodedOnly):
             split_hosts(target), self._open, _close, resolve_every=resolve_every, cells=cells
         )
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._decoupled: dict[tuple[str, str], bool] = {}
 
     def _open(self, name: HostPort, address: str) -> _Channel:
@@ -154,6 +155,8 @@ class GrpcBackend(DecodedOnly):
         return _Channel(channel)
 
     async def start(self) -> None:
+        # kept: asyncio.get_running_loop() makes a getpid system call each time
+        self._loop = asyncio.get_running_loop()
         await self.endpoints.start()
         self._started = True
 
@@ -226,7 +229,7 @@ class GrpcBackend(DecodedOnly):
         endpoints = self.endpoints
         tried: list[Endpoint[_Channel]] = []
         last: grpc.aio.AioRpcError | None = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         # grpcio's deadline does not end a call whose request cannot be sent (a backend that
         # stops reading mid-message): the call would wait forever, so the loop's own timeout,
         # a little later, cancels it. One deadline for every endpoint tried.

@@ -111,9 +111,19 @@ class RestBackend:
         )
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
+        #: the loop, kept at start: ``asyncio.get_running_loop()`` makes a getpid system call
+        #: each time (its fork check), once per request on the hot path otherwise
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self._pool.start()
+
+    def _now(self) -> float:
+        loop = self._loop
+        if loop is None:  # used without start (tests): the running loop
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.time()
 
     async def close(self) -> None:
         if self.staging is not None and self._pool.started:
@@ -249,7 +259,7 @@ class RestBackend:
             resp, length, content, due = await self._relay_streamed(target, body, ihcl, headers)
         else:
             # The client's own deadline bounds the whole answer (no asyncio.timeout per call).
-            due = asyncio.get_running_loop().time() + timeout
+            due = self._now() + timeout
             try:
                 resp = await self.client.request(
                     "POST",
@@ -300,7 +310,7 @@ class RestBackend:
                 content = await resp.read() if whole else None
         due = deadline.when()
         if due is None:  # answered before the whole body was sent (waiting on the client)
-            due = asyncio.get_running_loop().time() + self._timeout
+            due = self._now() + self._timeout
         return resp, length, content, due
 
     async def forward(
