@@ -195,8 +195,10 @@ def test_contexts_verify_by_default(pki: Pki) -> None:
 def _send_too_much(port: int, ca: Path) -> bytes:
     """A blocking TLS client that announces 8 MiB, keeps sending while it may, then reads."""
     ctx = ssl.create_default_context(cafile=str(ca))
-    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
-    with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=30) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as s,
+    ):
         size = 8 << 20
         s.sendall(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % size)
         chunk = b"x" * 65536

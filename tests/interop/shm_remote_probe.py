@@ -98,32 +98,36 @@ def main() -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("v2proxy did not start")
             time.sleep(0.05)
-        local = httpclient.InferenceServerClient(f"127.0.0.1:{HTTP}")
-        local.register_system_shared_memory("r", KEY, SIZE)
-        results["local_status"] = _attempt(local.get_system_shared_memory_status)
-        for kind, mod, url in (
-            ("http", httpclient, f"{REMOTE}:{HTTP}"),
-            ("grpc", grpcclient, f"{REMOTE}:{GRPC}"),
-        ):
-            c = mod.InferenceServerClient(url)
-            results[f"{kind}_status"] = _attempt(c.get_system_shared_memory_status)
-            results[f"{kind}_status_one"] = _attempt(
-                lambda c=c: c.get_system_shared_memory_status("r")
-            )
-            results[f"{kind}_register"] = _attempt(
-                lambda c=c, k=kind: c.register_system_shared_memory(f"x{k}", KEY, SIZE)
-            )
-            results[f"{kind}_infer_input"] = _attempt(lambda c=c, m=mod: _infer(m, c, "input"))
-            results[f"{kind}_infer_output"] = _attempt(lambda c=c, m=mod: _infer(m, c, "output"))
-            results[f"{kind}_unregister"] = _attempt(
-                lambda c=c: c.unregister_system_shared_memory("r")
-            )
-            results[f"{kind}_plain_infer"] = _attempt(lambda c=c, m=mod: _plain(m, c))
-        results["bytes_untouched"] = os.pread(fd, SIZE, 0) == marker
-        results["local_after"] = local.get_system_shared_memory_status()
-        # the local client still uses its region
-        results["local_infer_input"] = _attempt(lambda: _infer(httpclient, local, "input"))
-        results["alive"] = proc.poll() is None
+        with httpclient.InferenceServerClient(f"127.0.0.1:{HTTP}") as local:
+            local.register_system_shared_memory("r", KEY, SIZE)
+            results["local_status"] = _attempt(local.get_system_shared_memory_status)
+            for kind, mod, url in (
+                ("http", httpclient, f"{REMOTE}:{HTTP}"),
+                ("grpc", grpcclient, f"{REMOTE}:{GRPC}"),
+            ):
+                with mod.InferenceServerClient(url) as c:
+                    results[f"{kind}_status"] = _attempt(c.get_system_shared_memory_status)
+                    results[f"{kind}_status_one"] = _attempt(
+                        lambda c=c: c.get_system_shared_memory_status("r")
+                    )
+                    results[f"{kind}_register"] = _attempt(
+                        lambda c=c, k=kind: c.register_system_shared_memory(f"x{k}", KEY, SIZE)
+                    )
+                    results[f"{kind}_infer_input"] = _attempt(
+                        lambda c=c, m=mod: _infer(m, c, "input")
+                    )
+                    results[f"{kind}_infer_output"] = _attempt(
+                        lambda c=c, m=mod: _infer(m, c, "output")
+                    )
+                    results[f"{kind}_unregister"] = _attempt(
+                        lambda c=c: c.unregister_system_shared_memory("r")
+                    )
+                    results[f"{kind}_plain_infer"] = _attempt(lambda c=c, m=mod: _plain(m, c))
+            results["bytes_untouched"] = os.pread(fd, SIZE, 0) == marker
+            results["local_after"] = local.get_system_shared_memory_status()
+            # the local client still uses its region
+            results["local_infer_input"] = _attempt(lambda: _infer(httpclient, local, "input"))
+            results["alive"] = proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(10)

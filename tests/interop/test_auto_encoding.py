@@ -26,7 +26,8 @@ def _fp16_infer(url: str, binary_output: bool) -> np.ndarray:
     inp = httpclient.InferInput("INPUT0", list(x.shape), "FP16")
     inp.set_data_from_numpy(x, binary_data=False)  # JSON numbers
     out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_output)
-    result = httpclient.InferenceServerClient(url).infer("identity_fp16", [inp], outputs=[out])
+    with httpclient.InferenceServerClient(url) as client:
+        result = client.infer("identity_fp16", [inp], outputs=[out])
     got = result.as_numpy("OUTPUT0")
     assert got is not None
     assert got.dtype == np.float16 and got.tolist() == x.tolist()

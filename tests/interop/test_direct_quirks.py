@@ -31,9 +31,11 @@ def test_tritonclient_direct_fails(
     backend_urls, backend: str, binary: bool, status: str, message: str
 ) -> None:  # type: ignore[no-untyped-def]
     url = backend_urls(backend)[0].removeprefix("http://")
-    client = httpclient.InferenceServerClient(url)
     outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        httpclient.InferenceServerClient(url) as client,
+        pytest.raises(InferenceServerException) as info,
+    ):
         client.infer("simple", _inputs(binary), outputs=outputs)
     assert info.value.status() == status
     assert message in str(info.value.message())
@@ -42,7 +44,7 @@ def test_tritonclient_direct_fails(
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_tritonclient_direct_to_triton_works(backend_urls, binary: bool) -> None:  # type: ignore[no-untyped-def]
     url = backend_urls("triton")[0].removeprefix("http://")
-    client = httpclient.InferenceServerClient(url)
     outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
-    result = client.infer("simple", _inputs(binary), outputs=outputs)
+    with httpclient.InferenceServerClient(url) as client:
+        result = client.infer("simple", _inputs(binary), outputs=outputs)
     assert result.as_numpy("OUTPUT0").tolist() == [[2] * 16]

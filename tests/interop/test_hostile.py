@@ -140,6 +140,7 @@ def test_content_length_alone_allocates_nothing(proxy: Proc, path: bytes, extra:
     try:
         for _ in range(6):
             s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+            conns.append(s)
             s.sendall(
                 b"POST "
                 + path
@@ -148,7 +149,6 @@ def test_content_length_alone_allocates_nothing(proxy: Proc, path: bytes, extra:
                 + b"\r\n"
                 + SIMPLE[:100]
             )
-            conns.append(s)
         time.sleep(0.5)
         grown_mib = (rss_kib(proxy.pid) - before) / 1024
         assert grown_mib < 64, f"RSS grew by {grown_mib:.0f} MiB"
@@ -161,11 +161,15 @@ def test_content_length_alone_allocates_nothing(proxy: Proc, path: bytes, extra:
 def test_slowloris_and_idle_clients_are_closed(proxy: Proc) -> None:
     """50 clients sending a head one byte at a time and 200 that send nothing: the proxy
     closes them all (here after --client-header-timeout 1 s) and serves meanwhile."""
-    slow = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(50)]
-    idle = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(200)]
+    slow: list[socket.socket] = []
+    idle: list[socket.socket] = []
     head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
     closed_slow: set[int] = set()
     try:
+        # made one by one inside the try: all closed in the finally even if one fails
+        for conns, n in ((slow, 50), (idle, 200)):
+            for _ in range(n):
+                conns.append(socket.create_connection(("127.0.0.1", proxy.port), timeout=10))
         for s in slow:
             s.setblocking(False)
         deadline = time.monotonic() + 30
@@ -256,39 +260,43 @@ def test_restricted_apis_refused_by_default(proxy: Proc) -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    http = httpclient.InferenceServerClient(proxy.url)
-    with pytest.raises(InferenceServerException) as info:
-        http.unload_model("simple")
-    assert "This API is restricted" in info.value.message()
-    assert info.value.status() == "403"
-    for call in (
-        lambda: http.update_log_settings({"log_info": False}),
-        lambda: http.update_trace_settings(settings={"trace_file": "/tmp/x"}),
-        http.get_model_repository_index,
-    ):
-        with pytest.raises(InferenceServerException, match="This API is restricted"):
-            call()
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(InferenceServerException) as ginfo:
-        g.unload_model("simple")
-    assert ginfo.value.status() == "StatusCode.PERMISSION_DENIED"
-    # a restricted path spelled another way is refused too
-    answer = exchange(
-        proxy,
-        b"POST /v2/%72epository/models/simple/unload/ HTTP/1.1\r\nHost: x\r\n"
-        b"Connection: close\r\nContent-Length: 0\r\n\r\n",
-    )
-    assert answer.startswith(b"HTTP/1.1 403"), answer
-    assert http.is_model_ready("simple")
-    still_serves(proxy)
+    with httpclient.InferenceServerClient(proxy.url) as http:
+        with pytest.raises(InferenceServerException) as info:
+            http.unload_model("simple")
+        assert "This API is restricted" in info.value.message()
+        assert info.value.status() == "403"
+        for call in (
+            lambda: http.update_log_settings({"log_info": False}),
+            lambda: http.update_trace_settings(settings={"trace_file": "/tmp/x"}),
+            http.get_model_repository_index,
+        ):
+            with pytest.raises(InferenceServerException, match="This API is restricted"):
+                call()
+        with (
+            grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+            pytest.raises(InferenceServerException) as ginfo,
+        ):
+            g.unload_model("simple")
+        assert ginfo.value.status() == "StatusCode.PERMISSION_DENIED"
+        # a restricted path spelled another way is refused too
+        answer = exchange(
+            proxy,
+            b"POST /v2/%72epository/models/simple/unload/ HTTP/1.1\r\nHost: x\r\n"
+            b"Connection: close\r\nContent-Length: 0\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 403"), answer
+        assert http.is_model_ready("simple")
+        still_serves(proxy)
 
 
 def test_restricted_apis_open_with_the_configured_header() -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    with v2proxy("serve", "--restricted-api-header", "x-admin-key=s3cret", name="restricted") as p:
-        http = httpclient.InferenceServerClient(p.url)
+    with (
+        v2proxy("serve", "--restricted-api-header", "x-admin-key=s3cret", name="restricted") as p,
+        httpclient.InferenceServerClient(p.url) as http,
+    ):
         with pytest.raises(InferenceServerException) as info:
             http.unload_model("simple", headers={"x-admin-key": "wrong"})
         assert info.value.message() == "This API is restricted, expecting header 'x-admin-key'"

@@ -111,10 +111,14 @@ class Probe:
 def _post_infer(port: int, body: dict[str, object]) -> socket.socket:
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(
-        b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-    )
+    try:
+        s.sendall(
+            b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+    except BaseException:
+        s.close()  # the caller's `with` closes it only once it is returned
+        raise
     return s
 
 

@@ -136,32 +136,32 @@ _NP = {"INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uin
 def stream(proxy: Proc, inputs: list[grpcclient.InferInput]) -> tuple[list[str], Any]:
     """The texts of a ModelStreamInfer's responses until the final flag, and its error."""
     results: queue.Queue[Any] = queue.Queue()
-    c = grpcclient.InferenceServerClient(proxy.grpc_url)
-    c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
-    pieces: list[str] = []
-    try:
-        c.async_stream_infer("llm", inputs, request_id="s1", enable_empty_final_response=True)
-        while True:
-            result, error = results.get(timeout=30)
-            if error is not None:
-                return pieces, error
-            response = result.get_response()
-            assert response.id == "s1"
-            if response.outputs:
-                pieces.append(result.as_numpy("text_output")[0].decode())
-            if response.parameters["triton_final_response"].bool_param:
-                return pieces, None
-    finally:
-        c.stop_stream()
+    with grpcclient.InferenceServerClient(proxy.grpc_url) as c:
+        c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+        pieces: list[str] = []
+        try:
+            c.async_stream_infer("llm", inputs, request_id="s1", enable_empty_final_response=True)
+            while True:
+                result, error = results.get(timeout=30)
+                if error is not None:
+                    return pieces, error
+                response = result.get_response()
+                assert response.id == "s1"
+                if response.outputs:
+                    pieces.append(result.as_numpy("text_output")[0].decode())
+                if response.parameters["triton_final_response"].bool_param:
+                    return pieces, None
+        finally:
+            c.stop_stream()
 
 
 # ------------------------------------------------------------------ inference
 
 
 def test_http_infer(proxy: Proc, sim: Sim) -> None:
-    c = httpclient.InferenceServerClient(proxy.url)
     prompt = "My name is Olivier and I"
-    result = c.infer("llm", http_inputs(prompt, max_tokens=("INT32", 7)), request_id="r1")
+    with httpclient.InferenceServerClient(proxy.url) as c:
+        result = c.infer("llm", http_inputs(prompt, max_tokens=("INT32", 7)), request_id="r1")
     assert result.as_numpy("text_output").tolist() == [expected(prompt, 7).encode()]
     response = result.get_response()
     assert response["id"] == "r1"
@@ -175,14 +175,14 @@ def test_http_infer(proxy: Proc, sim: Sim) -> None:
 
 
 def test_http_infer_sampling_knobs(proxy: Proc, sim: Sim) -> None:
-    c = httpclient.InferenceServerClient(proxy.url)
     knobs = {
         "temperature": ("FP32", 0.5),
         "top_k": ("INT32", 10),
         "top_p": ("FP32", 0.95),
         "seed": ("UINT64", 846930886),
     }
-    result = c.infer("llm", http_inputs("中文 text", **knobs))
+    with httpclient.InferenceServerClient(proxy.url) as c:
+        result = c.infer("llm", http_inputs("中文 text", **knobs))
     assert result.as_numpy("text_output")[0].decode() == expected("中文 text", 20)
     assert result.get_response()["parameters"]["seed"] == 846930886
     assert sim.last()["parameters"] == {
@@ -195,8 +195,8 @@ def test_http_infer_sampling_knobs(proxy: Proc, sim: Sim) -> None:
 
 
 def test_grpc_infer(proxy: Proc, sim: Sim) -> None:
-    c = grpcclient.InferenceServerClient(proxy.grpc_url)
-    result = c.infer("llm", grpc_inputs("a b c", max_tokens=("INT32", 4)))
+    with grpcclient.InferenceServerClient(proxy.grpc_url) as c:
+        result = c.infer("llm", grpc_inputs("a b c", max_tokens=("INT32", 4)))
     assert result.as_numpy("text_output").tolist() == [b"a b c a"]
     assert sim.last()["stream"] is False
 
@@ -221,8 +221,10 @@ def test_grpc_stream_single_token(proxy: Proc) -> None:
 
 def test_unary_infer_of_a_stream_request(proxy: Proc) -> None:
     """Several responses do not fit a unary answer (as for the builtin llm)."""
-    c = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        grpcclient.InferenceServerClient(proxy.grpc_url) as c,
+        pytest.raises(InferenceServerException) as info,
+    ):
         c.infer("llm", grpc_inputs("a b", max_tokens=("INT32", 3), stream=("BOOL", True)))
     assert "answers this request with 3 responses" in info.value.message()
 
@@ -247,9 +249,8 @@ def test_token_metrics(proxy: Proc, sim: Sim) -> None:
     before = [metric(proxy, m) for m in (ttft, tpot, tokens_total)]
     knobs = {"max_tokens": ("INT32", 5), "stream": ("BOOL", True)}
     assert len(stream(proxy, grpc_inputs("a b", **knobs))[0]) == 5
-    grpcclient.InferenceServerClient(proxy.grpc_url).infer(
-        "llm", grpc_inputs("a", max_tokens=("INT32", 3))
-    )
+    with grpcclient.InferenceServerClient(proxy.grpc_url) as c:
+        c.infer("llm", grpc_inputs("a", max_tokens=("INT32", 3)))
     after = [metric(proxy, m) for m in (ttft, tpot, tokens_total)]
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 4, 8]
 
@@ -258,55 +259,61 @@ def test_token_metrics(proxy: Proc, sim: Sim) -> None:
 
 
 def test_metadata_and_config(proxy: Proc) -> None:
-    h = httpclient.InferenceServerClient(proxy.url)
-    meta = h.get_model_metadata("llm")
-    assert meta["name"] == "llm"
-    assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
-        ("text_input", "BYTES", [1]),
-        ("max_tokens", "INT32", [1]),
-        ("stream", "BOOL", [1]),
-        ("temperature", "FP32", [1]),
-        ("top_k", "INT32", [1]),
-        ("top_p", "FP32", [1]),
-        ("seed", "UINT64", [1]),
-    ]
-    assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
-    config = h.get_model_config("llm")
-    assert config["model_transaction_policy"] == {"decoupled": True}
-    server = h.get_server_metadata()
-    assert (server["name"], server["version"]) == ("MindIE Server", "1.0.0")
-    assert all(isinstance(e, str) for e in server["extensions"])
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    gconfig = g.get_model_config("llm", as_json=True)["config"]
-    assert gconfig["model_transaction_policy"] == {"decoupled": True}
-    gmeta = g.get_model_metadata("llm", as_json=True)
-    assert [i["name"] for i in gmeta["inputs"]] == [i["name"] for i in meta["inputs"]]
+    with (
+        httpclient.InferenceServerClient(proxy.url) as h,
+        grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+    ):
+        meta = h.get_model_metadata("llm")
+        assert meta["name"] == "llm"
+        assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
+            ("text_input", "BYTES", [1]),
+            ("max_tokens", "INT32", [1]),
+            ("stream", "BOOL", [1]),
+            ("temperature", "FP32", [1]),
+            ("top_k", "INT32", [1]),
+            ("top_p", "FP32", [1]),
+            ("seed", "UINT64", [1]),
+        ]
+        assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
+        config = h.get_model_config("llm")
+        assert config["model_transaction_policy"] == {"decoupled": True}
+        server = h.get_server_metadata()
+        assert (server["name"], server["version"]) == ("MindIE Server", "1.0.0")
+        assert all(isinstance(e, str) for e in server["extensions"])
+        gconfig = g.get_model_config("llm", as_json=True)["config"]
+        assert gconfig["model_transaction_policy"] == {"decoupled": True}
+        gmeta = g.get_model_metadata("llm", as_json=True)
+        assert [i["name"] for i in gmeta["inputs"]] == [i["name"] for i in meta["inputs"]]
 
 
 def test_unknown_model(proxy: Proc) -> None:
-    h = httpclient.InferenceServerClient(proxy.url)
-    with pytest.raises(InferenceServerException) as info:
-        h.infer("ensemble", http_inputs("a"))
-    assert info.value.message() == "Request for unknown model: 'ensemble' is not found"
-    with pytest.raises(InferenceServerException) as info:
-        h.get_model_metadata("ensemble")
-    assert "Request for unknown model: 'ensemble' is not found" in info.value.message()
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
+    with httpclient.InferenceServerClient(proxy.url) as h:
+        with pytest.raises(InferenceServerException) as info:
+            h.infer("ensemble", http_inputs("a"))
+        assert info.value.message() == "Request for unknown model: 'ensemble' is not found"
+        with pytest.raises(InferenceServerException) as info:
+            h.get_model_metadata("ensemble")
+        assert "Request for unknown model: 'ensemble' is not found" in info.value.message()
+    with (
+        grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+        pytest.raises(InferenceServerException) as info,
+    ):
         g.infer("ensemble", grpc_inputs("a"))
     assert info.value.status() == "StatusCode.NOT_FOUND"
 
 
 def test_readiness_follows_mindie(proxy: Proc, sim: Sim) -> None:
-    h = httpclient.InferenceServerClient(proxy.url)
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    assert h.is_server_live() and h.is_server_ready() and h.is_model_ready("llm")
-    assert g.is_server_ready() and g.is_model_ready("llm")
-    sim.knobs(healthy=False)
-    assert h.is_server_live()
-    assert not h.is_server_ready()
-    assert not h.is_model_ready("llm")
-    assert not g.is_server_ready()
+    with (
+        httpclient.InferenceServerClient(proxy.url) as h,
+        grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+    ):
+        assert h.is_server_live() and h.is_server_ready() and h.is_model_ready("llm")
+        assert g.is_server_ready() and g.is_model_ready("llm")
+        sim.knobs(healthy=False)
+        assert h.is_server_live()
+        assert not h.is_server_ready()
+        assert not h.is_model_ready("llm")
+        assert not g.is_server_ready()
 
 
 # ------------------------------------------------------------------ MindIE's errors
@@ -314,12 +321,16 @@ def test_readiness_follows_mindie(proxy: Proc, sim: Sim) -> None:
 
 def test_validation_error_is_400_with_mindie_message(proxy: Proc) -> None:
     message = "Parameter top_p must be in (0.0,1.0], got 1.5."
-    h = httpclient.InferenceServerClient(proxy.url)
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        httpclient.InferenceServerClient(proxy.url) as h,
+        pytest.raises(InferenceServerException) as info,
+    ):
         h.infer("llm", http_inputs("a", top_p=("FP32", 1.5)))
     assert (info.value.status(), info.value.message()) == ("400", message)
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+        pytest.raises(InferenceServerException) as info,
+    ):
         g.infer("llm", grpc_inputs("a", top_p=("FP32", 1.5)))
     assert (info.value.status(), info.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
     pieces, error = stream(proxy, grpc_inputs("a", top_p=("FP32", 1.5), stream=("BOOL", True)))
@@ -330,9 +341,9 @@ def test_validation_error_is_400_with_mindie_message(proxy: Proc) -> None:
 def test_v2_off_values_are_accepted(proxy: Proc, sim: Sim) -> None:
     """top_p 1.0, top_k 0 and temperature 0 mean "off" to v2 LLM backends; MindIE refuses them
     as such and is sent their MindIE equivalents."""
-    h = httpclient.InferenceServerClient(proxy.url)
     knobs = {"top_p": ("FP32", 1.0), "top_k": ("INT32", 0), "temperature": ("FP32", 0.0)}
-    result = h.infer("llm", http_inputs("a b", max_tokens=("INT32", 2), **knobs))
+    with httpclient.InferenceServerClient(proxy.url) as h:
+        result = h.infer("llm", http_inputs("a b", max_tokens=("INT32", 2), **knobs))
     assert result.as_numpy("text_output").tolist() == [b"a b"]
     assert sim.last()["parameters"] == {"max_new_tokens": 2, "do_sample": False, "details": True}
 
@@ -350,12 +361,16 @@ def test_mindie_error_statuses(
     proxy: Proc, sim: Sim, status: int, http: str, grpc: str, message: str
 ) -> None:
     sim.knobs(error_status=status)
-    h = httpclient.InferenceServerClient(proxy.url)
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        httpclient.InferenceServerClient(proxy.url) as h,
+        pytest.raises(InferenceServerException) as info,
+    ):
         h.infer("llm", http_inputs("a"))
     assert (info.value.status(), info.value.message()) == (http, message)
-    g = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
+    with (
+        grpcclient.InferenceServerClient(proxy.grpc_url) as g,
+        pytest.raises(InferenceServerException) as info,
+    ):
         g.infer("llm", grpc_inputs("a"))
     assert (info.value.status(), info.value.message()) == (grpc, message)
     pieces, error = stream(proxy, grpc_inputs("a", stream=("BOOL", True)))
@@ -382,18 +397,18 @@ def test_stream_cut_off_reaches_the_stream_client(proxy: Proc, sim: Sim) -> None
 def test_stream_client_going_away_drops_the_mindie_request(proxy: Proc, sim: Sim) -> None:
     sim.knobs(latency_ms=100)
     results: queue.Queue[Any] = queue.Queue()
-    c = grpcclient.InferenceServerClient(proxy.grpc_url)
-    c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
-    c.async_stream_infer(
-        "llm", grpc_inputs("a b", max_tokens=("INT32", 100), stream=("BOOL", True))
-    )
-    result, error = results.get(timeout=30)
-    assert error is None and result.as_numpy("text_output")[0] == b"a"
-    c.stop_stream(cancel_requests=True)
-    deadline = time.monotonic() + 10
-    while sim.get("/sim/knobs")["disconnects"] != 1:
-        assert time.monotonic() < deadline, "MindIE's stream was not dropped"
-        time.sleep(0.1)
+    with grpcclient.InferenceServerClient(proxy.grpc_url) as c:
+        c.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+        c.async_stream_infer(
+            "llm", grpc_inputs("a b", max_tokens=("INT32", 100), stream=("BOOL", True))
+        )
+        result, error = results.get(timeout=30)
+        assert error is None and result.as_numpy("text_output")[0] == b"a"
+        c.stop_stream(cancel_requests=True)
+        deadline = time.monotonic() + 10
+        while sim.get("/sim/knobs")["disconnects"] != 1:
+            assert time.monotonic() < deadline, "MindIE's stream was not dropped"
+            time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ other set-ups
@@ -403,8 +418,10 @@ def test_mindie_model_name_from_config(sim: Sim, tmp_path: Path) -> None:
     config = tmp_path / "mindie.yaml"
     config.write_text("mindie:\n  model: ensemble\n")
     backend = f"mindie://127.0.0.1:{sim.port}"
-    with v2proxy("serve", "--backend", backend, "--config", str(config)) as p:
-        h = httpclient.InferenceServerClient(p.url)
+    with (
+        v2proxy("serve", "--backend", backend, "--config", str(config)) as p,
+        httpclient.InferenceServerClient(p.url) as h,
+    ):
         assert h.get_model_metadata("ensemble")["name"] == "ensemble"
         result = h.infer("ensemble", http_inputs("x", max_tokens=("INT32", 2)))
         assert result.as_numpy("text_output").tolist() == [b"x x"]
@@ -417,8 +434,10 @@ def test_backend_timeout(sim: Sim) -> None:
     backend = f"mindie://127.0.0.1:{sim.port}"
     with v2proxy("serve", "--backend", backend, "--backend-timeout", "0.5") as p:
         sim.knobs(latency_ms=300)
-        h = httpclient.InferenceServerClient(p.url)
-        with pytest.raises(InferenceServerException) as info:
+        with (
+            httpclient.InferenceServerClient(p.url) as h,
+            pytest.raises(InferenceServerException) as info,
+        ):
             h.infer("llm", http_inputs("a", max_tokens=("INT32", 4)))
         assert info.value.status() == "504"
         assert "did not answer inference in time (--backend-timeout 0.5 s)" in (
@@ -436,15 +455,17 @@ def test_backend_timeout(sim: Sim) -> None:
 def test_mindie_down() -> None:
     (port,) = _free_ports(1)  # nothing listens there
     with v2proxy("serve", "--backend", f"mindie://127.0.0.1:{port}") as p:
-        h = httpclient.InferenceServerClient(p.url)
-        assert h.is_server_live()
-        assert not h.is_server_ready()
-        with pytest.raises(InferenceServerException) as info:
-            h.infer("llm", http_inputs("a"))
+        with httpclient.InferenceServerClient(p.url) as h:
+            assert h.is_server_live()
+            assert not h.is_server_ready()
+            with pytest.raises(InferenceServerException) as info:
+                h.infer("llm", http_inputs("a"))
         assert info.value.status() == "503"
         assert f"mindie://127.0.0.1:{port} is unavailable" in info.value.message()
-        g = grpcclient.InferenceServerClient(p.grpc_url)
-        with pytest.raises(InferenceServerException) as info:
+        with (
+            grpcclient.InferenceServerClient(p.grpc_url) as g,
+            pytest.raises(InferenceServerException) as info,
+        ):
             g.infer("llm", grpc_inputs("a"))
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         pieces, error = stream(p, grpc_inputs("a", stream=("BOOL", True)))

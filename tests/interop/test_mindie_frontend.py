@@ -128,11 +128,11 @@ def events(raw: bytes) -> tuple[list[dict[str, Any]], bytes]:
 
 
 def cancelled(triton_urls: tuple[str, str]) -> int:
-    conn = http.client.HTTPConnection(triton_urls[0].removeprefix("http://"), timeout=30)
-    body = json.dumps({"text_input": "[cancelled?]", "max_tokens": 1})
-    conn.request("POST", "/v2/models/ensemble/generate", body)
-    answer = json.loads(conn.getresponse().read())
-    conn.close()
+    host = triton_urls[0].removeprefix("http://")
+    with contextlib.closing(http.client.HTTPConnection(host, timeout=30)) as conn:
+        body = json.dumps({"text_input": "[cancelled?]", "max_tokens": 1})
+        conn.request("POST", "/v2/models/ensemble/generate", body)
+        answer = json.loads(conn.getresponse().read())
     return int(answer["text_output"])
 
 
@@ -274,10 +274,11 @@ def test_metrics_time_to_first_token_and_tokens(get_proxy: Callable[[str], Proc]
     proxy = get_proxy("triton-grpc")
     body = {"inputs": "x y [delay=20]", "stream": True, "parameters": {"max_new_tokens": 5}}
     assert post(proxy, body)[0] == 200
-    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
+    with contextlib.closing(
+        http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    ) as conn:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
     labels = '{direction="frontend",model="ensemble"}'
 
     def sample(name: str) -> float:

@@ -132,101 +132,104 @@ def test_simple_shm_client_flow(shm_proxy: Proc, kind: str) -> None:
 
 def simple_shm_flow(proxy: Proc, kind: str) -> None:
     """simple_{http,grpc}_shm_client.py: both inputs and both outputs in shared memory."""
-    c, mod = _client(kind, proxy), CLIENTS[kind]
-    c.unregister_system_shared_memory()
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.ones((1, 16), dtype=np.int32)
-    with regions() as make:
-        out = make("output_data", 128)
-        inp = make("input_data", 128)
-        shm.set_shared_memory_region(inp, [a])
-        shm.set_shared_memory_region(inp, [b], offset=64)
-        c.register_system_shared_memory("output_data", _key("output_data"), 128)
-        c.register_system_shared_memory("input_data", _key("input_data"), 128)
-        status = c.get_system_shared_memory_status()
-        assert len(status if kind == "http" else status.regions) == 2
-        i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
-        i0.set_shared_memory("input_data", 64)
-        i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
-        i1.set_shared_memory("input_data", 64, offset=64)
-        o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
-        o0.set_shared_memory("output_data", 64)
-        o1.set_shared_memory("output_data", 64, offset=64)
-        result = c.infer("simple", [i0, i1], outputs=[o0, o1])
-        shape = _shape(result, "OUTPUT0", kind)
-        assert shape == [1, 16]
-        if kind == "http":
-            entry = result.get_output("OUTPUT0")
-            assert set(entry) == {"name", "datatype", "shape"}
-        got0 = shm.get_contents_as_numpy(out, np.int32, shape)
-        got1 = shm.get_contents_as_numpy(out, np.int32, shape, offset=64)
-        np.testing.assert_array_equal(got0, a + b)
-        np.testing.assert_array_equal(got1, a - b)
-        c.unregister_system_shared_memory("output_data")
-        status = c.get_system_shared_memory_status()
-        assert len(status if kind == "http" else status.regions) == 1
+    mod = CLIENTS[kind]
+    with _client(kind, proxy) as c:
         c.unregister_system_shared_memory()
-        status = c.get_system_shared_memory_status()
-        assert len(status if kind == "http" else status.regions) == 0
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        b = np.ones((1, 16), dtype=np.int32)
+        with regions() as make:
+            out = make("output_data", 128)
+            inp = make("input_data", 128)
+            shm.set_shared_memory_region(inp, [a])
+            shm.set_shared_memory_region(inp, [b], offset=64)
+            c.register_system_shared_memory("output_data", _key("output_data"), 128)
+            c.register_system_shared_memory("input_data", _key("input_data"), 128)
+            status = c.get_system_shared_memory_status()
+            assert len(status if kind == "http" else status.regions) == 2
+            i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
+            i0.set_shared_memory("input_data", 64)
+            i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
+            i1.set_shared_memory("input_data", 64, offset=64)
+            o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
+            o0.set_shared_memory("output_data", 64)
+            o1.set_shared_memory("output_data", 64, offset=64)
+            result = c.infer("simple", [i0, i1], outputs=[o0, o1])
+            shape = _shape(result, "OUTPUT0", kind)
+            assert shape == [1, 16]
+            if kind == "http":
+                entry = result.get_output("OUTPUT0")
+                assert set(entry) == {"name", "datatype", "shape"}
+            got0 = shm.get_contents_as_numpy(out, np.int32, shape)
+            got1 = shm.get_contents_as_numpy(out, np.int32, shape, offset=64)
+            np.testing.assert_array_equal(got0, a + b)
+            np.testing.assert_array_equal(got1, a - b)
+            c.unregister_system_shared_memory("output_data")
+            status = c.get_system_shared_memory_status()
+            assert len(status if kind == "http" else status.regions) == 1
+            c.unregister_system_shared_memory()
+            status = c.get_system_shared_memory_status()
+            assert len(status if kind == "http" else status.regions) == 0
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_simple_shm_string_client_flow(string_shm_proxy: Proc, kind: str) -> None:
     """simple_{http,grpc}_shm_string_client.py: BYTES inputs and outputs in shared memory."""
     shm_proxy = string_shm_proxy
-    c, mod = _client(kind, shm_proxy), CLIENTS[kind]
-    c.unregister_system_shared_memory()
-    a = np.array([str(x).encode() for x in range(16)], dtype=np.object_).reshape(1, 16)
-    b = np.array([b"1"] * 16, dtype=np.object_).reshape(1, 16)
-    sa, sb = serialize_byte_tensor(a), serialize_byte_tensor(b)
-    na, nb = serialized_byte_size(sa), serialized_byte_size(sb)
-    with regions() as make:
-        inp0, inp1 = make("input0_data", na), make("input1_data", nb)
-        out0, out1 = make("output0_data", 512), make("output1_data", 512)
-        shm.set_shared_memory_region(inp0, [sa])
-        shm.set_shared_memory_region(inp1, [sb])
-        for name, size in (("input0_data", na), ("input1_data", nb)):
-            c.register_system_shared_memory(name, _key(name), size)
-        for name in ("output0_data", "output1_data"):
-            c.register_system_shared_memory(name, _key(name), 512)
-        i0 = mod.InferInput("INPUT0", [1, 16], "BYTES")
-        i0.set_shared_memory("input0_data", na)
-        i1 = mod.InferInput("INPUT1", [1, 16], "BYTES")
-        i1.set_shared_memory("input1_data", nb)
-        o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
-        o0.set_shared_memory("output0_data", 512)
-        o1.set_shared_memory("output1_data", 512)
-        result = c.infer("simple_string", [i0, i1], outputs=[o0, o1])
-        shape = _shape(result, "OUTPUT0", kind)
-        got0 = shm.get_contents_as_numpy(out0, np.object_, shape)
-        got1 = shm.get_contents_as_numpy(out1, np.object_, shape)
-        assert [int(x) for x in got0.reshape(-1)] == [x + 1 for x in range(16)]
-        assert [int(x) for x in got1.reshape(-1)] == [x - 1 for x in range(16)]
+    mod = CLIENTS[kind]
+    with _client(kind, shm_proxy) as c:
         c.unregister_system_shared_memory()
+        a = np.array([str(x).encode() for x in range(16)], dtype=np.object_).reshape(1, 16)
+        b = np.array([b"1"] * 16, dtype=np.object_).reshape(1, 16)
+        sa, sb = serialize_byte_tensor(a), serialize_byte_tensor(b)
+        na, nb = serialized_byte_size(sa), serialized_byte_size(sb)
+        with regions() as make:
+            inp0, inp1 = make("input0_data", na), make("input1_data", nb)
+            out0, out1 = make("output0_data", 512), make("output1_data", 512)
+            shm.set_shared_memory_region(inp0, [sa])
+            shm.set_shared_memory_region(inp1, [sb])
+            for name, size in (("input0_data", na), ("input1_data", nb)):
+                c.register_system_shared_memory(name, _key(name), size)
+            for name in ("output0_data", "output1_data"):
+                c.register_system_shared_memory(name, _key(name), 512)
+            i0 = mod.InferInput("INPUT0", [1, 16], "BYTES")
+            i0.set_shared_memory("input0_data", na)
+            i1 = mod.InferInput("INPUT1", [1, 16], "BYTES")
+            i1.set_shared_memory("input1_data", nb)
+            o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
+            o0.set_shared_memory("output0_data", 512)
+            o1.set_shared_memory("output1_data", 512)
+            result = c.infer("simple_string", [i0, i1], outputs=[o0, o1])
+            shape = _shape(result, "OUTPUT0", kind)
+            got0 = shm.get_contents_as_numpy(out0, np.object_, shape)
+            got1 = shm.get_contents_as_numpy(out1, np.object_, shape)
+            assert [int(x) for x in got0.reshape(-1)] == [x + 1 for x in range(16)]
+            assert [int(x) for x in got1.reshape(-1)] == [x - 1 for x in range(16)]
+            c.unregister_system_shared_memory()
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_mixed_raw_and_shm(shm_proxy: Proc, kind: str) -> None:
     """qa test_mixed_raw_shm: INPUT0 in shm, INPUT1 in the request; OUTPUT0 in shm, OUTPUT1
     answered normally."""
-    c, mod = _client(kind, shm_proxy), CLIENTS[kind]
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    b = np.full((1, 16), 3, dtype=np.int32)
-    with regions() as make:
-        inp, out = make("mixed_in", 64), make("mixed_out", 64)
-        shm.set_shared_memory_region(inp, [a])
-        c.register_system_shared_memory("mixed_in", _key("mixed_in"), 64)
-        c.register_system_shared_memory("mixed_out", _key("mixed_out"), 64)
-        try:
-            i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
-            i0.set_shared_memory("mixed_in", 64)
-            i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
-            i1.set_data_from_numpy(b)
-            o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
-            o0.set_shared_memory("mixed_out", 64)
-            result = c.infer("simple", [i0, i1], outputs=[o0, o1])
-            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-            got = shm.get_contents_as_numpy(out, np.int32, [1, 16])
-            np.testing.assert_array_equal(got, a + b)
-        finally:
-            c.unregister_system_shared_memory()
+    mod = CLIENTS[kind]
+    with _client(kind, shm_proxy) as c:
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        b = np.full((1, 16), 3, dtype=np.int32)
+        with regions() as make:
+            inp, out = make("mixed_in", 64), make("mixed_out", 64)
+            shm.set_shared_memory_region(inp, [a])
+            c.register_system_shared_memory("mixed_in", _key("mixed_in"), 64)
+            c.register_system_shared_memory("mixed_out", _key("mixed_out"), 64)
+            try:
+                i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
+                i0.set_shared_memory("mixed_in", 64)
+                i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
+                i1.set_data_from_numpy(b)
+                o0, o1 = _output(kind, "OUTPUT0"), _output(kind, "OUTPUT1")
+                o0.set_shared_memory("mixed_out", 64)
+                result = c.infer("simple", [i0, i1], outputs=[o0, o1])
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+                got = shm.get_contents_as_numpy(out, np.int32, [1, 16])
+                np.testing.assert_array_equal(got, a + b)
+            finally:
+                c.unregister_system_shared_memory()

@@ -246,8 +246,10 @@ def test_unlinked_object_keeps_working(shm_builtin: Proc) -> None:
 
 
 def test_offsets_near_2_63_over_grpc(shm_builtin: Proc) -> None:
-    c = grpcclient.InferenceServerClient(shm_builtin.grpc_url)
-    with objects(128) as (key,):
+    with (
+        grpcclient.InferenceServerClient(shm_builtin.grpc_url) as c,
+        objects(128) as (key,),
+    ):
         with pytest.raises(InferenceServerException) as err:
             c.register_system_shared_memory("far", key, 128, offset=2**63 - 1)
         assert "invalid args" in err.value.message()

@@ -131,8 +131,10 @@ def test_lone_surrogate_key_is_refused_and_the_proxy_lives(proxy: Proc, key_json
 def test_nul_key_over_grpc(proxy: Proc) -> None:
     """gRPC strings are UTF-8 checked by protobuf (no lone surrogate gets through); a key with a
     NUL is INVALID_ARGUMENT."""
-    c = grpcclient.InferenceServerClient(proxy.grpc_url)
-    with pytest.raises(Exception) as info:
+    with (
+        grpcclient.InferenceServerClient(proxy.grpc_url) as c,
+        pytest.raises(Exception) as info,
+    ):
         c.register_system_shared_memory("g", "/a\0b", 16)
     assert "INVALID_ARGUMENT" in str(info.value.status())
     assert "invalid shm key" in info.value.message()
@@ -151,8 +153,10 @@ def test_links_and_directories_are_client_errors(proxy: Proc) -> None:
                 assert status == 400, err
                 assert why in err["error"] and "'x'" in err["error"]
                 assert k not in err["error"]  # keys are never echoed
-                c = grpcclient.InferenceServerClient(proxy.grpc_url)
-                with pytest.raises(Exception) as info:
+                with (
+                    grpcclient.InferenceServerClient(proxy.grpc_url) as c,
+                    pytest.raises(Exception) as info,
+                ):
                     c.register_system_shared_memory("x", k, 16)
                 assert "INVALID_ARGUMENT" in str(info.value.status())
                 assert why in info.value.message()
@@ -171,8 +175,10 @@ def test_truncating_a_region_in_use_never_crashes_the_proxy(proxy: Proc) -> None
     within about a second)."""
     n = 2 * 1024 * 1024  # FP32 elements: 8 MiB in, 8 MiB out
     size = 8 * n
-    c = httpclient.InferenceServerClient(proxy.url, network_timeout=60)
-    with shm_object("trunc", size) as (key, fd):
+    with (
+        httpclient.InferenceServerClient(proxy.url, network_timeout=60) as c,
+        shm_object("trunc", size) as (key, fd),
+    ):
         data = np.arange(n, dtype=np.float32)
         os.pwrite(fd, data.tobytes(), 0)
         c.register_system_shared_memory("trunc", key, size)
@@ -251,8 +257,11 @@ def limited_proxy(nofile: int, *args: str) -> Iterator[Proc]:
 def test_regions_are_bounded_and_cost_one_descriptor_each() -> None:
     """Under a 128-file limit the bound is cut to 32; each region holds one descriptor; the
     33rd registration is a 400; new connections and probes are still answered."""
-    with limited_proxy(128) as p, shm_object("many", 4096) as (key, _):
-        c = httpclient.InferenceServerClient(p.url)
+    with (
+        limited_proxy(128) as p,
+        shm_object("many", 4096) as (key, _),
+        httpclient.InferenceServerClient(p.url) as c,
+    ):
         c.get_system_shared_memory_status()  # the client's connection is open from here on
         before = _fds(p.pid)
         c.register_system_shared_memory("r0", key, 64)
@@ -286,8 +295,8 @@ def test_max_shm_regions_option() -> None:
     with (
         v2proxy("serve", "--max-shm-regions", "2", name="shm-max") as p,
         shm_object("max", 4096) as (key, _),
+        grpcclient.InferenceServerClient(p.grpc_url) as c,
     ):
-        c = grpcclient.InferenceServerClient(p.grpc_url)
         c.register_system_shared_memory("a", key, 64)
         c.register_system_shared_memory("b", key, 64)
         with pytest.raises(Exception) as info:

@@ -9,6 +9,7 @@ import json
 import struct
 import urllib.error
 import urllib.request
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +23,14 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def client(proxy: Proc) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(proxy.url, connection_timeout=30, network_timeout=60)
+
+
+def _infer(proxy: Proc, *args: Any, **kwargs: Any) -> httpclient.InferResult:
+    """One request on a client of its own, closed before returning: a client left to the
+    garbage collector leaves its socket to it too (a ResourceWarning in whichever test is
+    running when it is collected)."""
+    with client(proxy) as c:
+        return c.infer(*args, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +47,7 @@ def test_simple_infer(proxy: Proc, in0: bool, in1: bool, out0: bool, out1: bool)
         httpclient.InferRequestedOutput("OUTPUT0", binary_data=out0),
         httpclient.InferRequestedOutput("OUTPUT1", binary_data=out1),
     ]
-    result = client(proxy).infer("simple", http_inputs(in0, in1), outputs=outputs)
+    result = _infer(proxy, "simple", http_inputs(in0, in1), outputs=outputs)
     assert_simple(result)
     response = result.get_response()
     by_name = {o["name"]: o for o in response["outputs"]}
@@ -49,7 +58,7 @@ def test_simple_infer(proxy: Proc, in0: bool, in1: bool, out0: bool, out1: bool)
 
 def test_no_outputs_requested(proxy: Proc) -> None:
     # The client then asks for binary_data_output: every output comes back binary.
-    result = client(proxy).infer("simple", http_inputs(True, False))
+    result = _infer(proxy, "simple", http_inputs(True, False))
     assert_simple(result)
     for out in result.get_response()["outputs"]:
         assert "data" not in out
@@ -59,7 +68,8 @@ def test_no_outputs_requested(proxy: Proc) -> None:
 @pytest.mark.parametrize("request_alg", [None, "gzip", "deflate"])
 @pytest.mark.parametrize("response_alg", [None, "gzip", "deflate"])
 def test_compression(proxy: Proc, request_alg: str | None, response_alg: str | None) -> None:
-    result = client(proxy).infer(
+    result = _infer(
+        proxy,
         "simple",
         http_inputs(False, True),
         outputs=[
@@ -74,11 +84,11 @@ def test_compression(proxy: Proc, request_alg: str | None, response_alg: str | N
 
 def test_unknown_model(proxy: Proc) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client(proxy).infer("wrong_model_name", http_inputs(True, True))
+        _infer(proxy, "wrong_model_name", http_inputs(True, True))
     assert info.value.message().startswith("Request for unknown model"), info.value.message()
     assert "wrong_model_name" in info.value.message()
     # and the proxy keeps serving
-    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
+    assert_simple(_infer(proxy, "simple", http_inputs(True, True)))
 
 
 def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
@@ -96,7 +106,7 @@ def test_bad_element_count_is_a_client_error(proxy: Proc) -> None:
     assert info.value.code == 400
     message = json.loads(info.value.read())["error"]
     assert "INPUT0" in message and "expected 16 elements, got 3" in message
-    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
+    assert_simple(_infer(proxy, "simple", http_inputs(True, True)))
 
 
 #: backends reached over REST JSON only (no binary_tensor_data in their /v2 extensions)
@@ -111,7 +121,7 @@ def test_bytes_identity(proxy: Proc, backend_name: str, binary: bool) -> None:
     inp = httpclient.InferInput("INPUT0", list(data.shape), "BYTES")
     inp.set_data_from_numpy(data, binary_data=binary)
     out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
-    result = client(proxy).infer("simple_identity", [inp], outputs=[out])
+    result = _infer(proxy, "simple_identity", [inp], outputs=[out])
     got = result.as_numpy("OUTPUT0")
     assert got is not None
     assert got.shape == data.shape
@@ -129,30 +139,30 @@ def test_non_utf8_bytes(proxy: Proc, backend_name: str) -> None:
     out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
     if backend_name in JSON_ONLY:
         with pytest.raises(InferenceServerException) as info:
-            client(proxy).infer("simple_identity", [inp], outputs=[out])
+            _infer(proxy, "simple_identity", [inp], outputs=[out])
         assert info.value.status() == "400"
         assert "tensor 'INPUT0' holds BYTES that are not valid UTF-8" in info.value.message()
         assert "takes JSON only" in info.value.message()
         return
-    result = client(proxy).infer("simple_identity", [inp], outputs=[out])
+    result = _infer(proxy, "simple_identity", [inp], outputs=[out])
     got = result.as_numpy("OUTPUT0")
     assert got is not None
     assert [bytes(x) for x in got.reshape(-1)] == values
 
 
 def test_health_and_metadata(proxy: Proc) -> None:
-    c = client(proxy)
-    assert c.is_server_live()
-    assert c.is_server_ready()
-    assert c.is_model_ready("simple")
-    assert not c.is_model_ready("wrong_model_name")
-    meta = c.get_server_metadata()
-    assert "binary_tensor_data" in meta["extensions"]
-    model = c.get_model_metadata("simple")
-    assert model["name"] == "simple"
-    with pytest.raises(InferenceServerException) as info:
-        c.get_model_metadata("wrong_model_name")
-    assert info.value.status() == "404"
+    with client(proxy) as c:
+        assert c.is_server_live()
+        assert c.is_server_ready()
+        assert c.is_model_ready("simple")
+        assert not c.is_model_ready("wrong_model_name")
+        meta = c.get_server_metadata()
+        assert "binary_tensor_data" in meta["extensions"]
+        model = c.get_model_metadata("simple")
+        assert model["name"] == "simple"
+        with pytest.raises(InferenceServerException) as info:
+            c.get_model_metadata("wrong_model_name")
+        assert info.value.status() == "404"
 
 
 def test_raw_binary_request(proxy: Proc) -> None:
@@ -186,4 +196,4 @@ def test_malformed_json_keeps_serving(proxy: Proc) -> None:
         _OPENER.open(req, timeout=30)
     assert info.value.code == 400
     assert b"failed to parse the request JSON buffer" in info.value.read()
-    assert_simple(client(proxy).infer("simple", http_inputs(True, True)))
+    assert_simple(_infer(proxy, "simple", http_inputs(True, True)))

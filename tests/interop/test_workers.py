@@ -27,13 +27,15 @@ def _simple_ok(http_url: str, grpc_url: str) -> None:
     h.set_data_from_numpy(data)
     h1 = httpclient.InferInput("INPUT1", [1, 16], "INT32")
     h1.set_data_from_numpy(data)
-    out = httpclient.InferenceServerClient(http_url).infer("simple", [h, h1])
+    with httpclient.InferenceServerClient(http_url) as hc:
+        out = hc.infer("simple", [h, h1])
     assert out.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
     g = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
     g.set_data_from_numpy(data)
     g1 = grpcclient.InferInput("INPUT1", [1, 16], "INT32")
     g1.set_data_from_numpy(data)
-    out = grpcclient.InferenceServerClient(grpc_url).infer("simple", [g, g1])
+    with grpcclient.InferenceServerClient(grpc_url) as gc:
+        out = gc.infer("simple", [g, g1])
     assert out.as_numpy("OUTPUT1").tolist() == [[0] * 16]
 
 
