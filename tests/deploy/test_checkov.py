@@ -7,8 +7,8 @@ standalone tier at scale with its HPA, PDB and NetworkPolicies and the webhook w
 policy, and test_chart_tls's TLS shapes), each written to its own file; the injected pods are an
 app pod that passes checkov on its own, before and after the webhook's patch (native and
 classic, with the sidecar config the chart renders). checkov runs once per session over all of
-them (a few seconds to start, whatever it reads). What the skips leave out for v2proxy's own
-containers is asserted here instead."""
+them, in the background from the end of collection on (Scan). What the skips leave out for
+v2proxy's own containers is asserted here instead."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,40 +161,80 @@ def injected_pods() -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------ one checkov run
 
 
-def _results(out: str) -> Iterator[dict[str, Any]]:
+class Scan:
+    """The session's one checkov run, in a thread: started by tests/deploy/conftest.py as soon
+    as collection is done, so that its ~15-20 s (checkov's start, its graph over ~140 objects)
+    overlap the tests before this module's instead of adding to the session; the ``report``
+    fixture waits for it. ``stop`` ends the checkov process if it is still running."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkov")
+        self._future: Future[Report] | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> Future[Report]:
+        if self._future is None:
+            self._future = self._pool.submit(self._run)
+        return self._future
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self) -> Report:
+        with tempfile.TemporaryDirectory(prefix="v2proxy-checkov-") as name:
+            return self._scan(Path(name))
+
+    def _scan(self, folder: Path) -> Report:
+        tool = checkov()  # fails under make test when missing, skips by hand
+        files = set()
+        for shape, args in sorted(RENDERS.items()):
+            # each shape as a release of its own name: checkov's graph checks join a
+            # NetworkPolicy to the pods its selector matches, in any file and namespace, so the
+            # labels (instance) must differ from shape to shape
+            docs = render(*args, release=shape)
+            (folder / f"{shape}.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+            files.add(f"/{shape}.yaml")
+        for name, pod in injected_pods().items():
+            (folder / f"{name}.yaml").write_text(yaml.safe_dump(pod, sort_keys=False))
+            files.add(f"/{name}.yaml")
+        # --skip-download: no request to Prisma Cloud (guidelines); nothing leaves the machine
+        command = [tool, "--directory", str(folder), "--framework", "kubernetes"]
+        command += ["--skip-download", "--output", "json"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("BC_", "CKV_", "PRISMA_"))}
+        with self._lock:
+            if self._stopped:
+                pytest.skip("the session ended before checkov ran")
+            self._proc = subprocess.Popen(
+                command,
+                cwd=folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        try:
+            out, err = self._proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, err = self._proc.communicate()
+        # 0: nothing failed, 1: something failed (judged below); anything else: checkov broke
+        if self._proc.returncode not in (0, 1) or not out.strip().startswith(("{", "[")):
+            pytest.fail(f"{' '.join(command)} exited {self._proc.returncode}:\n{out}\n{err}")
+        return _report(out, files)
+
+
+def _report(out: str, files: set[str]) -> Report:
     data = json.loads(out)
-    yield from data if isinstance(data, list) else [data]
-
-
-@pytest.fixture(scope="session")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
-    tool = checkov()  # fails under make test when missing, skips by hand
-    folder = tmp_path_factory.mktemp("checkov")
-    files = set()
-    for shape, args in sorted(RENDERS.items()):
-        # each shape as a release of its own name: checkov's graph checks join a NetworkPolicy
-        # to the pods its selector matches, in any file and namespace, so the labels (instance)
-        # must differ from shape to shape
-        docs = render(*args, release=shape)
-        (folder / f"{shape}.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
-        files.add(f"/{shape}.yaml")
-    for name, pod in injected_pods().items():
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump(pod, sort_keys=False))
-        files.add(f"/{name}.yaml")
-    # --skip-download: no request to Prisma Cloud (guidelines); nothing else leaves the machine
-    command = [tool, "--directory", str(folder), "--framework", "kubernetes", "--skip-download"]
-    command += ["--output", "json"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BC_", "CKV_", "PRISMA_"))}
-    proc = subprocess.run(
-        command, check=False, cwd=folder, env=env, capture_output=True, text=True, timeout=240
-    )
-    # 0: nothing failed, 1: something failed (judged below); anything else: checkov broke
-    if proc.returncode not in (0, 1) or not proc.stdout.strip().startswith(("{", "[")):
-        pytest.fail(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     failed: list[Finding] = []
     passed: list[Finding] = []
     errors: list[str] = []
-    for result in _results(proc.stdout):
+    for result in data if isinstance(data, list) else [data]:
         assert result["check_type"] == "kubernetes", result["check_type"]
         for bucket, key in ((failed, "failed_checks"), (passed, "passed_checks")):
             bucket += [
@@ -201,6 +243,14 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
             ]
         errors += result["results"]["parsing_errors"]
     return Report(failed, passed, errors, files)
+
+
+SCAN = Scan()
+
+
+@pytest.fixture(scope="session")
+def report() -> Report:
+    return SCAN.start().result(timeout=300)
 
 
 # ------------------------------------------------------------------ the verdict
