@@ -8,9 +8,10 @@ never wire bytes or REST paths; every failure is raised as a :class:`~v2proxy.er
 its own class, mapped from foreign exceptions inside the backend that meets them.
 
 Two operations exist for the REST↔REST pass-through fast path only: ``relay_infer`` (an /infer
-body sent unchanged) and ``forward`` (any other REST request, e.g. ``generate``). Backends that
-cannot take bytes say so with ``can_relay`` returning False and ``forward`` raising
-:class:`~v2proxy.errors.NotFound` or :class:`~v2proxy.errors.Unsupported`.
+body sent unchanged, or None when the backend does not take it so) and ``forward`` (any other
+REST request, e.g. ``generate``). Backends that cannot take bytes say so with ``relay_infer``
+returning None and ``forward`` raising :class:`~v2proxy.errors.NotFound` or
+:class:`~v2proxy.errors.Unsupported`.
 
 Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
 the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
@@ -110,16 +111,13 @@ class Backend(Protocol):
     ) -> dict[str, Any]: ...
 
     # the REST↔REST pass-through fast path
-    async def can_relay(self, binary: bool, size: int = 0) -> bool:
-        """Whether an /infer body of this form (binary-framed or JSON) and ``size`` bytes is
-        best sent unchanged (a backend may prefer another form for a large body)."""
-        ...
-
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse:
-        """Send an /infer body unchanged (it may still be arriving); the answer comes back
-        unchanged once checked (errors raised)."""
+    ) -> ForwardResponse | None:
+        """Send an /infer body unchanged (it may still be arriving; ``ihcl`` None: JSON, else
+        binary-framed); the answer comes back unchanged once checked (errors raised). None,
+        with nothing sent and nothing of ``body`` read, when this backend does not take a body
+        of that form and size unchanged (it may prefer another form for a large body)."""
         ...
 
     async def forward(

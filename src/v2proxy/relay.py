@@ -128,12 +128,9 @@ class Relay:
         headers: Headers,
     ) -> ForwardResponse | None:
         """Pass the client's /infer body through untouched when no stage applies and the
-        backend takes that wire form; None when the request must be re-encoded."""
-        binary = ihcl is not None
-        if not nothing_to_do(request, binary):
-            return None
-        size = body.length if isinstance(body, StreamedBody) else len(body)
-        if not await self.backend.can_relay(binary, size):
+        backend takes that wire form (one backend call, which says None when it does not);
+        None when the request must be re-encoded."""
+        if not nothing_to_do(request, ihcl is not None):
             return None
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
@@ -157,13 +154,15 @@ class Relay:
         # more than the copy.
         keeper = _Keeper(length, self._take_buffer(length))
         try:
-            if not await self.backend.can_relay(False, length):
-                async for _ in _kept(body, keeper):
-                    pass
-                return decode_request(
-                    keeper.view(), None, model, version, self.max_input_size, self.max_tensors
-                )
-            return await self._relay_checked(model, version, body, keeper, headers)
+            relayed = await self._relay_checked(model, version, body, keeper, headers)
+            if relayed is not None:
+                return relayed
+            # the backend does not take it unchanged (nothing of it was read): decoded whole
+            async for _ in _kept(body, keeper):
+                pass
+            return decode_request(
+                keeper.view(), None, model, version, self.max_input_size, self.max_tensors
+            )
         except _NotRelayed as stop:
             return stop.request
         finally:
@@ -171,7 +170,7 @@ class Relay:
 
     async def _relay_checked(
         self, model: str, version: str, body: StreamedBody, keeper: _Keeper, headers: Headers
-    ) -> ForwardResponse:
+    ) -> ForwardResponse | None:
         check = StreamCheck(model, version, self.max_input_size, self.max_tensors)
         hold_from = max(body.length - HOLD_BACK, 0)
 

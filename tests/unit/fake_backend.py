@@ -67,7 +67,7 @@ class Answers:
     #: every output of the model, returned whatever was asked for (as some backends do: KServe
     #: over gRPC); model name and id left empty, for the pipeline to fill in
     outputs: list[Tensor] = field(default_factory=list)
-    #: ``can_relay`` per wire form: {binary?: answer}
+    #: whether ``relay_infer`` takes a body unchanged, per wire form: {binary?: answer}
     relay: Mapping[bool, bool] = field(default_factory=lambda: {False: True, True: True})
     #: ``extensions`` of the server metadata
     extensions: tuple[str, ...] = ("binary_tensor_data",)
@@ -196,13 +196,13 @@ class FakeBackend:
         self._record("log_settings", update, list(headers))
         return {}
 
-    async def can_relay(self, binary: bool, size: int = 0) -> bool:
-        self._record("can_relay", binary, size)
-        return self.answers.relay[binary]
-
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse:
+    ) -> ForwardResponse | None:
+        if not self.answers.relay[ihcl is not None]:  # declined: nothing of the body read
+            size = body.length if isinstance(body, StreamedBody) else len(body)
+            self._record("relay_infer", model, version, None, ihcl, list(headers), size)
+            return None
         if isinstance(body, StreamedBody):
             data = b"".join([chunk async for chunk in body.chunks])
         else:

@@ -28,7 +28,7 @@ written to, a region of the real registry ``v2proxy.shm.registry.Registry`` on a
 object); ``binary-output`` (``binary_data_output`` with no outputs listed), ``binary-output-
 listed`` (the same with the outputs listed, where it changes nothing in the answer),
 ``binary-data`` (an output's ``binary_data``); ``fp16`` (an FP16 input). Backend capability:
-``can_relay`` true or false (``norelay``) for either wire form.
+``relay_infer`` taking the body unchanged or declining (``norelay``) for either wire form.
 
 The expected counts are the columns ``backend_calls`` and ``access_checks`` of :data:`ROWS`,
 written as the code behaves today, so that a change to the pipeline changes them there (and
@@ -43,9 +43,10 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   (at 48514c1) the same table counted 2 checks for a relayed REST request (dispatch and
   ``Pipeline.relay``) and 3 for one that was not relayed (dispatch, ``Pipeline.relay`` and
   ``Pipeline.infer``).
-- The backend is still asked twice for a REST request that may be relayed: ``can_relay`` then
-  ``relay_infer``; when it declines (``norelay`` rows), ``can_relay`` then ``infer``. A request
-  that a stage applies to never asks ``can_relay``: ``nothing_to_do`` decides first.
+- A REST request that may be relayed asks the backend once: ``relay_infer``, which answers
+  (before, ``can_relay`` was asked first: two asks). When the backend declines (``norelay``
+  rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
+  request that a stage applies to never offers a relay: ``nothing_to_do`` decides first.
 - Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
   :mod:`v2proxy.model_info`) whenever no labels are configured here, and ``model_metadata`` plus
   ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
@@ -157,7 +158,7 @@ JSON, BINARY, GRPC, STREAM = "json", "binary", "grpc", "stream"
 FORWARD, RESPONSE = "forward", "response"
 
 # backend calls
-CAN_RELAY, RELAY, INFER, STREAM_INFER = "can_relay", "relay_infer", "infer", "stream_infer"
+RELAY, INFER, STREAM_INFER = "relay_infer", "infer", "stream_infer"
 SERVER_META, MODEL_META, MODEL_CONFIG = "server_metadata", "model_metadata", "model_config"
 
 
@@ -165,7 +166,7 @@ SERVER_META, MODEL_META, MODEL_CONFIG = "server_metadata", "model_metadata", "mo
 class Row:
     wire: str
     stage: Stage
-    #: the backend's ``can_relay`` answer (for both wire forms)
+    #: whether the backend's ``relay_infer`` takes the body (for both wire forms), else None
     can_relay: bool = True
     #: how many responses ``stream_infer`` gives (3: a decoupled model)
     responses: int = 1
@@ -194,8 +195,8 @@ _CLASS_PROXY_CALLS = (SERVER_META, INFER, MODEL_META, MODEL_CONFIG)
 # fmt: off
 ROWS = [
     # ---- REST, JSON body
-    Row(JSON, NONE, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
-    Row(JSON, NONE, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
+    Row(JSON, NONE, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
+    Row(JSON, NONE, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
     Row(JSON, FP16, backend_calls=(INFER,), access_checks=1),
     Row(JSON, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
     Row(JSON, BINARY_OUTPUT_LISTED, backend_calls=(INFER,), access_checks=1),
@@ -206,20 +207,20 @@ ROWS = [
     Row(JSON, SHM_IN, backend_calls=(INFER,), access_checks=1),
     Row(JSON, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
     # ---- REST, binary tensors
-    Row(BINARY, NONE, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
-    Row(BINARY, NONE, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
-    Row(BINARY, FP16, backend_calls=(CAN_RELAY, RELAY), access_checks=1, answer=FORWARD),
-    Row(BINARY, FP16, can_relay=False, backend_calls=(CAN_RELAY, INFER), access_checks=1),
-    Row(BINARY, BINARY_OUTPUT, backend_calls=(CAN_RELAY, RELAY), access_checks=1,
+    Row(BINARY, NONE, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
+    Row(BINARY, NONE, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(BINARY, FP16, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
+    Row(BINARY, FP16, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(BINARY, BINARY_OUTPUT, backend_calls=(RELAY,), access_checks=1,
         answer=FORWARD),
-    Row(BINARY, BINARY_DATA, backend_calls=(CAN_RELAY, RELAY), access_checks=1,
+    Row(BINARY, BINARY_DATA, backend_calls=(RELAY,), access_checks=1,
         answer=FORWARD),
     Row(BINARY, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
     Row(BINARY, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
     Row(BINARY, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
     Row(BINARY, SHM_IN, backend_calls=(INFER,), access_checks=1),
     Row(BINARY, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
-    # ---- a decoded request: Pipeline.infer (gRPC); can_relay is never asked
+    # ---- a decoded request: Pipeline.infer (gRPC); no relay is ever offered
     Row(GRPC, NONE, backend_calls=(INFER,), access_checks=1),
     Row(GRPC, FP16, backend_calls=(INFER,), access_checks=1),
     Row(GRPC, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
@@ -484,11 +485,12 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
     # the access policy: only the inference group, this many times
     assert access.checks == Counter({"inference": row.access_checks})
 
-    for call in backend.called("can_relay"):
-        assert body is not None
-        assert call.args == (row.wire == BINARY, len(body))
     for call in backend.called("relay_infer"):
-        assert call.args == (MODEL, "", body, ihcl, TOKEN)  # the client's bytes, unchanged
+        if row.can_relay:
+            assert call.args == (MODEL, "", body, ihcl, TOKEN)  # the client's bytes, unchanged
+        else:  # declined: asked with the wire form and size, nothing read
+            assert body is not None
+            assert call.args == (MODEL, "", None, ihcl, TOKEN, len(body))
     for call in backend.called("model_metadata") + backend.called("model_config"):
         assert call.args == (MODEL, "")
     for call in backend.called("infer") + backend.called("stream_infer"):

@@ -51,13 +51,10 @@ class DecodedOnly:
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
 
-    async def can_relay(self, binary: bool, size: int = 0) -> bool:
-        return False
-
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse:
-        raise Unsupported("this backend takes decoded requests only")
+    ) -> ForwardResponse | None:
+        return None  # decoded requests only
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer

@@ -74,14 +74,15 @@ class MeteredBackend:
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse:
+    ) -> ForwardResponse | None:
         t0 = perf_counter()
         try:
             answer = await self.inner.relay_infer(model, version, body, ihcl, headers)
         except BaseException as exc:
             self._rec.done("relay_infer", model, perf_counter() - t0, exc)
             raise
-        self._rec.done("relay_infer", model, perf_counter() - t0, None)
+        if answer is not None:  # None: declined, nothing was sent
+            self._rec.done("relay_infer", model, perf_counter() - t0, None)
         return answer
 
     async def forward(
@@ -90,9 +91,6 @@ class MeteredBackend:
         return await self._timed(  # type: ignore[no-any-return]
             "forward", "", self.inner.forward(method, target, headers, body)
         )
-
-    async def can_relay(self, binary: bool, size: int = 0) -> bool:
-        return await self.inner.can_relay(binary, size)
 
     # ------------------------------------------------------------------ the rest, timed alike
 

@@ -243,16 +243,16 @@ class RestBackend:
 
     # ------------------------------------------------------------------ pass-through
 
-    async def can_relay(self, binary: bool, size: int = 0) -> bool:
-        """Binary bodies go unchanged to backends that take binary tensors, JSON ones as
-        :meth:`Encoding.relays` decides."""
-        return await self.encoding.relays(binary, size)
-
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse:
+    ) -> ForwardResponse | None:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
-        pass the answer back unchanged once it is seen to be a v2 answer."""
+        pass the answer back unchanged once it is seen to be a v2 answer. Binary bodies go
+        unchanged to backends that take binary tensors, JSON ones as :meth:`Encoding.relays`
+        decides; None otherwise."""
+        size = body.length if isinstance(body, StreamedBody) else len(body)
+        if not await self.encoding.relays(ihcl is not None, size):
+            return None
         target = self._prefix + self._paths(model, version) + "/infer"
         timeout = self._timeout
         if isinstance(body, StreamedBody):
