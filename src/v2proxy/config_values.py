@@ -108,28 +108,26 @@ def byte_size(minimum: int = 1, maximum: int | None = None, limit: str = "") -> 
     return parse
 
 
-def positive_float(v: Any) -> float:
+def _finite(v: Any, words: str, low: float, low_ok: bool) -> float:
+    """A finite number above ``low`` (or equal to it, ``low_ok``); ``words`` name what it must
+    be in the errors."""
     if isinstance(v, bool):
-        raise ValueError("must be a positive number")
+        raise ValueError(f"must be {words}")
     try:
         x = float(v)
     except (TypeError, ValueError):
-        raise ValueError("expected a positive number") from None
-    if not 0 < x < float("inf"):
-        raise ValueError("must be a positive number")
+        raise ValueError(f"expected {words}") from None
+    if not (x > low or (low_ok and x == low)) or x == float("inf"):  # NaN: neither
+        raise ValueError(f"must be {words}")
     return x
+
+
+def positive_float(v: Any) -> float:
+    return _finite(v, "a positive number", 0.0, False)
 
 
 def non_negative_float(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError("must be a number, 0 or more")
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number, 0 or more") from None
-    if not 0 <= x < float("inf"):
-        raise ValueError("must be a number, 0 or more")
-    return x
+    return _finite(v, "a number, 0 or more", 0.0, True)
 
 
 def choice(*options: str) -> Any:
