@@ -243,6 +243,22 @@ async def test_non_infer_operations_are_labelled(stack: Stack) -> None:
     assert value(m, bd, operation="model_metadata", model="simple") == 1
 
 
+async def test_mindie_errors_are_counted_by_their_cause(stack: Stack) -> None:
+    """MindIE's POST /infer answers errors in MindIE's shape (422 here) and counts them by
+    their cause, as every other route does (they were counted as ``other``)."""
+    resp = await stack.rest.post("/infer", data=b'{"inputs": 7}')
+    assert resp.status == 422
+    body = await resp.json()
+    assert body["error_type"] == "Input Validation Error" and "inputs" in body["error"]
+    resp = await stack.rest.post("/infer", data=b"not json")
+    assert resp.status == 422
+    _, m = await scrape(stack.rest)
+    errors = "v2proxy_request_errors_total"
+    assert value(m, errors, operation="mindie", error="invalid_request") == 2
+    assert value(m, errors, operation="mindie", error="other") == 0
+    assert value(m, "v2proxy_requests_total", operation="mindie", code_class="4xx") == 2
+
+
 @pytest.fixture
 async def backend_with_metrics(make_client: Factory) -> Any:
     """A REST 'backend' whose own /metrics answers something else, and counts its calls."""

@@ -110,15 +110,14 @@ class MindieFrontend:
         return self._rng.getrandbits(63)
 
     async def infer(self, body: bytes | bytearray, headers: Headers) -> Answer:
-        """The answer to one ``/infer`` body (errors in MindIE's shape)."""
-        try:
-            req = parse_request(body, self.limits, self._draw_seed)
-            target = await self.discovery.target(headers)
-            if req.stream:
-                return await self._stream(target, req, headers)
-            return await self._text(target, req, headers)
-        except ProxyError as exc:
-            return error_answer(exc)
+        """The answer to one ``/infer`` body; its errors are raised, for the REST frontend's
+        envelope to record (their kind) and to answer in MindIE's shape
+        (:func:`error_answer`)."""
+        req = parse_request(body, self.limits, self._draw_seed)
+        target = await self.discovery.target(headers)
+        if req.stream:
+            return await self._stream(target, req, headers)
+        return await self._text(target, req, headers)
 
     # ------------------------------------------------------------------ non-stream
 

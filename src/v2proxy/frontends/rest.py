@@ -43,6 +43,7 @@ from v2proxy.errors import (
 )
 from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
+from v2proxy.frontends.mindie import error_answer as mindie_error_answer
 from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
@@ -134,7 +135,8 @@ class RestFrontend:
                         access.check(group, headers_of(request))
                 answer = await handler(self, request, m)
             except ProxyError as exc:
-                answer = error_answer(exc)
+                # each API answers errors in its own shape (MindIE's /infer: MindIE's)
+                answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
                 error, cause = error_kind(exc), exc.message
                 if isinstance(exc, Overloaded):
                     rec.rejected.inc()
