@@ -66,6 +66,9 @@ class Backend(Protocol):
     """What the pipeline needs from a model server."""
 
     name: str
+    #: whether the backend speaks v2 REST itself, so that REST requests (``forward``: the
+    #: generate extension, unknown paths) reach it as they are
+    speaks_rest: bool
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...

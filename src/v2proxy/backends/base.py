@@ -50,6 +50,7 @@ class DecodedOnly:
 
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
+    speaks_rest = False
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers

@@ -34,6 +34,7 @@ class MeteredBackend:
     def __init__(self, inner: Backend, recorder: BackendRecorder) -> None:
         self.inner = inner
         self.name = inner.name
+        self.speaks_rest = inner.speaks_rest
         self._rec = recorder
 
     def __getattr__(self, name: str) -> Any:  # anything a backend has beyond the port

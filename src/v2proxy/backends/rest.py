@@ -73,6 +73,7 @@ class RestBackend:
     """Talks to a v2 REST model server at ``base_url`` (``http://`` or ``https://``)."""
 
     name = "rest"
+    speaks_rest = True
 
     def __init__(
         self,

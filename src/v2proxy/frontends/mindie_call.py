@@ -40,8 +40,6 @@ from v2proxy.ports import Headers
 
 log = logging.getLogger("v2proxy.mindie")
 
-#: backends that take REST requests passed through (the generate extension)
-HTTP_BACKENDS = frozenset({"rest"})
 RETRY_S = 5.0
 
 
@@ -101,7 +99,8 @@ class Discovery:
         view = mapping.model_view(self.model, metadata, config)
         name = getattr(p.backend, "name", "")
         decoupled = view.decoupled
-        http = name in HTTP_BACKENDS and (decoupled or self.profile == "generate")
+        # through the generate extension when the backend takes REST requests as they are
+        http = p.backend.speaks_rest and (decoupled or self.profile == "generate")
         seed_input = self.seed_input
         if not view.has(seed_input):  # named the other way (renamed May 2025, §6.3)
             other = "random_seed" if seed_input == "seed" else "seed"
