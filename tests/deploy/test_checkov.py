@@ -144,12 +144,15 @@ def _chart_sidecar() -> SidecarSettings:
 
 
 def injected_pods() -> dict[str, dict[str, Any]]:
-    """The clean app pod before injection, and after it in either mode."""
+    """The clean app pod before injection, and after it in either mode (with the chart's sidecar
+    config), and with the webhook's own defaults (``v2proxy inject`` without --sidecar-config)."""
     body = _clean_app_pod()
     pods = {"app-pod": copy.deepcopy(body["request"]["object"])}
     defaults = _chart_sidecar()
-    for mode in ("native", "classic"):
-        resp = review(copy.deepcopy(body), dataclasses.replace(defaults, mode=mode))["response"]
+    shapes = {mode: dataclasses.replace(defaults, mode=mode) for mode in ("native", "classic")}
+    shapes["own-defaults"] = SidecarSettings()
+    for mode, sidecar in shapes.items():
+        resp = review(copy.deepcopy(body), sidecar)["response"]
         ops = json.loads(base64.b64decode(resp["patch"]))
         pod = jsonpatch.apply_patch(body["request"]["object"], ops)
         containers = [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]

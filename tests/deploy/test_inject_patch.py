@@ -281,3 +281,16 @@ def test_sidecar_config_defaults() -> None:
         load_defaults({"resources": {"limit": {}}})
     # annotations override what the file set
     assert for_pod(s, {"v2proxy.io/ports": "7000,7001"}).http_port == 7000
+
+
+def test_the_webhooks_own_defaults_have_the_charts_resources() -> None:
+    """``v2proxy inject`` without --sidecar-config injects a sidecar with requests and a memory
+    limit: the chart's defaults for v2proxy's container (values.yaml ``proxy.resources``)."""
+    from pathlib import Path
+
+    import yaml
+
+    from v2proxy.inject.settings import SidecarSettings
+
+    values = yaml.safe_load((Path(__file__).parents[2] / "helm/v2proxy/values.yaml").read_text())
+    assert dict(SidecarSettings().resources) == values["proxy"]["resources"]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from v2proxy import __version__
 from v2proxy.config import parse_backend
 from v2proxy.config_values import choice, int_range, port
 
@@ -59,11 +60,17 @@ class AnnotationError(ValueError):
     """A ``v2proxy.io/`` annotation or sidecar setting is invalid; the message names it."""
 
 
+def default_resources() -> dict[str, Any]:
+    """The chart's defaults for v2proxy's container (values.yaml ``proxy.resources``)."""
+    return {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
+
+
 @dataclass(frozen=True, slots=True)
 class SidecarSettings:
     """The injected container's settings (defaults; annotations replace fields)."""
 
-    image: str = "v2proxy:latest"
+    #: this release's image, as ``v2proxy inject`` defaults it (never a moving ``latest``)
+    image: str = f"v2proxy:{__version__}"
     image_pull_policy: str = "IfNotPresent"
     mode: str = "native"
     backend: str = "http://127.0.0.1:8000"
@@ -78,7 +85,10 @@ class SidecarSettings:
     shm_size: str = "1Gi"
     config_map: str = ""
     extra_args: tuple[str, ...] = ()
-    resources: Mapping[str, Any] = field(default_factory=dict)
+    #: the chart's defaults for v2proxy's container (values.yaml ``proxy.resources``): a
+    #: sidecar injected without --sidecar-config still has requests and a memory limit (no CPU
+    #: limit: CFS quotas throttle a proxy in bursts while the node has idle CPU)
+    resources: Mapping[str, Any] = field(default_factory=default_resources)
     security_context: Mapping[str, Any] = field(default_factory=lambda: dict(RESTRICTED_CONTEXT))
 
     def grace_period(self) -> int:
