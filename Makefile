@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 INSTALL_DEPS := pyproject.toml constraints.txt src/v2proxy/shm/_guard.c
 
-.PHONY: install run check pytest-check pytest-rest test lint typecheck layers pytest peers deploy-tools clean
+.PHONY: install run check pytest-check pytest-early pytest-rest test lint typecheck layers pytest peers deploy-tools clean
 
 # Measured on a 2-core VM with a nearby package index: the dev install 46 s, v2proxy alone 20 s.
 $(STAMP): $(INSTALL_DEPS)
@@ -76,24 +76,31 @@ pytest: $(STAMP)
 
 # `make test`, in two phases so that the peer servers' first build (about 4 min on a fresh clone)
 # overlaps all that does not need them: the peers build in the background from the start (they
-# need nothing of .venv) while .venv, lint, types, layers, the deploy tools and the quick tier's
-# tests run; then the tests that need the peers or the deploy tools (pytest-rest). Either phase
-# failing fails it (after the peers' build has ended: nothing is left running).
+# need nothing of .venv) while .venv, lint, types, layers, the deploy tools and every test that
+# needs no peer run (pytest-early); then the tests that need the peers (pytest-rest). Either
+# phase failing fails it (after the peers' build has ended: nothing is left running).
 test:
 	@$(MAKE) --no-print-directory peers & peers=$$!; \
-		$(MAKE) --no-print-directory lint typecheck layers deploy-tools pytest-check; s=$$?; \
+		$(MAKE) --no-print-directory lint typecheck layers deploy-tools pytest-early; s=$$?; \
 		wait $$peers; p=$$?; \
 		if [ $$s -ne 0 ] || [ $$p -ne 0 ]; then \
 			echo "make test: the checks exited $$s, the peers' build $$p" >&2; exit 1; fi
 	@$(MAKE) --no-print-directory pytest-rest
 
-# The tests pytest-check leaves out: all outside tests/unit and tests/integration, and those marked
-# interop inside them (none today: pytest's exit status 5, no test collected, is no failure).
+#: the test folders that need no peer server (tests/interop does; a test elsewhere that comes to
+#: need one is marked interop)
+NO_PEERS := tests/unit tests/integration tests/deploy tests/faults tests/fuzz
+
+pytest-early: $(STAMP)
+	V2PROXY_DEPLOY_TOOLS=$(abspath $(DEPLOY_TOOLS)) $(BIN)/pytest -m "not interop" $(NO_PEERS)
+
+# The tests pytest-early leaves out: all outside NO_PEERS, and those marked interop inside them
+# (none today: pytest's exit status 5, no test collected, is no failure).
 pytest-rest: $(STAMP)
 	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) V2PROXY_DEPLOY_TOOLS=$(abspath $(DEPLOY_TOOLS)) \
-		$(BIN)/pytest --ignore=tests/unit --ignore=tests/integration
+		$(BIN)/pytest $(addprefix --ignore=,$(NO_PEERS))
 	V2PROXY_PEERS_DIR=$(abspath $(PEERS_DIR)) V2PROXY_DEPLOY_TOOLS=$(abspath $(DEPLOY_TOOLS)) \
-		$(BIN)/pytest -m interop tests/unit tests/integration || [ $$? -eq 5 ]
+		$(BIN)/pytest -m interop $(NO_PEERS) || [ $$? -eq 5 ]
 
 # The quick tier: tests/unit and tests/integration need neither the peer servers nor helm (a test
 # there that comes to need a peer is marked `interop`, which this leaves out and `make test`
