@@ -13,13 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: citations of documents that are not in the repository: the design notes, the protocol
-#: "reference" and its sections, the notes' files by name, and the original extension documents
-#: (no page of the site lives under a reference/ folder, so any such path is the notes')
-OUTSIDE = re.compile(
-    r"DESIGN\.md|reference §|reference/[a-z-]*\.md|seeds/"
-    r"|mindie-adaptation|triton-protocol|triton-peer\.md|ecosystem\.md"
-)
+#: a document cited by its file name (``NAME.md``, with or without a folder): it must be a file
+#: of the repository (a name in quotes is a file the code writes, not a citation)
+MD_CITED = re.compile(r"(?<![\w/.\"'-])[\w./-]*[\w-]\.md\b")
+#: a section sign cites sections of a document: the RFC its file names, else nothing can
+#: tell which document, and the citation is refused
+SECTION = "\u00a7"
 #: a docs/ page cited by path
 DOCS_PATH = re.compile(r"\bdocs/[\w./-]*\.md\b")
 SKIPPED_SUFFIXES = {".pyc", ".so", ".bin", ".png"}
@@ -60,12 +59,31 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert (site / "protocol" / "index.html").is_file()
 
 
+def _repo_markdown() -> tuple[set[str], set[str]]:
+    """The repository's Markdown files: their paths (from the root) and their names."""
+    paths = {
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*.md")
+        if not set(p.relative_to(ROOT).parts) & {".venv", ".cache", "node_modules", "site"}
+    }
+    return paths, {p.rsplit("/", 1)[-1] for p in paths}
+
+
 def test_code_cites_no_document_outside_the_repository() -> None:
-    outside = [
-        f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
-        for path, text in _cited_text()
-        for m in OUTSIDE.finditer(text)
-    ]
+    """Every Markdown document the code names is one of the repository's (by path, or by name
+    when cited without its folder), and a section sign comes only with an RFC it belongs to."""
+    paths, names = _repo_markdown()
+    outside = []
+    for path, text in _cited_text():
+        where = path.relative_to(ROOT)
+        for m in MD_CITED.finditer(text):
+            cited = m.group(0).lstrip("./")
+            known = cited in paths or ("/" not in cited and cited in names)
+            if not known and not any(p.endswith("/" + cited) for p in paths):
+                outside.append(f"{where}:{text.count(chr(10), 0, m.start()) + 1}: {cited}")
+        if SECTION in text and not re.search(r"\bRFC ?\d+", text):
+            line = text.count(chr(10), 0, text.index(SECTION)) + 1
+            outside.append(f"{where}:{line}: a section (\u00a7) of no document the file names")
     assert outside == [], "cite a page of docs/ instead:\n" + "\n".join(outside)
 
 

@@ -345,7 +345,9 @@ def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) ->
     outputs = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
-        if t.in_shm:  # written into the client's shared memory: no data, no parameters (§4.2)
+        # written into the client's shared memory: no data, no parameters (docs/protocol.md,
+        # using regions in inference)
+        if t.in_shm:
             pass
         elif is_binary(t):
             entry["parameters"] = {**t.parameters, "binary_data_size": memoryview(t.data).nbytes}

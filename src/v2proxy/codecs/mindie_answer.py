@@ -29,7 +29,7 @@ from v2proxy.codecs.json import dumps
 from v2proxy.errors import BackendError, BadGateway, CodecError
 from v2proxy.model import Datatype, InferResponse
 
-#: MindIE's error types by HTTP status (§1.4)
+#: MindIE's error types by HTTP status (docs/protocol.md, MindIE clients)
 ERROR_TYPES = {
     413: "Input Validation Error",
     422: "Input Validation Error",
@@ -43,7 +43,7 @@ ERROR_TYPES = {
 STREAM_TIMEOUT = b"Engine callback timeout: client timeout"
 #: MindIE's message of a non-stream request whose deadline passed (500)
 TIMEOUT_MESSAGE = "Engine callback timeout: client timeout"
-#: vLLM's finish reasons -> MindIE's (§4.4; MindIE reports an abort as stop_sequence)
+#: vLLM's finish reasons -> MindIE's (MindIE reports an abort as stop_sequence)
 _VLLM_REASONS = {"stop": "eos_token", "length": "length", "abort": "stop_sequence"}
 
 
@@ -133,7 +133,7 @@ def chunk_from_generate(obj: Any) -> Chunk:
 
 
 def strip_echo(text: str, prompt: str) -> str:
-    """The generated text of an answer that repeats the prompt first (§6.1: a model that
+    """The generated text of an answer that repeats the prompt first (a model that
     cannot be asked ``exclude_input_in_output``)."""
     if prompt and text.startswith(prompt):
         return text[len(prompt) :].removeprefix(" ")
@@ -147,7 +147,7 @@ def count_words(text: str) -> int:
 
 def finish_reason(reported: str | None, tokens: int, max_new_tokens: int) -> str:
     """The backend's reason when it gives one, else ``length`` when ``max_new_tokens`` were
-    generated and ``eos_token`` otherwise (an approximation; §4.4)."""
+    generated and ``eos_token`` otherwise (an approximation)."""
     if reported is not None:
         return reported
     return "length" if tokens >= max_new_tokens else "eos_token"

@@ -17,7 +17,7 @@ MindIE; docs/architecture.md, the product contract): one more frontend of the on
   (no ``data:``), as MindIE does (its deadline text exactly), and the stream ends. A client
   that goes away closes the backend call.
 - Errors: ``{"error", "error_type"}`` with MindIE's statuses, translated from the one error
-  tree in :func:`translate` (§4.6).
+  tree in :func:`translate` (docs/protocol.md, MindIE clients).
 
 Metrics: time to first token, time per later token, tokens generated (``direction=frontend``).
 """
@@ -61,7 +61,8 @@ DEFAULT = MindieSettings("llm")
 
 
 def translate(exc: ProxyError) -> tuple[int, str, str]:
-    """An error as MindIE answers it: status, ``error_type``, message (§4.6)."""
+    """An error as MindIE answers it: status, ``error_type``, message (docs/protocol.md, MindIE
+    clients)."""
     status, message = exc.http_status, exc.message
     if isinstance(exc, BodyTooLarge):
         status = 413

@@ -102,7 +102,7 @@ class Discovery:
         # through the generate extension when the backend takes REST requests as they are
         http = p.backend.speaks_rest and (decoupled or self.profile == "generate")
         seed_input = self.seed_input
-        if not view.has(seed_input):  # named the other way (renamed May 2025, §6.3)
+        if not view.has(seed_input):  # named the other way (MindIE renamed it in May 2025)
             other = "random_seed" if seed_input == "seed" else "seed"
             seed_input = other if view.has(other) else seed_input
         target = Target(view, self.profile, seed_input, http, name)

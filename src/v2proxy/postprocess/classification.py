@@ -33,7 +33,7 @@ from v2proxy.codecs.dtypes import INTEGER_TYPES, NUMPY_DTYPE, serialize_bytes
 from v2proxy.errors import InvalidRequest
 from v2proxy.model import Datatype, Tensor, element_count
 
-#: the most elements one row may have (Triton's cap, §3.2 item 7)
+#: the most elements one row may have (Triton's cap; docs/protocol.md, classification)
 MAX_ROW_ELEMENTS = 1_000_000
 #: rows this long or shorter are sorted as libstdc++'s insertion sort does when they hold NaN
 _INSERTION_SORT_MAX = 16
