@@ -86,7 +86,7 @@ def stages(repeat: int) -> None:
     from v2proxy.codecs import binary as binc
     from v2proxy.codecs import json_stream
     from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
-    from v2proxy.pipeline import Pipeline
+    from v2proxy.core.pipeline import Pipeline
 
     body = make_body()
     whole = bytearray(body)  # as the REST frontend reads a body
@@ -108,7 +108,7 @@ def stages(repeat: int) -> None:
     loop = asyncio.new_event_loop()
 
     def relay_json() -> None:
-        from v2proxy.ports import ForwardResponse, StreamedBody
+        from v2proxy.core.ports import ForwardResponse, StreamedBody
 
         async def chunks() -> Any:
             for piece in pieces:
@@ -141,7 +141,7 @@ class _DropBackend:
     async def relay_infer(
         self, model: str, version: str, body: Any, ihcl: int | None, headers: Any
     ) -> Any:
-        from v2proxy.ports import ForwardResponse
+        from v2proxy.core.ports import ForwardResponse
 
         async for _ in body.chunks:
             pass

@@ -122,7 +122,7 @@ def json_decode_cases(repeat: int) -> list[Case]:
 
 def json_encode_cases(repeat: int) -> list[Case]:
     from v2proxy.codecs import binary as codec
-    from v2proxy.model import Datatype, InferResponse, Tensor
+    from v2proxy.core.model import Datatype, InferResponse, Tensor
 
     rng = np.random.default_rng(2)
     inputs = {
@@ -158,7 +158,7 @@ def json_encode_cases(repeat: int) -> list[Case]:
 
 def binary_cases(repeat: int) -> list[Case]:
     from v2proxy.codecs import binary as codec
-    from v2proxy.model import Datatype, InferResponse, Tensor
+    from v2proxy.core.model import Datatype, InferResponse, Tensor
 
     blob = np.random.default_rng(3).bytes(SPLIT_BYTES)
     count = SPLIT_BYTES // 4
@@ -235,7 +235,7 @@ def proto_cases(repeat: int) -> list[Case]:
 
     from v2proxy._proto import grpc_service_pb2 as vpb
     from v2proxy.codecs import grpc as gcodec
-    from v2proxy.model import Datatype, InferResponse, Tensor
+    from v2proxy.core.model import Datatype, InferResponse, Tensor
 
     values = np.random.default_rng(4).random(PROTO_BYTES // 4, dtype=np.float32)
     msg = tpb.ModelInferRequest(model_name="m")

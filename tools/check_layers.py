@@ -1,6 +1,7 @@
-"""Check the layer rule (docs/architecture.md, layers): the pure layers (model, errors,
-restricted, codecs, postprocess, ports, pipeline, relay, shm_stage, generate_stage, admission)
-import no I/O library and nothing from the outer layers. Exit status 1 names each offending
+"""Check the layer rule (docs/architecture.md, layers): the pure layers (``core/``, the request's
+one pass, and ``codecs/``) import no I/O library and nothing from the edges, the operations
+(``ops/``) or the composition root; and the shared-memory adapters (``shm/``) depend on the core's
+regions port (``core/regions.py``), never on the core's stages. Exit status 1 names each offending
 import."""
 
 from __future__ import annotations
@@ -10,20 +11,9 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "v2proxy"
-PURE = [
-    "model.py",
-    "errors.py",
-    "restricted.py",
-    "codecs",
-    "postprocess",
-    "ports.py",
-    "pipeline.py",
-    "relay.py",
-    "shm_stage.py",
-    "generate_stage.py",
-    "model_info.py",
-    "admission.py",
-]
+#: the pure layers: folders (or single modules) of src/v2proxy
+PURE = ["core", "codecs"]
+#: what a pure module may not import (a name, or any module under it)
 FORBIDDEN = {
     "asyncio",
     "aiohttp",
@@ -40,19 +30,28 @@ FORBIDDEN = {
     "mmap",
     "v2proxy.frontends",
     "v2proxy.backends",
+    "v2proxy.http",
     "v2proxy.shm",
-    "v2proxy.app",
-    "v2proxy.app_core",
-    "v2proxy.cli",
+    "v2proxy.inject",
+    "v2proxy.reference",
+    "v2proxy.ops",
+    "v2proxy.config",
+    "v2proxy.config_sections",
+    "v2proxy.config_spec",
+    "v2proxy.config_values",
     "v2proxy.metrics",
     "v2proxy.metrics_export",
     "v2proxy.recorders",
     "v2proxy.request_log",
-    "v2proxy.config",
-    "v2proxy.config_sections",
-    "v2proxy.config_values",
-    "v2proxy.config_spec",
+    "v2proxy.tls",
+    "v2proxy.app",
+    "v2proxy.app_core",
+    "v2proxy.cli",
+    "v2proxy.__main__",
 }
+#: the adapters behind the core's ports, and what they may not import: the dependency runs from
+#: the stages to the port the adapters implement, never from an adapter to a stage
+ADAPTERS = {"shm": {"v2proxy.core.stages"}}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -63,19 +62,33 @@ def imports(path: Path) -> list[tuple[int, str]]:
             found.extend((node.lineno, a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
+            # ``from v2proxy import ops`` names a forbidden package as an imported name
+            found.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
     return found
 
 
-def violations() -> list[str]:
-    files: list[Path] = []
-    for entry in PURE:
-        p = SRC / entry
-        files.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p] if p.exists() else [])
+def _files(entry: str) -> list[Path]:
+    p = SRC / entry
+    if p.is_dir():
+        return sorted(p.rglob("*.py"))
+    return [p] if p.exists() else []
+
+
+def _offending(files: list[Path], forbidden: set[str]) -> list[str]:
     bad = []
     for f in files:
+        lines: set[int] = set()  # one report per import statement
         for line, name in imports(f):
-            if any(name == m or name.startswith(m + ".") for m in FORBIDDEN):
+            if line not in lines and any(name == m or name.startswith(m + ".") for m in forbidden):
+                lines.add(line)
                 bad.append(f"{f.relative_to(SRC.parent.parent)}:{line}: imports {name}")
+    return bad
+
+
+def violations() -> list[str]:
+    bad = _offending([f for entry in PURE for f in _files(entry)], FORBIDDEN)
+    for entry, forbidden in ADAPTERS.items():
+        bad += _offending(_files(entry), forbidden)
     return bad
 
 

@@ -21,11 +21,13 @@ from collections.abc import Callable
 
 import grpc
 
-from v2proxy.admission import AdmissionGate
 from v2proxy.app_core import build_backend, build_metrics, build_pipeline, raise_fd_limit
 from v2proxy.backends.metered import metered
 from v2proxy.config import Settings
-from v2proxy.errors import ProxyError
+from v2proxy.core.admission import AdmissionGate
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Backend
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
@@ -35,8 +37,6 @@ from v2proxy.metrics_export import (
     enable_multiprocess,
     process_gone,
 )
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Backend
 from v2proxy.request_log import setup_logging
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry

@@ -26,6 +26,8 @@ from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.staging import Stager
 from v2proxy.config import Settings
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Backend
 from v2proxy.metrics import (
     BACKEND_RETRIES,
     SHM_BYTES,
@@ -35,8 +37,6 @@ from v2proxy.metrics import (
     SHM_TENSORS,
 )
 from v2proxy.metrics_export import AnyMetrics, Metrics, NullMetrics
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Backend
 from v2proxy.recorders import EndpointRecorder, TokenRecorder
 from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry

@@ -53,7 +53,7 @@ from v2proxy.config_sections import (
 )
 from v2proxy.config_spec import DEFAULTS, SETTINGS
 from v2proxy.config_values import BackendTarget, parse_backend
-from v2proxy.restricted import RestrictedPolicy
+from v2proxy.core.restricted import RestrictedPolicy
 from v2proxy.tls import BackendTls, ListenerTls, TlsFileError
 from v2proxy.tls import check as check_tls
 

@@ -35,7 +35,7 @@ from v2proxy.config_values import (
     switch,
 )
 from v2proxy.config_values import text as path_text
-from v2proxy.restricted import DEFAULT_GROUPS, GROUPS, parse_groups, parse_header
+from v2proxy.core.restricted import DEFAULT_GROUPS, GROUPS, parse_groups, parse_header
 
 _BINARY = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 

@@ -9,7 +9,7 @@ Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total``
   per process, :class:`ModelLabels`), ``""`` for server-level operations, ``"other"`` for
   everything else (unknown models named by clients never become labels);
 - ``operation``: infer, stream_infer, generate, health, metadata, side, passthrough
-  (frontends), the :class:`~v2proxy.ports.Backend` method name (backend);
+  (frontends), the :class:`~v2proxy.core.ports.Backend` method name (backend);
 - ``frontend``: rest | grpc; ``backend``: builtin | rest | grpc | mindie; ``code_class``: 2xx |
   4xx | 5xx (gRPC errors by their HTTP equivalent, :func:`code_class`); ``wire``: json | binary |
   raw | grpc; ``error``: the error class's kind (:func:`error_kind`).

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import _utils as grpc_utils
 
 from v2proxy.codecs import grpc as grpcc
-from v2proxy.model import InferResponse, Tensor
+from v2proxy.core.model import InferResponse, Tensor
 
 HERE = Path(__file__).resolve().parent
 
@@ -117,7 +117,7 @@ def _grpc_responses() -> list[bytes]:
         Tensor(name, "INT32", (1, 16), ARRAYS["INT32"].tobytes())  # type: ignore[arg-type]
         for name in ("OUTPUT0", "OUTPUT1")
     ]
-    from v2proxy.model import Datatype
+    from v2proxy.core.model import Datatype
 
     for t in outputs:
         t.datatype = Datatype.INT32

@@ -24,8 +24,8 @@ from v2proxy.codecs.compression import choose_encoding, compress, decompress
 from v2proxy.codecs.dtypes import count_bytes_elements, deserialize_bytes
 from v2proxy.codecs.json_data import data_to_buffer
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import ProxyError
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import Buffer, Datatype, InferRequest, InferResponse
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 

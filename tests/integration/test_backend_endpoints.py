@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from v2proxy.backends.rest import RestBackend
-from v2proxy.errors import BadGateway
+from v2proxy.core.errors import BadGateway
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops

@@ -22,11 +22,11 @@ from aiohttp.test_utils import TestClient
 from tests.integration.conftest import Factory, proxy_to
 from v2proxy.backends.rest import RestBackend
 from v2proxy.codecs import binary as binc
-from v2proxy.errors import CodecError, InvalidRequest, PayloadTooLarge
-from v2proxy.model import InferRequest
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import ForwardResponse, StreamedBody
-from v2proxy.relay import HOLD_BACK
+from v2proxy.core.errors import CodecError, InvalidRequest, PayloadTooLarge
+from v2proxy.core.model import InferRequest
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import ForwardResponse, StreamedBody
+from v2proxy.core.relay import HOLD_BACK
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops

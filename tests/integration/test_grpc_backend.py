@@ -181,7 +181,7 @@ async def test_decoupled_is_asked_again_after_a_failure() -> None:
     """A ModelConfig failure of the moment (INTERNAL) is not kept as 'not decoupled': the next
     request asks again; a backend without ModelConfig (UNIMPLEMENTED) is never asked again."""
     from v2proxy.backends.grpc import GrpcBackend
-    from v2proxy.errors import BackendError, Unsupported
+    from v2proxy.core.errors import BackendError, Unsupported
 
     answers: list[Any] = [
         BackendError("busy", 500, "INTERNAL"),

@@ -12,8 +12,8 @@ from tests.integration.conftest import grpc_frontend, settings
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.app_core import build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
-from v2proxy.model import Datatype, InferRequest, InferResponse, Tensor
-from v2proxy.ports import Headers
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, Tensor
+from v2proxy.core.ports import Headers
 
 
 class Endless(BuiltinBackend):

@@ -14,9 +14,9 @@ import pytest
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.rest import RestBackend
-from v2proxy.errors import ProxyError
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Backend
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Backend
 
 KINDS = ["builtin", "triton-rest", "triton-grpc"]
 

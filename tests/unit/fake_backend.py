@@ -1,4 +1,4 @@
-"""A fake :class:`v2proxy.ports.Backend` for tests of the core without sockets: it answers from
+"""A fake :class:`v2proxy.core.ports.Backend` for tests of the core without sockets: it answers from
 a small table given at construction and records every call it gets (the method's name and its
 arguments, the request it was sent snapshotted at the time of the call).
 
@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from v2proxy.model import InferRequest, InferResponse, Tensor
-from v2proxy.ports import Body, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.model import InferRequest, InferResponse, Tensor
+from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -84,8 +84,8 @@ class Answers:
 
 
 class FakeBackend:
-    """A :class:`~v2proxy.ports.Backend` answering from :class:`Answers`, recording each call in
-    :attr:`calls` (and each pass-through answer it gave in :attr:`forwarded`)."""
+    """A :class:`~v2proxy.core.ports.Backend` answering from :class:`Answers`, recording each call
+    in :attr:`calls` (and each pass-through answer it gave in :attr:`forwarded`)."""
 
     name = "fake"
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from v2proxy.codecs.dtypes import from_numpy
-from v2proxy.model import Datatype, Tensor
+from v2proxy.core.model import Datatype, Tensor
 
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
 

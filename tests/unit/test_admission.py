@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from v2proxy.admission import EXEMPT, RETRY_AFTER_S, AdmissionGate
-from v2proxy.errors import Overloaded
+from v2proxy.core.admission import EXEMPT, RETRY_AFTER_S, AdmissionGate
+from v2proxy.core.errors import Overloaded
 
 #: (limit, operations entered in order, expected outcome of each: True = took a slot,
 #: False = needs none, "refused")

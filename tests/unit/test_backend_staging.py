@@ -12,8 +12,8 @@ import posix_ipc
 import pytest
 
 from v2proxy.backends.staging import Stager
-from v2proxy.errors import BackendError, ProxyError
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.errors import BackendError, ProxyError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.shm.staging import MIN_REGION, StagingPool, region_size
 
 
@@ -155,7 +155,8 @@ def test_stager_off_and_small() -> None:
 
 
 class Sink:
-    """The client's region as the shm stage hands it over (:class:`v2proxy.model.OutputSink`)."""
+    """The client's region as the shm stage hands it over
+    (:class:`v2proxy.core.model.OutputSink`)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

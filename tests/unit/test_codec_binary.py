@@ -16,8 +16,15 @@ import tritonclient.http as httpclient
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import as_numpy, from_numpy
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import CodecError
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import (
+    Buffer,
+    Datatype,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+)
 
 
 def _join(chunks: list[Buffer]) -> bytes:

@@ -9,8 +9,8 @@ import zlib
 import pytest
 
 from v2proxy.codecs.compression import choose_encoding, compress, decompress
-from v2proxy.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
-from v2proxy.model import Buffer
+from v2proxy.core.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
+from v2proxy.core.model import Buffer
 
 PAYLOAD = b'{"inputs":[]}' + bytes(range(256)) * 40
 LIMIT = 1 << 20

@@ -25,8 +25,8 @@ from tests.unit.strategies import tensors
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs import grpc as g
 from v2proxy.codecs.dtypes import from_numpy
-from v2proxy.errors import CodecError
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
 MODEL = "m"
 

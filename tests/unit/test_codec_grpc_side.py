@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs import grpc_side as side
-from v2proxy.errors import CodecError
+from v2proxy.core.errors import CodecError
 
 
 def _cross(msg: Any, cls: Any) -> Any:

@@ -20,8 +20,8 @@ from v2proxy.codecs.dtypes import from_numpy
 from v2proxy.codecs.json import loads
 from v2proxy.codecs.json_data import data_to_buffer, tensor_data_json
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj, response_to_obj
-from v2proxy.errors import CodecError, InvalidText, PayloadTooLarge, ProxyError
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.errors import CodecError, InvalidText, PayloadTooLarge, ProxyError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
 NP_DTYPE: dict[str, Any] = {
     "BOOL": "?",

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from v2proxy.codecs.raw import decode_raw_request, deduce_shape
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Datatype
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Datatype
 
 FP32, INT8, INT64, BYTES = Datatype.FP32, Datatype.INT8, Datatype.INT64, Datatype.BYTES
 

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from tests.unit.strategies import FLOATS, JSON_TEXT, tensors
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.model import (
+    Buffer,
+    Datatype,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,7 +15,7 @@ from v2proxy.cli import parser
 from v2proxy.config import OTHER_VARIABLES, PARSERS, BackendTarget, Settings, load_settings
 from v2proxy.config_sections import MINDIE_KEYS, ConfigError, MindieSettings
 from v2proxy.config_spec import DEFAULTS, SETTINGS
-from v2proxy.restricted import DEFAULT_GROUPS, RestrictedPolicy
+from v2proxy.core.restricted import DEFAULT_GROUPS, RestrictedPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     CodecError,
     InvalidRequest,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from v2proxy.codecs import generate as gc
 from v2proxy.codecs.dtypes import as_numpy, deserialize_bytes, serialize_bytes
-from v2proxy.errors import CodecError
-from v2proxy.model import Datatype, InferResponse, Tensor
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Datatype, InferResponse, Tensor
 from v2proxy.reference.models import MODELS
 
 LLM = MODELS["llm"].metadata()

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import json_stream
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Datatype, InferRequest
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Datatype, InferRequest
 
 MODEL = "identity_fp32"
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ import pytest
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.dtypes import as_numpy, from_numpy, serialize_bytes
 from v2proxy.config import parse_backend
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
@@ -19,7 +19,7 @@ from v2proxy.errors import (
     NotFound,
     ProxyError,
 )
-from v2proxy.model import Datatype, InferResponse, Tensor
+from v2proxy.core.model import Datatype, InferResponse, Tensor
 
 DTYPES = {
     "max_tokens": Datatype.INT32,

@@ -14,8 +14,8 @@ from v2proxy.codecs import mindie_answer as ans
 from v2proxy.codecs import mindie_map as mp
 from v2proxy.codecs.dtypes import as_numpy, serialize_bytes
 from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request, utf16_length
-from v2proxy.errors import BackendError, BadGateway, CodecError
-from v2proxy.model import Datatype, InferResponse, Tensor
+from v2proxy.core.errors import BackendError, BadGateway, CodecError
+from v2proxy.core.model import Datatype, InferResponse, Tensor
 
 LIMITS = Limits(max_input_chars=16, max_new_tokens=20, timeout=600)
 

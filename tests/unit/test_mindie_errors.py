@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,

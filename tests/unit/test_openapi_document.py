@@ -17,7 +17,7 @@ import schemathesis
 
 from v2proxy.codecs import settings, side
 from v2proxy.codecs.generate import parse_body
-from v2proxy.errors import InvalidRequest
+from v2proxy.core.errors import InvalidRequest
 from v2proxy.frontends import rest
 from v2proxy.frontends.openapi import document, document_json
 from v2proxy.reference.models import LLM_MAX_OUTPUT_CHARS, LLM_MAX_TOKENS, llm_tokens
@@ -125,7 +125,7 @@ def test_llm_generation_is_bounded() -> None:
 async def test_builtin_llm_refuses_too_many_tokens() -> None:
     from v2proxy.backends.builtin import BuiltinBackend
     from v2proxy.codecs.dtypes import serialize_bytes
-    from v2proxy.model import Datatype, InferRequest, Tensor
+    from v2proxy.core.model import Datatype, InferRequest, Tensor
 
     backend = BuiltinBackend()
     request = InferRequest(

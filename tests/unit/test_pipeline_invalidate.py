@@ -11,7 +11,7 @@ import pytest
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.staging import Stager
-from v2proxy.pipeline import Pipeline
+from v2proxy.core.pipeline import Pipeline
 
 
 class Counting(BuiltinBackend):

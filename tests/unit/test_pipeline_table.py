@@ -48,8 +48,8 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
   request that a stage applies to never offers a relay: ``nothing_to_do`` decides first.
 - Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
-  :mod:`v2proxy.model_info`) whenever no labels are configured here, and ``model_metadata`` plus
-  ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
+  :mod:`v2proxy.core.model_info`) whenever no labels are configured here, and ``model_metadata``
+  plus ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
   A decoupled model's three responses share the cache: those calls happen once per stream.
 - ``class-backend``: the backend classifies and the request reaches it with its parameter
   unchanged, yet a REST body is not relayed (``classification`` is in ``STAGE_PARAMS``): it is
@@ -83,10 +83,10 @@ from tests.unit.fake_backend import Answers, FakeBackend, Sent
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import deserialize_bytes
 from v2proxy.config_sections import ModelSettings, OutputSettings
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Headers
 from v2proxy.frontends.rest import RestFrontend
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Headers
 from v2proxy.shm.registry import Registry
 
 MODEL = "m"

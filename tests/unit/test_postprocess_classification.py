@@ -1,5 +1,5 @@
 """The classification extension (docs/protocol.md, classification): the pure top-k
-(``postprocess/classification.py``), the stage's planning (``postprocess/stage.py``), the gRPC
+(``codecs/classification.py``), the stage's planning (``core/stages/classification.py``), the gRPC
 parameter checks (``codecs/grpc.py``) and the pipeline running it in front of the builtin
 models. Expected strings are Triton's (checked against Triton 2.51 where it answers)."""
 
@@ -15,19 +15,19 @@ import pytest
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.codecs import grpc as grpcc
-from v2proxy.codecs.dtypes import NUMPY_DTYPE, deserialize_bytes
-from v2proxy.config import load_settings
-from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
-from v2proxy.pipeline import Pipeline
-from v2proxy.postprocess import stage
-from v2proxy.postprocess.classification import (
+from v2proxy.codecs.classification import (
     BAD_COUNT,
     MAX_ROW_ELEMENTS,
     WITH_SHM,
     classify,
     requested_count,
 )
+from v2proxy.codecs.dtypes import NUMPY_DTYPE, deserialize_bytes
+from v2proxy.config import load_settings
+from v2proxy.core.errors import CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.stages import classification as stage
 
 NEG_NAN = float(np.frombuffer(struct.pack("<I", 0xFFC00000), "<f4")[0])
 NAN = float("nan")

@@ -15,7 +15,7 @@ import pytest
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
 from v2proxy.backends.rest_requests import infer_body
-from v2proxy.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
+from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
 
 X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from v2proxy.errors import Forbidden, ProxyError
-from v2proxy.restricted import (
+from v2proxy.core.errors import Forbidden, ProxyError
+from v2proxy.core.restricted import (
     DEFAULT_GROUPS,
     GROUPS,
     GRPC_GROUPS,

@@ -1,5 +1,5 @@
 """Shared-memory bounds, keys, peers, the registry's reference counts and the pipeline stage
-(v2proxy.shm_stage, v2proxy.shm.registry, v2proxy.shm.system), table-driven, on real POSIX
+(v2proxy.core.stages.shm, v2proxy.shm.registry, v2proxy.shm.system), table-driven, on real POSIX
 shared-memory objects (each unlinked at the end)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from v2proxy.errors import AlreadyExists, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.errors import AlreadyExists, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.stages.shm import SIZE_MAX, WITH_BINARY, check_client, is_local, locate, resolve
 from v2proxy.frontends.grpc_shm import peer_host
 from v2proxy.metrics import Counter
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.system import normal_key
-from v2proxy.shm_stage import SIZE_MAX, WITH_BINARY, check_client, is_local, locate, resolve
 
 N = "r"
 

@@ -12,13 +12,20 @@ import numpy as np
 import pytest
 
 from v2proxy.codecs.side import cuda_register_body
-from v2proxy.errors import AlreadyExists, CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.errors import AlreadyExists, CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.model import (
+    Buffer,
+    Datatype,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+)
+from v2proxy.core.stages.shm import resolve
 from v2proxy.metrics import Counter
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.shm.cuda import CudaError
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
-from v2proxy.shm_stage import resolve
 
 H1, H2 = b"\x01" * 64, b"\x02" * 64
 

@@ -16,12 +16,12 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from v2proxy.errors import AlreadyExists, InvalidRequest, NotFound
+from v2proxy.core.errors import AlreadyExists, InvalidRequest, NotFound
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.stages.shm import resolve
 from v2proxy.metrics import Counter
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
-from v2proxy.shm_stage import resolve
 
 
 @pytest.fixture

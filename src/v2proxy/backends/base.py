@@ -1,4 +1,4 @@
-"""Helpers shared by the backends (the interface itself, :class:`v2proxy.ports.Backend`,
+"""Helpers shared by the backends (the interface itself, :class:`v2proxy.core.ports.Backend`,
 belongs to the core that calls it): a unary answer from a decoupled model, the mixin of
 backends that take decoded requests only, and the HTTP client pool the REST and MindIE
 backends open on ``start`` and close on ``close``: one keep-alive pool per backend endpoint
@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort
-from v2proxy.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
+from v2proxy.core.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
+from v2proxy.core.model import Buffer, InferResponse
+from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, RemoteClosed
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.model import Buffer, InferResponse
-from v2proxy.ports import Body, ForwardResponse, Headers
 
 
 async def single_response(model: str, responses: AsyncIterator[InferResponse]) -> InferResponse:

@@ -17,9 +17,9 @@ from v2proxy import __version__
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.codecs import settings
 from v2proxy.codecs.dtypes import check_tensor_size
-from v2proxy.errors import CodecError, InvalidRequest, NotFound, ProxyError
-from v2proxy.model import InferRequest, InferResponse, Tensor
-from v2proxy.ports import Headers
+from v2proxy.core.errors import CodecError, InvalidRequest, NotFound, ProxyError
+from v2proxy.core.model import InferRequest, InferResponse, Tensor
+from v2proxy.core.ports import Headers
 from v2proxy.reference.models import MODELS, ModelSpec, Produced
 
 _END: Any = object()

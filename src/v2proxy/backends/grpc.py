@@ -42,7 +42,7 @@ from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostP
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
@@ -53,8 +53,8 @@ from v2proxy.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.model import InferRequest, InferResponse
-from v2proxy.ports import Headers
+from v2proxy.core.model import InferRequest, InferResponse
+from v2proxy.core.ports import Headers
 
 _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
 

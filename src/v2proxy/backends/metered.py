@@ -1,5 +1,5 @@
-"""A :class:`~v2proxy.ports.Backend` decorator that times every call of the backend it wraps and
-counts its connection errors (:class:`~v2proxy.recorders.BackendRecorder`), so that the pipeline
+"""A :class:`~v2proxy.core.ports.Backend` decorator that times every call of the backend it wraps
+and counts its connection errors (:class:`~v2proxy.recorders.BackendRecorder`), so that the pipeline
 and the real backends stay free of metrics. ``app.py`` wraps the real backend in it when
 metrics are on.
 
@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import Any
 
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.ports import Backend, Body, ForwardResponse, Headers
 from v2proxy.metrics_export import AnyMetrics, Metrics
-from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.ports import Backend, Body, ForwardResponse, Headers
 from v2proxy.recorders import BackendRecorder
 
 

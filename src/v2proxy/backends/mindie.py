@@ -34,10 +34,10 @@ from v2proxy.backends.endpoints import split_hosts
 from v2proxy.backends.rest_answers import failure, json_answer, mapped
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import InvalidRequest, ProxyError, Unsupported
+from v2proxy.core.errors import InvalidRequest, ProxyError, Unsupported
+from v2proxy.core.model import Buffer, Datatype, InferRequest, InferResponse
+from v2proxy.core.ports import Headers
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse
-from v2proxy.ports import Headers
 from v2proxy.reference.models import ModelSpec, TensorSpec
 
 PLATFORM = "mindie"

@@ -56,12 +56,12 @@ from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BackendError, BadGateway, CodecError, ProxyError
+from v2proxy.core.errors import BackendError, BadGateway, CodecError, ProxyError
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client import StreamBody
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.http_io import forwardable
-from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.ports import Body, ForwardResponse, Headers, StreamedBody
+from v2proxy.http.headers import forwardable
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import loads, parse_header
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
@@ -33,10 +33,10 @@ from v2proxy.errors import (
     NotFound,
     ProxyError,
 )
+from v2proxy.core.model import Buffer
+from v2proxy.core.ports import Headers
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError, ReadTimeout
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.model import Buffer
-from v2proxy.ports import Headers
 
 __all__ = [
     "IHCL",

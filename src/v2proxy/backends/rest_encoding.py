@@ -23,8 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from v2proxy.errors import ProxyError
-from v2proxy.model import Datatype, InferRequest
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import Datatype, InferRequest
 
 log = logging.getLogger(__name__)
 

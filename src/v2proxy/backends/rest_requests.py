@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 from v2proxy.backends.rest_answers import IHCL
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
-from v2proxy.http_io import forwardable
-from v2proxy.model import Buffer, InferRequest
-from v2proxy.ports import Headers
+from v2proxy.core.model import Buffer, InferRequest
+from v2proxy.core.ports import Headers
+from v2proxy.http.headers import forwardable
 
 #: client headers not passed on with the requests whose body the REST backend writes
 OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})

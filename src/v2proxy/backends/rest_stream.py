@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from v2proxy.backends.rest_answers import mapped
+from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.ports import ForwardResponse, Headers, StreamedBody
 
 
 def streamed(

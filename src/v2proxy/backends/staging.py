@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from v2proxy.codecs.dtypes import ITEM_SIZE
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendUnavailable,
     BadGateway,
     GatewayTimeout,
     ProxyError,
 )
-from v2proxy.model import (
+from v2proxy.core.model import (
     Datatype,
     InferRequest,
     InferResponse,

@@ -24,8 +24,8 @@ from v2proxy.codecs.json_v2 import (
 )
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.sections import BinaryReader, SizeOnlyReader
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Buffer, InferRequest, InferResponse, Tensor
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Buffer, InferRequest, InferResponse, Tensor
 
 IHCL_HEADER = "Inference-Header-Content-Length"
 

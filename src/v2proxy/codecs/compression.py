@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import zlib
 
-from v2proxy.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
-from v2proxy.model import Buffer
+from v2proxy.core.errors import CodecError, PayloadTooLarge, UnsupportedEncoding
+from v2proxy.core.model import Buffer
 
 SUPPORTED = ("gzip", "deflate")
 

@@ -14,8 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from v2proxy.errors import CodecError
-from v2proxy.model import Buffer, Datatype, Tensor, element_count
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Buffer, Datatype, Tensor, element_count
 
 NUMPY_DTYPE: dict[Datatype, np.dtype[np.generic]] = {
     Datatype.BOOL: np.dtype("?"),

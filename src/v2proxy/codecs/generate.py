@@ -33,8 +33,8 @@ import orjson
 from v2proxy.codecs.dtypes import deserialize_bytes
 from v2proxy.codecs.json import loads
 from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE, data_to_buffer, tensor_data_json
-from v2proxy.errors import CodecError
-from v2proxy.model import Buffer, Datatype, InferRequest, InferResponse, Tensor, element_count
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Buffer, Datatype, InferRequest, InferResponse, Tensor, element_count
 
 #: parameter names Triton reserves for its scheduler and wire handling: never sent on
 RESERVED = frozenset(

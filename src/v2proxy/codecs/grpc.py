@@ -37,8 +37,8 @@ from v2proxy.codecs.dtypes import (
 )
 from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
-from v2proxy.errors import CodecError
-from v2proxy.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 
 #: datatype -> the typed-contents field that may carry it and that field's element dtype
 CONTENTS: dict[Datatype, tuple[str, str]] = {

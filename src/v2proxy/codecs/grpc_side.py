@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs.grpc import dict_to_message, message_to_dict
-from v2proxy.errors import CodecError
+from v2proxy.core.errors import CodecError
 
 
 def statistics_to_proto(obj: Any) -> pb.ModelStatisticsResponse:

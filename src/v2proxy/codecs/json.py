@@ -5,7 +5,7 @@ serialize primitives under the v2 codecs.
   literals, which Triton accepts); a body that is not JSON is a CodecError with the parser's
   message, naming ``what`` was parsed ("request", "response"). A string holding a lone
   surrogate escape (``"\\ud800"``: no Unicode text, refused by orjson and simdjson too) is an
-  :class:`~v2proxy.errors.InvalidText` naming the field at fault (``inputs[0].name``; the
+  :class:`~v2proxy.core.errors.InvalidText` naming the field at fault (``inputs[0].name``; the
   tensor too: ``'data[0]' for input 'X'``).
 - ``parse_header`` parses a request or response header with simdjson, leaving each tensor's
   ``data`` array a lazy simdjson array so that :func:`v2proxy.codecs.json_data.data_to_buffer`
@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import simdjson
 
-from v2proxy.errors import CodecError, InvalidText
+from v2proxy.core.errors import CodecError, InvalidText
 
 _DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
 

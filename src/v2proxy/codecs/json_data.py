@@ -35,8 +35,8 @@ from v2proxy.codecs.dtypes import (
     deserialize_bytes,
     serialize_bytes,
 )
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Datatype, Tensor, element_count
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Datatype, Tensor, element_count
 
 MAX_NESTING = 100
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024

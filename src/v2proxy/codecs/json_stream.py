@@ -23,8 +23,8 @@ from v2proxy.codecs.json import loads
 from v2proxy.codecs.json_data import BUFFER_TYPES, INT_RANGES
 from v2proxy.codecs.json_v2 import request_from_obj
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Datatype, InferRequest
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Datatype, InferRequest
 
 #: the skeleton (the document less the number arrays checked in pieces) may be this large
 SKELETON_LIMIT = 256 * 1024

@@ -33,8 +33,8 @@ from v2proxy.codecs.json_data import (
 )
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
 from v2proxy.codecs.sections import BinaryReader
-from v2proxy.errors import CodecError
-from v2proxy.model import (
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import (
     Datatype,
     InferRequest,
     InferResponse,

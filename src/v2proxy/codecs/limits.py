@@ -17,7 +17,7 @@ that sets it. Pure: no I/O.
 
 from __future__ import annotations
 
-from v2proxy.errors import CodecError, PayloadTooLarge
+from v2proxy.core.errors import CodecError, PayloadTooLarge
 
 #: the default of ``--max-tensors``
 DEFAULT_MAX_TENSORS = 1024

@@ -2,7 +2,7 @@
 (docs/protocol.md, MindIE clients).
 
 :func:`parse_request` turns the body into a :class:`MindieRequest` or raises
-:class:`~v2proxy.errors.CodecError` with MindIE's message; the MindIE frontend answers it as
+:class:`~v2proxy.core.errors.CodecError` with MindIE's message; the MindIE frontend answers it as
 422 ``{"error": <message>, "error_type": "Input Validation Error"}``. The checks run in MindIE's
 order: the body is a JSON object; ``inputs``/``input_id`` present and not both; ``inputs``' type
 and length (UTF-16 code units, at most ``max_input_chars``; a multimodal list is counted as its
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from v2proxy.codecs.json import dumps, loads
-from v2proxy.errors import CodecError, InvalidText
+from v2proxy.core.errors import CodecError, InvalidText
 
 FLT_MAX = 3.4028234663852886e38
 INT32_MAX = 2**31 - 1

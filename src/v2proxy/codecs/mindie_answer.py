@@ -2,10 +2,10 @@
 (docs/protocol.md, MindIE; docs/guides/mindie.md for what is approximated).
 
 Reading: each backend response becomes a :class:`Chunk` (its text, the tokens it reports, its
-finish reason) whether it came as a v2 :class:`~v2proxy.model.InferResponse` (gRPC stream,
+finish reason) whether it came as a v2 :class:`~v2proxy.core.model.InferResponse` (gRPC stream,
 v2 infer, builtin) or as a generate-extension JSON object (``/generate`` or one event of
-``/generate_stream``, as :meth:`~v2proxy.pipeline.Pipeline.generate_objects` yields them). A
-``{"error": ...}`` object is the backend failing (:class:`~v2proxy.errors.BackendError`).
+``/generate_stream``, as :meth:`~v2proxy.core.pipeline.Pipeline.generate_objects` yields them). A
+``{"error": ...}`` object is the backend failing (:class:`~v2proxy.core.errors.BackendError`).
 
 Writing (MindIE's shapes exactly): the non-stream body ``{"generated_text", "details"?}``;
 stream events ``data: <json>\\n\\n`` (token events with ``prefill_time``/``decode_time`` in
@@ -26,8 +26,8 @@ from typing import Any
 
 from v2proxy.codecs.dtypes import as_numpy, deserialize_bytes
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import BackendError, BadGateway, CodecError
-from v2proxy.model import Datatype, InferResponse
+from v2proxy.core.errors import BackendError, BadGateway, CodecError
+from v2proxy.core.model import Datatype, InferResponse
 
 #: MindIE's error types by HTTP status (docs/protocol.md, MindIE clients)
 ERROR_TYPES = {

@@ -40,7 +40,7 @@ import numpy as np
 
 from v2proxy.codecs.dtypes import as_numpy, serialize_bytes
 from v2proxy.codecs.json import loads
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
@@ -49,7 +49,7 @@ from v2proxy.errors import (
     NotFound,
     ProxyError,
 )
-from v2proxy.model import Datatype, InferResponse, Tensor
+from v2proxy.core.model import Datatype, InferResponse, Tensor
 
 OUTPUT = "text_output"
 #: MindIE knobs a v2 request's parameters may give (``max_tokens`` is renamed)

@@ -37,8 +37,8 @@ import numpy as np
 from v2proxy.codecs.dtypes import NUMPY_DTYPE, from_numpy, serialize_bytes
 from v2proxy.codecs.json import dumps
 from v2proxy.codecs.mindie import MindieRequest, invalid
-from v2proxy.errors import CodecError
-from v2proxy.model import Datatype, InferRequest, RequestedOutput, Tensor
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Datatype, InferRequest, RequestedOutput, Tensor
 
 PROFILES = ("trtllm", "vllm", "generate")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from v2proxy.codecs.dtypes import ITEM_SIZE, parse_datatype, serialize_bytes
-from v2proxy.errors import CodecError, PayloadTooLarge
-from v2proxy.model import Buffer, Datatype, InferRequest, Tensor, element_count
+from v2proxy.core.errors import CodecError, PayloadTooLarge
+from v2proxy.core.model import Buffer, Datatype, InferRequest, Tensor, element_count
 
 
 def _metadata_input(metadata: dict[str, Any], model: str) -> tuple[str, Datatype, list[int]]:

@@ -13,7 +13,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from v2proxy.errors import CodecError
+from v2proxy.core.errors import CodecError
 
 
 class BinaryReader:

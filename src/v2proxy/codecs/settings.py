@@ -5,7 +5,7 @@ The builtin backend keeps Triton's trace settings (``trace_level``, ``trace_rate
 ``trace_count``, ``log_frequency``, ``trace_file``, ``trace_mode``) and log settings
 (``log_file``, ``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level``,
 ``log_format``) with the value types Triton answers them with. :func:`trace_update` and
-:func:`log_update` return the checked update, or raise :class:`~v2proxy.errors.InvalidRequest`
+:func:`log_update` return the checked update, or raise :class:`~v2proxy.core.errors.InvalidRequest`
 (400) naming the setting at fault: a value of the wrong type, or (``strict``, as the builtin
 backend checks) an unknown setting. The pipeline checks every log settings update with
 ``strict=False`` before any backend sees it: Triton answers a bad ``log_format`` with 503. A trace
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from v2proxy.errors import InvalidRequest
+from v2proxy.core.errors import InvalidRequest
 
 TRACE_LEVELS = frozenset({"OFF", "TIMESTAMPS", "TENSORS"})
 _TRACE_STRINGS = frozenset(

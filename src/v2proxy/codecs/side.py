@@ -14,8 +14,8 @@ import base64
 from typing import Any
 
 from v2proxy.codecs.json import loads
-from v2proxy.errors import CodecError
-from v2proxy.model import Buffer
+from v2proxy.core.errors import CodecError
+from v2proxy.core.model import Buffer
 
 
 def _object(body: Buffer, what: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ call is recorded (metrics, log lines; each message of a stream is recorded on it
 ModelStreamInfer answers each request on the stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header. Every call but health and metadata holds a slot of the process's
-:class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
+:class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
 runs; a ModelStreamInfer stream holds one for as long as it is open.
 """
 
@@ -28,10 +28,12 @@ import grpc
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto import health_pb2
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.admission import AdmissionGate
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
-from v2proxy.errors import CodecError, Overloaded, ProxyError, Unsupported
+from v2proxy.core.admission import AdmissionGate
+from v2proxy.core.errors import CodecError, Overloaded, ProxyError, Unsupported
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Headers
 from v2proxy.frontends import grpc_shm
 from v2proxy.frontends.grpc_call import (
     HEALTH_SERVICE,
@@ -45,8 +47,6 @@ from v2proxy.frontends.grpc_call import (
 )
 from v2proxy.frontends.grpc_shm import peer_of
 from v2proxy.metrics_export import AnyMetrics, NullMetrics
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Headers
 from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)

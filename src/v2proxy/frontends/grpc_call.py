@@ -4,9 +4,9 @@ UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`
 docs/architecture.md, the error tree), the answer serialized (so that its size is known), the call
 recorded (metrics and log lines, :class:`Call`; each message of a stream is recorded on its own),
 and the end-to-end request metadata forwarded to the backend (:func:`forwarded_headers`). A call is
-admitted first by the process's :class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``):
-refused, it is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``
-(:func:`refusal_trailers`).
+admitted first by the process's :class:`~v2proxy.core.admission.AdmissionGate`
+(``--max-concurrency``): refused, it is RESOURCE_EXHAUSTED with the trailer
+``grpc-retry-pushback-ms`` (:func:`refusal_trailers`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from v2proxy._proto.service import SERVICE
-from v2proxy.admission import RETRY_AFTER_S, AdmissionGate
-from v2proxy.errors import CodecError, Overloaded, ProxyError
-from v2proxy.http_io import HOP_BY_HOP
+from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
+from v2proxy.core.errors import CodecError, Overloaded, ProxyError
+from v2proxy.core.ports import Headers
+from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.metrics import error_kind
-from v2proxy.ports import Headers
 from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger

@@ -1,6 +1,6 @@
 """MindIE's native text/stream interface, ``POST /infer`` on the HTTP port (docs/protocol.md,
 MindIE; docs/architecture.md, the product contract): one more frontend of the one
-:class:`~v2proxy.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
+:class:`~v2proxy.core.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
 ``mindie.profile`` mapping (default: the builtin ``llm``, profile ``trtllm``).
 
 - The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without
@@ -35,7 +35,7 @@ from typing import Any
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request
 from v2proxy.config_sections import MindieSettings
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
     BadGateway,
@@ -46,10 +46,10 @@ from v2proxy.errors import (
     ProxyError,
     Unsupported,
 )
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import ForwardResponse, Headers
 from v2proxy.frontends.mindie_call import Discovery, Target, backend_chunks
 from v2proxy.metrics_export import AnyMetrics
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import ForwardResponse, Headers
 from v2proxy.recorders import TokenRecorder
 
 log = logging.getLogger("v2proxy.mindie")

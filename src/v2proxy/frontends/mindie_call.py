@@ -10,7 +10,7 @@ serve the model; a failed look-up is tried again on the next request).
 :func:`backend_chunks` sends one validated request (a decoupled model is always asked to
 stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
-:class:`~v2proxy.pipeline.Pipeline`:
+:class:`~v2proxy.core.pipeline.Pipeline`:
 
 - the ``generate`` profile, and a REST backend's decoupled model: the generate extension with
   the profile's body, ``Pipeline.generate_objects`` (on a REST backend ``generate_stream`` when
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs import mindie_map as mapping
 from v2proxy.codecs.mindie import MindieRequest
-from v2proxy.errors import ProxyError
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import Headers
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import Headers
 
 log = logging.getLogger("v2proxy.mindie")
 

@@ -18,7 +18,7 @@ backend as the bytes the client sent; ``x-request-id`` is echoed on every answer
 passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
 (:mod:`v2proxy.frontends.rest_record`: metrics of :mod:`v2proxy.metrics`, a WARNING line per
 failed request, the access log), and admitted there first by the process's
-:class:`~v2proxy.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
+:class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
 beyond it, before the body is read).
 """
 
@@ -30,17 +30,20 @@ from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any
 
-from v2proxy.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.config_sections import MindieSettings
-from v2proxy.errors import (
+from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
+from v2proxy.core.errors import (
     BodyTooLarge,
     InvalidRequest,
     Overloaded,
     ProxyError,
     UnsupportedEncoding,
 )
+from v2proxy.core.model import Buffer
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import ForwardResponse
 from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
@@ -50,9 +53,6 @@ from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
 from v2proxy.metrics import error_kind
 from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
-from v2proxy.model import Buffer
-from v2proxy.pipeline import Pipeline
-from v2proxy.ports import ForwardResponse
 from v2proxy.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
@@ -355,7 +355,8 @@ _SIDE_GROUPS = (
 
 
 def _group(op: str, path: str) -> str:
-    """The API group (``v2proxy.restricted``) of a routed request of a _BODY_FIRST operation."""
+    """The API group (``v2proxy.core.restricted``) of a routed request of a _BODY_FIRST
+    operation."""
     if op != "side":
         return "inference"
     for prefix, group in _SIDE_GROUPS:

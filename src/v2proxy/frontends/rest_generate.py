@@ -1,6 +1,6 @@
 """``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` of the REST
 frontend: Triton's generate extension (docs/protocol.md, generate extension), whatever the
-backend (:mod:`v2proxy.generate_stage` decides between passing through and mapping).
+backend (:mod:`v2proxy.core.stages.generate` decides between passing through and mapping).
 
 - A passed-through answer is written as the backend sends it, server-sent events one by one.
 - A mapped ``generate`` answers one JSON object (:mod:`v2proxy.codecs.generate`); a model that
@@ -24,12 +24,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from v2proxy.codecs import generate as gc
-from v2proxy.errors import ProxyError
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import InferResponse
+from v2proxy.core.ports import ForwardResponse
+from v2proxy.core.stages.generate import single
 from v2proxy.frontends.rest_infer import headers_of
-from v2proxy.generate_stage import single
 from v2proxy.http.request import ClientDisconnected, HttpRequest
-from v2proxy.model import InferResponse
-from v2proxy.ports import ForwardResponse
 
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import Answer, RestFrontend

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
-from v2proxy.errors import ProxyError
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import Buffer, InferRequest
+from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody, no_release
+from v2proxy.http.headers import HOP_BY_HOP, forwardable
 from v2proxy.http.request import HttpRequest
 from v2proxy.http.response import HttpResponse
-from v2proxy.http_io import HOP_BY_HOP, forwardable
-from v2proxy.model import Buffer, InferRequest
-from v2proxy.ports import ForwardResponse, Headers, StreamedBody, no_release
 
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import Answer, RestFrontend

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from time import perf_counter
 
+from v2proxy.core.model import Buffer
 from v2proxy.http.request import HttpRequest
 from v2proxy.http.response import nbytes
-from v2proxy.model import Buffer
 from v2proxy.recorders import FrontendRecorder
 
 REQUEST_ID = b"x-request-id"

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
-from v2proxy.errors import InvalidRequest
+from v2proxy.core.errors import InvalidRequest
 from v2proxy.frontends.rest_infer import headers_of, peer_of
 from v2proxy.http.request import HttpRequest
 

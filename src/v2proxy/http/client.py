@@ -55,11 +55,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from v2proxy.core.model import Buffer
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, ReadTimeout, RemoteClosed
 from v2proxy.http.client_head import RequestHeads
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.model import Buffer
 
 #: request bodies up to this size are joined with the head and written at once
 _JOIN_MAX = 64 * 1024

@@ -16,8 +16,8 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+from v2proxy.core.model import Buffer
 from v2proxy.http.request import ClientDisconnected, HttpRequest
-from v2proxy.model import Buffer
 
 if TYPE_CHECKING:
     from v2proxy.http.server_state import ConnectionState as _Connection

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from v2proxy.codecs.dtypes import as_numpy, from_numpy, serialize_bytes
-from v2proxy.errors import InvalidRequest
-from v2proxy.model import Datatype, Tensor
+from v2proxy.core.errors import InvalidRequest
+from v2proxy.core.model import Datatype, Tensor
 
 PLATFORM = "v2proxy_builtin"
 

@@ -12,11 +12,12 @@ Contract:
 - :func:`open_region` opens a registration: an adapter failure is Triton's ``failed to register
   shared memory region: invalid args``, a ``byte_size`` above the allocation (when the adapter
   knows its size) ``failed to register shared memory region '<name>': invalid args``.
-- :class:`CudaRegion` is a :class:`v2proxy.shm_stage.Region`: :meth:`CudaRegion.read` copies the
-  bytes to a fresh host buffer (the tensor holds that buffer, not device memory),
-  :meth:`CudaRegion.write` copies host -> device. Bounds are checked by the caller
-  (:func:`v2proxy.shm_stage.locate`) before either. :meth:`CudaRegion.close` closes the IPC
-  mapping; the registry calls it only when no request holds the region.
+- :class:`CudaRegion` is a :class:`v2proxy.core.regions.Region`: :meth:`CudaRegion.read`
+  copies the bytes to a fresh host buffer (the tensor holds that buffer, not device memory),
+  :meth:`CudaRegion.write` copies host -> device. Bounds are checked by the caller (the core's
+  shared-memory stage, :mod:`v2proxy.core.stages.shm`) before either.
+  :meth:`CudaRegion.close` closes the IPC mapping; the registry calls it only when no request
+  holds the region.
 
 The cupy path has not been run on a GPU in this project: the tests drive this module through a
 fake adapter (tests/unit/test_shm_cuda.py); a ``gpu``-marked test covers the real path.
@@ -29,8 +30,8 @@ import ctypes
 import importlib.util
 from typing import Any, Protocol
 
-from v2proxy.errors import InvalidRequest, ProxyError
-from v2proxy.model import Buffer
+from v2proxy.core.errors import InvalidRequest, ProxyError
+from v2proxy.core.model import Buffer
 
 HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from v2proxy.model import Buffer
+from v2proxy.core.model import Buffer
 from v2proxy.shm import _guard
 
 

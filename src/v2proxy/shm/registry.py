@@ -1,7 +1,7 @@
 """The system shared-memory regions clients registered with this process (docs/protocol.md, shared
 memory), reference counted so that no mapping is closed under a request.
 
-Contract (implements :class:`v2proxy.shm_stage.Regions`):
+Contract (implements :class:`v2proxy.core.regions.Regions`):
 
 - :meth:`Registry.register` checks, in Triton's order: the key (:func:`system.normal_key`), the
   name is new (``already in manager``, ALREADY_EXISTS; a region awaiting its deferred unregister
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from v2proxy.errors import AlreadyExists, InvalidRequest, NotFound
+from v2proxy.core.errors import AlreadyExists, InvalidRequest, NotFound
+from v2proxy.core.regions import Region, cuda_register
 from v2proxy.shm import cuda, system
-from v2proxy.shm_stage import Region, cuda_register
 
 
 class _Cell(Protocol):

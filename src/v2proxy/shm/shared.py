@@ -1,7 +1,7 @@
 """The system shared-memory regions of ``--workers N``: one registry all workers see, kept as
 small record files in a folder the supervisor creates before forking (and removes at exit).
 
-Contract (implements :class:`v2proxy.shm_stage.Regions`, same errors and texts as
+Contract (implements :class:`v2proxy.core.regions.Regions`, same errors and texts as
 :class:`v2proxy.shm.registry.Registry`):
 
 - At most ``max_regions`` records exist (all workers together; beyond it
@@ -40,10 +40,10 @@ import json
 import os
 from typing import Any
 
-from v2proxy.errors import AlreadyExists, NotFound
+from v2proxy.core.errors import AlreadyExists, NotFound
+from v2proxy.core.regions import Region, cuda_register
 from v2proxy.shm import cuda, system
 from v2proxy.shm.registry import MAX_REGIONS, Mapped, Opener, _Cell, full
-from v2proxy.shm_stage import Region, cuda_register
 
 Ident = tuple[int, int]  # (st_ino, st_mtime_ns) of a record
 

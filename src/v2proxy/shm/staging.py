@@ -30,8 +30,8 @@ import secrets
 
 import posix_ipc
 
-from v2proxy.errors import ProxyError
-from v2proxy.model import Buffer
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import Buffer
 from v2proxy.shm import guarded
 
 #: every staging object's name starts with it (reserved: clients may not register such keys)

@@ -37,8 +37,8 @@ import mmap
 import os
 import stat
 
-from v2proxy.errors import InvalidRequest, Overloaded, ProxyError
-from v2proxy.model import Buffer
+from v2proxy.core.errors import InvalidRequest, Overloaded, ProxyError
+from v2proxy.core.model import Buffer
 from v2proxy.shm import guarded
 from v2proxy.shm.staging import STAGING_PREFIX
 

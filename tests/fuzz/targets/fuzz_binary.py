@@ -33,7 +33,7 @@ from fuzzlib import (
 
 with instrumented(__name__ == "__main__"):
     from v2proxy.codecs import binary as binc
-    from v2proxy.model import InferResponse
+    from v2proxy.core.model import InferResponse
 
 
 def _header_value(control: int, number: int) -> str | None:

@@ -25,7 +25,7 @@ with instrumented(__name__ == "__main__"):
     from v2proxy.codecs import binary as binc
     from v2proxy.codecs import generate as gc
     from v2proxy.codecs import grpc as grpcc
-    from v2proxy.model import InferResponse
+    from v2proxy.core.model import InferResponse
     from v2proxy.reference.models import MODELS
 
 NAMES = ("llm", "simple", "simple_string", "simple_identity", "identity_fp32", "classifier")

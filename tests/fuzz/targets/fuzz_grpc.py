@@ -29,7 +29,7 @@ with instrumented(__name__ == "__main__"):
     from v2proxy._proto import grpc_service_pb2 as pb
     from v2proxy.codecs import binary as binc
     from v2proxy.codecs import grpc as grpcc
-    from v2proxy.model import InferResponse
+    from v2proxy.core.model import InferResponse
 
 T = TypeVar("T")
 

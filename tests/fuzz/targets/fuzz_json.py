@@ -35,7 +35,7 @@ with instrumented(__name__ == "__main__"):
     from v2proxy.codecs import binary as binc
     from v2proxy.codecs import json as jsonc
     from v2proxy.codecs import json_stream
-    from v2proxy.model import InferRequest, InferResponse
+    from v2proxy.core.model import InferRequest, InferResponse
 
 PIECES = (1, 2, 3, 5, 8, 13, 64, 4096)
 MAX_PIECES = 48

@@ -29,7 +29,7 @@ with instrumented(__name__ == "__main__"):
     from v2proxy.codecs import mindie_answer as answer
     from v2proxy.codecs import mindie_backend as mb
     from v2proxy.codecs import mindie_map as mapping
-    from v2proxy.errors import ProxyError
+    from v2proxy.core.errors import ProxyError
     from v2proxy.reference.models import MODELS
 
 LLM = MODELS["llm"]

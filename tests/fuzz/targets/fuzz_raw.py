@@ -26,8 +26,8 @@ with instrumented(__name__ == "__main__"):
     from v2proxy.codecs.dtypes import ITEM_SIZE, deserialize_bytes
     from v2proxy.codecs.json import loads
     from v2proxy.codecs.raw import decode_raw_request
-    from v2proxy.errors import ProxyError
-    from v2proxy.model import Datatype, element_count
+    from v2proxy.core.errors import ProxyError
+    from v2proxy.core.model import Datatype, element_count
     from v2proxy.reference.models import MODELS
 
 

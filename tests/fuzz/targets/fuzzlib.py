@@ -1,10 +1,10 @@
 """What every fuzz target shares: the invariant check and the atheris entry point.
 
 The invariant (docs/architecture.md, rules the code follows): whatever bytes a codec is fed, it
-either succeeds or raises one of the project's own errors (a :class:`~v2proxy.errors.ProxyError`,
-with a message and a 4xx/5xx status); any other exception is a defect, and atheris reports it as a
-crash. A target's ``test_one_input(data: bytes)`` is an ordinary function: the corpus replay test
-calls it without atheris.
+either succeeds or raises one of the project's own errors (a
+:class:`~v2proxy.core.errors.ProxyError`, with a message and a 4xx/5xx status); any other exception
+is a defect, and atheris reports it as a crash. A target's ``test_one_input(data: bytes)`` is an
+ordinary function: the corpus replay test calls it without atheris.
 
 ``main`` runs a target under atheris with libFuzzer's own flags (``-runs=N``, ``-max_len=N``,
 ``-timeout=S``, ``-merge=1``, corpus folders): ``python tests/fuzz/targets/fuzz_json.py
@@ -25,10 +25,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from v2proxy.errors import ProxyError
+from v2proxy.core.errors import ProxyError
 
 if TYPE_CHECKING:
-    from v2proxy.model import InferRequest, InferResponse, Tensor
+    from v2proxy.core.model import InferRequest, InferResponse, Tensor
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
-"""The classification stage of the pipeline (stages 4 and 6 of :mod:`v2proxy.pipeline`), pure.
+"""The classification stage of the pipeline (stages 4 and 6 of :mod:`v2proxy.core.pipeline`), pure.
 
 Stage 4, per requested output with a ``classification`` parameter (``k``, checked by
-:func:`~v2proxy.postprocess.classification.requested_count`):
+:func:`~v2proxy.codecs.classification.requested_count`):
 
 - ``k`` is 0 (REST: no classification): the parameter is dropped, the output returned as is;
 - labels are configured for (model, output) (``models.<m>.outputs.<o>.labels``): the proxy
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from v2proxy.model import InferRequest, InferResponse, RequestedOutput
-from v2proxy.postprocess.classification import classify
+from v2proxy.codecs.classification import classify
+from v2proxy.core.model import InferRequest, InferResponse, RequestedOutput
 
 
 class OutputLabels(Protocol):

@@ -1,13 +1,13 @@
-"""System shared memory as stages of the pipeline (docs/protocol.md, shared memory): the side
-operations' rules (who may register, CUDA on a CPU proxy) and, per inference request, stage 3
-(inputs read from the client's registered regions), stage 4 (outputs planned into them) and stage 6
-(the backend's outputs written there).
+"""Client shared memory as stages of the pipeline (docs/protocol.md, shared memory): who may use
+it, and per inference request stage 3 (inputs read from the client's registered regions), stage 4
+(outputs planned into them) and stage 6 (the backend's outputs written there).
 
 Contract:
 
-- The regions live behind the :class:`Regions` port (:class:`v2proxy.shm.registry.Registry`,
-  or :class:`v2proxy.shm.shared.SharedRegistry` with ``--workers N``; wired by ``app.py``);
-  this module only sees :class:`Region` handles. A request holds every region it names from
+- The regions live behind the :class:`~v2proxy.core.regions.Regions` port
+  (:class:`v2proxy.shm.registry.Registry`, or :class:`v2proxy.shm.shared.SharedRegistry` with
+  ``--workers N``; wired by ``app.py``); this module only sees
+  :class:`~v2proxy.core.regions.Region` handles. A request holds every region it names from
   :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the request ends,
   whatever happens), so an unregister meanwhile is deferred and no mapping is ever closed under
   a request.
@@ -36,12 +36,13 @@ Pure: no I/O library (checked by tools/check_layers.py).
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Protocol
+from typing import Any
 
+from v2proxy.codecs.classification import WITH_SHM
 from v2proxy.codecs.dtypes import check_tensor_size
-from v2proxy.errors import Forbidden, InvalidRequest, NotFound, ProxyError, Unsupported
-from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.postprocess.classification import WITH_SHM
+from v2proxy.core.errors import Forbidden, InvalidRequest, NotFound, ProxyError, Unsupported
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.regions import Region, Regions
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -51,56 +52,6 @@ SHM_PARAMS = frozenset({REGION, OFFSET, BYTE_SIZE})
 SIZE_MAX = 2**64 - 1
 CLIENT_SHM_MODES = ("off", "local", "on")
 WITH_BINARY = "Output can't set both 'shared_memory_region' and 'binary_data'"
-
-
-class Region(Protocol):
-    """A registered region as a request uses it (offsets are relative to its start)."""
-
-    name: str
-    byte_size: int
-
-    def check(self) -> None:
-        """Raise a ProxyError when the object no longer holds the registered bytes."""
-        ...
-
-    def read(self, offset: int, size: int) -> memoryview:
-        """A private copy of ``size`` bytes at ``offset`` (bounds checked by the caller)."""
-        ...
-
-    def write(self, offset: int, data: Buffer) -> None:
-        """Copy ``data`` to ``offset`` (bounds checked by the caller)."""
-        ...
-
-
-class Regions(Protocol):
-    """The registered regions (:class:`v2proxy.shm.registry.Registry`: one process's,
-    :class:`v2proxy.shm.shared.SharedRegistry`: those every worker shares)."""
-
-    def acquire(self, name: str) -> Region:
-        """The region named ``name``, held until :meth:`release` (NotFound if unknown)."""
-        ...
-
-    def release(self, region: Region) -> None: ...
-
-    def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
-        """Triton's status list of the ``kind`` ("system" | "cuda") regions, sorted by name;
-        one entry when ``name`` is given."""
-        ...
-
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
-
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        """A CUDA region (Triton's CPU-build text when this proxy has no CUDA adapter)."""
-        ...
-
-    def unregister(self, name: str, kind: str = "system") -> None:
-        """Unregister one region of ``kind`` ("" = all of them); in-use regions go when their
-        last user ends; a name of the other kind is left alone."""
-        ...
-
-    def served(self, direction: str, n: int) -> None:
-        """Count ``n`` tensors read (``"input"``) or written (``"output"``) in regions."""
-        ...
 
 
 # ---------------------------------------------------------------------- side operations
@@ -138,13 +89,6 @@ def check_client(mode: str, peer: str | None) -> None:
             "Client shared memory is allowed only from loopback or a unix socket"
             " (--client-shm local): this client connected from another host"
         )
-
-
-def cuda_register(name: str) -> None:
-    """Triton's answer on a build without GPUs or without cupy (docs/protocol.md, CUDA regions)."""
-    raise InvalidRequest(
-        f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
-    )
 
 
 # ---------------------------------------------------------------------- inference

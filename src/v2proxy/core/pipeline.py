@@ -3,10 +3,10 @@
 ``app.py`` builds exactly one :class:`Pipeline`; the REST and gRPC frontends (and the MindIE
 frontend to come) go through it for every operation: inference, streamed inference, health,
 metadata, config, statistics, repository, trace and log settings, and REST pass-through. It
-owns the port to the model server (:class:`~v2proxy.ports.Backend`). Frontends only decode wire
+owns the port to the model server (:class:`~v2proxy.core.ports.Backend`). Frontends only decode wire
 bytes into the internal model and encode the answer back; backends only encode for their model
-server. Errors are :class:`~v2proxy.errors.ProxyError` subclasses that keep their class from the
-place they are raised to the frontend's one translator.
+server. Errors are :class:`~v2proxy.core.errors.ProxyError` subclasses that keep their class from
+the place they are raised to the frontend's one translator.
 
 An inference request passes these stages, in this order:
 
@@ -19,27 +19,27 @@ An inference request passes these stages, in this order:
 3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
    inputs named by ``shared_memory_region`` become private copies of the client's region, and
    outputs named so are planned into theirs; the request holds those regions until it ends
-   (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.shm_stage`).
+   (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.core.stages.shm`).
 4. **output planning** (classification): which outputs the
    backend is asked for, in which form (:meth:`Pipeline._plan_outputs`). An output with a
    ``classification`` parameter is classified by the proxy (the backend is asked for the raw
    output) when labels are configured for it or the backend lacks the extension, else passed
-   through (:mod:`v2proxy.postprocess.stage`). Requests without one pay one dict lookup per
+   through (:mod:`v2proxy.core.stages.classification`). Requests without one pay one dict lookup per
    requested output that has parameters.
 5. **backend call**: :meth:`Backend.infer` / :meth:`Backend.stream_infer`.
 6. **post-processing**: request id and model name filled in, outputs the client did not ask for
    dropped (:meth:`Pipeline._finish`); then the outputs planned in stage 4 are classified
-   (:func:`v2proxy.postprocess.stage.apply`); outputs planned into shared memory are written
-   there (:meth:`v2proxy.shm_stage.Use.write_outputs`).
+   (:func:`v2proxy.core.stages.classification.apply`); outputs planned into shared memory are
+   written there (:meth:`v2proxy.core.stages.shm.Use.write_outputs`).
    Metrics wrap stages 2-6.
 7. **encode** (frontend): the response in the wire form the client asked for.
 
 What stages 1, 4 and 6 and the generate mapping need to know of the backend's models (metadata,
-``max_batch_size``, whether it classifies) is cached in :class:`~v2proxy.model_info.ModelInfo`.
+``max_batch_size``, whether it classifies) is cached in :class:`~v2proxy.core.model_info.ModelInfo`.
 
-The pass-through fast path (:class:`~v2proxy.relay.Relay`): when no stage applies and the backend
-takes the client's wire form, the client's bytes go to the backend untouched after stage 1, and
-the answer comes back unchanged.
+The pass-through fast path (:class:`~v2proxy.core.relay.Relay`): when no stage applies and the
+backend takes the client's wire form, the client's bytes go to the backend untouched after stage 1,
+and the answer comes back unchanged.
 
 Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
 """
@@ -49,25 +49,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
-from v2proxy import restricted, shm_stage
 from v2proxy.codecs import settings, side
+from v2proxy.codecs.classification import requested_count
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.errors import NotFound, ProxyError, Unsupported
-from v2proxy.generate_stage import GenerateStage, Mapped
-from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.model_info import ModelInfo
-from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
-from v2proxy.postprocess import stage
-from v2proxy.postprocess.classification import requested_count
-from v2proxy.relay import Relay
+from v2proxy.core import restricted
+from v2proxy.core.errors import NotFound, ProxyError, Unsupported
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.model_info import ModelInfo
+from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.regions import Regions, cuda_register
+from v2proxy.core.relay import Relay
+from v2proxy.core.stages import classification as classification_stage
+from v2proxy.core.stages import shm as shm_stage
+from v2proxy.core.stages.generate import GenerateStage, Mapped
 
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
 
 
 class AccessPolicy(Protocol):
-    """Decides whether a request may use an API group (``v2proxy.restricted``)."""
+    """Decides whether a request may use an API group (``v2proxy.core.restricted``)."""
 
     def restricts(self, group: str) -> bool:
         """Whether ``group`` is restricted at all (else :meth:`check` never refuses it)."""
@@ -94,8 +96,8 @@ class Pipeline:
         backend: Backend,
         max_input_size: int,
         access: AccessPolicy | None = None,
-        models: Mapping[str, stage.ModelLabels] | None = None,
-        shm: shm_stage.Regions | None = None,
+        models: Mapping[str, classification_stage.ModelLabels] | None = None,
+        shm: Regions | None = None,
         client_shm: str = "local",
         max_tensors: int = DEFAULT_MAX_TENSORS,
     ) -> None:
@@ -107,13 +109,13 @@ class Pipeline:
         self.max_tensors = max_tensors
         self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
-        self.models: Mapping[str, stage.ModelLabels] = models or {}
+        self.models: Mapping[str, classification_stage.ModelLabels] = models or {}
         #: the clients' system shared-memory regions (None: none can be registered)
         self.shm = shm
         self.client_shm = client_shm
         self._relay = Relay(backend, max_input_size, max_tensors)
         self._forgetters: list[Callable[[], None]] = []
-        #: the backend's model metadata and extensions, cached (:mod:`v2proxy.model_info`)
+        #: the backend's model metadata and extensions, cached (:mod:`v2proxy.core.model_info`)
         self.info = ModelInfo(backend)
         self.generation = GenerateStage(
             backend, self.info.shape_info, self.stream_infer, max_input_size
@@ -290,16 +292,19 @@ class Pipeline:
 
     async def _plan_classification(
         self, request: InferRequest, counts: dict[str, int]
-    ) -> tuple[InferRequest, stage.Plan]:
+    ) -> tuple[InferRequest, classification_stage.Plan]:
         """Stage 4 for classification: the request the backend is sent and the outputs the
-        proxy classifies (:func:`v2proxy.postprocess.stage.plan`)."""
+        proxy classifies (:func:`v2proxy.core.stages.classification.plan`)."""
         model = self.models.get(request.model_name)
         local = model.outputs if model is not None else {}
-        classifies = stage.asks_backend(counts, local) and await self.info.lists_classification()
-        return stage.plan(request, counts, local, classifies)
+        classifies = (
+            classification_stage.asks_backend(counts, local)
+            and await self.info.lists_classification()
+        )
+        return classification_stage.plan(request, counts, local, classifies)
 
     async def _classify(
-        self, request: InferRequest, todo: stage.Plan, response: InferResponse
+        self, request: InferRequest, todo: classification_stage.Plan, response: InferResponse
     ) -> InferResponse:
         """Stage 6 for classification: batching known from the model's config or metadata."""
         if not todo or not any(t.name in todo for t in response.outputs):
@@ -310,7 +315,7 @@ class Pipeline:
             )
         except ProxyError:
             metadata, max_batch_size = {}, None
-        return stage.apply(response, todo, metadata, max_batch_size)
+        return classification_stage.apply(response, todo, metadata, max_batch_size)
 
     @staticmethod
     def _finish(request: InferRequest, response: InferResponse) -> InferResponse:
@@ -378,7 +383,7 @@ class Pipeline:
     ) -> ForwardResponse | Mapped:
         """A REST ``generate``/``generate_stream`` request: passed through to a backend that
         has the extension, else mapped onto :meth:`stream_infer`
-        (:mod:`v2proxy.generate_stage`)."""
+        (:mod:`v2proxy.core.stages.generate`)."""
         self._allow("inference", headers)
         return await self.generation.run(model, version, target, body, headers, stream)
 
@@ -435,7 +440,7 @@ class Pipeline:
         self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is None:
-            shm_stage.cuda_register(name)
+            cuda_register(name)
         else:
             self.shm.register_cuda(name, handle, device, size)
 

@@ -35,7 +35,7 @@ from typing import Any
 from v2proxy.codecs import compression
 from v2proxy.codecs import generate as gc
 from v2proxy.codecs.json import loads
-from v2proxy.errors import (
+from v2proxy.core.errors import (
     BackendError,
     CodecError,
     InvalidRequest,
@@ -43,8 +43,8 @@ from v2proxy.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.model import Buffer, InferRequest, InferResponse
-from v2proxy.ports import Backend, ForwardResponse, Headers
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.ports import Backend, ForwardResponse, Headers
 
 #: (model, version) -> (metadata, max_batch_size), cached by the pipeline
 MetadataFn = Callable[[str, str], Awaitable[tuple[dict[str, Any], int | None]]]

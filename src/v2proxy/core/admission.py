@@ -13,7 +13,7 @@ Operations that probes and monitoring depend on are never refused and never coun
 /metrics`` does not reach the gate at all. Under overload Kubernetes must still see a live,
 ready pod, or it would restart the one that is busy.
 
-A refusal is :class:`~v2proxy.errors.Overloaded` (503 with ``Retry-After:``
+A refusal is :class:`~v2proxy.core.errors.Overloaded` (503 with ``Retry-After:``
 :data:`RETRY_AFTER_S`, gRPC RESOURCE_EXHAUSTED), raised before any work is done.
 ``limit`` 0 means no limit. Pure: no I/O; everything runs on the process's one event loop, so a
 plain counter suffices.
@@ -21,7 +21,7 @@ plain counter suffices.
 
 from __future__ import annotations
 
-from v2proxy.errors import Overloaded
+from v2proxy.core.errors import Overloaded
 
 #: operations (the ``operation`` label of the frontends' metrics) that are never refused
 EXEMPT = frozenset({"health", "metadata"})

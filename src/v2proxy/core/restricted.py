@@ -11,7 +11,7 @@ Contract:
 
 - The groups are Triton's names (:data:`GROUPS`); :data:`REST_GROUPS` and :data:`GRPC_GROUPS`
   say which operation belongs to which (the MindIE ``/infer`` route is ``inference``).
-- :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.errors.Forbidden` (HTTP 403, gRPC
+- :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
   PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
   header with exactly the configured value. Header names match case-insensitively; the value is
   compared in constant time. With no header configured, restricted groups are refused to all.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from v2proxy.errors import Forbidden
+from v2proxy.core.errors import Forbidden
 
 GROUPS = frozenset(
     {

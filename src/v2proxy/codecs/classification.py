@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from v2proxy.codecs.dtypes import INTEGER_TYPES, NUMPY_DTYPE, serialize_bytes
-from v2proxy.errors import InvalidRequest
-from v2proxy.model import Datatype, Tensor, element_count
+from v2proxy.core.errors import InvalidRequest
+from v2proxy.core.model import Datatype, Tensor, element_count
 
 #: the most elements one row may have (Triton's cap; docs/protocol.md, classification)
 MAX_ROW_ELEMENTS = 1_000_000

@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from v2proxy.errors import ProxyError
-from v2proxy.ports import Backend
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.ports import Backend
 
 METADATA_TTL_S = 30.0
 

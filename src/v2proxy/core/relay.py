@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from v2proxy.codecs.binary import check_json_size, decode_request
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
-from v2proxy.errors import InvalidRequest, ProxyError
-from v2proxy.model import Datatype, InferRequest
-from v2proxy.ports import Backend, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.errors import InvalidRequest, ProxyError
+from v2proxy.core.model import Datatype, InferRequest
+from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
 HOLD_BACK = 64 * 1024

@@ -1,17 +1,19 @@
-"""The port between the core and the model servers: what the :class:`~v2proxy.pipeline.Pipeline`
-needs from a backend, typed per operation (docs/architecture.md, the request path).
+"""The port between the core and the model servers: what the
+:class:`~v2proxy.core.pipeline.Pipeline` needs from a backend, typed per operation
+(docs/architecture.md, the request path).
 
 Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`. Operations take and return
 the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON objects of the REST
 side endpoints (docs/protocol.md, endpoints: statistics, repository index, trace and log settings),
-never wire bytes or REST paths; every failure is raised as a :class:`~v2proxy.errors.ProxyError` of
-its own class, mapped from foreign exceptions inside the backend that meets them.
+never wire bytes or REST paths; every failure is raised as a
+:class:`~v2proxy.core.errors.ProxyError` of its own class, mapped from foreign exceptions inside the
+backend that meets them.
 
 Two operations exist for the REST↔REST pass-through fast path only: ``relay_infer`` (an /infer
 body sent unchanged, or None when the backend does not take it so) and ``forward`` (any other
 REST request, e.g. ``generate``). Backends that cannot take bytes say so with ``relay_infer``
-returning None and ``forward`` raising :class:`~v2proxy.errors.NotFound` or
-:class:`~v2proxy.errors.Unsupported`.
+returning None and ``forward`` raising :class:`~v2proxy.core.errors.NotFound` or
+:class:`~v2proxy.core.errors.Unsupported`.
 
 Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
 the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from v2proxy.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
 
 #: end-to-end request headers: (lowercase name, value as received)
 Headers = list[tuple[bytes, bytes]]

@@ -1,1 +1,0 @@
-"""Post-processing stages of the pipeline, pure (no I/O library): classification."""
