@@ -23,7 +23,6 @@ import grpc
 
 from v2proxy.app_core import build_backend, build_metrics, build_pipeline, raise_fd_limit
 from v2proxy.backends.metered import metered
-from v2proxy.config import Settings
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.pipeline import Pipeline
@@ -32,19 +31,20 @@ from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
-from v2proxy.metrics_export import (
+from v2proxy.ops.config import Settings
+from v2proxy.ops.metrics_export import (
     AnyMetrics,
     enable_multiprocess,
     process_gone,
 )
-from v2proxy.request_log import setup_logging
-from v2proxy.shm.registry import Registry
-from v2proxy.shm.shared import SharedRegistry
-from v2proxy.tls import (
+from v2proxy.ops.request_log import setup_logging
+from v2proxy.ops.tls import (
     TlsFileError,
     server_context,
     server_credentials,
 )
+from v2proxy.shm.registry import Registry
+from v2proxy.shm.shared import SharedRegistry
 
 log = logging.getLogger("v2proxy")
 

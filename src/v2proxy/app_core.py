@@ -25,10 +25,10 @@ from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.staging import Stager
-from v2proxy.config import Settings
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Backend
-from v2proxy.metrics import (
+from v2proxy.ops.config import Settings
+from v2proxy.ops.metrics import (
     BACKEND_RETRIES,
     SHM_BYTES,
     SHM_REGIONS,
@@ -36,12 +36,12 @@ from v2proxy.metrics import (
     SHM_STAGING,
     SHM_TENSORS,
 )
-from v2proxy.metrics_export import AnyMetrics, Metrics, NullMetrics
-from v2proxy.recorders import EndpointRecorder, TokenRecorder
+from v2proxy.ops.metrics_export import AnyMetrics, Metrics, NullMetrics
+from v2proxy.ops.recorders import EndpointRecorder, TokenRecorder
+from v2proxy.ops.tls import channel_credentials, client_context
 from v2proxy.shm.cuda import CudaAdapter, default_adapter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
-from v2proxy.tls import channel_credentials, client_context
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@
 inject`` (the admission webhook; its options live in v2proxy.inject.command).
 
 Every option of ``serve`` is also a YAML key of ``--config FILE`` and an environment variable
-``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.config). The
-options are built from the table of settings (v2proxy.config_spec: name, metavar, help, and the
+``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.ops.config). The
+options are built from the table of settings (v2proxy.ops.config_spec: name, metavar, help, and the
 default each help shows; ``reference-server`` shows its own, :data:`REFERENCE_SERVER`). The
-options' values are taken here as text and parsed by v2proxy.config's parsers, the same for the
+options' values are taken here as text and parsed by v2proxy.ops.config's parsers, the same for the
 three sources: a bad value stops the start with one line naming the option, exit status 2
 (``v2proxy: --max-body-size=lots: invalid value for 'max_body_size': ...``). What argparse itself
 refuses (an unknown option, a missing value) is one line too, without the usage; ``--help`` is
@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from v2proxy import __version__
-from v2proxy.config import OTHER_VARIABLES, load_settings
-from v2proxy.config_sections import ConfigError
-from v2proxy.config_spec import (
+from v2proxy.inject.command import add_parser as add_inject_parser
+from v2proxy.ops.config import OTHER_VARIABLES, load_settings
+from v2proxy.ops.config_sections import ConfigError
+from v2proxy.ops.config_spec import (
     DEFAULTS,
     REFERENCE_SERVER,
     SETTINGS,
@@ -31,9 +32,8 @@ from v2proxy.config_spec import (
     serve_options,
     show,
 )
-from v2proxy.inject.command import add_parser as add_inject_parser
 
-#: what a size option takes (v2proxy.config_values.byte_size: K, M, G powers of 1000, Ki, Mi, Gi
+#: what a size option takes (v2proxy.ops.config_values.byte_size: K, M, G powers of 1000, Ki, Mi, Gi
 #: powers of 1024, B optional)
 _SIZE = "bytes, or with a unit: 512K, 64Mi, 1G, 1GiB"
 

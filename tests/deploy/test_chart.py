@@ -37,9 +37,9 @@ from tests.deploy.deploytools import (
     run,
 )
 from v2proxy.cli import parser
-from v2proxy.config import load_settings
 from v2proxy.inject.patch import review
 from v2proxy.inject.settings import load_defaults
+from v2proxy.ops.config import load_settings
 
 PARENT = Path(__file__).parent / "charts" / "model-server"
 

@@ -17,7 +17,7 @@ import yaml
 
 from tests.deploy.chartlib import by_name, kinds, one, pod_spec, refusal, render, serve_args
 from tests.deploy.test_chart import SHAPES, selects, spec_labels
-from v2proxy.config import load_settings
+from v2proxy.ops.config import load_settings
 
 AT_SCALE = SHAPES["standalone-at-scale"]
 DIGEST = "sha256:" + "ab" * 32

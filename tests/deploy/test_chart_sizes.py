@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.deploy.chartlib import pod_spec, refusal, render, serve_args
-from v2proxy.config import load_settings
+from v2proxy.ops.config import load_settings
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from tests.deploy.chartlib import (
 )
 from tests.deploy.deploytools import CHART, helm, run
 from tests.tlspki import Pki, make_pki
-from v2proxy.config import load_settings
-from v2proxy.tls import BackendTls, ListenerTls
+from v2proxy.ops.config import load_settings
+from v2proxy.ops.tls import BackendTls, ListenerTls
 
 TLS = (
     "--set=tls.secretName=v2proxy-tls",

@@ -21,11 +21,11 @@ from yarl import URL
 from v2proxy.app import build_rest
 from v2proxy.app_core import build_backend, build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
-from v2proxy.config import Settings, load_settings
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.request import HttpRequest, ServerLimits
 from v2proxy.http.response import HttpResponse
 from v2proxy.http.server import HttpServer
+from v2proxy.ops.config import Settings, load_settings
 
 
 class ProxyClient:

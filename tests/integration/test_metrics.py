@@ -24,7 +24,7 @@ from v2proxy.app import build_grpc_server, build_rest
 from v2proxy.app_core import build_metrics, build_pipeline
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.metered import metered
-from v2proxy.request_log import JsonFormatter, TextFormatter
+from v2proxy.ops.request_log import JsonFormatter, TextFormatter
 
 IHCL = "Inference-Header-Content-Length"
 DATA = np.arange(16, dtype=np.int32).reshape(1, 16)

@@ -21,8 +21,8 @@ from tests.integration.conftest import Factory, settings
 from tests.integration.test_rest_backend import ANSWER, GOOD, RawHandler, post_infer, read_request
 from v2proxy.app import build_rest
 from v2proxy.app_core import build_backend, build_pipeline
-from v2proxy.metrics import BACKEND_RETRIES, Counter
-from v2proxy.metrics_export import Metrics
+from v2proxy.ops.metrics import BACKEND_RETRIES, Counter
+from v2proxy.ops.metrics_export import Metrics
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops

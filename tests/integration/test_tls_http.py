@@ -1,5 +1,5 @@
 """TLS on v2proxy's own HTTP/1.1 server and client (v2proxy.http with the contexts of
-v2proxy.tls), on uvloop and plain asyncio: the SNI and Host header the client sends, bodies of
+v2proxy.ops.tls), on uvloop and plain asyncio: the SNI and Host header the client sends, bodies of
 several MiB both ways through the TLS transports' flow control, keep-alive, verification of the
 server's certificate (CA, host name), mutual TLS, and the handshake deadline."""
 
@@ -21,7 +21,7 @@ from v2proxy.http.client_errors import ConnectFailed, HttpClientError
 from v2proxy.http.request import HttpRequest, ServerLimits
 from v2proxy.http.response import HttpResponse
 from v2proxy.http.server import HttpServer
-from v2proxy.tls import BackendTls, ListenerTls, client_context, server_context
+from v2proxy.ops.tls import BackendTls, ListenerTls, client_context, server_context
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops

@@ -20,7 +20,7 @@ from standin import StandIn
 from v2proxy._proto import health_pb2
 from v2proxy.app import build_grpc_server
 from v2proxy.app_core import build_backend, build_pipeline
-from v2proxy.config import load_settings
+from v2proxy.ops.config import load_settings
 
 ANSWER = json.dumps(
     {

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from v2proxy.cli import parser
-from v2proxy.config import OTHER_VARIABLES, PARSERS, BackendTarget, Settings, load_settings
-from v2proxy.config_sections import MINDIE_KEYS, ConfigError, MindieSettings
-from v2proxy.config_spec import DEFAULTS, SETTINGS
 from v2proxy.core.restricted import DEFAULT_GROUPS, RestrictedPolicy
+from v2proxy.ops.config import OTHER_VARIABLES, PARSERS, BackendTarget, Settings, load_settings
+from v2proxy.ops.config_sections import MINDIE_KEYS, ConfigError, MindieSettings
+from v2proxy.ops.config_spec import DEFAULTS, SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_defaults_are_the_product_contract() -> None:
 
 
 def test_defaults_come_from_the_table_of_settings() -> None:
-    """Settings' defaults are the table's (v2proxy.config_spec.SETTINGS), and every setting is a
+    """Settings' defaults are the table's (v2proxy.ops.config_spec.SETTINGS), and every setting is a
     field of Settings or one of those built from several; the same for mindie:."""
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     built = {"restricted_api", "restricted_api_header", "tls_cert", "tls_key", "tls_client_ca"}

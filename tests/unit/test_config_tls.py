@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.tlspki import Pki, make_pki
-from v2proxy.config import BackendTarget, load_settings, parse_backend
-from v2proxy.config_sections import ConfigError
-from v2proxy.tls import BackendTls, ListenerTls
+from v2proxy.ops.config import BackendTarget, load_settings, parse_backend
+from v2proxy.ops.config_sections import ConfigError
+from v2proxy.ops.tls import BackendTls, ListenerTls
 
 
 @pytest.fixture(scope="module")

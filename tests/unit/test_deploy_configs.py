@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from v2proxy.config import load_settings
+from v2proxy.ops.config import load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "config" / "deploy"
 

@@ -24,8 +24,8 @@ from v2proxy.core.errors import (
 )
 from v2proxy.frontends import mindie, rest
 from v2proxy.frontends.grpc_call import guard
-from v2proxy.metrics_export import NullMetrics
-from v2proxy.recorders import FrontendRecorder
+from v2proxy.ops.metrics_export import NullMetrics
+from v2proxy.ops.recorders import FrontendRecorder
 
 LONE = "unexpected inference output '\ud800' for model 'simple'"
 #: what the client reads: the surrogate as its escape, six ASCII characters

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from v2proxy.request_log import JsonFormatter
+from v2proxy.ops.request_log import JsonFormatter
 
 
 @pytest.fixture

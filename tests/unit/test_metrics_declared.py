@@ -10,14 +10,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from v2proxy.metrics import (
+from v2proxy.ops.metrics import (
     FAMILIES,
     REQUESTS,
     Histogram,
     ModelLabels,
     code_class,
 )
-from v2proxy.metrics_export import Metrics
+from v2proxy.ops.metrics_export import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "config" / "grafana" / "v2proxy-dashboard.json"

@@ -10,7 +10,6 @@ import pytest
 
 from v2proxy.codecs import mindie_backend as mb
 from v2proxy.codecs.dtypes import as_numpy, from_numpy, serialize_bytes
-from v2proxy.config import parse_backend
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -20,6 +19,7 @@ from v2proxy.core.errors import (
     ProxyError,
 )
 from v2proxy.core.model import Datatype, InferResponse, Tensor
+from v2proxy.ops.config import parse_backend
 
 DTYPES = {
     "max_tokens": Datatype.INT32,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from v2proxy.config import load_settings
-from v2proxy.config_sections import MindieSettings
+from v2proxy.ops.config import load_settings
+from v2proxy.ops.config_sections import MindieSettings
 
 FOLDER = Path(__file__).resolve().parents[2] / "config" / "mindie"
 

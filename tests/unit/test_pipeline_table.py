@@ -82,11 +82,11 @@ import pytest
 from tests.unit.fake_backend import Answers, FakeBackend, Sent
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import deserialize_bytes
-from v2proxy.config_sections import ModelSettings, OutputSettings
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
 from v2proxy.frontends.rest import RestFrontend
+from v2proxy.ops.config_sections import ModelSettings, OutputSettings
 from v2proxy.shm.registry import Registry
 
 MODEL = "m"

@@ -23,11 +23,11 @@ from v2proxy.codecs.classification import (
     requested_count,
 )
 from v2proxy.codecs.dtypes import NUMPY_DTYPE, deserialize_bytes
-from v2proxy.config import load_settings
 from v2proxy.core.errors import CodecError, InvalidRequest, NotFound, ProxyError
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.stages import classification as stage
+from v2proxy.ops.config import load_settings
 
 NEG_NAN = float(np.frombuffer(struct.pack("<I", 0xFFC00000), "<f4")[0])
 NAN = float("nan")

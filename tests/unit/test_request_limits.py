@@ -16,9 +16,9 @@ from v2proxy.codecs import grpc as g
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.json_v2 import request_from_obj
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
-from v2proxy.config import load_settings
-from v2proxy.config_sections import ConfigError
 from v2proxy.core.errors import InvalidRequest, PayloadTooLarge
+from v2proxy.ops.config import load_settings
+from v2proxy.ops.config_sections import ConfigError
 
 
 def _inp(name: str, data: list[Any], datatype: str = "INT32") -> dict[str, Any]:

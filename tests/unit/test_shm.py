@@ -16,7 +16,7 @@ from v2proxy.core.errors import AlreadyExists, InvalidRequest, NotFound, ProxyEr
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.core.stages.shm import SIZE_MAX, WITH_BINARY, check_client, is_local, locate, resolve
 from v2proxy.frontends.grpc_shm import peer_host
-from v2proxy.metrics import Counter
+from v2proxy.ops.metrics import Counter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.system import normal_key
 

@@ -22,7 +22,7 @@ from v2proxy.core.model import (
     Tensor,
 )
 from v2proxy.core.stages.shm import resolve
-from v2proxy.metrics import Counter
+from v2proxy.ops.metrics import Counter
 from v2proxy.shm.cuda import CudaError
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry

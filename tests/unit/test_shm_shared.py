@@ -19,7 +19,7 @@ import pytest
 from v2proxy.core.errors import AlreadyExists, InvalidRequest, NotFound
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
 from v2proxy.core.stages.shm import resolve
-from v2proxy.metrics import Counter
+from v2proxy.ops.metrics import Counter
 from v2proxy.shm.registry import Registry
 from v2proxy.shm.shared import SharedRegistry
 

@@ -1,6 +1,6 @@
 """A :class:`~v2proxy.core.ports.Backend` decorator that times every call of the backend it wraps
-and counts its connection errors (:class:`~v2proxy.recorders.BackendRecorder`), so that the pipeline
-and the real backends stay free of metrics. ``app.py`` wraps the real backend in it when
+and counts its connection errors (:class:`~v2proxy.ops.recorders.BackendRecorder`), so that the
+pipeline and the real backends stay free of metrics. ``app.py`` wraps the real backend in it when
 metrics are on.
 
 Timed: ``infer``, ``stream_infer`` (to its last response), ``relay_infer`` and ``forward`` (to
@@ -17,8 +17,8 @@ from typing import Any
 
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, Body, ForwardResponse, Headers
-from v2proxy.metrics_export import AnyMetrics, Metrics
-from v2proxy.recorders import BackendRecorder
+from v2proxy.ops.metrics_export import AnyMetrics, Metrics
+from v2proxy.ops.recorders import BackendRecorder
 
 
 def metered(backend: Backend, metrics: AnyMetrics) -> Backend:

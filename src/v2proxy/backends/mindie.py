@@ -74,7 +74,7 @@ def model_spec(name: str) -> ModelSpec:
 
 
 class TokenSink(Protocol):
-    """Where token timings go (:class:`v2proxy.recorders.TokenRecorder`)."""
+    """Where token timings go (:class:`v2proxy.ops.recorders.TokenRecorder`)."""
 
     def first_token(self, model: str, seconds: float) -> None: ...
     def next_token(self, model: str, seconds: float) -> None: ...

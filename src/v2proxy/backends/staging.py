@@ -72,7 +72,7 @@ class StagingPort(Protocol):
 
 
 class Cell(Protocol):
-    """A counter cell (:class:`v2proxy.metrics.Counter`)."""
+    """A counter cell (:class:`v2proxy.ops.metrics.Counter`)."""
 
     def inc(self, amount: float = 1.0) -> None: ...
 

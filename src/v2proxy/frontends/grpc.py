@@ -46,8 +46,8 @@ from v2proxy.frontends.grpc_call import (
     status_code,
 )
 from v2proxy.frontends.grpc_shm import peer_of
-from v2proxy.metrics_export import AnyMetrics, NullMetrics
-from v2proxy.recorders import FrontendRecorder
+from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
+from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
 #: answers of one ModelStreamInfer call serialized ahead of the client at most

@@ -25,8 +25,8 @@ from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
 from v2proxy.core.ports import Headers
 from v2proxy.http.headers import HOP_BY_HOP
-from v2proxy.metrics import error_kind
-from v2proxy.recorders import FrontendRecorder
+from v2proxy.ops.metrics import error_kind
+from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
 

@@ -34,7 +34,6 @@ from typing import Any
 
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request
-from v2proxy.config_sections import MindieSettings
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -49,8 +48,9 @@ from v2proxy.core.errors import (
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers
 from v2proxy.frontends.mindie_call import Discovery, Target, backend_chunks
-from v2proxy.metrics_export import AnyMetrics
-from v2proxy.recorders import TokenRecorder
+from v2proxy.ops.config_sections import MindieSettings
+from v2proxy.ops.metrics_export import AnyMetrics
+from v2proxy.ops.recorders import TokenRecorder
 
 log = logging.getLogger("v2proxy.mindie")
 

@@ -16,7 +16,7 @@ backend as the bytes the client sent; ``x-request-id`` is echoed on every answer
 
 ``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
 passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
-(:mod:`v2proxy.frontends.rest_record`: metrics of :mod:`v2proxy.metrics`, a WARNING line per
+(:mod:`v2proxy.frontends.rest_record`: metrics of :mod:`v2proxy.ops.metrics`, a WARNING line per
 failed request, the access log), and admitted there first by the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
 beyond it, before the body is read).
@@ -32,7 +32,6 @@ from typing import Any
 
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
-from v2proxy.config_sections import MindieSettings
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import (
     BodyTooLarge,
@@ -51,9 +50,10 @@ from v2proxy.frontends.rest_infer import headers_of
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
-from v2proxy.metrics import error_kind
-from v2proxy.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
-from v2proxy.recorders import FrontendRecorder
+from v2proxy.ops.config_sections import MindieSettings
+from v2proxy.ops.metrics import error_kind
+from v2proxy.ops.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
+from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _model(m: re.Match[str]) -> tuple[str, str]:
 
 class RestFrontend:
     """Serves the v2 REST API on top of a :class:`Pipeline`; records every request but
-    ``/metrics`` scrapes (:class:`~v2proxy.recorders.FrontendRecorder`)."""
+    ``/metrics`` scrapes (:class:`~v2proxy.ops.recorders.FrontendRecorder`)."""
 
     def __init__(
         self,

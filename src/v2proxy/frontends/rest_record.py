@@ -1,6 +1,7 @@
 """What the REST frontend records of each answered request (:meth:`RestFrontend.dispatch`):
-the metrics of :mod:`v2proxy.metrics` through a :class:`~v2proxy.recorders.FrontendRecorder`,
-a WARNING line per failed request, and the access line with ``--access-log``.
+the metrics of :mod:`v2proxy.ops.metrics` through a
+:class:`~v2proxy.ops.recorders.FrontendRecorder`, a WARNING line per failed request, and the access
+line with ``--access-log``.
 
 The ``error`` label: the ProxyError's kind when the handler raised one; for an error answer that
 is none (a handler's own 405 or 400 "not ready", or the backend's answer passed through) it is
@@ -15,7 +16,7 @@ from time import perf_counter
 from v2proxy.core.model import Buffer
 from v2proxy.http.request import HttpRequest
 from v2proxy.http.response import nbytes
-from v2proxy.recorders import FrontendRecorder
+from v2proxy.ops.recorders import FrontendRecorder
 
 REQUEST_ID = b"x-request-id"
 #: the ``error`` label of error answers that are no ProxyError

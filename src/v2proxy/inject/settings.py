@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.config import parse_backend
-from v2proxy.config_values import choice, int_range, port
+from v2proxy.ops.config import parse_backend
+from v2proxy.ops.config_values import choice, int_range, port
 
 PREFIX = "v2proxy.io/"
 INJECT = PREFIX + "inject"

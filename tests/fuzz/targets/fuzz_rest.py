@@ -27,12 +27,12 @@ from fuzzlib import expect, instrumented, main, take
 with instrumented(__name__ == "__main__"):
     from v2proxy.app_core import build_pipeline
     from v2proxy.backends.builtin import BuiltinBackend
-    from v2proxy.config import Settings
     from v2proxy.core.restricted import RestrictedPolicy
     from v2proxy.frontends.rest import RestFrontend
     from v2proxy.http.request import ServerLimits
     from v2proxy.http.server import HttpServer
-    from v2proxy.metrics_export import NullMetrics
+    from v2proxy.ops.config import Settings
+    from v2proxy.ops.metrics_export import NullMetrics
 
 from fuzz_http import drive, statuses
 

@@ -1,6 +1,7 @@
 """What the edges record: :class:`FrontendRecorder` per request of a frontend (REST, gRPC) and
 :class:`BackendRecorder` per call of the metered backend, into the cells of
-:class:`~v2proxy.metrics_export.Metrics` (families and label values of :mod:`v2proxy.metrics`).
+:class:`~v2proxy.ops.metrics_export.Metrics` (families and label values of
+:mod:`v2proxy.ops.metrics`).
 
 This is the hot path of metrics: a recorder binds a label set's cells once, caches them by the
 label values and then only adds to plain numbers; with ``--metrics off`` its cells are no-ops
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from v2proxy.metrics import (
+from v2proxy.ops.metrics import (
     BACKEND_DURATION,
     BACKEND_ENDPOINT_CALLS,
     BACKEND_ENDPOINT_UP,
@@ -33,8 +34,8 @@ from v2proxy.metrics import (
     Histogram,
     code_class,
 )
-from v2proxy.metrics_export import AnyMetrics, Metrics
-from v2proxy.request_log import RequestLog
+from v2proxy.ops.metrics_export import AnyMetrics, Metrics
+from v2proxy.ops.request_log import RequestLog
 
 
 class _Call:
@@ -49,7 +50,7 @@ class _Call:
 class FrontendRecorder:
     """What one frontend records per request: in-flight, decode/encode times (``decode[wire]``,
     ``encode[wire]``) and, once answered, :meth:`done`; plus the request's log lines,
-    ``log(...)`` (:meth:`RequestLog.write <v2proxy.request_log.RequestLog.write>`: one WARNING
+    ``log(...)`` (:meth:`RequestLog.write <v2proxy.ops.request_log.RequestLog.write>`: one WARNING
     per failed request, with ``access_log`` one INFO line per request)."""
 
     def __init__(self, metrics: AnyMetrics, frontend: str, access_log: bool = False) -> None:
@@ -161,7 +162,7 @@ class BackendRecorder:
 
 class TokenRecorder:
     """What a MindIE adapter records per request (``direction``: frontend | backend, see
-    :mod:`v2proxy.metrics`): time to the first token, time per later token, tokens generated."""
+    :mod:`v2proxy.ops.metrics`): time to the first token, time per later token, tokens generated."""
 
     def __init__(self, metrics: AnyMetrics, direction: str) -> None:
         self.direction = direction

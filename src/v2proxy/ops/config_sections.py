@@ -13,8 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from v2proxy.config_spec import SettingSpec
-from v2proxy.config_values import MiB, choice, int_range, positive_int, text
+from v2proxy.ops.config_spec import SettingSpec
+from v2proxy.ops.config_values import MiB, choice, int_range, positive_int, text
 
 
 class ConfigError(Exception):

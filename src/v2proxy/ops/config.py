@@ -4,19 +4,19 @@ Precedence: command line > environment (``V2PROXY_<NAME>``) > YAML file (``--con
 defaults. A bad value stops the start with one clear line (:class:`ConfigError`) naming the key;
 an unknown key anywhere in the file is refused the same way. Nothing reads configuration per
 request.
-Each setting is declared once, in :data:`v2proxy.config_spec.SETTINGS` (default, parser, help,
+Each setting is declared once, in :data:`v2proxy.ops.config_spec.SETTINGS` (default, parser, help,
 metavar): :class:`Settings`' defaults and :data:`PARSERS` are built from it, as are the command
 line's options and docs/settings.md.
 Every value is parsed by the same parser (:data:`PARSERS`) whichever its source: the command line
 passes text, like the environment. Byte sizes (the settings whose metavar is ``SIZE``) take a
 unit: ``K``, ``M``, ``G``, ``T`` powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024,
-``B`` optional (``64Mi``, ``1GB``; :func:`v2proxy.config_values.byte_size`).
+``B`` optional (``64Mi``, ``1GB``; :func:`v2proxy.ops.config_values.byte_size`).
 The environment holds only known ``V2PROXY_*`` names: a setting's ``V2PROXY_<KEY>``, or one of
 :data:`OTHER_VARIABLES` (``V2PROXY_CONFIG``, and those of the project's own tests and benchmarks,
 which the servers they start inherit); any other ``V2PROXY_*`` name, a misspelt setting most
 likely, stops the start like an unknown key of the file, naming the closest setting.
 The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
-(:func:`v2proxy.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
+(:func:`v2proxy.ops.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
 the setting.
 
 Besides the option keys, the YAML file holds two sections (see docs/architecture.md, product
@@ -29,7 +29,8 @@ contract; their keys are listed in docs/settings.md):
   folder. -> ``Settings.models[m].outputs[o].labels``.
 - ``mindie``: how ``POST /infer`` (MindIE's native API) maps to a v2 model -> ``Settings.mindie``
   (:class:`MindieSettings`; its keys are declared in
-  :data:`v2proxy.config_sections.MINDIE_KEYS`; the mapping itself: see docs/protocol.md, MindIE).
+  :data:`v2proxy.ops.config_sections.MINDIE_KEYS`; the mapping itself: see docs/protocol.md,
+  MindIE).
 """
 
 from __future__ import annotations
@@ -44,20 +45,20 @@ from typing import Any
 
 import yaml
 
-from v2proxy.config_sections import (
+from v2proxy.core.restricted import RestrictedPolicy
+from v2proxy.ops.config_sections import (
     ConfigError,
     MindieSettings,
     ModelSettings,
     parse_mindie,
     parse_models,
 )
-from v2proxy.config_spec import DEFAULTS, SETTINGS
-from v2proxy.config_values import BackendTarget, parse_backend
-from v2proxy.core.restricted import RestrictedPolicy
-from v2proxy.tls import BackendTls, ListenerTls, TlsFileError
-from v2proxy.tls import check as check_tls
+from v2proxy.ops.config_spec import DEFAULTS, SETTINGS
+from v2proxy.ops.config_values import BackendTarget, parse_backend
+from v2proxy.ops.tls import BackendTls, ListenerTls, TlsFileError
+from v2proxy.ops.tls import check as check_tls
 
-#: BackendTarget and parse_backend are defined in v2proxy.config_values (the table of settings
+#: BackendTarget and parse_backend are defined in v2proxy.ops.config_values (the table of settings
 #: needs them) and still imported from here
 __all__ = [
     "OTHER_VARIABLES",
@@ -73,7 +74,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Every setting of ``v2proxy serve`` (and of ``reference-server``). A field named like a
-    setting of :data:`v2proxy.config_spec.SETTINGS` takes its default from there; the others are
+    setting of :data:`v2proxy.ops.config_spec.SETTINGS` takes its default from there; the others are
     built from several settings (``restricted``, ``tls``, ``backend_tls``) or from the file's
     sections (``models``, ``mindie``)."""
 

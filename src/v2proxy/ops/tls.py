@@ -2,7 +2,7 @@
 
 Contract:
 
-- :func:`check` validates every TLS setting once, at start-up (v2proxy.config calls it): the
+- :func:`check` validates every TLS setting once, at start-up (v2proxy.ops.config calls it): the
   pairs go together (``tls_cert`` with ``tls_key``, ``backend_cert`` with ``backend_key``),
   ``tls_client_ca`` needs ``tls_cert``, the ``backend_*`` files need an ``https://`` or
   ``grpcs://`` backend; each file is read and parsed (a certificate, a key that is not

@@ -1,6 +1,6 @@
 """The process's metrics and their export to Prometheus: :class:`Metrics` holds a cell store per
-declared family (:mod:`v2proxy.metrics`) and makes the injected ``CollectorRegistry`` report them;
-:class:`NullMetrics` is ``--metrics off``.
+declared family (:mod:`v2proxy.ops.metrics`) and makes the injected ``CollectorRegistry`` report
+them; :class:`NullMetrics` is ``--metrics off``.
 
 With one process a collector registered in the registry turns the cells into metric families at
 scrape time. With ``--workers N`` the cells are flushed every :data:`FLUSH_INTERVAL_S` (and
@@ -29,7 +29,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from v2proxy.metrics import FAMILIES, Family, ModelLabels, Store
+from v2proxy.ops.metrics import FAMILIES, Family, ModelLabels, Store
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 FLUSH_INTERVAL_S = 1.0

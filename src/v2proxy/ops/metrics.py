@@ -16,8 +16,8 @@ Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total``
 
 The hot path never touches prometheus_client: a request adds to plain cells (:class:`Counter`,
 :class:`Gauge`, :class:`Histogram`, a bisect per observation, no locks: everything runs on the
-one event loop), bound once per label set and cached (:mod:`v2proxy.recorders`). The process's
-cells live in :class:`~v2proxy.metrics_export.Metrics`, which exports them to Prometheus.
+one event loop), bound once per label set and cached (:mod:`v2proxy.ops.recorders`). The process's
+cells live in :class:`~v2proxy.ops.metrics_export.Metrics`, which exports them to Prometheus.
 """
 
 from __future__ import annotations
