@@ -1,6 +1,7 @@
-"""The port to client shared memory: what the core needs of the regions clients registered, which
-the shm adapters implement (:class:`v2proxy.shm.registry.Registry`,
-:class:`v2proxy.shm.shared.SharedRegistry`; docs/protocol.md, shared memory).
+"""The port to client shared memory, which the shm adapters implement (docs/protocol.md).
+
+What the core needs of the regions clients registered: :class:`v2proxy.shm.registry.Registry`
+and :class:`v2proxy.shm.shared.SharedRegistry` implement it (docs/protocol.md, shared memory).
 
 Contract:
 

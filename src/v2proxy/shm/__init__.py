@@ -1,5 +1,8 @@
-"""Client shared memory, the adapters behind the core's regions port (docs/protocol.md, shared
-memory): :mod:`v2proxy.shm.registry` (the regions of one process, reference counted),
+"""Client shared memory: the adapters behind the core's regions port (docs/protocol.md).
+
+:mod:`v2proxy.shm.registry` (the regions of one process, reference counted),
 :mod:`v2proxy.shm.shared` (those ``--workers N`` share) and :mod:`v2proxy.shm.system` (POSIX
-shared memory mapped with ``posix_ipc`` and ``mmap``). The pipeline sees them through
-:class:`v2proxy.core.regions.Regions`; nothing here imports the core's stages."""
+shared memory mapped with ``posix_ipc`` and ``mmap``) implement
+:class:`v2proxy.core.regions.Regions`, through which the pipeline sees them; nothing here imports
+the core's stages.
+"""

@@ -1,4 +1,4 @@
-"""CUDA shared memory (docs/protocol.md, CUDA regions) behind a small adapter: a client's
+"""CUDA shared memory behind a small adapter (docs/protocol.md, CUDA regions): a client's
 ``cudaIpcMemHandle_t`` opened on a device, inputs copied device -> host before the backend call and
 outputs host -> device after it (every backend here takes host tensors).
 

@@ -1,4 +1,4 @@
-"""The classification stage of the pipeline (stages 4 and 6 of :mod:`v2proxy.core.pipeline`), pure.
+"""The classification stage of the pipeline, pure (stages 4 and 6 of :mod:`v2proxy.core.pipeline`).
 
 Stage 4, per requested output with a ``classification`` parameter (``k``, checked by
 :func:`~v2proxy.codecs.classification.requested_count`):
