@@ -53,6 +53,7 @@ from v2proxy.codecs import settings, side
 from v2proxy.codecs.classification import requested_count
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
+from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core import restricted
 from v2proxy.core.errors import NotFound, ProxyError, Unsupported
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
@@ -176,22 +177,41 @@ class Pipeline:
 
     async def infer_body(
         self,
-        request: InferRequest,
+        model: str,
+        version: str,
+        decode: Callable[[], InferRequest],
         body: bytes | bytearray | StreamedBody | None,
         ihcl: int | None,
         headers: Headers,
         peer: str | None,
     ) -> ForwardResponse | InferResponse:
-        """One REST /infer, decoded (``request``) and as the client sent it (``body``; None:
-        not to be relayed, e.g. an answer to be compressed), whose API group the frontend has
-        checked before reading it (``RestFrontend.dispatch``: a 403 comes before a body's
-        400): relayed untouched when no stage applies and the backend takes its wire form
-        (:meth:`Relay.relay`), else through the stages. One call of the frontend, one access
-        check, one backend call."""
-        if body is not None:
-            relayed = await self._relay.relay(request, body, ihcl, headers)
+        """One REST /infer of ``model``/``version``, whose API group the frontend has checked
+        before reading it (``RestFrontend.dispatch``: a 403 comes before a body's 400).
+        ``decode`` gives the decoded (checked) request, when it is needed; ``body`` is the body
+        as the client sent it (None: not to be relayed, e.g. an answer to be compressed).
+
+        The pipeline decides: a small JSON body that
+        :func:`~v2proxy.codecs.relay_check.plain_json_request` accepts (the full decoder would
+        take it, and no stage applies) goes to the backend untouched without being decoded;
+        any other body is decoded and relayed untouched when no stage applies and the backend
+        takes its wire form (:meth:`Relay.relay`), else it goes through the stages. One call of
+        the frontend, one access check, one backend call."""
+        if body is None:
+            return await self._staged(decode(), headers, peer)
+        if (
+            ihcl is None
+            and not isinstance(body, StreamedBody)
+            and plain_json_request(body, self.max_input_size, self.max_tensors)
+        ):
+            # checked without decoding: the full decoder accepts it and no stage applies
+            relayed = await self.backend.relay_infer(model, version, body, None, headers)
             if relayed is not None:
                 return relayed
+            return await self._staged(decode(), headers, peer)
+        request = decode()
+        relayed = await self._relay.relay(request, body, ihcl, headers)
+        if relayed is not None:
+            return relayed
         return await self._staged(request, headers, peer)
 
     async def _staged(

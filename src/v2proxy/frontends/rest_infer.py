@@ -2,16 +2,17 @@
 (JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md), and the writer
 of answers passed through from the backend.
 
-The request is decoded (checked) first, whatever happens next. Then, in this order:
+Every body is checked before anything of it reaches the backend. In this order:
 
 - a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, no compression
   either way) is relayed while it arrives once its JSON header is checked;
 - a JSON body of that size is relayed while it arrives, checked on the way
   (:meth:`Pipeline.relay_json`);
-- a smaller body is read whole, decompressed, decoded, and relayed unchanged when no stage applies
-  and the backend takes its wire form (:meth:`Pipeline.relay`);
-- otherwise it goes through :meth:`Pipeline.infer` and the answer is encoded as the client asked
-  (JSON, binary outputs, compression).
+- a smaller body is read whole and decompressed, and the pipeline decides
+  (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the backend takes its
+  wire form (a plain JSON body checked without being decoded: ``codecs/relay_check.py``), else
+  decoded here when the pipeline asks for it, and put through the stages; their answer is encoded
+  as the client asked (JSON, binary outputs, compression).
 
 Decode (decompression included) and encode times are recorded per wire form
 (``v2proxy_transcode_duration_seconds``); relayed bodies are not transcoded. An answer passed
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.core.errors import ProxyError
-from v2proxy.core.model import Buffer, InferRequest
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody, no_release
 from v2proxy.http.headers import HOP_BY_HOP, forwardable
 from v2proxy.http.request import HttpRequest
@@ -142,18 +143,55 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
     t0 = perf_counter()
     data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
     ihcl = binc.parse_ihcl(ihcl_value, len(data))
-    relayable: bytes | bytearray | None = None
     if ihcl == 0:  # (the model's shape, from the pipeline's metadata cache, counts too)
         request = await fe.pipeline.decode_raw(data, model, version)
         fe.recorder.decode["raw"].observe(perf_counter() - t0)
-    else:
-        request = binc.decode_request(
-            data, ihcl, model, version, fe.max_input_size, fe.pipeline.max_tensors
-        )
-        fe.recorder.decode["json" if ihcl is None else "binary"].observe(perf_counter() - t0)
-        if encoding is None and not declined and isinstance(data, bytes | bytearray):
-            relayable = data
-    return await _answer(fe, request, relayable, ihcl, forwarded, encoding, peer_of(r))
+        return await _answer(fe, request, None, ihcl, forwarded, encoding, peer_of(r))
+    decoder = _Decoder(fe, data, ihcl, model, version, t0)
+    relayable = (
+        data if encoding is None and not declined and isinstance(data, bytes | bytearray) else None
+    )
+    response = await fe.pipeline.infer_body(
+        model, version, decoder.decode, relayable, ihcl, forwarded, peer_of(r)
+    )
+    if isinstance(response, ForwardResponse):
+        return response
+    return _encode(fe, decoder.decode(), response, encoding)
+
+
+class _Decoder:
+    """The decoded request of a JSON or binary-framed body, made when first asked for (a body
+    relayed untouched is never decoded), its decode time recorded."""
+
+    __slots__ = ("data", "fe", "ihcl", "model", "request", "t0", "version")
+
+    def __init__(
+        self, fe: RestFrontend, data: Buffer, ihcl: int | None, model: str, version: str, t0: float
+    ) -> None:
+        self.fe = fe
+        self.data = data
+        self.ihcl = ihcl
+        self.model = model
+        self.version = version
+        self.t0 = t0
+        self.request: InferRequest | None = None
+
+    def decode(self) -> InferRequest:
+        request = self.request
+        if request is None:
+            fe, ihcl = self.fe, self.ihcl
+            request = self.request = binc.decode_request(
+                self.data,
+                ihcl,
+                self.model,
+                self.version,
+                fe.max_input_size,
+                fe.pipeline.max_tensors,
+            )
+            fe.recorder.decode["json" if ihcl is None else "binary"].observe(
+                perf_counter() - self.t0
+            )
+        return request
 
 
 async def _answer(
@@ -168,9 +206,18 @@ async def _answer(
     """The pipeline's one answer to a decoded request (``body``: as the client sent it, when it
     may be relayed): passed through, or in the client's wire form (``peer``: the client's
     address, for ``--client-shm``)."""
-    response = await fe.pipeline.infer_body(request, body, ihcl, forwarded, peer)
+    response = await fe.pipeline.infer_body(
+        request.model_name, request.model_version, lambda: request, body, ihcl, forwarded, peer
+    )
     if isinstance(response, ForwardResponse):
         return response
+    return _encode(fe, request, response, encoding)
+
+
+def _encode(
+    fe: RestFrontend, request: InferRequest, response: InferResponse, encoding: str | None
+) -> Answer:
+    """The answer in the client's wire form (JSON or binary outputs, compressed as asked)."""
     t0 = perf_counter()
     chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
     if json_length is None:
