@@ -17,7 +17,7 @@ import pytest
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import from_numpy
-from v2proxy.codecs.json import loads
+from v2proxy.codecs.json import is_object, loads
 from v2proxy.codecs.json_data import data_to_buffer, tensor_data_json
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj, response_to_obj
 from v2proxy.core.errors import CodecError, InvalidText, PayloadTooLarge, ProxyError
@@ -753,3 +753,27 @@ def test_bytes_element_that_is_no_text_names_the_input() -> None:
     assert info.value.message == (
         f"Unable to parse 'data[1]' for input 'S': {NOT_TEXT.replace('d800', 'dc80')}"
     )
+
+
+@pytest.mark.parametrize(
+    ("doc", "found"),
+    [
+        (b'{"outputs": [{"name": "O", "data": [1, 2]}]}', True),
+        (b"  {}  ", True),
+        (b'{"x": NaN}', True),  # what simdjson refuses, the full parser decides
+        (b"[1, 2]", False),
+        (b'"text"', False),
+        (b"3", False),
+    ],
+)
+def test_is_object_says_whether_a_json_document_is_an_object(doc: bytes, found: bool) -> None:
+    assert is_object(doc) is found
+    assert is_object(memoryview(doc + b"tail")[: len(doc)]) is found  # a view of a body
+
+
+@pytest.mark.parametrize("doc", [b"", b"{", b'{"a": 1} x', b"\xff", b'{"a": "\\ud800"}'])
+def test_is_object_names_what_is_not_json(doc: bytes) -> None:
+    with pytest.raises(CodecError):
+        is_object(doc, what="response")
+    with pytest.raises(CodecError):
+        loads(doc, what="response")  # the same documents the full parser refuses

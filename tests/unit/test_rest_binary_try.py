@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from v2proxy.backends.rest_answers import error_message
-from v2proxy.backends.rest_encoding import Encoding, refuses_binary
+from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
 from v2proxy.backends.rest_requests import infer_body
+from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
 
 X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
@@ -135,3 +136,34 @@ async def test_mlserver_is_never_tried_binary(metadata: dict[str, Any], tried: b
     encoding = Encoding("auto", "http://b", fetch)
     assert await encoding.binary() is False
     assert encoding.try_unlisted(_request(None)) is tried
+
+
+@pytest.mark.parametrize("setting", ["auto", "json", "binary"])
+@pytest.mark.parametrize("listed", [True, False, None])  # None: the backend cannot be asked
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("size", [100, AUTO_BINARY_MIN])
+async def test_relays_known_agrees_with_relays(
+    setting: str, listed: bool | None, binary: bool, size: int
+) -> None:
+    """The backend's relay decision without an await (``relays_known``) is ``relays``' own
+    whenever it gives one, and it gives one for the small JSON body whatever the setting."""
+
+    async def fetch() -> dict[str, Any]:
+        if listed is None:
+            raise BackendUnavailable("no answer")
+        return {"extensions": ["binary_tensor_data"] if listed else []}
+
+    encoding = Encoding(setting, "http://b", fetch)
+    known = encoding.relays_known(binary, size)
+    if not binary and size < AUTO_BINARY_MIN:
+        assert known is (setting != "binary")
+    try:
+        asked = await encoding.relays(binary, size)
+    except BackendUnavailable:
+        assert known is None
+        return
+    if known is not None:
+        assert known is asked
+    assert encoding.relays_known(binary, size) in (asked, None)
+    if listed is not None:  # asked once: known from then on
+        assert encoding.relays_known(binary, size) is asked

@@ -252,7 +252,10 @@ class RestBackend:
         unchanged to backends that take binary tensors, JSON ones as :meth:`Encoding.relays`
         decides; None otherwise."""
         size = body.length if isinstance(body, StreamedBody) else len(body)
-        if not await self.encoding.relays(ihcl is not None, size):
+        relays = self.encoding.relays_known(ihcl is not None, size)
+        if relays is None:
+            relays = await self.encoding.relays(ihcl is not None, size)
+        if not relays:
             return None
         target = self._prefix + self._paths(model, version) + "/infer"
         timeout = self._timeout

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs.json import loads, parse_header
+from v2proxy.codecs.json import is_object, loads
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -148,10 +148,10 @@ def _what(base_url: str) -> str:
 def _json_object(buf: Buffer, base_url: str) -> None:
     """Raise BadGateway unless ``buf`` is one JSON object."""
     try:
-        obj = parse_header(buf, what="response")
+        found = is_object(buf, what="response")
     except CodecError as exc:
         raise BadGateway(f"invalid {_what(base_url)}: {exc}") from None
-    if not isinstance(obj, dict):
+    if not found:
         raise BadGateway(f"invalid {_what(base_url)}: not a JSON object")
 
 

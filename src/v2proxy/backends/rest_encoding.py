@@ -94,6 +94,13 @@ class Encoding:
                 self.unlisted(False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
         return self._binary
 
+    def relays_known(self, binary: bool, size: int) -> bool | None:
+        """:meth:`relays`' answer when it needs nothing asked of the backend (the usual small
+        JSON body, or whatever came once the backend has said); None otherwise."""
+        if binary or (self.setting == "auto" and size >= AUTO_BINARY_MIN):
+            return None if self._binary is None else (self._binary if binary else not self._binary)
+        return self.setting != "binary"
+
     async def relays(self, binary: bool, size: int) -> bool:
         """Whether a client body of this form and size is best sent unchanged."""
         if binary:

@@ -189,6 +189,23 @@ def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> 
     return out
 
 
+def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bool:
+    """Whether ``buf`` is one JSON document that is an object (False: another JSON value);
+    CodecError when it is not JSON. Checked by simdjson without building the document (a
+    relayed answer is only looked at, never used); what simdjson refuses (NaN literals) is
+    decided by :func:`loads`, which names the fault."""
+    parser = _PARSERS.pop() if _PARSERS else simdjson.Parser()
+    try:
+        doc = parser.parse(buf)
+    except (ValueError, RuntimeError, TypeError):
+        return isinstance(loads(buf, what), dict)  # (a parser that failed is not kept)
+    found = isinstance(doc, simdjson.Object)
+    del doc  # the parser is free for the next document
+    if len(buf) <= REUSE_LIMIT:
+        _PARSERS.append(parser)
+    return found
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, simdjson.Object):
         return value.as_dict()
