@@ -18,7 +18,7 @@ import schemathesis
 from v2proxy.codecs import settings, side
 from v2proxy.codecs.generate import parse_body
 from v2proxy.core.errors import InvalidRequest
-from v2proxy.frontends import rest
+from v2proxy.frontends import rest, routes
 from v2proxy.frontends.openapi import document, document_json
 from v2proxy.reference.models import LLM_MAX_OUTPUT_CHARS, LLM_MAX_TOKENS, llm_tokens
 
@@ -75,10 +75,10 @@ def test_every_documented_operation_is_routed() -> None:
 
 def test_every_route_is_documented() -> None:
     documented = {(m, _concrete(p)) for m, p, _ in _operations()}
-    for pattern, methods, _op in rest.ROUTES:
-        for method in methods:
-            hits = [p for m, p in documented if m == method and pattern.fullmatch(p)]
-            assert hits, f"{method} {pattern.pattern} is not in the document"
+    for row in routes.ROUTES:
+        for method in row.methods:
+            hits = [p for m, p in documented if m == method and row.pattern.fullmatch(p)]
+            assert hits, f"{method} {row.template} is not in the document"
 
 
 def test_answers_documented() -> None:

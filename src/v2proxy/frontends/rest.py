@@ -9,10 +9,12 @@ binary tensors, raw binary, gzip/deflate both ways — the /infer path is in
 :mod:`v2proxy.frontends.mindie`). Any other path is passed through to the backend untouched and
 streamed back.
 
-Routing is one table of (path pattern, {method: handler}); a known path with the wrong method is
-405. Every ProxyError becomes ``{"error": message}`` with its status in exactly one place
-(:func:`error_answer`); nothing a client sends yields a traceback or a 500. Headers reach the
-backend as the bytes the client sent; ``x-request-id`` is echoed on every answer.
+Routing is the one route table of :mod:`v2proxy.frontends.routes` (path, methods, operation
+label, API group, body-first flag per row), whose handler names are bound here to handlers
+(:data:`HANDLERS`); a known path with the wrong method is 405. Every ProxyError becomes
+``{"error": message}`` with its status in exactly one place (:func:`error_answer`); nothing a
+client sends yields a traceback or a 500. Headers reach the backend as the bytes the client
+sent; ``x-request-id`` is echoed on every answer.
 
 ``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
 passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
@@ -43,7 +45,7 @@ from v2proxy.core.errors import (
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
-from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm
+from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm, routes
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
 from v2proxy.frontends.rest_infer import headers_of
@@ -119,17 +121,18 @@ class RestFrontend:
         rec = self.recorder
         t0 = perf_counter()
         rec.inflight.inc()
-        handler, m, op = _find(request)
+        handler, m, route = _find(request)
+        op = route.operation
         model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
         held = False
         try:
             try:
                 held = self.gate.enter(op)
-                if op in _BODY_FIRST and handler is not RestFrontend.not_allowed:
+                group = route.check_first
+                if group is not None and handler is not RestFrontend.not_allowed:
                     # the API group before the body is read: 403, not a body's 400 (the
                     # headers are gathered only for a group that is restricted)
-                    group = _group(op, request.path)
                     access = self.pipeline.access
                     if access.restricts(group):
                         access.check(group, headers_of(request))
@@ -183,7 +186,7 @@ class RestFrontend:
             answer = json_answer(404, {"error": "Not Found"})  # type: ignore[assignment]
         elif request.method not in ("GET", "HEAD"):
             answer = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[assignment]
-            answer[1].append((b"allow", b"GET, HEAD"))
+            answer[1].append((b"allow", routes.METRICS.allow))
         else:
             answer = 200, [(b"content-type", _METRICS_TYPE)], self.metrics.exposition()
         status, headers, body = answer
@@ -285,81 +288,47 @@ class RestFrontend:
     async def not_allowed(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
         """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6)."""
         status, headers, body = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
-        methods = next((ms for pattern, ms, _ in ROUTES if pattern is m.re), {})
-        headers.append((b"allow", ", ".join(methods).encode()))
+        headers.append((b"allow", _ALLOW[m.re]))
         return status, headers, body
 
 
-_M = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
-_BOTH = ("GET", "POST")
+#: the handlers the route table names (:attr:`v2proxy.frontends.routes.Route.methods`)
+HANDLERS: dict[str, Handler] = {
+    "infer": RestFrontend.infer,
+    "generate": rest_generate.generate,
+    "generate_stream": rest_generate.generate_stream,
+    "live": RestFrontend.live,
+    "ready": RestFrontend.ready,
+    "server_metadata": RestFrontend.server_metadata,
+    "model_ready": RestFrontend.model_ready,
+    "model_config": RestFrontend.model_config,
+    "model_metadata": RestFrontend.model_metadata,
+    "statistics": RestFrontend.statistics,
+    "repository_index": RestFrontend.repository_index,
+    "repository_load": RestFrontend.repository_load,
+    "trace_settings": RestFrontend.trace_settings,
+    "log_settings": RestFrontend.log_settings,
+    "shm_status": rest_shm.status,
+    "shm_register": rest_shm.register,
+    "shm_unregister": rest_shm.unregister,
+    "mindie_infer": RestFrontend.mindie_infer,
+    "openapi_document": RestFrontend.openapi_document,
+}
 
-#: (path pattern, {method: handler}, operation: the ``operation`` label of its metrics)
-ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
-    (re.compile(_M + "/infer"), {"POST": RestFrontend.infer}, "infer"),  # the hot one first
-    (re.compile(_M + "/generate"), {"POST": rest_generate.generate}, "generate"),
-    (re.compile(_M + "/generate_stream"), {"POST": rest_generate.generate_stream}, "generate"),
-    (re.compile(r"/v2/health/live"), {"GET": RestFrontend.live}, "health"),
-    (re.compile(r"/v2/health/ready"), {"GET": RestFrontend.ready}, "health"),
-    (re.compile(r"/v2/?"), {"GET": RestFrontend.server_metadata}, "metadata"),
-    (re.compile(_M + "/ready"), {"GET": RestFrontend.model_ready}, "health"),
-    (re.compile(_M + "/config"), {"GET": RestFrontend.model_config}, "metadata"),
-    (
-        re.compile(r"/v2/models/stats(?P<model>)(?P<version>)"),
-        {"GET": RestFrontend.statistics},
-        "side",
-    ),
-    (re.compile(_M + "/stats"), {"GET": RestFrontend.statistics}, "side"),
-    (re.compile(r"/v2/repository/index"), {"POST": RestFrontend.repository_index}, "side"),
-    (
-        re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)"),
-        {"POST": RestFrontend.repository_load},
-        "side",
-    ),
-    (
-        re.compile(r"/v2/(?:models/(?P<model>[^/]+)/)?trace/setting"),
-        dict.fromkeys(_BOTH, RestFrontend.trace_settings),
-        "side",
-    ),
-    (re.compile(r"/v2/logging"), dict.fromkeys(_BOTH, RestFrontend.log_settings), "side"),
-    (
-        re.compile(r"/v2/models/(?!stats$)(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"),
-        {"GET": RestFrontend.model_metadata},
-        "metadata",
-    ),
-    *rest_shm.ROUTES,
-    (re.compile(r"/infer"), {"POST": RestFrontend.mindie_infer}, "mindie"),
-    (re.compile(r"/openapi\.json"), {"GET": RestFrontend.openapi_document}, "metadata"),
+#: the route table bound, in its order: (the row's fullmatch, {method: handler}, the row)
+_ROUTING = [
+    (row.pattern.fullmatch, {m: HANDLERS[name] for m, name in row.methods.items()}, row)
+    for row in routes.ROUTES
 ]
+#: each row's pattern -> its 405's ``Allow``
+_ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
 
 
-def _find(request: HttpRequest) -> tuple[Handler, Any, str]:
-    """The handler of a request, its path match (None: passed through) and operation."""
+def _find(request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
+    """The handler of a request, its path match (None: passed through) and its route."""
     path = request.path
-    for pattern, methods, op in ROUTES:
-        m = pattern.fullmatch(path)
+    for fullmatch, methods, route in _ROUTING:
+        m = fullmatch(path)
         if m is not None:
-            return methods.get(request.method, RestFrontend.not_allowed), m, op
-    return RestFrontend.passthrough, None, "passthrough"
-
-
-#: operations whose handlers read and decode the body before the pipeline checks the API
-#: group (``--restricted-api``); checked first in dispatch, as Triton does (MindIE's /infer keeps
-#: its own order and error shape)
-_BODY_FIRST = frozenset({"infer", "generate", "side"})
-_SIDE_GROUPS = (
-    ("/v2/repository/", "model-repository"),
-    ("/v2/systemsharedmemory", "shared-memory"),
-    ("/v2/cudasharedmemory", "shared-memory"),
-    ("/v2/logging", "logging"),
-)
-
-
-def _group(op: str, path: str) -> str:
-    """The API group (``v2proxy.core.restricted``) of a routed request of a _BODY_FIRST
-    operation."""
-    if op != "side":
-        return "inference"
-    for prefix, group in _SIDE_GROUPS:
-        if path.startswith(prefix):
-            return group
-    return "trace" if path.endswith("/trace/setting") else "statistics"
+            return methods.get(request.method, RestFrontend.not_allowed), m, route
+    return RestFrontend.passthrough, None, routes.PASSTHROUGH

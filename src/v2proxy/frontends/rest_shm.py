@@ -10,8 +10,9 @@ of the pipeline (group ``shared-memory``):
   is ignored).
 
 The client's address (``HttpRequest.client``; None on a unix socket) goes with register and
-unregister for ``--client-shm local``. Routes are in :data:`ROUTES`, appended to the REST
-frontend's table; errors go through its one translator.
+unregister for ``--client-shm local``. Their routes are rows of the REST frontend's route table
+(:mod:`v2proxy.frontends.routes`, handlers ``shm_status``, ``shm_register``,
+``shm_unregister``); errors go through its one translator.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from v2proxy.frontends.rest_infer import headers_of, peer_of
 from v2proxy.http.request import HttpRequest
 
 if TYPE_CHECKING:
-    from v2proxy.frontends.rest import Answer, Handler, RestFrontend
+    from v2proxy.frontends.rest import Answer, RestFrontend
 
 _JSON = (b"content-type", b"application/json")
 
@@ -60,13 +61,3 @@ async def register(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer
 async def unregister(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
     await fe.pipeline.shm_unregister(m.group("kind"), _name(m), peer_of(r), headers_of(r))
     return 200, [_JSON], b""
-
-
-_SHM = r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<name>[^/]+))?"
-
-#: (path pattern, {method: handler}, operation label), as the REST frontend's ROUTES
-ROUTES: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
-    (re.compile(_SHM + "/status"), {"GET": status}, "side"),
-    (re.compile(_SHM + "/register"), {"POST": register}, "side"),
-    (re.compile(_SHM + "/unregister"), {"POST": unregister}, "side"),
-]

@@ -1,0 +1,168 @@
+"""The route table of the HTTP port: which paths the REST frontend serves, with which methods and
+handlers, under which ``operation`` label of the metrics, in which API group of
+``--restricted-api`` (:mod:`v2proxy.core.restricted`), and whether that group is checked before
+the body is read. The REST frontend routes with it, the restricted groups of REST requests are
+read from it, and ``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare
+them).
+
+Contract:
+
+- :data:`ROUTES` holds one :class:`Route` per path, in match order: a request's path (the query
+  left off) is matched against each row's :attr:`Route.pattern` in turn (``fullmatch``) and the
+  first row that matches serves it. The hot ``POST /v2/models/{model}/infer`` comes first, so
+  that it costs a single match.
+- A row's path is a template: ``{param}`` is a named part (:data:`PARAMS` says what each
+  matches: ``{model}`` and ``{name}`` one path segment, ``{version}`` digits, ``{kind}`` and
+  ``{action}`` one of their words) and ``[...]`` an optional part. Its paths in the OpenAPI
+  document are the template's spellings: each optional part taken and left out, ``{kind}`` and
+  ``{action}`` spelled out as their words, the others kept as OpenAPI parameters; a trailing
+  ``[/]`` (``GET /v2/``) is tolerated, not documented.
+- :attr:`Route.methods` maps each method to the name of its handler; the REST frontend
+  (:mod:`v2proxy.frontends.rest`) binds the names to its handlers, so that this table imports
+  none of them. A path that matches with another method is answered 405 with ``Allow``:
+  :attr:`Route.allow`, the row's methods in the table's order.
+- :attr:`Route.operation` is the ``operation`` label of the request's metrics and log lines.
+- :attr:`Route.group` is the API group of the route, one of
+  :data:`v2proxy.core.restricted.GROUPS`; None for the proxy's own document
+  (``GET /openapi.json``), which no group restricts. The pipeline checks every operation's group
+  itself; for a row with :attr:`Route.body_first`, the frontend checks it too, before the handler
+  reads the body, so that a refused client gets 403 rather than its body's 400, as Triton
+  answers (:attr:`Route.check_first`, precomputed). MindIE's ``POST /infer`` keeps MindIE's own
+  order (the body is validated first) and its error shape.
+
+Outside the table, and described here: :data:`METRICS` (``GET /metrics``, the proxy's own
+metrics, answered by the frontend before the table is consulted and never recorded) and
+:data:`PASSTHROUGH`, what serves a path no row matches, whatever its method: the request is passed
+through to the backend, recorded as ``passthrough``, and its group is decided per request by
+:func:`v2proxy.core.restricted.passthrough_group` from the words of its decoded path (so that no
+spelling of a restricted route slips through as another group), after its body is read.
+
+Pure data and ``re``: no handler, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: what each template parameter matches (``path``: the rest of a target, :data:`PASSTHROUGH` only)
+PARAMS = {
+    "model": "[^/]+",
+    "version": "[0-9]+",
+    "name": "[^/]+",
+    "kind": "system|cuda",
+    "action": "load|unload",
+    "path": ".*",
+}
+_PART = re.compile(r"\{(\w+)\}|\[|\]|[^{}\[\]]+")
+
+
+def compile_template(template: str) -> re.Pattern[str]:
+    """The regular expression of a path template (``{param}``, ``[optional]``, literal text).
+
+    Raises ValueError for an unknown parameter, an unbalanced bracket or a stray brace."""
+    out: list[str] = []
+    depth = end = 0
+    for part in _PART.finditer(template):
+        if part.start() != end:
+            break
+        end = part.end()
+        text, name = part.group(), part.group(1)
+        if name is not None:
+            if name not in PARAMS:
+                raise ValueError(f"unknown parameter {{{name}}} in {template!r}")
+            out.append(f"(?P<{name}>{PARAMS[name]})")
+        elif text == "[":
+            depth += 1
+            out.append("(?:")
+        elif text == "]":
+            depth -= 1
+            if depth < 0:
+                break
+            out.append(")?")
+        else:
+            out.append(re.escape(text))
+    if end != len(template) or depth != 0:
+        raise ValueError(f"malformed path template {template!r}")
+    return re.compile("".join(out))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Route:
+    """One row of the table: a path template, its methods' handlers (by name), the operation
+    label, the API group and whether that group is checked before the body is read."""
+
+    template: str
+    methods: Mapping[str, str]
+    operation: str
+    group: str | None
+    body_first: bool = False
+    #: the template compiled (:func:`compile_template`)
+    pattern: re.Pattern[str] = field(init=False, repr=False)
+    #: the value of ``Allow`` in this route's 405
+    allow: bytes = field(init=False, repr=False)
+    #: the group the frontend checks before the handler reads the body (None: no such check)
+    check_first: str | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", compile_template(self.template))
+        object.__setattr__(self, "allow", ", ".join(self.methods).encode())
+        object.__setattr__(self, "check_first", self.group if self.body_first else None)
+
+
+_M = "/v2/models/{model}[/versions/{version}]"
+_SHM = "/v2/{kind}sharedmemory[/region/{name}]"
+_GET_POST = ("GET", "POST")
+_FIRST = True  # body_first
+
+#: (template, {method: handler name}, operation, group, body_first), in match order
+ROUTES: tuple[Route, ...] = (
+    Route(_M + "/infer", {"POST": "infer"}, "infer", "inference", _FIRST),  # the hot one first
+    Route(_M + "/generate", {"POST": "generate"}, "generate", "inference", _FIRST),
+    Route(_M + "/generate_stream", {"POST": "generate_stream"}, "generate", "inference", _FIRST),
+    Route("/v2/health/live", {"GET": "live"}, "health", "health"),
+    Route("/v2/health/ready", {"GET": "ready"}, "health", "health"),
+    Route("/v2[/]", {"GET": "server_metadata"}, "metadata", "metadata"),
+    Route(_M + "/ready", {"GET": "model_ready"}, "health", "health"),
+    Route(_M + "/config", {"GET": "model_config"}, "metadata", "model-config"),
+    # before the model metadata: GET /v2/models/stats is every model's statistics
+    Route(
+        "/v2/models[/{model}[/versions/{version}]]/stats",
+        {"GET": "statistics"},
+        "side",
+        "statistics",
+        _FIRST,
+    ),
+    Route("/v2/repository/index", {"POST": "repository_index"}, "side", "model-repository", _FIRST),
+    Route(
+        "/v2/repository/models/{model}/{action}",
+        {"POST": "repository_load"},
+        "side",
+        "model-repository",
+        _FIRST,
+    ),
+    Route(
+        "/v2[/models/{model}]/trace/setting",
+        dict.fromkeys(_GET_POST, "trace_settings"),
+        "side",
+        "trace",
+        _FIRST,
+    ),
+    Route("/v2/logging", dict.fromkeys(_GET_POST, "log_settings"), "side", "logging", _FIRST),
+    Route(_M, {"GET": "model_metadata"}, "metadata", "metadata"),
+    Route(_SHM + "/status", {"GET": "shm_status"}, "side", "shared-memory", _FIRST),
+    Route(_SHM + "/register", {"POST": "shm_register"}, "side", "shared-memory", _FIRST),
+    Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory", _FIRST),
+    # MindIE's native API: its own order (the body validated first) and error shape
+    Route("/infer", {"POST": "mindie_infer"}, "mindie", "inference"),
+    # the proxy's own document, never passed through, never restricted
+    Route("/openapi.json", {"GET": "openapi_document"}, "metadata", None),
+)
+
+#: ``GET /metrics``: answered before the table is consulted, never recorded (no operation),
+#: never restricted, never passed through; 404 with ``--metrics off``
+METRICS = Route("/metrics", {"GET": "scrape", "HEAD": "scrape"}, "", None)
+#: a path no row matches, any method: passed through to the backend; its group is decided per
+#: request by :func:`v2proxy.core.restricted.passthrough_group`, in the pipeline
+PASSTHROUGH = Route("/{path}", {}, "passthrough", None)
