@@ -11,7 +11,6 @@ from v2proxy.core.restricted import (
     DEFAULT_GROUPS,
     GROUPS,
     GRPC_GROUPS,
-    REST_GROUPS,
     RestrictedPolicy,
     parse_groups,
     parse_header,
@@ -91,7 +90,6 @@ def test_defaults_and_tables() -> None:
     )
     assert not policy.restricts("shared-memory")  # --client-shm local gates it
     assert policy.header is None
-    assert set(REST_GROUPS.values()) == GROUPS
     assert set(GRPC_GROUPS.values()) == GROUPS
     assert RestrictedPolicy.parse("none", "") == RestrictedPolicy(frozenset(), None)
     assert policy.restricts("logging") and not policy.restricts("inference")

@@ -9,8 +9,11 @@ unix-socket peers only, by default), which is what matches a pod's boundary.
 
 Contract:
 
-- The groups are Triton's names (:data:`GROUPS`); :data:`REST_GROUPS` and :data:`GRPC_GROUPS`
-  say which operation belongs to which (the MindIE ``/infer`` route is ``inference``).
+- The groups are Triton's names (:data:`GROUPS`). The group of each REST route is a column of
+  the REST frontend's route table (``v2proxy.frontends.routes``; MindIE's ``/infer`` is
+  ``inference``); :func:`passthrough_group` gives that of a REST request no route matches
+  (passed through), and :data:`GRPC_GROUPS` that of each RPC. The pipeline checks each
+  operation's group by name.
 - :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
   PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
   header with exactly the configured value. Header names match case-insensitively; the value is
@@ -47,25 +50,7 @@ GROUPS = frozenset(
 #: clients on loopback or a unix socket, the pod's boundary; an operator can still add it.
 DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace"})
 
-# Which group each operation belongs to (as in Triton's http_server.cc / grpc_server.cc).
-REST_GROUPS = {
-    "/v2/health/live": "health",
-    "/v2/health/ready": "health",
-    "/v2/models/{m}/ready": "health",
-    "/v2": "metadata",
-    "/v2/models/{m}": "metadata",
-    "/v2/models/{m}/infer": "inference",
-    "/v2/models/{m}/generate": "inference",
-    "/v2/models/{m}/generate_stream": "inference",
-    "/infer": "inference",
-    "/v2/models/{m}/config": "model-config",
-    "/v2/models[/{m}]/stats": "statistics",
-    "/v2/repository/...": "model-repository",
-    "/v2/systemsharedmemory/...": "shared-memory",
-    "/v2/cudasharedmemory/...": "shared-memory",
-    "/v2[/models/{m}]/trace/setting": "trace",
-    "/v2/logging": "logging",
-}
+# Which group each RPC belongs to (as in Triton's grpc_server.cc).
 GRPC_GROUPS = {
     "ServerLive": "health",
     "ServerReady": "health",
@@ -192,7 +177,8 @@ _PATH_GROUPS = (
 
 
 def passthrough_group(target: str) -> str:
-    """The API group of a request passed through to the backend."""
+    """The API group of a request passed through to the backend: a REST request that no row of
+    the route table matches (a spelling of a route's path among them)."""
     path = unquote(target.split("?", 1)[0]).lower()
     for word, group in _PATH_GROUPS:
         if word in path:
