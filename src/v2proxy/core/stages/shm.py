@@ -2,6 +2,11 @@
 it, and per inference request stage 3 (inputs read from the client's registered regions), stage 4
 (outputs planned into them) and stage 6 (the backend's outputs written there).
 
+:class:`SharedMemoryStage` is the stage (:class:`~v2proxy.core.stages.base.Stage`): it applies
+to a request one of whose inputs or outputs names a region (``shared_memory_region``); its
+``before`` is :func:`resolve`, its ``after`` :meth:`Use.write_outputs` (every response of a
+stream), its ``release`` :meth:`Use.release`.
+
 Contract:
 
 - The regions live behind the :class:`~v2proxy.core.regions.Regions` port
@@ -43,6 +48,7 @@ from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.core.errors import Forbidden, InvalidRequest, NotFound, ProxyError, Unsupported
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.regions import Region, Regions
+from v2proxy.core.stages.base import Applied
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -251,3 +257,56 @@ def resolve(
     if inputs:
         regions.served("input", len(inputs))
     return use
+
+
+# ---------------------------------------------------------------------- the stage
+
+
+class SharedMemoryStage:
+    """Client shared memory as a :class:`~v2proxy.core.stages.base.Stage` (module docstring):
+    the clients' regions (None: none can be registered) and ``--client-shm``."""
+
+    __slots__ = ("mode", "regions")
+
+    input_keys = frozenset({REGION})
+    output_keys = frozenset({REGION})
+
+    def __init__(self, regions: Regions | None, mode: str = "local") -> None:
+        self.regions = regions
+        self.mode = mode
+
+    def applies(self, request: InferRequest, peer: str | None) -> Applied | None:
+        """The request's hold on its regions when a tensor names one, else None."""
+        for t in request.inputs:
+            if t.parameters and REGION in t.parameters:
+                return _Held(self, peer)
+        for o in request.outputs or ():
+            if o.parameters and REGION in o.parameters:
+                return _Held(self, peer)
+        return None
+
+
+class _Held:
+    """One request's use of shared memory: its regions, held from ``before`` to ``release``."""
+
+    __slots__ = ("peer", "stage", "use")
+
+    def __init__(self, stage: SharedMemoryStage, peer: str | None) -> None:
+        self.stage = stage
+        self.peer = peer
+        self.use: Use | None = None
+
+    async def before(self, request: InferRequest) -> InferRequest:
+        """The client checked, the inputs read, the outputs planned (:func:`resolve`); the
+        request is changed in place."""
+        self.use = resolve(request, self.stage.regions, self.stage.mode, self.peer)
+        return request
+
+    async def after(self, response: InferResponse) -> InferResponse:
+        if self.use is not None:
+            self.use.write_outputs(response)
+        return response
+
+    def release(self) -> None:
+        if self.use is not None:
+            self.use.release()
