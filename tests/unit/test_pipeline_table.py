@@ -27,10 +27,12 @@ it: the proxy classifies without labels); ``shm-in`` / ``shm-out`` (an input rea
 written to, a region of the real registry ``v2proxy.shm.registry.Registry`` on a real POSIX
 object); ``binary-output`` (``binary_data_output`` with no outputs listed), ``binary-output-
 listed`` (the same with the outputs listed, where it changes nothing in the answer),
-``binary-data`` (an output's ``binary_data``); ``fp16`` (an FP16 input). Backend capability:
+``binary-data`` (an output's ``binary_data``); ``fp16`` (an FP16 input); ``shm-out+class`` (two
+stages at once: OUT0 written to a region, OUT1 classified by the proxy). Backend capability:
 ``relay_infer`` taking the body unchanged or declining (``norelay``) for either wire form.
 
-The expected counts are the columns ``backend_calls`` and ``access_checks`` of :data:`ROWS`,
+The expected counts are the columns ``backend_calls`` and ``access_checks`` of :data:`ROWS` (and,
+where a row fills it, ``region_holds``: the regions acquired, each released exactly once),
 written as the code behaves today, so that a change to the pipeline changes them there (and
 nowhere else). The access policy of these tests restricts every group (``restricts`` is True),
 so every check the code would make is counted.
@@ -62,6 +64,10 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   per response (each response comes back ``in_shm``): the last response wins.
 - A request naming a region is checked for ``inference`` only: ``--client-shm`` decides on the
   region, not ``--restricted-api``'s ``shared-memory`` group.
+- Unary and streamed inference go through the same loop of the stages
+  (``v2proxy.core.stages.chain.Stages.run``): with two stages at once (``shm-out+class``) every
+  response of a decoupled model is classified and written to the region, and the region is
+  acquired once for the whole stream and released once at its end.
 - A decoupled model reached over REST is the backend's business (``infer``, one answer): the
   pipeline does not tell the two apart, so the ``x3`` rows are stream rows only.
 """
@@ -102,6 +108,7 @@ OUT1 = np.array([[1.0, 1.0, 1.0, 1.0]], "<f4")
 LABELS = ("a", "b", "c", "d")
 TOP2 = ["3.000000:1", "2.000000:3"]
 TOP2_LABELLED = ["3.000000:1:b", "2.000000:3:d"]
+TOP2_ONES = ["1.000000:0", "1.000000:1"]
 
 
 # --------------------------------------------------------------------------- the table
@@ -128,6 +135,8 @@ class Stage:
     #: "raw" (the backend's bytes), "top2" / "top2-labelled" (classified), "shm" (in the region)
     answer_outputs: tuple[str, ...] = ("OUT0",)
     out0: str = "raw"
+    #: OUT1 as "raw" (not checked) or "top2-ones" (classified: the backend's OUT1 is all ones)
+    out1: str = "raw"
 
 
 CLASS = {"classification": 2}
@@ -153,6 +162,15 @@ BINARY_DATA = Stage(
     sent_outputs=(("OUT0", {"binary_data": True}),),
 )
 FP16 = Stage("fp16", input_datatype="FP16")
+SHM_OUT_CLASS = Stage(
+    "shm-out+class",
+    outputs=(("OUT0", SHM_OUT), ("OUT1", CLASS)),
+    extensions=(),
+    sent_outputs=(("OUT0", {}), ("OUT1", {})),
+    answer_outputs=("OUT0", "OUT1"),
+    out0="shm",
+    out1="top2-ones",
+)
 
 JSON, BINARY, GRPC, STREAM = "json", "binary", "grpc", "stream"
 FORWARD, RESPONSE = "forward", "response"
@@ -177,6 +195,8 @@ class Row:
     access_checks: int = 1
     #: FORWARD (the backend's pass-through answer, unchanged) or RESPONSE (an InferResponse)
     answer: str = RESPONSE
+    #: regions acquired for the request, each released exactly once (None: not counted)
+    region_holds: int | None = None
 
     @property
     def id(self) -> str:
@@ -243,6 +263,13 @@ ROWS = [
     Row(STREAM, SHM_IN, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
     Row(STREAM, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=1),
     Row(STREAM, SHM_OUT_STAGE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+    # ---- two stages at once, unary and streamed: the one loop of the stages
+    Row(GRPC, SHM_OUT_CLASS, backend_calls=(SERVER_META, INFER, MODEL_META, MODEL_CONFIG),
+        access_checks=1, region_holds=1),
+    Row(STREAM, SHM_OUT_CLASS, backend_calls=(SERVER_META, STREAM_INFER, MODEL_META,
+        MODEL_CONFIG), access_checks=1, region_holds=1),
+    Row(STREAM, SHM_OUT_CLASS, responses=3, backend_calls=(SERVER_META, STREAM_INFER,
+        MODEL_META, MODEL_CONFIG), access_checks=1, region_holds=1),
 ]
 # fmt: on
 
@@ -334,6 +361,26 @@ def regions() -> Iterator[Registry]:
         reg.close()
         mem.close_fd()
         mem.unlink()
+
+
+class CountingRegions:
+    """The registry as the pipeline sees it, counting the acquisitions and releases."""
+
+    def __init__(self, inner: Registry) -> None:
+        self.inner = inner
+        self.acquired = 0
+        self.released = 0
+
+    def acquire(self, name: str) -> Any:
+        self.acquired += 1
+        return self.inner.acquire(name)
+
+    def release(self, region: Any) -> None:
+        self.released += 1
+        self.inner.release(region)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _region_bytes(reg: Registry, name: str, size: int) -> bytes:
@@ -439,6 +486,9 @@ def _check_response(row: Row, response: InferResponse, regions: Registry) -> Non
         assert stage.out0 == "shm"
         assert bytes(out0.data) == b""
         assert _region_bytes(regions, "out", OUT0.nbytes) == OUT0.tobytes()
+    if stage.out1 == "top2-ones":
+        out1 = response.outputs[1]
+        assert (out1.shape, _strings(out1)) == ((1, 2), TOP2_ONES)
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
@@ -459,7 +509,8 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
     )
     access = CountingAccess()
     models = {MODEL: ModelSettings({"OUT0": OutputSettings(LABELS)})} if stage.labels else None
-    pipeline = Pipeline(backend, LIMIT, access=access, models=models, shm=regions)
+    counting = CountingRegions(regions)
+    pipeline = Pipeline(backend, LIMIT, access=access, models=models, shm=counting)
 
     responses: list[InferResponse] = []
     body: bytes | None = None
@@ -517,3 +568,5 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
         assert _region_bytes(regions, "out", 64) == bytes(64)
     assert [r["name"] for r in regions.status("")] == ["in", "out"]
     assert (regions.users("in"), regions.users("out")) == (0, 0)  # every region released
+    if row.region_holds is not None:
+        assert (counting.acquired, counting.released) == (row.region_holds, row.region_holds)

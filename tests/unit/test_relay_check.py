@@ -11,13 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.fake_backend import FakeBackend
 from v2proxy.codecs.binary import decode_request
 from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core.errors import ProxyError
+from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.relay import nothing_to_do
 
 LIMIT = 1 << 20
 TENSORS = 8
+#: the stages as the pipeline composes them, which ``nothing_to_do`` asks
+STAGES = Pipeline(FakeBackend(), LIMIT).stages
 
 
 def _body(obj: Any) -> bytes:
@@ -29,7 +33,7 @@ def _decodes(body: bytes, limit: int = LIMIT, tensors: int = TENSORS) -> bool:
         request = decode_request(bytearray(body), None, "m", "", limit, tensors)
     except ProxyError:
         return False
-    return nothing_to_do(request, binary=False)
+    return nothing_to_do(request, False, STAGES)
 
 
 SIMPLE = {

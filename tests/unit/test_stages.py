@@ -1,9 +1,9 @@
 """The pipeline's stages behind one interface (``v2proxy.core.stages``): the loop that runs them
 around a backend call (``chain.Stages.run``: order, every response, release once whatever
 happens), whether any applies (``Stages.applies``, exactly when some stage's ``applies`` would
-say so), and each stage's ``applies`` / ``before`` / ``after`` / ``release`` in isolation:
-client shared memory on in-memory regions, classification on a fake of what is known of the
-backend's models. No sockets, no backend."""
+say so, and what the relay's ``nothing_to_do`` asks), and each stage's ``applies`` /
+``before`` / ``after`` / ``release`` in isolation: client shared memory on in-memory regions,
+classification on a fake of what is known of the backend's models. No sockets, no backend."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from v2proxy.core.model import (
     RequestedOutput,
     Tensor,
 )
+from v2proxy.core.relay import nothing_to_do
 from v2proxy.core.stages.base import Applied
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage
@@ -206,6 +207,19 @@ def test_applies_is_exactly_some_stage_applying(
     )
     assert stages.applies(request) is applies
     assert any(s.applies(request, None) is not None for s in stages.stages) is applies
+    # the relay asks the same of the stages, besides its wire-form checks
+    assert nothing_to_do(request, True, stages) is not applies
+
+
+def test_nothing_to_do_asks_the_stages() -> None:
+    """A stage's own keys stop the relay; what no stage asks for does not."""
+    request = _request({"custom": 1})
+    assert nothing_to_do(request, False, Stages([]))
+    assert not nothing_to_do(request, False, Stages([Recorder("custom", [])]))
+    # the wire-form half stays the relay's own: a JSON body asking for a binary answer
+    binary_out = _request({"binary_data": True})
+    assert not nothing_to_do(binary_out, False, Stages([]))
+    assert nothing_to_do(binary_out, True, Stages([]))
 
 
 # --------------------------------------------------------------------------- shared memory

@@ -19,23 +19,32 @@ An inference request passes these stages, in this order:
 3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
    inputs named by ``shared_memory_region`` become private copies of the client's region, and
    outputs named so are planned into theirs; the request holds those regions until it ends
-   (:meth:`Pipeline._resolve_inputs`, :mod:`v2proxy.core.stages.shm`).
-4. **output planning** (classification): which outputs the
-   backend is asked for, in which form (:meth:`Pipeline._plan_outputs`). An output with a
-   ``classification`` parameter is classified by the proxy (the backend is asked for the raw
-   output) when labels are configured for it or the backend lacks the extension, else passed
-   through (:mod:`v2proxy.core.stages.classification`). Requests without one pay one dict lookup per
-   requested output that has parameters.
+   (:class:`~v2proxy.core.stages.shm.SharedMemoryStage`).
+4. **output planning** (classification): which outputs the backend is asked for, in which form.
+   An output with a ``classification`` parameter is classified by the proxy (the backend is
+   asked for the raw output) when labels are configured for it or the backend lacks the
+   extension, else passed through
+   (:class:`~v2proxy.core.stages.classification.ClassificationStage`).
 5. **backend call**: :meth:`Backend.infer` / :meth:`Backend.stream_infer`.
-6. **post-processing**: request id and model name filled in, outputs the client did not ask for
-   dropped (:meth:`Pipeline._finish`); then the outputs planned in stage 4 are classified
-   (:func:`v2proxy.core.stages.classification.apply`); outputs planned into shared memory are
-   written there (:meth:`v2proxy.core.stages.shm.Use.write_outputs`).
-   Metrics wrap stages 2-6.
+6. **post-processing**, for every response (each message of a stream): request id and model
+   name filled in, outputs the client did not ask for dropped
+   (:func:`~v2proxy.core.stages.chain.finish`); then the outputs planned in stage 4 are
+   classified, and outputs planned into shared memory are written there. Metrics wrap stages
+   2-6.
 7. **encode** (frontend): the response in the wire form the client asked for.
+
+Stages 3 and 4 and their halves of stage 6 are the stages proper: objects behind one interface
+(:mod:`v2proxy.core.stages.base`: ``applies``, ``before``, ``after``, ``release``), composed
+in this order once, in the constructor (:attr:`Pipeline.stages`). :meth:`Pipeline.infer` and
+:meth:`Pipeline.stream_infer` share one loop that runs them around the backend call
+(:meth:`~v2proxy.core.stages.chain.Stages.run`; a unary call is a stream of one, still sent
+with :meth:`Backend.infer`); a request no stage applies to (:meth:`Stages.applies`, one pass
+over its tensors) is only finished, without the loop.
 
 What stages 1, 4 and 6 and the generate mapping need to know of the backend's models (metadata,
 ``max_batch_size``, whether it classifies) is cached in :class:`~v2proxy.core.model_info.ModelInfo`.
+The generate extension is a request mapping in front of :meth:`stream_infer`, not a stage
+(:mod:`v2proxy.core.stages` says why).
 
 The pass-through fast path (:class:`~v2proxy.core.relay.Relay`): when no stage applies and the
 backend takes the client's wire form, the client's bytes go to the backend untouched after stage 1,
@@ -47,23 +56,25 @@ Pure with respect to I/O libraries: it awaits the backend but imports no asyncio
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import Any, Protocol
 
 from v2proxy.codecs import settings, side
-from v2proxy.codecs.classification import requested_count
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core import restricted
-from v2proxy.core.errors import NotFound, ProxyError, Unsupported
+from v2proxy.core.errors import NotFound, Unsupported
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.model_info import ModelInfo
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
 from v2proxy.core.relay import Relay
-from v2proxy.core.stages import classification as classification_stage
 from v2proxy.core.stages import shm as shm_stage
+from v2proxy.core.stages.chain import Stages, finish
+from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
 from v2proxy.core.stages.generate import GenerateStage, Mapped
+from v2proxy.core.stages.shm import SharedMemoryStage
 
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
@@ -97,7 +108,7 @@ class Pipeline:
         backend: Backend,
         max_input_size: int,
         access: AccessPolicy | None = None,
-        models: Mapping[str, classification_stage.ModelLabels] | None = None,
+        models: Mapping[str, ModelLabels] | None = None,
         shm: Regions | None = None,
         client_shm: str = "local",
         max_tensors: int = DEFAULT_MAX_TENSORS,
@@ -110,14 +121,18 @@ class Pipeline:
         self.max_tensors = max_tensors
         self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
-        self.models: Mapping[str, classification_stage.ModelLabels] = models or {}
+        self.models: Mapping[str, ModelLabels] = models or {}
         #: the clients' system shared-memory regions (None: none can be registered)
         self.shm = shm
         self.client_shm = client_shm
-        self._relay = Relay(backend, max_input_size, max_tensors)
         self._forgetters: list[Callable[[], None]] = []
         #: the backend's model metadata and extensions, cached (:mod:`v2proxy.core.model_info`)
         self.info = ModelInfo(backend)
+        #: the stages around every inference, in their order (stages 3-6 of the docstring)
+        self.stages = Stages(
+            (SharedMemoryStage(shm, client_shm), ClassificationStage(self.models, self.info))
+        )
+        self._relay = Relay(backend, self.stages, max_input_size, max_tensors)
         self.generation = GenerateStage(
             backend, self.info.shape_info, self.stream_infer, max_input_size
         )
@@ -217,49 +232,39 @@ class Pipeline:
     async def _staged(
         self, request: InferRequest, headers: Headers, peer: str | None
     ) -> InferResponse:
-        """Stages 3-6 and the backend call (the access was checked)."""
-        use = self._resolve_inputs(request, peer)
-        if use is None:
-            return await self._infer(request, headers)
-        try:
-            response = await self._infer(request, headers)
-            use.write_outputs(response)
-            return response
-        finally:
-            use.release()
+        """Stages 3-6 around :meth:`Backend.infer` (the access was checked): the stages' loop
+        (:meth:`Stages.run`) over a stream of one; a request no stage applies to is only
+        finished (no loop, nothing allocated)."""
+        if not self.stages.applies(request):
+            return finish(request, await self.backend.infer(request, headers))
 
-    async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        counts = self._plan_outputs(request)
-        if counts is None:
-            return self._finish(request, await self.backend.infer(request, headers))
-        sent, todo = await self._plan_classification(request, counts)
-        response = self._finish(request, await self.backend.infer(sent, headers))
-        return await self._classify(request, todo, response)
+        async def once(sent: InferRequest) -> AsyncIterator[InferResponse]:
+            yield await self.backend.infer(sent, headers)
+
+        response: InferResponse | None = None
+        async for answer in self.stages.run(request, peer, once):
+            response = answer
+        assert response is not None  # a stream of one
+        return response
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
     ) -> AsyncIterator[InferResponse]:
         """Every response of a (possibly decoupled) model to one request (``peer`` as for
-        :meth:`infer`)."""
+        :meth:`infer`): stages 3-6 around :meth:`Backend.stream_infer`, the same loop as
+        :meth:`infer`'s (:meth:`Stages.run`)."""
         self._allow("inference", headers)
-        use = self._resolve_inputs(request, peer)
-        try:
-            counts = self._plan_outputs(request)
-            sent, todo = (
-                (request, {})
-                if counts is None
-                else await self._plan_classification(request, counts)
-            )
-            async for answer in self.backend.stream_infer(sent, headers):
-                response = self._finish(request, answer)
-                if todo:
-                    response = await self._classify(request, todo, response)
-                if use is not None:
-                    use.write_outputs(response)
+        if not self.stages.applies(request):
+            async for answer in self.backend.stream_infer(request, headers):
+                yield finish(request, answer)
+            return
+
+        def call(sent: InferRequest) -> AsyncIterator[InferResponse]:
+            return self.backend.stream_infer(sent, headers)
+
+        async with aclosing(self.stages.run(request, peer, call)) as responses:
+            async for response in responses:
                 yield response
-        finally:
-            if use is not None:
-                use.release()
 
     async def relay(
         self,
@@ -288,68 +293,6 @@ class Pipeline:
         return decode_raw_request(
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
-
-    def _resolve_inputs(self, request: InferRequest, peer: str | None) -> shm_stage.Use | None:
-        """Stage 3 (and the shared-memory part of stage 4): None when no tensor names a
-        region; else (the client allowed shared memory) the regions held until the caller
-        releases them."""
-        return shm_stage.resolve(request, self.shm, self.client_shm, peer)
-
-    @staticmethod
-    def _plan_outputs(request: InferRequest) -> dict[str, int] | None:
-        """Stage 4 (shared-memory outputs were planned by :meth:`_resolve_inputs`): the outputs
-        that carry a ``classification`` parameter, name -> k (0: none), or None when none does."""
-        counts: dict[str, int] | None = None
-        for o in request.outputs or ():
-            params = o.parameters
-            if not params:
-                continue
-            if "classification" in params:
-                if counts is None:
-                    counts = {}
-                counts[o.name] = requested_count(params)
-        return counts
-
-    async def _plan_classification(
-        self, request: InferRequest, counts: dict[str, int]
-    ) -> tuple[InferRequest, classification_stage.Plan]:
-        """Stage 4 for classification: the request the backend is sent and the outputs the
-        proxy classifies (:func:`v2proxy.core.stages.classification.plan`)."""
-        model = self.models.get(request.model_name)
-        local = model.outputs if model is not None else {}
-        classifies = (
-            classification_stage.asks_backend(counts, local)
-            and await self.info.lists_classification()
-        )
-        return classification_stage.plan(request, counts, local, classifies)
-
-    async def _classify(
-        self, request: InferRequest, todo: classification_stage.Plan, response: InferResponse
-    ) -> InferResponse:
-        """Stage 6 for classification: batching known from the model's config or metadata."""
-        if not todo or not any(t.name in todo for t in response.outputs):
-            return response
-        try:
-            metadata, max_batch_size = await self.info.shape_info(
-                request.model_name, request.model_version
-            )
-        except ProxyError:
-            metadata, max_batch_size = {}, None
-        return classification_stage.apply(response, todo, metadata, max_batch_size)
-
-    @staticmethod
-    def _finish(request: InferRequest, response: InferResponse) -> InferResponse:
-        """Stage 6."""
-        if request.id and not response.id:
-            response.id = request.id
-        if not response.model_name:
-            response.model_name = request.model_name
-        if request.outputs is not None:
-            # Some backends (KServe over gRPC) return every output whatever was asked for.
-            wanted = {o.name for o in request.outputs}
-            if any(t.name not in wanted for t in response.outputs):
-                response.outputs = [t for t in response.outputs if t.name in wanted]
-        return response
 
     # ------------------------------------------------------------------ side operations
 

@@ -1,6 +1,10 @@
 """The pass-through fast path of the pipeline (Envoy's pass-through): an /infer body that no
 stage applies to goes to the backend as the client sent it, and the answer comes back unchanged.
 
+Whether a body may be relayed is :func:`nothing_to_do`: no stage applies (asked of the
+pipeline's :class:`~v2proxy.core.stages.chain.Stages`) and the wire forms match (the answer may
+come back in the form the client's body asks for).
+
 - :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
   checked), relayed when the request needs nothing and the backend takes that wire form.
 - :meth:`Relay.relay_json`: a large JSON body still arriving, relayed while it arrives and checked
@@ -22,6 +26,7 @@ from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.core.errors import InvalidRequest, ProxyError
 from v2proxy.core.model import Datatype, InferRequest
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.stages.chain import Stages
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
 HOLD_BACK = 64 * 1024
@@ -29,9 +34,6 @@ HOLD_BACK = 64 * 1024
 #: huge request does not pin its buffer for the life of the process)
 BUFFERS_KEPT = 2
 BUFFER_REUSE_LIMIT = 32 * 1024 * 1024
-
-#: Tensor parameters that mean a stage of the proxy applies to the request.
-STAGE_PARAMS = ("shared_memory_region", "classification")
 
 
 class _NotRelayed(ProxyError):
@@ -86,25 +88,28 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 _HALF = (Datatype.FP16, Datatype.BF16)
 
 
-def _stage(params: dict[str, object]) -> bool:
-    return "shared_memory_region" in params or "classification" in params  # STAGE_PARAMS
-
-
-def nothing_to_do(request: InferRequest, binary: bool) -> bool:
+def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:
     """Whether no stage applies and the answer may be relayed as the backend writes it.
 
-    A tensor parameter of :data:`STAGE_PARAMS` means a stage applies. A JSON body relays only
-    if its answer may be JSON too (no ``binary_data_output``, no output's ``binary_data``), and
-    holds no FP16/BF16 numbers (which v2proxy accepts in JSON but binary backends such as
-    Triton refuse)."""
+    No stage applies: no input carries one of ``stages.input_keys``, no requested output one
+    of ``stages.output_keys`` (:meth:`Stages.applies`, asked here in the same pass as the
+    wire-form checks: a request with no parameters costs a truth test per tensor). The wire
+    forms match: a JSON body relays only if its answer may be JSON too (no
+    ``binary_data_output``, no output's ``binary_data``), and holds no FP16/BF16 numbers (which
+    v2proxy accepts in JSON but binary backends such as Triton refuse); a binary body always
+    does."""
     for t in request.inputs:
-        if t.parameters and _stage(t.parameters):
+        params = t.parameters
+        if params and not stages.input_keys.isdisjoint(params):
             return False
         if not binary and t.datatype in _HALF:
             return False
     for o in request.outputs or ():
         params = o.parameters
-        if params and (_stage(params) or (not binary and params.get("binary_data") is True)):
+        if params and (
+            not stages.output_keys.isdisjoint(params)
+            or (not binary and params.get("binary_data") is True)
+        ):
             return False
     return binary or request.parameters.get("binary_data_output") is not True
 
@@ -113,9 +118,15 @@ class Relay:
     """The pass-through fast path in front of one backend."""
 
     def __init__(
-        self, backend: Backend, max_input_size: int, max_tensors: int = DEFAULT_MAX_TENSORS
+        self,
+        backend: Backend,
+        stages: Stages,
+        max_input_size: int,
+        max_tensors: int = DEFAULT_MAX_TENSORS,
     ) -> None:
         self.backend = backend
+        #: the pipeline's stages, asked whether one applies (:func:`nothing_to_do`)
+        self.stages = stages
         self.max_input_size = max_input_size
         self.max_tensors = max_tensors
         self._buffers: list[bytearray] = []
@@ -130,7 +141,7 @@ class Relay:
         """Pass the client's /infer body through untouched when no stage applies and the
         backend takes that wire form (one backend call, which says None when it does not);
         None when the request must be re-encoded."""
-        if not nothing_to_do(request, ihcl is not None):
+        if not nothing_to_do(request, ihcl is not None, self.stages):
             return None
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
@@ -184,14 +195,14 @@ class Relay:
                     yield chunk[: hold_from - start]
                 check.feed(chunk)
             request = check.finish()
-            if request is None or not nothing_to_do(request, binary=False):
+            if request is None or not nothing_to_do(request, False, self.stages):
                 # undecided, or the tensors' bytes are needed: the full decoder decides (and
                 # names the field at fault)
                 view = keeper.view()
                 request = decode_request(
                     view, None, model, version, self.max_input_size, self.max_tensors
                 )
-                if not nothing_to_do(request, binary=False):
+                if not nothing_to_do(request, False, self.stages):
                     raise _NotRelayed(request)
             yield bytes(keeper.view()[hold_from:])
 
