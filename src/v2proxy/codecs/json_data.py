@@ -116,7 +116,7 @@ def _leaves(data: Any, where: str) -> list[Any]:
 
 
 #: struct codes of the datatypes the small-array path packs, and integer ranges
-_STRUCT_CODES = {
+STRUCT_CODES = {
     Datatype.BOOL: "?",
     Datatype.UINT8: "B",
     Datatype.UINT16: "H",
@@ -148,7 +148,7 @@ def _small_numbers(leaves: list[Any], datatype: Datatype) -> bytes | None:
     """A short flat list packed with struct when every element is of the right kind and in
     range (struct refuses integers outside the code's range); None otherwise (the numpy path
     then decides, and names any problem)."""
-    code = _STRUCT_CODES.get(datatype)
+    code = STRUCT_CODES.get(datatype)
     if code is None or not leaves:
         return None
     kinds = set(map(type, leaves))

@@ -23,30 +23,50 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
+from typing import Any
+
 import orjson
 
 from v2proxy.codecs.dtypes import INTEGER_TYPES, ITEM_SIZE
 from v2proxy.codecs.json import SMALL_DOCUMENT
-from v2proxy.codecs.json_data import INT_RANGES, SMALL_ARRAY
+from v2proxy.codecs.json_data import SMALL_ARRAY, STRUCT_CODES
 from v2proxy.core.model import Datatype
 
 _INPUT_KEYS = frozenset({"name", "datatype", "shape", "data"})
 _OUTPUT_KEYS = frozenset({"name"})
 _TOP_KEYS = frozenset({"id", "inputs", "outputs"})
-_INT = frozenset({int})
 _BOOL = frozenset({bool})
 _NUMBER = frozenset({int, float})
 
-#: datatype name -> (element kinds allowed, (min, max) for integers or None, item size)
-_KINDS: dict[str, tuple[frozenset[type], tuple[int, int] | None, int]] = {}
-for _dt in Datatype:
-    if _dt in INTEGER_TYPES:
-        _KINDS[_dt.value] = (_INT, INT_RANGES[_dt], ITEM_SIZE[_dt])
-    elif _dt in (Datatype.FP32, Datatype.FP64):
-        _KINDS[_dt.value] = (_NUMBER, None, ITEM_SIZE[_dt])
-    elif _dt is Datatype.BOOL:
-        _KINDS[_dt.value] = (_BOOL, None, ITEM_SIZE[_dt])
-# FP16/BF16 (binary backends refuse them in JSON) and BYTES: the full path
+#: datatype name -> (struct code of its elements, item size): the integer types, FP32, FP64 and
+#: BOOL (FP16/BF16, which binary backends refuse in JSON, and BYTES take the full path)
+_CODES: dict[str, tuple[str, int]] = {
+    dt.value: (STRUCT_CODES[dt], ITEM_SIZE[dt])
+    for dt in Datatype
+    if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
+}
+#: struct packers per (code, element count), as many as :data:`_PACKERS_MAX`
+_PACKERS: dict[tuple[str, int], Callable[..., bytes]] = {}
+_PACKERS_MAX = 1024
+
+
+def _packs(code: str, data: list[Any]) -> bool:
+    """Whether struct packs ``data`` with ``code``: for an integer code, every element an
+    integer in the type's range (a float, string, null or array is refused); for a float code,
+    every element a number within it (a JSON boolean passes both: the caller rules those out)."""
+    n = len(data)
+    pack = _PACKERS.get((code, n))
+    if pack is None:
+        pack = struct.Struct(f"<{n}{code}").pack
+        if len(_PACKERS) < _PACKERS_MAX:
+            _PACKERS[(code, n)] = pack
+    try:
+        pack(*data)
+    except (struct.error, OverflowError, TypeError):
+        return False
+    return True
 
 
 def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
@@ -69,14 +89,15 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
         return False
     names: set[str] = set()
     total = 0
+    booleans: bool | None = None  # whether the literal true or false is anywhere in the body
     for item in inputs:
         if type(item) is not dict or item.keys() != _INPUT_KEYS:
             return False
         name = item["name"]
-        kinds = _KINDS.get(item["datatype"])
+        kind = _CODES.get(item["datatype"])
         shape = item["shape"]
         data = item["data"]
-        if type(name) is not str or name in names or kinds is None or type(shape) is not list:
+        if type(name) is not str or name in names or kind is None or type(shape) is not list:
             return False
         names.add(name)
         count = 1
@@ -86,11 +107,18 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
             count *= d
         if type(data) is not list or len(data) != count or not 0 < count <= SMALL_ARRAY:
             return False
-        allowed, bounds, itemsize = kinds
-        if not set(map(type, data)) <= allowed:
-            return False
-        if bounds is not None and (min(data) < bounds[0] or max(data) > bounds[1]):
-            return False
+        code, itemsize = kind
+        if code == "?":
+            if set(map(type, data)) != _BOOL:
+                return False
+        else:
+            if booleans is None:
+                booleans = b"true" in body or b"false" in body
+            # a JSON boolean is an int to struct: looked for only when the body has one
+            if booleans and not set(map(type, data)) <= _NUMBER:
+                return False
+            if not _packs(code, data):
+                return False
         total += count * itemsize
     if total > max_input_size:
         return False
