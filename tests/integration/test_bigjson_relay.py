@@ -1,4 +1,5 @@
-"""Pipeline.relay_json: a large JSON /infer body relayed to a REST backend while it arrives.
+"""Relay.relay_json, the pipeline's strategy for a large JSON /infer body still arriving: the
+body relayed to a REST backend while it arrives.
 
 The backend here is a plain socket server that records, for every request, the bytes it got and
 whether they made a whole request (Content-Length reached) before the connection ended. A valid
@@ -26,7 +27,7 @@ from v2proxy.core.errors import CodecError, InvalidRequest, PayloadTooLarge
 from v2proxy.core.model import InferRequest
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, StreamedBody
-from v2proxy.core.relay import HOLD_BACK
+from v2proxy.core.relay import HOLD_BACK, Relay
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops
@@ -136,7 +137,8 @@ async def setup() -> AsyncIterator[tuple[RecordingBackend, Pipeline]]:
 async def relay(
     pipeline: Pipeline, body: bytes, sizes: list[int], stop_at: int | None = None
 ) -> ForwardResponse | InferRequest:
-    return await pipeline.relay_json(
+    relay = Relay(pipeline.backend, pipeline.stages, pipeline.max_input_size, pipeline.max_tensors)
+    return await relay.relay_json(
         MODEL, "", StreamedBody(len(body), chunks_of(body, sizes, stop_at)), []
     )
 

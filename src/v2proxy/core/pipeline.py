@@ -55,9 +55,9 @@ Pure with respect to I/O libraries: it awaits the backend but imports no asyncio
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from v2proxy.codecs import settings, side
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
@@ -78,6 +78,18 @@ from v2proxy.core.stages.shm import SharedMemoryStage
 
 #: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
+
+
+#: the frontend's decoder of a REST /infer body (whole, its JSON header's length): the checked
+#: request (raw binary bodies get their shape from :meth:`Pipeline.decode_raw`)
+Decode = Callable[[Buffer, int | None], Awaitable[InferRequest]]
+
+
+class Answered(NamedTuple):
+    """A request that went through the stages, and its answer (for the frontend to encode)."""
+
+    request: InferRequest
+    response: InferResponse
 
 
 class AccessPolicy(Protocol):
@@ -194,40 +206,61 @@ class Pipeline:
         self,
         model: str,
         version: str,
-        decode: Callable[[], InferRequest],
-        body: bytes | bytearray | StreamedBody | None,
+        body: Buffer | StreamedBody,
         ihcl: int | None,
+        relayable: bool,
+        decode: Decode,
         headers: Headers,
         peer: str | None,
-    ) -> ForwardResponse | InferResponse:
-        """One REST /infer of ``model``/``version``, whose API group the frontend has checked
-        before reading it (``RestFrontend.dispatch``: a 403 comes before a body's 400).
-        ``decode`` gives the decoded (checked) request, when it is needed; ``body`` is the body
-        as the client sent it (None: not to be relayed, e.g. an answer to be compressed).
+    ) -> ForwardResponse | Answered:
+        """One REST /infer of ``model``/``version`` in its wire form, whose API group the
+        frontend has checked before reading it (``RestFrontend.dispatch``: a 403 comes before a
+        body's 400): ``body`` as the client sent it (decompressed), still arriving
+        (:class:`StreamedBody`, a large one) or whole; ``ihcl`` its JSON header's length (None:
+        JSON, 0: raw binary); ``relayable``: it and its answer may pass untouched (nothing to
+        compress); ``decode``: the frontend's decoder, called only when the request is needed.
 
-        The pipeline decides: a small JSON body that
-        :func:`~v2proxy.codecs.relay_check.plain_json_request` accepts (the full decoder would
-        take it, and no stage applies) goes to the backend untouched without being decoded;
-        any other body is decoded and relayed untouched when no stage applies and the backend
-        takes its wire form (:meth:`Relay.relay`), else it goes through the stages. One call of
-        the frontend, one access check, one backend call."""
-        if body is None:
-            return await self._staged(decode(), headers, peer)
-        if (
-            ihcl is None
-            and not isinstance(body, StreamedBody)
-            and plain_json_request(body, self.max_input_size, self.max_tensors)
-        ):
-            # checked without decoding: the full decoder accepts it and no stage applies
-            relayed = await self.backend.relay_infer(model, version, body, None, headers)
+        The pipeline decides, in this order:
+
+        - a body still arriving is relayed while it arrives (JSON checked on the way,
+          :meth:`Relay.relay_json`; a binary-framed one once its JSON header is checked,
+          :meth:`Relay.relay_framed`), else read whole;
+        - a small JSON body that :func:`~v2proxy.codecs.relay_check.plain_json_request`
+          accepts (the full decoder would take it, and no stage applies) is relayed untouched
+          without being decoded;
+        - any other body is decoded and relayed untouched when no stage applies and the
+          backend takes its wire form (:meth:`Relay.relay`; never a raw binary one);
+        - else the decoded request goes through the stages (:meth:`_staged`) and is answered
+          with it, for the frontend to encode.
+
+        One call of the frontend, one access check, one backend call."""
+        if isinstance(body, StreamedBody):
+            if ihcl is None:
+                outcome = await self._relay.relay_json(model, version, body, headers)
+                if isinstance(outcome, ForwardResponse):
+                    return outcome
+                return Answered(outcome, await self._staged(outcome, headers, peer))
+            relayed, whole = await self._relay.relay_framed(model, version, body, ihcl, headers)
             if relayed is not None:
                 return relayed
-            return await self._staged(decode(), headers, peer)
-        request = decode()
-        relayed = await self._relay.relay(request, body, ihcl, headers)
-        if relayed is not None:
-            return relayed
-        return await self._staged(request, headers, peer)
+            body, relayable = whole, False  # declined after its header: not offered again
+        sent = body if relayable and isinstance(body, bytes | bytearray) else None
+        if (
+            sent is not None
+            and ihcl is None
+            and plain_json_request(sent, self.max_input_size, self.max_tensors)
+        ):
+            # checked without decoding: the full decoder accepts it and no stage applies
+            relayed = await self.backend.relay_infer(model, version, sent, None, headers)
+            if relayed is not None:
+                return relayed
+            sent = None  # the backend does not take it unchanged
+        request = await decode(body, ihcl)
+        if sent is not None and ihcl != 0:
+            relayed = await self._relay.relay(request, sent, ihcl, headers)
+            if relayed is not None:
+                return relayed
+        return Answered(request, await self._staged(request, headers, peer))
 
     async def _staged(
         self, request: InferRequest, headers: Headers, peer: str | None
@@ -265,26 +298,6 @@ class Pipeline:
         async with aclosing(self.stages.run(request, peer, call)) as responses:
             async for response in responses:
                 yield response
-
-    async def relay(
-        self,
-        request: InferRequest,
-        body: bytes | bytearray | StreamedBody,
-        ihcl: int | None,
-        headers: Headers,
-    ) -> ForwardResponse | None:
-        """A REST client's /infer body (admitted as for :meth:`infer_body`) passed through
-        untouched when nothing needs changing (:meth:`Relay.relay`); None when it must go
-        through the stages (:meth:`infer_body` with no body)."""
-        return await self._relay.relay(request, body, ihcl, headers)
-
-    async def relay_json(
-        self, model: str, version: str, body: StreamedBody, headers: Headers
-    ) -> ForwardResponse | InferRequest:
-        """A large JSON /infer body (admitted as for :meth:`infer_body`) relayed while it
-        arrives (:meth:`Relay.relay_json`), or the decoded request when it must go through the
-        stages (:meth:`infer_body` with no body)."""
-        return await self._relay.relay_json(model, version, body, headers)
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
         """The request a raw binary body (IHCL 0) stands for (docs/protocol.md, raw binary

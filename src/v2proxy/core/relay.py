@@ -7,12 +7,15 @@ come back in the form the client's body asks for).
 
 - :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
   checked), relayed when the request needs nothing and the backend takes that wire form.
+- :meth:`Relay.relay_framed`: a large binary-framed body still arriving: its JSON header read
+  and checked, then the body relayed while the rest arrives, or read whole when it is not.
 - :meth:`Relay.relay_json`: a large JSON body still arriving, relayed while it arrives and checked
   piece by piece (:class:`~v2proxy.codecs.json_stream.StreamCheck`); its last
   :data:`HOLD_BACK` bytes are sent only once the whole of it has passed, so that a malformed body
   gets the full decoder's error and the backend never has it whole.
 
-The request was decoded (validated) before any relay; what is sent is the client's bytes.
+The request was checked before any relay (decoded, or by
+:func:`~v2proxy.codecs.relay_check.plain_json_request`); what is sent is the client's bytes.
 Pure: it awaits the backend but imports no I/O library.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from v2proxy.codecs.binary import check_json_size, decode_request
+from v2proxy.codecs.binary import check_json_size, decode_request, decode_request_header
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.core.errors import InvalidRequest, ProxyError
@@ -114,6 +117,25 @@ def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:
     return binary or request.parameters.get("binary_data_output") is not True
 
 
+async def _prefix(chunks: AsyncIterator[bytes], n: int) -> tuple[bytearray, bytes]:
+    """The first ``n`` bytes of a body, and what came with them past ``n``."""
+    head = bytearray()
+    async for chunk in chunks:
+        need = n - len(head)
+        if len(chunk) >= need:
+            head += chunk[:need]
+            return head, chunk[need:]
+        head += chunk
+    return head, b""  # shorter than announced: the HTTP layer reports the broken body
+
+
+async def _then(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in chunks:
+        yield chunk
+
+
 class Relay:
     """The pass-through fast path in front of one backend."""
 
@@ -146,6 +168,27 @@ class Relay:
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
         )
+
+    async def relay_framed(
+        self, model: str, version: str, body: StreamedBody, ihcl: int, headers: Headers
+    ) -> tuple[ForwardResponse | None, bytearray]:
+        """A binary-framed /infer body still arriving (``ihcl`` > 0): its JSON header is read
+        and checked (every check but the tensors' bytes: a CodecError names the field at
+        fault), then the body is relayed while the rest arrives when :meth:`relay` takes it,
+        answered (the answer, and nothing read); else the whole body, read (None, body)."""
+        chunks = aiter(body.chunks)
+        header, extra = await _prefix(chunks, ihcl)
+        probe = decode_request_header(
+            header, body.length - ihcl, model, version, self.max_input_size, self.max_tensors
+        )
+        streamed = StreamedBody(body.length, _then(bytes(header) + extra, chunks))
+        relayed = await self.relay(probe, streamed, ihcl, headers)
+        if relayed is not None:
+            return relayed, bytearray()
+        whole = header + extra  # refused after the header: the rest is read as it comes
+        async for chunk in chunks:
+            whole += chunk
+        return None, whole
 
     async def relay_json(
         self, model: str, version: str, body: StreamedBody, headers: Headers

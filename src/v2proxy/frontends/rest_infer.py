@@ -23,7 +23,6 @@ closes the connection (the client sees a broken answer, never a complete-looking
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,7 @@ from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
+from v2proxy.core.pipeline import Answered
 from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody, no_release
 from v2proxy.http.headers import HOP_BY_HOP, forwardable
 from v2proxy.http.request import HttpRequest
@@ -48,25 +48,6 @@ INFER_DROP = frozenset(
     {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
 )
 _IHCL = binc.IHCL_HEADER.lower().encode()
-
-
-async def _prefix(chunks: AsyncIterator[bytes], n: int) -> tuple[bytearray, bytes]:
-    """The first ``n`` bytes of a body, and what came with them past ``n``."""
-    head = bytearray()
-    async for chunk in chunks:
-        need = n - len(head)
-        if len(chunk) >= need:
-            head += chunk[:need]
-            return head, chunk[need:]
-        head += chunk
-    return head, b""  # shorter than announced: the HTTP layer reports the broken body
-
-
-async def _then(first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in chunks:
-        yield chunk
 
 
 def peer_of(r: HttpRequest) -> str | None:
@@ -107,111 +88,69 @@ async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> A
     accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
     encoding = compression.choose_encoding(accept)
     length = r.content_length
-    streams = (
+    decoder = _Decoder(fe, model, version)
+    if (
         length is not None
         and STREAM_RELAY_MIN <= length <= fe.max_body_size
         and encoding is None
         and (content_encoding or "identity").strip().lower() == "identity"
-    )
-    body: bytearray | None = None
-    declined = False  # the pipeline declined to relay it already (the same answer again)
-    if streams and length is not None:
-        if ihcl_value is None:
-            outcome = await fe.pipeline.relay_json(
-                model, version, StreamedBody(length, r.chunks()), forwarded
-            )
-            if isinstance(outcome, ForwardResponse):
-                return outcome
-            return await _answer(fe, outcome, None, None, forwarded, encoding, peer_of(r))
+    ):
         ihcl = binc.parse_ihcl(ihcl_value, length)
-        if ihcl:
-            chunks = aiter(r.chunks())
-            header, extra = await _prefix(chunks, ihcl)
-            probe = binc.decode_request_header(
-                header, length - ihcl, model, version, fe.max_input_size, fe.pipeline.max_tensors
+        if ihcl != 0:  # JSON or binary-framed: the pipeline may relay it while it arrives
+            answer = await fe.pipeline.infer_body(
+                model,
+                version,
+                StreamedBody(length, r.chunks()),
+                ihcl,
+                True,
+                decoder,
+                forwarded,
+                peer_of(r),
             )
-            streamed = StreamedBody(length, _then(bytes(header) + extra, chunks))
-            relayed = await fe.pipeline.relay(probe, streamed, ihcl, forwarded)
-            if relayed is not None:
-                return relayed
-            declined = True
-            body = header + extra  # refused after the header: the rest is read as usual
-            async for chunk in chunks:
-                body += chunk
-    if body is None:
-        body = await fe.read_body(r)
-    t0 = perf_counter()
+            return _answer(fe, answer, encoding)
+    body = await fe.read_body(r)
+    decoder.t0 = perf_counter()  # (decompression counts as decoding)
     data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
     ihcl = binc.parse_ihcl(ihcl_value, len(data))
-    if ihcl == 0:  # (the model's shape, from the pipeline's metadata cache, counts too)
-        request = await fe.pipeline.decode_raw(data, model, version)
-        fe.recorder.decode["raw"].observe(perf_counter() - t0)
-        return await _answer(fe, request, None, ihcl, forwarded, encoding, peer_of(r))
-    decoder = _Decoder(fe, data, ihcl, model, version, t0)
-    relayable = (
-        data if encoding is None and not declined and isinstance(data, bytes | bytearray) else None
+    answer = await fe.pipeline.infer_body(
+        model, version, data, ihcl, encoding is None, decoder, forwarded, peer_of(r)
     )
-    response = await fe.pipeline.infer_body(
-        model, version, decoder.decode, relayable, ihcl, forwarded, peer_of(r)
-    )
-    if isinstance(response, ForwardResponse):
-        return response
-    return _encode(fe, decoder.decode(), response, encoding)
+    return _answer(fe, answer, encoding)
 
 
 class _Decoder:
-    """The decoded request of a JSON or binary-framed body, made when first asked for (a body
-    relayed untouched is never decoded), its decode time recorded."""
+    """The REST frontend's decoder of an /infer body (:data:`~v2proxy.core.pipeline.Decode`),
+    called by the pipeline only when it needs the request (a body relayed untouched is never
+    decoded); its decode time is recorded per wire form (from ``t0``: decompression counts)."""
 
-    __slots__ = ("data", "fe", "ihcl", "model", "request", "t0", "version")
+    __slots__ = ("fe", "model", "t0", "version")
 
-    def __init__(
-        self, fe: RestFrontend, data: Buffer, ihcl: int | None, model: str, version: str, t0: float
-    ) -> None:
+    def __init__(self, fe: RestFrontend, model: str, version: str) -> None:
         self.fe = fe
-        self.data = data
-        self.ihcl = ihcl
         self.model = model
         self.version = version
-        self.t0 = t0
-        self.request: InferRequest | None = None
+        self.t0: float | None = None
 
-    def decode(self) -> InferRequest:
-        request = self.request
-        if request is None:
-            fe, ihcl = self.fe, self.ihcl
-            request = self.request = binc.decode_request(
-                self.data,
-                ihcl,
-                self.model,
-                self.version,
-                fe.max_input_size,
-                fe.pipeline.max_tensors,
+    async def __call__(self, data: Buffer, ihcl: int | None) -> InferRequest:
+        fe = self.fe
+        t0 = perf_counter() if self.t0 is None else self.t0
+        if ihcl == 0:  # raw: the model's shape, from the pipeline's metadata cache, counts too
+            request = await fe.pipeline.decode_raw(data, self.model, self.version)
+        else:
+            request = binc.decode_request(
+                data, ihcl, self.model, self.version, fe.max_input_size, fe.pipeline.max_tensors
             )
-            fe.recorder.decode["json" if ihcl is None else "binary"].observe(
-                perf_counter() - self.t0
-            )
+        wire = "json" if ihcl is None else "raw" if ihcl == 0 else "binary"
+        fe.recorder.decode[wire].observe(perf_counter() - t0)
         return request
 
 
-async def _answer(
-    fe: RestFrontend,
-    request: InferRequest,
-    body: bytes | bytearray | None,
-    ihcl: int | None,
-    forwarded: Headers,
-    encoding: str | None,
-    peer: str | None,
-) -> Answer:
-    """The pipeline's one answer to a decoded request (``body``: as the client sent it, when it
-    may be relayed): passed through, or in the client's wire form (``peer``: the client's
-    address, for ``--client-shm``)."""
-    response = await fe.pipeline.infer_body(
-        request.model_name, request.model_version, lambda: request, body, ihcl, forwarded, peer
-    )
-    if isinstance(response, ForwardResponse):
-        return response
-    return _encode(fe, request, response, encoding)
+def _answer(fe: RestFrontend, answer: ForwardResponse | Answered, encoding: str | None) -> Answer:
+    """The pipeline's answer: passed through, or the stages' response in the client's wire
+    form."""
+    if isinstance(answer, ForwardResponse):
+        return answer
+    return _encode(fe, answer.request, answer.response, encoding)
 
 
 def _encode(
