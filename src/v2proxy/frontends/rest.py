@@ -17,11 +17,12 @@ client sends yields a traceback or a 500. Headers reach the backend as the bytes
 sent; ``x-request-id`` is echoed on every answer.
 
 ``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
-passed through. Every other request is recorded once answered, in :meth:`RestFrontend.dispatch`
-(:mod:`v2proxy.frontends.rest_record`: metrics of :mod:`v2proxy.ops.metrics`, a WARNING line per
-failed request, the access log), and admitted there first by the process's
+passed through. Every other request goes through the exchange envelope in
+:meth:`RestFrontend.dispatch` (:mod:`v2proxy.frontends.exchange`): admitted first by the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
-beyond it, before the body is read).
+beyond it, before the body is read), and recorded once answered (metrics of
+:mod:`v2proxy.ops.metrics`, a WARNING line per failed request, the access log; what REST tells the
+envelope of a request is in :mod:`v2proxy.frontends.rest_record`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from time import perf_counter
 from typing import Any
 
 from v2proxy.codecs import side
@@ -46,6 +46,7 @@ from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
 from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm, routes
+from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
 from v2proxy.frontends.rest_infer import headers_of
@@ -53,7 +54,6 @@ from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
 from v2proxy.ops.config_sections import MindieSettings
-from v2proxy.ops.metrics import error_kind
 from v2proxy.ops.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -107,20 +107,21 @@ class RestFrontend:
         self.max_body_size = max_body_size
         self.metrics: AnyMetrics = metrics or NullMetrics()
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
+        #: admission, in flight, timing and the record of every request but /metrics
+        self.envelope = Envelope(self.recorder, self.gate, rest_record.describe, rest_record.GONE)
         #: body sizes of chunked requests, read by read_body, taken by dispatch
         self._chunked_sizes: dict[HttpRequest, int] = {}
         #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
         self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
-        """The HTTP server's handler: route, answer, translate errors; then record the request
-        (metrics and log lines)."""
+        """The HTTP server's handler: route, answer, translate errors, all inside the request's
+        exchange envelope (:mod:`v2proxy.frontends.exchange`: admission, in flight, the record)."""
         if request.path == "/metrics":
             await self.scrape(request, response)
             return
-        rec = self.recorder
-        t0 = perf_counter()
-        rec.inflight.inc()
+        env = self.envelope
+        t0 = env.open()
         handler, m, route = _find(request)
         op = route.operation
         model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
@@ -128,7 +129,7 @@ class RestFrontend:
         held = False
         try:
             try:
-                held = self.gate.enter(op)
+                held = env.admit(op)
                 group = route.check_first
                 if group is not None and handler is not RestFrontend.not_allowed:
                     # the API group before the body is read: 403, not a body's 400 (the
@@ -140,9 +141,7 @@ class RestFrontend:
             except ProxyError as exc:
                 # each API answers errors in its own shape (MindIE's /infer: MindIE's)
                 answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
-                error, cause = error_kind(exc), exc.message
-                if isinstance(exc, Overloaded):
-                    rec.rejected.inc()
+                _, error, cause = env.failure(exc)
             rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
                 status = answer.status
@@ -157,27 +156,23 @@ class RestFrontend:
                 if rid is not None:
                     headers.append((REQUEST_ID, rid))
                 await response.send(status, headers, body)
-        except http.ClientDisconnected:
-            if not cause:
-                status, error, cause = 499, "client_disconnected", "the client went away"
-            raise
-        except http.BodyError as exc:
-            status, error, cause = exc.status, "invalid_request", str(exc)
-            raise
         except Exception as exc:
-            status, error, cause = 500, "internal", f"internal error: {type(exc).__name__}"
+            # an error answer cut short by the client stays that error
+            if not cause or not isinstance(exc, http.ClientDisconnected):
+                status, error, cause = env.failure(exc)
             raise
         finally:
-            if held:
-                self.gate.leave()
-            rec.inflight.dec()
             if request.chunked:
                 n_in = self._chunked_sizes.pop(request, 0)
             else:
                 n_in = request.content_length or 0
-            rest_record.record(
-                rec, request, t0, op, model, status, error, cause, n_in, wire_out, n_out
-            )
+            if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
+                error = rest_record.answer_error(op, status)
+            wire_in = rest_record.wire_in(request) if op == "infer" else "json"
+            env.done(
+                t0, held, op, model, status, error, cause, wire_in, n_in, wire_out, n_out, request,
+                status,
+            )  # fmt: skip
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
