@@ -3,10 +3,11 @@
 
 Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
 repository, trace and log settings). Handlers are registered from one table (method name -> request
-type, response type, handler), each wrapped in the call envelope of
-:mod:`v2proxy.frontends.grpc_call`: requests arrive as bytes and are parsed there, every ProxyError
-becomes a gRPC status in exactly one place (:func:`~v2proxy.frontends.grpc_call.guard`), and each
-call is recorded (metrics, log lines; each message of a stream is recorded on its own).
+type, response type, handler), each wrapped by :func:`~v2proxy.frontends.grpc_call.guard`:
+requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC status in exactly
+one place, and each call goes through the exchange envelope of
+:mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
+message of a stream is an exchange, recorded on its own).
 ModelStreamInfer answers each request on the stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header. Every call but health and metadata holds a slot of the process's
@@ -37,8 +38,10 @@ from v2proxy.core.ports import Headers
 from v2proxy.frontends import grpc_shm
 from v2proxy.frontends.grpc_call import (
     HEALTH_SERVICE,
-    Call,
     Context,
+    answerable,
+    end,
+    envelope,
     forwarded_headers,
     guard,
     parse,
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 #: answers of one ModelStreamInfer call serialized ahead of the client at most
 _STREAM_QUEUE = 16
 
+_STREAM_RPC = "ModelStreamInfer"
+#: the ``operation`` label of a stream's messages (and its admission)
+_STREAM = "stream_infer"
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -80,6 +86,7 @@ class GrpcFrontend:
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
         #: --max-concurrency, shared with the REST frontend (default: no limit)
         self.gate = gate or AdmissionGate()
+        self._stream_envelope = envelope(self.recorder, self.gate, f"/{SERVICE}/{_STREAM_RPC}")
         #: --max-tensors, --max-input-size (the request decoder's limits)
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
 
@@ -157,25 +164,21 @@ class GrpcFrontend:
         """Each request message is served (and recorded) on its own; answers are serialized
         here, errors too unless the client asked for them as the stream's status. The stream
         holds one admission slot while it is open (refused at once when none is free)."""
-        path = f"/{SERVICE}/ModelStreamInfer"
+        env = self._stream_envelope
         try:
-            held = self.gate.enter("stream_infer")
+            held = env.hold(_STREAM)
         except Overloaded as exc:
-            refused = Call("stream_infer", "")
-            refused.failed(exc)
-            refused.record(self.recorder, context, perf_counter(), 0, path)
-            trailers = refusal_trailers(exc, self.recorder)
-            await context.abort(status_code(exc), exc.message, trailers)
+            end(env, env.open(), None, exc, _STREAM, "", 0, 0, context)
+            await context.abort(status_code(exc), exc.message, refusal_trailers(exc))
         try:
-            async with contextlib.aclosing(self._stream(requests, context, path)) as stream:
+            async with contextlib.aclosing(self._stream(requests, context)) as stream:
                 async for item in stream:
                     yield item
         finally:
-            if held:
-                self.gate.leave()
+            env.release(held)
 
     async def _stream(
-        self, requests: AsyncIterator[bytes], context: Context, path: str
+        self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncGenerator[bytes, None]:
         raise_errors = any(
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
@@ -186,32 +189,38 @@ class GrpcFrontend:
         # the proxy's memory
         queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue(_STREAM_QUEUE)
         tasks: set[asyncio.Task[None]] = set()
-        rec = self.recorder
+        env = self._stream_envelope
 
         async def serve_one(msg: bytes) -> None:
-            t0 = perf_counter()
-            rec.inflight.inc()
-            call = Call("stream_infer", "")
+            # each message is an exchange of its own, not admitted (the stream holds a slot)
+            t0 = env.open()
+            model, n_in, n_out = "", len(msg), 0
             try:
-                with call:
-                    r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
-                    call.model = r.model_name
-                    async for out in self._stream_one(r, headers, peer):
-                        data = out.SerializeToString()
-                        call.n_out += len(data)
-                        await queue.put(data)
-                if call.exc is not None:
-                    if raise_errors:
-                        await queue.put(call.exc)
-                    else:
-                        data = pb.ModelStreamInferResponse(
-                            error_message=call.exc.message
-                        ).SerializeToString()
-                        call.n_out += len(data)
-                        await queue.put(data)
+                r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
+                model = r.model_name
+                async for out in self._stream_one(r, headers, peer):
+                    data = out.SerializeToString()
+                    n_out += len(data)
+                    await queue.put(data)
+            except Exception as exc:
+                failure = answerable(exc, _STREAM)
+            except BaseException as exc:  # cancelled: recorded, and it goes on
+                end(env, t0, None, exc, _STREAM, model, n_in, n_out, context)
+                raise
+            else:
+                end(env, t0, None, None, _STREAM, model, n_in, n_out, context)
+                return
+            try:  # as the stream's status, or in band
+                if raise_errors:
+                    await queue.put(failure)
+                else:
+                    data = pb.ModelStreamInferResponse(
+                        error_message=failure.message
+                    ).SerializeToString()
+                    n_out += len(data)
+                    await queue.put(data)
             finally:
-                rec.inflight.dec()
-                call.record(rec, context, t0, len(msg), path)
+                end(env, t0, None, failure, _STREAM, model, n_in, n_out, context)
 
         async def read_all() -> None:
             try:

@@ -1,20 +1,21 @@
-"""The envelope of every gRPC call of the frontend: the request's bytes parsed into its message (a
+"""The gRPC side of every call of the frontend: the request's bytes parsed into its message (a
 malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would be
-UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`;
-docs/architecture.md, the error tree), the answer serialized (so that its size is known), the call
-recorded (metrics and log lines, :class:`Call`; each message of a stream is recorded on its own),
-and the end-to-end request metadata forwarded to the backend (:func:`forwarded_headers`). A call is
-admitted first by the process's :class:`~v2proxy.core.admission.AdmissionGate`
-(``--max-concurrency``): refused, it is RESOURCE_EXHAUSTED with the trailer
-``grpc-retry-pushback-ms`` (:func:`refusal_trailers`).
+UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`,
+:func:`status_code`, :func:`refusal_trailers`; docs/architecture.md, the error tree), the answer
+serialized (so that its size is known), and the end-to-end request metadata forwarded to the
+backend (:func:`forwarded_headers`).
+
+Around each call (each message of a stream) is the exchange envelope of
+:mod:`v2proxy.frontends.exchange`, one :class:`~v2proxy.frontends.exchange.Envelope` per method
+(:func:`envelope`): admission by the process's :class:`~v2proxy.core.admission.AdmissionGate`
+(``--max-concurrency``: refused, a call is RESOURCE_EXHAUSTED with the trailer
+``grpc-retry-pushback-ms``), in flight, timing and the record (metrics and log lines, :func:`end`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from time import perf_counter
 from typing import Any
 
 import grpc
@@ -24,8 +25,8 @@ from v2proxy._proto.service import SERVICE
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
 from v2proxy.core.ports import Headers
+from v2proxy.frontends.exchange import GONE_STATUS, Envelope
 from v2proxy.http.headers import HOP_BY_HOP
-from v2proxy.ops.metrics import error_kind
 from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
@@ -48,17 +49,68 @@ _HOP_METADATA = frozenset(
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+#: the cause recorded for a call that the client cancelled
+GONE = "cancelled by the client"
+_GRPC = "grpc"
+
+
 def status_code(exc: ProxyError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN)
 
 
-def refusal_trailers(exc: ProxyError, rec: FrontendRecorder) -> tuple[tuple[str, str], ...]:
-    """The trailers of a failed call: an admission refusal is counted and tells gRPC's retry
-    policy when to try again (``grpc-retry-pushback-ms``)."""
+def refusal_trailers(exc: ProxyError) -> tuple[tuple[str, str], ...]:
+    """The trailers of a failed call: an admission refusal tells gRPC's retry policy when to
+    try again (``grpc-retry-pushback-ms``)."""
     if not isinstance(exc, Overloaded):
         return ()
-    rec.rejected.inc()
     return (("grpc-retry-pushback-ms", str(RETRY_AFTER_S * 1000)),)
+
+
+def envelope(rec: FrontendRecorder, gate: AdmissionGate, path: str) -> Envelope:
+    """The exchange envelope of the calls of the method ``path``; their log lines take the
+    request id from the call's ``x-request-id`` metadata."""
+
+    def describe(context: Any) -> tuple[str | None, str, str]:
+        metadata = context.invocation_metadata() or ()
+        rid = next((v for k, v in metadata if k == "x-request-id"), None)
+        return None if rid is None else str(rid), "POST", path
+
+    return Envelope(rec, gate, describe, GONE)
+
+
+def answerable(exc: Exception, op: str) -> ProxyError:
+    """The ProxyError a call that raised ``exc`` is answered with; anything else is logged once
+    and answered as internal. Without its traceback: its frames (the handler's among them)
+    would make a reference cycle that only the garbage collector's rare full passes free."""
+    if isinstance(exc, ProxyError):
+        return exc.with_traceback(None)
+    log.exception("unexpected error in gRPC %s", op, exc_info=exc)
+    return ProxyError(f"internal error: {type(exc).__name__}")
+
+
+def end(
+    env: Envelope,
+    t0: float,
+    held: bool | None,
+    exc: BaseException | None,
+    op: str,
+    model: str,
+    n_in: int,
+    n_out: int,
+    context: Context,
+) -> None:
+    """Ends the exchange of a call (of a stream's message) opened at ``t0``: answered (``exc``
+    None), failed with the ProxyError ``exc`` it is answered with, or ended by ``exc`` going on
+    (a cancellation)."""
+    if exc is None:
+        env.done(t0, held, op, model, 200, None, None, _GRPC, n_in, _GRPC, n_out, context, "OK")
+        return
+    status, error, cause = env.failure(exc)
+    if isinstance(exc, ProxyError):
+        shown = status_code(exc).name
+    else:
+        shown = "CANCELLED" if status == GONE_STATUS else "INTERNAL"
+    env.done(t0, held, op, model, status, error, cause, _GRPC, n_in, _GRPC, n_out, context, shown)
 
 
 def parse(message_type: Any, data: bytes, rpc: str) -> Any:
@@ -100,117 +152,43 @@ def guard(
     rec: FrontendRecorder,
     gate: AdmissionGate | None = None,
 ) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status; it also serializes the answer
-    and records the call (metrics, log lines)."""
+    """The one translator from the error tree to gRPC status; it also serializes the answer,
+    all inside the call's exchange envelope (admission, in flight, the record)."""
     op = _OPERATIONS.get(rpc, "side")
     field = _MODEL_FIELDS.get(rpc)
-    path = f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
-    admission = gate or AdmissionGate()
+    env = envelope(
+        rec, gate or AdmissionGate(), f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
+    )
 
     async def handler(data: bytes, context: Context) -> Any:
-        t0 = perf_counter()
-        rec.inflight.inc()
-        call = Call(op, "")
+        t0 = env.open()
+        model = ""
         held = False
         try:
-            with call:
-                held = admission.enter(op)
-                msg = parse(message_type, data, rpc)
-                if field is not None:
-                    call.model = getattr(msg, field)
-                out = (await fn(msg, context)).SerializeToString()
-                call.n_out = len(out)
-                return out
-        finally:
-            if held:
-                admission.leave()
-            rec.inflight.dec()
-            call.record(rec, context, t0, len(data), path)
-        failure = call.exc
-        assert failure is not None
+            held = env.admit(op)
+            msg = parse(message_type, data, rpc)
+            if field is not None:
+                model = getattr(msg, field)
+            out = (await fn(msg, context)).SerializeToString()
+        except Exception as exc:
+            failure = answerable(exc, op)
+        except BaseException as exc:  # cancelled: recorded, and it goes on
+            end(env, t0, held, exc, op, model, len(data), 0, context)
+            raise
+        else:
+            end(env, t0, held, None, op, model, len(data), len(out), context)
+            return out
+        end(env, t0, held, failure, op, model, len(data), 0, context)
         # the status set and no answer (grpc discards one with a non-OK code), not
         # context.abort(): its exception, kept by grpc's call state, makes a reference cycle
         context.set_code(status_code(failure))
         context.set_details(failure.message)
-        trailers = refusal_trailers(failure, rec)
+        trailers = refusal_trailers(failure)
         if trailers:
             context.set_trailing_metadata(trailers)
         return None
 
     return handler
-
-
-class Call:
-    """What is recorded of one call (one message of a stream)."""
-
-    __slots__ = ("error", "exc", "model", "n_out", "op", "status")
-
-    def __init__(self, op: str, model: str) -> None:
-        self.op = op
-        self.model = model
-        self.status = 200
-        self.error: str | None = None
-        self.exc: ProxyError | None = None
-        self.n_out = 0
-
-    def failed(self, exc: ProxyError, kind: str | None = None) -> None:
-        # without its traceback: its frames (the handler's among them, which holds this call)
-        # would make a reference cycle that only the garbage collector's rare full passes free
-        self.exc = exc.with_traceback(None)
-        self.status = exc.http_status
-        self.error = kind or error_kind(exc)
-
-    def cancelled(self) -> None:
-        self.failed(ProxyError("cancelled by the client"), "client_disconnected")
-        self.status = 499
-
-    def __enter__(self) -> Call:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any
-    ) -> bool:
-        """The one mapping of what a call raised: a ProxyError is its failure; a cancellation
-        is recorded and goes on; anything else is logged once and answered as internal."""
-        if exc is None:
-            return False
-        if isinstance(exc, ProxyError):
-            self.failed(exc)
-            return True
-        if isinstance(exc, asyncio.CancelledError):
-            self.cancelled()
-            return False
-        if isinstance(exc, Exception):
-            log.exception("unexpected error in gRPC %s", self.op, exc_info=exc)
-            self.failed(ProxyError(f"internal error: {type(exc).__name__}"), "internal")
-            return True
-        return False
-
-    def record(
-        self, rec: FrontendRecorder, context: Context, t0: float, n_in: int, path: str
-    ) -> None:
-        duration = perf_counter() - t0
-        status = self.status
-        rec.done(
-            duration, self.op, self.model, status, self.error, "grpc", n_in, "grpc", self.n_out
-        )
-        if status >= 400 or rec.access_log:
-            exc = self.exc
-            rid = next(
-                (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
-            )
-            rec.log(
-                status >= 400,
-                None if rid is None else str(rid),
-                self.model,
-                "POST",
-                path,
-                "OK" if exc is None else ("CANCELLED" if status == 499 else status_code(exc).name),
-                duration,
-                n_in,
-                self.n_out,
-                None if exc is None else exc.message,
-            )
 
 
 def forwarded_headers(context: Context) -> Headers:
