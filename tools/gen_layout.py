@@ -1,15 +1,17 @@
-"""Write the layout tree of docs/architecture.md (its "Layout" section) from the source itself.
+"""Write the layout trees of docs/architecture.md and README.md (their "Layout" sections) from the
+source itself: the whole tree on the architecture page, its first level in the README.
 
 Each package and module of ``src/v2proxy/`` is shown with the first sentence of its docstring (a
 package: its ``__init__.py``'s), without reST markup and trimmed to fit the line; then the
-project's other folders, with the one-line descriptions kept in :data:`FOLDERS` below. The tree
-replaces the fenced block between ``<!-- layout:begin -->`` and ``<!-- layout:end -->``:
+project's other folders, with the one-line descriptions kept in :data:`FOLDERS` below. Each tree
+replaces the fenced block between ``<!-- layout:begin -->`` and ``<!-- layout:end -->`` of its
+page:
 
-    .venv/bin/python tools/gen_layout.py            # prints the block
-    .venv/bin/python tools/gen_layout.py --write    # rewrites it in docs/architecture.md
-    .venv/bin/python tools/gen_layout.py --check    # exit status 1 when the page's block is stale
+    .venv/bin/python tools/gen_layout.py            # prints the architecture page's block
+    .venv/bin/python tools/gen_layout.py --write    # rewrites both blocks
+    .venv/bin/python tools/gen_layout.py --check    # exit status 1 when a block is stale
 
-tests/unit/test_layout_doc.py fails when the committed block differs from what this writes. A
+tests/unit/test_layout_doc.py fails when a committed block differs from what this writes. A
 module without a docstring stops the generator: every module states its contract.
 """
 
@@ -24,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "v2proxy"
 PAGE = ROOT / "docs" / "architecture.md"
+README = ROOT / "README.md"
 BEGIN = "<!-- layout:begin -->"
 END = "<!-- layout:end -->"
 #: the widest line of the tree (ruff's line length, which the docs keep too)
@@ -143,6 +146,20 @@ def render() -> str:
     return "```\n" + "\n".join(lines) + "\n```\n"
 
 
+def render_overview() -> str:
+    """The README's block: the packages of src/v2proxy/ (not their contents), in the order of
+    the layers, and the composition root."""
+    lines = [_line(0, "src/v2proxy/", "app.py, app_core.py: the composition root; cli.py")]
+    lines += [line for line in _package(SRC, 2) if line.startswith("  ") and line[2] != " "]
+    lines = [line for line in lines if line.split()[0].endswith("/")]
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+def blocks() -> list[tuple[Path, str]]:
+    """Each page and the block it should hold."""
+    return [(PAGE, render()), (README, render_overview())]
+
+
 def page_with(block: str, page: str) -> str:
     """The page with ``block`` between its markers (each marker alone on its line)."""
     start = page.index(BEGIN + "\n") + len(BEGIN) + 1
@@ -156,20 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--write", action="store_true", help="rewrite the block in the page")
     group.add_argument("--check", action="store_true", help="exit 1 when the block is stale")
     args = ap.parse_args(argv)
-    block = render()
     if not (args.write or args.check):
-        sys.stdout.write(block)
+        sys.stdout.write(render())
         return 0
-    page = PAGE.read_text(encoding="utf-8")
-    wanted = page_with(block, page)
-    if args.check:
-        if wanted != page:
-            print(f"{PAGE.relative_to(ROOT)}: the layout is stale: run tools/gen_layout.py --write")
-            return 1
-        return 0
-    PAGE.write_text(wanted, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)}")
-    return 0
+    stale = 0
+    for path, block in blocks():
+        page = path.read_text(encoding="utf-8")
+        wanted = page_with(block, page)
+        if args.check:
+            if wanted != page:
+                name = path.relative_to(ROOT)
+                print(f"{name}: the layout is stale: run tools/gen_layout.py --write")
+                stale = 1
+        elif wanted != page:
+            path.write_text(wanted, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    return stale
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The "Layout" section of docs/architecture.md is generated from the source (tools/gen_layout.py):
-the committed block is what the generator writes now, so a module added, moved or renamed, or a
+"""The "Layout" sections of docs/architecture.md (the whole tree) and README.md (its first level)
+are generated from the source (tools/gen_layout.py): each committed block is what the generator
+writes now, so a module added, moved or renamed, or a
 docstring whose first sentence changed, fails here until the block is rewritten."""
 
 from __future__ import annotations
@@ -54,3 +55,17 @@ def test_a_stale_block_is_found() -> None:
     stale = gen.page_with("```\nsrc/v2proxy/\n```\n", page)
     assert stale != page
     assert gen.page_with(gen.render(), stale) == gen.page_with(gen.render(), page)
+
+
+def test_the_readme_block_is_the_first_level_of_the_tree() -> None:
+    gen = _generator()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    overview = gen.render_overview()
+    assert readme == gen.page_with(overview, readme), (
+        "README.md's layout is stale: run .venv/bin/python tools/gen_layout.py --write"
+    )
+    tree = gen.render().splitlines()
+    packages = overview.splitlines()[2:-1]  # after the fence and the root's line
+    assert packages and all(line in tree for line in packages)  # the tree's own lines
+    assert [line.split()[0] for line in packages][:3] == ["core/", "codecs/", "ops/"]
+    assert "pipeline.py" not in overview  # the first level only
