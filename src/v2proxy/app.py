@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import grpc
 
-from v2proxy.app_core import build_backend, build_metrics, build_pipeline, raise_fd_limit
-from v2proxy.backends.metered import metered
+from v2proxy.app_core import build_metrics, build_pipeline, compose_backend, raise_fd_limit
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import ProxyError
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Backend
 from v2proxy.frontends.grpc import GrpcFrontend
@@ -122,9 +122,10 @@ async def serve(
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish.
     ``shm_folder``: the shared-memory registry all workers share (``--workers N``)."""
     metrics = build_metrics(settings)
-    backend = metered(build_backend(settings, metrics), metrics)
+    knowledge = BackendKnowledge()  # one picture of the backend, shared, one invalidation
+    backend = compose_backend(settings, metrics, knowledge)
     await backend.start()
-    pipeline = build_pipeline(settings, backend, metrics, shm_folder)
+    pipeline = build_pipeline(settings, backend, metrics, shm_folder, knowledge=knowledge)
     gate = AdmissionGate(settings.max_concurrency)  # one per process, REST and gRPC together
     rest = build_rest(settings, pipeline, metrics, gate)
     http_server = build_http_server(settings, rest)

@@ -1,7 +1,12 @@
 """Building the core from the settings (part of the composition root, :mod:`v2proxy.app`).
 
 - :func:`build_backend`: the backend the settings name (builtin, REST, gRPC, MindIE), with its
-  TLS context and the metrics it feeds (staging counts, retries, token timings).
+  TLS context, the metrics it feeds (staging counts, retries, token timings) and the one
+  :class:`~v2proxy.core.knowledge.BackendKnowledge` it shares with the pipeline, bound to it.
+- :func:`compose_backend`: that backend with its decorators, as the pipeline calls it: the one
+  place where they are composed (``MeteredBackend(RestBackend(...))`` when metrics are on;
+  ``--backend-shm`` staging is inside the REST and gRPC backends, see
+  :mod:`v2proxy.backends.staging`).
 - :func:`build_pipeline`: the one core every frontend goes through, with the clients'
   shared-memory registries (this process's own, or the folder all workers share) and their
   gauges, bounded by :func:`region_limit`.
@@ -22,9 +27,11 @@ from prometheus_client import CollectorRegistry
 
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
+from v2proxy.backends.metered import metered
 from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.staging import Stager
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Backend
 from v2proxy.ops.config import Settings
@@ -77,7 +84,31 @@ def region_limit(configured: int) -> int:
     return configured
 
 
-def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Backend:
+def build_backend(
+    settings: Settings,
+    metrics: AnyMetrics | None = None,
+    knowledge: BackendKnowledge | None = None,
+) -> Backend:
+    """The backend the settings name; ``knowledge``: what is known of it, shared with the
+    pipeline (:func:`build_pipeline`) and bound here to the backend itself (its probes are the
+    proxy's own, not timed as the clients' calls by a decorator)."""
+    backend = _backend(settings, metrics, knowledge)
+    if knowledge is not None and knowledge.source is None:
+        knowledge.bind(backend)
+    return backend
+
+
+def compose_backend(
+    settings: Settings, metrics: AnyMetrics, knowledge: BackendKnowledge | None = None
+) -> Backend:
+    """The backend the settings name wrapped in its decorators, as the pipeline calls it: timed
+    for the metrics when they are on (:class:`~v2proxy.backends.metered.MeteredBackend`)."""
+    return metered(build_backend(settings, metrics, knowledge), metrics)
+
+
+def _backend(
+    settings: Settings, metrics: AnyMetrics | None, knowledge: BackendKnowledge | None
+) -> Backend:
     target = settings.backend
     if target.kind == "builtin":
         return BuiltinBackend(server_name=settings.server_name)
@@ -96,7 +127,11 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
         counts = {r: metrics.store(SHM_STAGING).child(r) for r in ("hit", "miss", "fallback")}
         staged = {d: metrics.store(SHM_STAGED_BYTES).child(d) for d in ("input", "output")}
     staging = Stager(
-        settings.backend_shm, settings.backend_shm_threshold, counts=counts, staged_bytes=staged
+        settings.backend_shm,
+        settings.backend_shm_threshold,
+        counts=counts,
+        staged_bytes=staged,
+        knowledge=knowledge,
     )
     cells = EndpointRecorder(metrics) if isinstance(metrics, Metrics) else None
     netloc = target.url.split("://", 1)[-1].split("/", 1)[0]
@@ -114,6 +149,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
             credentials=channel_credentials(settings.backend_tls) if target.tls else None,
             resolve_every=settings.backend_resolve_interval,
             cells=cells,
+            knowledge=knowledge,
         )
     return RestBackend(
         target.url,
@@ -130,6 +166,7 @@ def build_backend(settings: Settings, metrics: AnyMetrics | None = None) -> Back
         ),
         resolve_every=settings.backend_resolve_interval,
         cells=cells,
+        knowledge=knowledge,
     )
 
 
@@ -139,6 +176,7 @@ def build_pipeline(
     metrics: AnyMetrics | None = None,
     shm_folder: str | None = None,
     cuda_adapter: CudaAdapter | Literal["auto"] | None = "auto",
+    knowledge: BackendKnowledge | None = None,
 ) -> Pipeline:
     """The one core every frontend goes through, with the clients' shared-memory regions: this
     process's own, or those recorded in ``shm_folder`` that every worker shares. CUDA regions go
@@ -179,6 +217,7 @@ def build_pipeline(
         shm=shm,
         client_shm=settings.client_shm,
         max_tensors=settings.max_tensors,
+        knowledge=knowledge,
     )
 
 

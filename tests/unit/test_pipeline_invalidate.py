@@ -1,6 +1,6 @@
-"""One invalidation reaches every cache of the backend's models: a repository load or unload
-through the pipeline drops the pipeline's metadata, the backend's own knowledge (a gRPC
-backend's decoupled models, the staging output sizes) and MindIE's discovered target."""
+"""One invalidation reaches everything known of the backend: a repository load or unload
+through the pipeline drops the one knowledge (metadata, a gRPC backend's decoupled models, the
+staging output sizes), what the backend keeps itself and MindIE's discovered target."""
 
 from __future__ import annotations
 
@@ -34,22 +34,42 @@ async def test_a_repository_load_or_unload_forgets_everything(load: bool) -> Non
     pipeline = Pipeline(backend, max_input_size=1 << 20)
     forgotten = []
     pipeline.on_invalidate(lambda: forgotten.append(1))
-    await pipeline.info.shape_info("simple", "")
-    await pipeline.info.shape_info("simple", "")
+    await pipeline.knowledge.shape_info("simple", "")
+    await pipeline.knowledge.shape_info("simple", "")
     assert backend.metadata_calls == 1  # cached
     await pipeline.repository_load("simple", load, {}, [])
     assert (backend.invalidated, forgotten) == (1, [1])
     if not load:  # back again, to be asked
         await pipeline.repository_load("simple", True, {}, [])
         assert (backend.invalidated, forgotten) == (2, [1, 1])
-    await pipeline.info.shape_info("simple", "")
+    await pipeline.knowledge.shape_info("simple", "")
     assert backend.metadata_calls == 2  # asked again
 
 
-def test_the_grpc_backend_forgets_decoupled_models_and_staged_sizes() -> None:
+async def test_the_grpc_backend_forgets_decoupled_models_and_staged_sizes() -> None:
+    """The gRPC backend's decoupled models and its stager's output sizes are kept in the one
+    knowledge, which the pipeline's invalidation clears."""
     stager = Stager("auto", 65536)
     backend = GrpcBackend("127.0.0.1:1", staging=stager)
-    backend._decoupled[("llm", "")] = True
-    stager._sizes[("m", "")] = {"O": 4}
-    backend.invalidate()
-    assert backend._decoupled == {} and stager._sizes == {}
+    asked: list[str] = []
+
+    async def model_config(model: str, version: str) -> dict[str, Any]:
+        asked.append(f"config {model}")
+        return {"model_transaction_policy": {"decoupled": True}}
+
+    async def model_metadata(model: str, version: str) -> dict[str, Any]:
+        asked.append(f"metadata {model}")
+        return {"name": model, "outputs": [{"name": "O", "datatype": "FP32", "shape": [1]}]}
+
+    backend.model_config = model_config  # type: ignore[method-assign]
+    backend.model_metadata = model_metadata  # type: ignore[method-assign]
+    pipeline = Pipeline(backend, max_input_size=1 << 20)
+    assert stager.knowledge is backend.knowledge is pipeline.knowledge
+    for _ in range(2):
+        assert await backend.is_decoupled("llm", "") is True
+        assert (await pipeline.knowledge.model("m", "")).output("O") is not None
+    assert asked == ["config llm", "metadata m"]  # kept
+    pipeline.invalidate()
+    assert await backend.is_decoupled("llm", "") is True
+    await pipeline.knowledge.model("m", "")
+    assert asked == ["config llm", "metadata m"] * 2  # asked again

@@ -15,6 +15,7 @@ import pytest
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
 from v2proxy.backends.rest_requests import infer_body
+from v2proxy.codecs.backend_meta import ServerCaps, server_caps
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
 
@@ -130,8 +131,8 @@ def test_errors_that_are_no_refusal_of_binary_tensors(status: int, body: bytes) 
     ],
 )
 async def test_mlserver_is_never_tried_binary(metadata: dict[str, Any], tried: bool) -> None:
-    async def fetch() -> dict[str, Any]:
-        return metadata
+    async def fetch() -> ServerCaps:
+        return server_caps(metadata)
 
     encoding = Encoding("auto", "http://b", fetch)
     assert await encoding.binary() is False
@@ -148,10 +149,10 @@ async def test_relays_known_agrees_with_relays(
     """The backend's relay decision without an await (``relays_known``) is ``relays``' own
     whenever it gives one, and it gives one for the small JSON body whatever the setting."""
 
-    async def fetch() -> dict[str, Any]:
+    async def fetch() -> ServerCaps:
         if listed is None:
             raise BackendUnavailable("no answer")
-        return {"extensions": ["binary_tensor_data"] if listed else []}
+        return server_caps({"extensions": ["binary_tensor_data"] if listed else []})
 
     encoding = Encoding(setting, "http://b", fetch)
     known = encoding.relays_known(binary, size)

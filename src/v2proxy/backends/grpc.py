@@ -42,6 +42,7 @@ from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostP
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
+from v2proxy.codecs.backend_meta import config_facts
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -53,6 +54,7 @@ from v2proxy.core.errors import (
     ProxyError,
     Unsupported,
 )
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import Headers
 
@@ -114,12 +116,18 @@ class GrpcBackend(DecodedOnly):
         *,
         resolve_every: float = 30.0,
         cells: EndpointCells | None = None,
+        knowledge: BackendKnowledge | None = None,
     ):
         self.target = target
+        #: what is known of this backend (the composition root's one; standalone: its own):
+        #: which models are decoupled is kept there, with its lifetime
+        self.knowledge = knowledge or BackendKnowledge(self)
         #: grpcs://: TLS to the backend (None: a plain channel)
         self._credentials = credentials
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
+        if staging is not None and staging.knowledge is None:
+            staging.knowledge = self.knowledge
         self._timeout = timeout
         self._options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_size),
@@ -134,7 +142,6 @@ class GrpcBackend(DecodedOnly):
         )
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._decoupled: dict[tuple[str, str], bool] = {}
 
     def _open(self, name: HostPort, address: str) -> _Channel:
         """A channel to one address of ``name`` (its authority and TLS name stay the name's)."""
@@ -168,9 +175,7 @@ class GrpcBackend(DecodedOnly):
             await self.endpoints.close()
 
     def invalidate(self) -> None:
-        self._decoupled.clear()
-        if self.staging is not None:
-            self.staging.invalidate()
+        """Nothing of its own: what it knows is in :attr:`knowledge`."""
 
     def _staging(self) -> Stager | None:
         """--backend-shm, unless the endpoints are several servers (a region registered with
@@ -331,11 +336,13 @@ class GrpcBackend(DecodedOnly):
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
     async def is_decoupled(self, model: str, version: str, asked_for: str = "inference") -> bool:
-        """Whether the model's config says decoupled (asked once per model; servers without
-        ModelConfig, such as KServe and MLServer, have no decoupled models). A failure names
-        ``asked_for``, the client's operation, rather than the ModelConfig asked for it."""
-        key = (model, version)
-        if key not in self._decoupled:
+        """Whether the model's config says decoupled (asked once per model and lifetime of
+        the :attr:`knowledge`; servers without ModelConfig, such as KServe and MLServer, have
+        no decoupled models). A failure names ``asked_for``, the client's operation, rather
+        than the ModelConfig asked for it."""
+        key = ("decoupled", model, version)
+        decoupled: bool | None = self.knowledge.recall(key)
+        if decoupled is None:
             token = _ASKED_FOR.set(asked_for)
             try:
                 config = await self.model_config(model, version)
@@ -345,9 +352,9 @@ class GrpcBackend(DecodedOnly):
                 return False  # a failure of the moment: asked again next time
             finally:
                 _ASKED_FOR.reset(token)
-            policy = config.get("model_transaction_policy", {})
-            self._decoupled[key] = isinstance(policy, dict) and policy.get("decoupled") is True
-        return self._decoupled[key]
+            decoupled = config_facts(config).decoupled
+            self.knowledge.learn(key, decoupled)
+        return decoupled
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers

@@ -3,7 +3,9 @@ every call through one keep-alive pool (:mod:`v2proxy.http.client`), and the RES
 pass-through (``relay_infer``, ``forward``).
 
 - Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
-  ``GET /v2`` for the ``binary_tensor_data`` extension on first use (and again after a failure),
+  capabilities (its ``GET /v2``, through the backend's one
+  :class:`~v2proxy.core.knowledge.BackendKnowledge`) for the ``binary_tensor_data`` extension on
+  first use (and again after a failure, or once the knowledge was invalidated),
   and tries binary tensors for FP16/BF16 on a backend that does not list them
   (:mod:`v2proxy.backends.rest_encoding`). A binary request asks every output binary
   (:func:`rest_requests.infer_body`); the client gets its answer in the form it asked for.
@@ -57,6 +59,7 @@ from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import BackendError, BadGateway, CodecError, ProxyError
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client import StreamBody
@@ -88,9 +91,13 @@ class RestBackend:
         *,
         resolve_every: float = 30.0,
         cells: EndpointCells | None = None,
+        knowledge: BackendKnowledge | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.encoding = Encoding(encoding, self.base_url, self.server_metadata)
+        #: what is known of this backend (the composition root's one; standalone: its own)
+        self.knowledge = knowledge or BackendKnowledge(self)
+        self.encoding = Encoding(encoding, self.base_url, self.knowledge.server)
+        self.knowledge.on_invalidate(self.encoding.forget)
         self._paths = ModelPaths()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
@@ -112,6 +119,8 @@ class RestBackend:
         )
         #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
+        if staging is not None and staging.knowledge is None:
+            staging.knowledge = self.knowledge
         #: the loop, kept at start: ``asyncio.get_running_loop()`` makes a getpid system call
         #: each time (its fork check), once per request on the hot path otherwise
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,8 +141,7 @@ class RestBackend:
         await self._pool.close()
 
     def invalidate(self) -> None:
-        if self.staging is not None:
-            self.staging.invalidate()
+        """Nothing of its own: what it knows is in :attr:`knowledge`."""
 
     @property
     def client(self) -> BalancedClient:

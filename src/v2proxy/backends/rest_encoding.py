@@ -1,28 +1,31 @@
 """``--backend-encoding`` for one REST backend: which wire form its /infer requests take.
 
 - ``json`` / ``binary``: fixed.
-- ``auto``: binary tensors when the backend lists ``binary_tensor_data`` in ``GET /v2`` (asked
-  once, on first use). Then a JSON client body is relayed untouched while it is small, and sent
-  as binary tensors (outputs asked binary, the client answered in the form it asked for) from
-  :data:`AUTO_BINARY_MIN` bytes on, where the backend parsing JSON costs more than v2proxy's
-  transcoding. A backend that does not list the extension may take binary tensors all the same
-  (KServe 0.21 does, and refuses FP16 in JSON): for requests JSON cannot carry (FP16, BF16
-  inputs) v2proxy tries binary; an answer is kept once it says which: a 200 (taken), or a
-  refusal that is about the binary body itself (:func:`refuses_binary`; that request then goes
-  as JSON). Any other error (the model's, an unknown output, KServe's "... for output X" when
-  its model writes FP16 outputs as JSON whatever was asked) is the client's answer and leaves
-  the question open. MLServer (``"name": "mlserver"`` in ``GET /v2``) has no binary tensors
-  and is never tried.
+- ``auto``: binary tensors when the backend lists ``binary_tensor_data`` in ``GET /v2`` (its
+  :class:`~v2proxy.codecs.backend_meta.ServerCaps`, asked on first use, and again after the
+  backend's knowledge was invalidated: :meth:`Encoding.forget`). Then a JSON client body is relayed
+  untouched while it is small, and sent as binary tensors (outputs asked binary, the client answered
+  in the form it asked for) from :data:`AUTO_BINARY_MIN` bytes on, where the backend parsing JSON
+  costs more than v2proxy's transcoding. A backend that does not list the extension may take binary
+  tensors all the same (KServe 0.21 does, and refuses FP16 in JSON): for requests JSON cannot carry
+  (FP16, BF16 inputs) v2proxy tries binary; an answer is kept once it says which: a 200 (taken), or
+  a refusal that is about the binary body itself (:func:`refuses_binary`; that request then goes as
+  JSON). Any other error (the model's, an unknown output, KServe's "... for output X" when its model
+  writes FP16 outputs as JSON whatever was asked) is the client's answer and leaves the question
+  open. A server whose capabilities say it never takes them
+  (:attr:`~v2proxy.codecs.backend_meta.ServerCaps.binary_unlisted` False: MLServer) is never
+  tried. What was learnt by trying is forgotten with the rest of the backend's knowledge.
 
-Asks the backend nothing itself: the REST backend hands it a way to fetch the server metadata.
+Asks the backend nothing itself: the REST backend hands it a way to have the server's
+capabilities (:meth:`v2proxy.core.knowledge.BackendKnowledge.server`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from v2proxy.codecs.backend_meta import ServerCaps
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Datatype, InferRequest
 
@@ -70,14 +73,12 @@ def refuses_binary(status: int, message: str) -> bool:
 class Encoding:
     """The wire form of one backend's /infer requests."""
 
-    __slots__ = ("_binary", "_metadata", "_name", "_unlisted", "setting")
+    __slots__ = ("_binary", "_caps", "_name", "_unlisted", "setting")
 
-    def __init__(
-        self, setting: str, name: str, metadata: Callable[[], Awaitable[dict[str, Any]]]
-    ) -> None:
+    def __init__(self, setting: str, name: str, caps: Callable[[], Awaitable[ServerCaps]]) -> None:
         self.setting = setting
         self._name = name
-        self._metadata = metadata
+        self._caps = caps
         self._binary: bool | None = {"json": False, "binary": True}.get(setting)
         #: with ``auto``, whether a backend that does not list binary tensors takes them all
         #: the same (None: not known yet)
@@ -86,13 +87,19 @@ class Encoding:
     async def binary(self) -> bool:
         """Whether requests go binary: fixed by configuration, or asked of the backend once."""
         if self._binary is None:
-            metadata = await self._metadata()
-            ext = metadata.get("extensions")
-            self._binary = isinstance(ext, list) and "binary_tensor_data" in ext
+            caps = await self._caps()
+            self._binary = caps.binary_tensors
             log.info("backend %s binary tensors: %s", self._name, self._binary)
-            if not self._binary and metadata.get("name") == "mlserver":
+            if not self._binary and caps.binary_unlisted is False:
                 self.unlisted(False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
         return self._binary
+
+    def forget(self) -> None:
+        """Forget what ``auto`` asked or learnt of the backend (its knowledge was
+        invalidated): asked again on next use."""
+        if self.setting == "auto":
+            self._binary = None
+            self._unlisted = None
 
     def relays_known(self, binary: bool, size: int) -> bool | None:
         """:meth:`relays`' answer when it needs nothing asked of the backend (the usual small

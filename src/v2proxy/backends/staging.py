@@ -1,12 +1,18 @@
 """``--backend-shm``: large tensors staged in v2proxy's own shared-memory regions registered with
 the backend, so that they never cross the socket (REST and gRPC backends alike).
 
-- ``off`` never stages. ``auto`` stages when the backend lists ``system_shared_memory`` in its
-  server metadata and registers a region v2proxy created (it shares ``/dev/shm``); ``system``
-  skips the extension check but still registers. The probe runs once, lazily, on the first
-  request with an input of at least ``--backend-shm-threshold`` bytes; its region is the pool's
-  first (kept registered and reused). Its answer is kept; a backend that could not be asked
-  (down) is asked again on a later request.
+- ``off`` never stages. ``auto`` stages when the backend lists ``system_shared_memory`` (its
+  :class:`~v2proxy.codecs.backend_meta.ServerCaps`) and registers a region v2proxy created (it
+  shares ``/dev/shm``); ``system`` skips the extension check but still registers. The probe
+  runs once, lazily, on the first request with an input of at least ``--backend-shm-threshold``
+  bytes; its region is the pool's first (kept registered and reused). Its answer is kept (it is
+  learnt by trying: registering the region, which stays registered; a repository load or
+  unload does not change it); a backend that could not be asked (down) is asked again on a
+  later request.
+- What the stager reads of the backend (its capabilities, the models' output shapes) comes
+  from the backend's one :class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime
+  and invalidation; a stager given none asks the port it is called with through one of its
+  own.
 - A staged request borrows one pooled region (:mod:`v2proxy.shm.staging`): inputs of at least
   the threshold are copied into it at aligned offsets and sent as ``shared_memory_region``,
   ``shared_memory_offset``, ``shared_memory_byte_size``; outputs of at least the threshold whose
@@ -33,8 +39,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from v2proxy.codecs.backend_meta import TensorMeta
 from v2proxy.codecs.dtypes import ITEM_SIZE
 from v2proxy.core.errors import (
     BackendUnavailable,
@@ -42,6 +49,7 @@ from v2proxy.core.errors import (
     GatewayTimeout,
     ProxyError,
 )
+from v2proxy.core.knowledge import BackendKnowledge, MetadataSource
 from v2proxy.core.model import (
     Datatype,
     InferRequest,
@@ -62,11 +70,10 @@ SIZE = "shared_memory_byte_size"
 _NOT_A_REFUSAL = (BackendUnavailable, GatewayTimeout, BadGateway)
 
 
-class StagingPort(Protocol):
-    """What a backend offers the stager."""
+class StagingPort(MetadataSource, Protocol):
+    """What a backend offers the stager: its metadata calls (asked through the knowledge) and
+    the registration of v2proxy's regions."""
 
-    async def server_metadata(self) -> dict[str, Any]: ...
-    async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
     async def register_staging(self, name: str, key: str, byte_size: int) -> None: ...
     async def unregister_staging(self, name: str) -> None: ...
 
@@ -100,15 +107,15 @@ def _nbytes(t: Tensor) -> int:
     return memoryview(t.data).nbytes
 
 
-def _fixed_size(entry: Any) -> int | None:
+def _fixed_size(entry: TensorMeta) -> int | None:
     """Bytes of a metadata output whose shape and datatype fix its size; None when only the
     shape is open; :data:`UNBOUNDED` for BYTES or what cannot be read."""
     try:
-        datatype = Datatype(entry.get("datatype"))
-        shape = [int(d) for d in entry.get("shape", ())]
-    except (ValueError, TypeError, AttributeError):
+        datatype = Datatype(entry.datatype)
+    except ValueError:
         return UNBOUNDED
-    if datatype is Datatype.BYTES:
+    shape = entry.shape
+    if shape is None or datatype is Datatype.BYTES:
         return UNBOUNDED
     if any(d < 0 for d in shape):
         return None
@@ -128,6 +135,7 @@ class Stager:
         max_bytes: int = POOL_MAX,
         counts: dict[str, Cell] | None = None,
         staged_bytes: dict[str, Cell] | None = None,
+        knowledge: BackendKnowledge | None = None,
     ) -> None:
         self.mode = mode
         self.threshold = threshold
@@ -139,16 +147,18 @@ class Stager:
         self.usable: bool | None = False if mode == "off" else None
         self.pool: StagingPool | None = None
         self._lock = asyncio.Lock()
-        #: per (model, version): output name -> fixed byte size (None: not fixed), in order
-        self._sizes: dict[tuple[str, str], dict[str, int | None]] = {}
+        #: what is known of the backend (None: one of its own, bound to the first port)
+        self.knowledge = knowledge
 
     def _count(self, result: str) -> None:
         if self.counts is not None:
             self.counts[result].inc()
 
-    def invalidate(self) -> None:
-        """Forget the models' output sizes (a repository load or unload changed them)."""
-        self._sizes.clear()
+    def _known(self, port: StagingPort) -> BackendKnowledge:
+        knowledge = self.knowledge
+        if knowledge is None:
+            knowledge = self.knowledge = BackendKnowledge(port)
+        return knowledge
 
     def wanted(self, request: InferRequest) -> bool:
         """Whether ``request`` has an input of at least the threshold (cheap)."""
@@ -211,11 +221,9 @@ class Stager:
         return self.usable is True
 
     async def _ask(self, port: StagingPort) -> bool:
-        if self.mode == "auto":
-            ext = (await port.server_metadata()).get("extensions")
-            if not isinstance(ext, list) or "system_shared_memory" not in ext:
-                log.info("backend does not list system_shared_memory")
-                return False
+        if self.mode == "auto" and not (await self._known(port).server()).system_shared_memory:
+            log.info("backend does not list system_shared_memory")
+            return False
         self.pool = StagingPool(self.max_bytes)  # names unguessable, prefix reserved
         region, _ = self.pool.acquire(MIN_REGION)
         assert region is not None
@@ -250,21 +258,12 @@ class Stager:
     async def _output_sizes(
         self, port: StagingPort, request: InferRequest
     ) -> dict[str, int | None]:
-        key = (request.model_name, request.model_version)
-        sizes = self._sizes.get(key)
-        if sizes is None:
-            try:
-                meta = await port.model_metadata(*key)
-            except ProxyError:
-                return {}
-            outputs = meta.get("outputs")
-            sizes = {}
-            for entry in outputs if isinstance(outputs, list) else ():
-                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                    sizes[entry["name"]] = _fixed_size(entry)
-            if len(self._sizes) < 1024:
-                self._sizes[key] = sizes
-        return sizes
+        """Output name -> fixed byte size (None: not fixed), in the metadata's order."""
+        try:
+            meta = await self._known(port).model(request.model_name, request.model_version)
+        except ProxyError:
+            return {}
+        return {t.name: _fixed_size(t) for t in meta.outputs}
 
     async def _plan(self, port: StagingPort, request: InferRequest) -> _Plan | None:
         threshold = self.threshold

@@ -41,8 +41,10 @@ in this order once, in the constructor (:attr:`Pipeline.stages`). :meth:`Pipelin
 with :meth:`Backend.infer`); a request no stage applies to (:meth:`Stages.applies`, one pass
 over its tensors) is only finished, without the loop.
 
-What stages 1, 4 and 6 and the generate mapping need to know of the backend's models (metadata,
-``max_batch_size``, whether it classifies) is cached in :class:`~v2proxy.core.model_info.ModelInfo`.
+What stages 1, 4 and 6 and the generate mapping need to know of the backend (its capabilities,
+a model's metadata and ``max_batch_size``) is cached, with everything else known of the backend,
+in one :class:`~v2proxy.core.knowledge.BackendKnowledge` (:attr:`Pipeline.knowledge`), which
+:meth:`Pipeline.invalidate` clears.
 The generate extension is a request mapping in front of :meth:`stream_infer`, not a stage
 (:mod:`v2proxy.core.stages` says why).
 
@@ -60,13 +62,14 @@ from contextlib import aclosing
 from typing import Any, NamedTuple, Protocol
 
 from v2proxy.codecs import settings, side
+from v2proxy.codecs.backend_meta import server_caps
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core import restricted
 from v2proxy.core.errors import NotFound, Unsupported
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.model_info import ModelInfo
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
 from v2proxy.core.relay import Relay
@@ -124,6 +127,7 @@ class Pipeline:
         shm: Regions | None = None,
         client_shm: str = "local",
         max_tensors: int = DEFAULT_MAX_TENSORS,
+        knowledge: BackendKnowledge | None = None,
     ) -> None:
         self.backend = backend
         #: set when the proxy stops: readiness turns false while requests in flight finish
@@ -137,17 +141,24 @@ class Pipeline:
         #: the clients' system shared-memory regions (None: none can be registered)
         self.shm = shm
         self.client_shm = client_shm
-        self._forgetters: list[Callable[[], None]] = []
-        #: the backend's model metadata and extensions, cached (:mod:`v2proxy.core.model_info`)
-        self.info = ModelInfo(backend)
+        #: everything known of the backend, cached with one lifetime
+        #: (:mod:`v2proxy.core.knowledge`): the one the composition root shares with the backend,
+        #: else the backend's own (one built alone keeps one), else a new one, which asks
+        #: ``backend`` unless it was bound to the undecorated backend already
+        self.knowledge: BackendKnowledge = (
+            knowledge or getattr(backend, "knowledge", None) or BackendKnowledge()
+        )
+        if self.knowledge.source is None:
+            self.knowledge.bind(backend)
         #: the stages around every inference, in their order (stages 3-6 of the docstring)
         self.stages = Stages(
-            (SharedMemoryStage(shm, client_shm), ClassificationStage(self.models, self.info))
+            (
+                SharedMemoryStage(shm, client_shm),
+                ClassificationStage(self.models, self.knowledge),
+            )
         )
         self._relay = Relay(backend, self.stages, max_input_size, max_tensors)
-        self.generation = GenerateStage(
-            backend, self.info.shape_info, self.stream_infer, max_input_size
-        )
+        self.generation = GenerateStage(backend, self.knowledge, self.stream_infer, max_input_size)
 
     def _allow(self, group: str, headers: Headers) -> None:
         self.access.check(group, headers)
@@ -171,9 +182,8 @@ class Pipeline:
         """The backend's metadata with the extensions v2proxy adds."""
         self._allow("metadata", headers)
         meta = dict(await self.backend.server_metadata())
-        ext = meta.get("extensions")
         # Some servers (MindIE) send an object here; the spec says a list of strings.
-        extensions = [e for e in ext if isinstance(e, str)] if isinstance(ext, list) else []
+        extensions = list(server_caps(meta).extensions)
         for e in PROXY_EXTENSIONS:
             if e not in extensions:
                 extensions.append(e)
@@ -302,7 +312,7 @@ class Pipeline:
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
         """The request a raw binary body (IHCL 0) stands for (docs/protocol.md, raw binary
         requests)."""
-        metadata, max_batch_size = await self.info.shape_info(model, version)
+        metadata, max_batch_size = await self.knowledge.shape_info(model, version)
         return decode_raw_request(
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
@@ -372,17 +382,16 @@ class Pipeline:
         return self.generation.objects(model, version, obj, headers, stream)
 
     def invalidate(self) -> None:
-        """Forget everything cached about the backend's models (after a repository load or
-        unload): the metadata here, the backend's own (:meth:`Backend.invalidate`) and what
-        the frontends registered with :meth:`on_invalidate` (MindIE's discovered target)."""
-        self.info.invalidate()
+        """Forget everything known of the backend (after a repository load or unload): the
+        one :attr:`knowledge`, with what the backends and frontends registered with it
+        (:meth:`on_invalidate`: what a backend learnt by trying, MindIE's discovered target),
+        and whatever a backend still keeps on its own (:meth:`Backend.invalidate`)."""
+        self.knowledge.invalidate()
         self.backend.invalidate()
-        for forget in self._forgetters:
-            forget()
 
     def on_invalidate(self, forget: Callable[[], None]) -> None:
-        """Have ``forget`` called whenever the cached knowledge of the models is dropped."""
-        self._forgetters.append(forget)
+        """Have ``forget`` called whenever the knowledge of the backend is dropped."""
+        self.knowledge.on_invalidate(forget)
 
     # ------------------------------------------------------------------ shared memory
 

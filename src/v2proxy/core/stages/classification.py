@@ -65,8 +65,8 @@ Plan = Mapping[str, Classification]
 
 
 class ModelKnowledge(Protocol):
-    """What the stage asks of the backend's models, cached (:class:`v2proxy.core.model_info.
-    ModelInfo`)."""
+    """What the stage asks of the backend's models, cached (:class:`v2proxy.core.knowledge.
+    BackendKnowledge`)."""
 
     async def lists_classification(self) -> bool:
         """Whether the backend lists the classification extension."""

@@ -10,14 +10,16 @@
   run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
   (gRPC ``ModelStreamInfer``, the builtin models in process).
 
-Which one is decided once per backend, from its server metadata (``GET /v2``): a server named
-``triton`` (Triton does not list ``generate`` among its extensions) or one that lists
-``generate`` (v2proxy does) gets the request passed through; any other is mapped. MLServer's
-``/generate`` route is no Triton generate (it takes a v2 /infer body), so it is mapped too. A
-backend that takes no REST requests after all (``forward`` raises NotFound/Unsupported, as the
-gRPC backends do) or answers 404/405 with no error of its own (``{"detail": "Not Found"}``,
-``{"error": "Not Found"}``, a body that is no JSON: the route does not exist) is mapped from
-then on. A backend whose metadata cannot be had gets the request forwarded (and asked again).
+Which one is decided from the backend's capabilities
+(:attr:`v2proxy.codecs.backend_meta.ServerCaps.generate`: Triton, which does not list ``generate``
+among its extensions, or a server that lists it, as v2proxy does) and kept in the backend's one
+:class:`~v2proxy.core.knowledge.BackendKnowledge`, whose lifetime and invalidation it shares: a
+backend that has it gets the request passed through; any other is mapped. MLServer's ``/generate``
+route is no Triton generate (it takes a v2 /infer body), so it is mapped too. A backend that takes
+no REST requests after all (``forward`` raises NotFound/Unsupported, as the gRPC backends do) or
+answers 404/405 with no error of its own (``{"detail": "Not Found"}``, ``{"error": "Not Found"}``, a
+body that is no JSON: the route does not exist) is mapped from then on. A backend whose metadata
+cannot be had gets the request forwarded (and asked again).
 
 :meth:`GenerateStage.objects` is the same choice for a caller that holds a generate body as a
 JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
@@ -28,7 +30,7 @@ Pure: awaits the backend, imports no I/O library.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +45,10 @@ from v2proxy.core.errors import (
     ProxyError,
     Unsupported,
 )
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers
 
-#: (model, version) -> (metadata, max_batch_size), cached by the pipeline
-MetadataFn = Callable[[str, str], Awaitable[tuple[dict[str, Any], int | None]]]
 #: the pipeline's stream operation
 StreamFn = Callable[[InferRequest, Headers], AsyncIterator[InferResponse]]
 
@@ -57,6 +58,8 @@ _NOT_INFER = frozenset(
 )
 #: the most of a 404/405 answer read to decide whether the route exists
 _PROBE_READ = 64 * 1024
+#: the knowledge's key of whether the backend has the generate extension
+_NATIVE = ("generate native",)
 
 
 async def _no_chunks() -> AsyncIterator[bytes]:
@@ -143,14 +146,26 @@ class GenerateStage:
     """Serves generate requests through one backend (module docstring); one per pipeline."""
 
     def __init__(
-        self, backend: Backend, metadata: MetadataFn, stream: StreamFn, max_input_size: int
+        self,
+        backend: Backend,
+        knowledge: BackendKnowledge,
+        stream: StreamFn,
+        max_input_size: int,
     ) -> None:
         self.backend = backend
-        self._metadata = metadata
+        self.knowledge = knowledge
         self._stream = stream
         self.max_input_size = max_input_size
-        #: whether the backend has the generate extension (None: not known yet)
-        self.native: bool | None = None
+
+    @property
+    def native(self) -> bool | None:
+        """Whether the backend has the generate extension (None: not known now)."""
+        known: bool | None = self.knowledge.recall(_NATIVE)
+        return known
+
+    @native.setter
+    def native(self, value: bool) -> None:
+        self.knowledge.learn(_NATIVE, value)
 
     async def run(
         self, model: str, version: str, target: str, body: Buffer, headers: Headers, stream: bool
@@ -171,25 +186,24 @@ class GenerateStage:
 
     async def map(self, model: str, version: str, obj: dict[str, Any], headers: Headers) -> Mapped:
         """A generate body mapped onto the pipeline's inference (errors named by field)."""
-        metadata, _ = await self._metadata(model, version)
+        metadata = (await self.knowledge.model(model, version)).raw
         request = gc.request_from_generate(obj, model, version, metadata, self.max_input_size)
         sent = [(k, v) for k, v in headers if k not in _NOT_INFER]
         return Mapped(request, self._stream(request, sent))
 
     async def _native(self) -> bool:
-        """Whether the backend has Triton's generate extension (asked once). A backend whose
+        """Whether the backend has Triton's generate extension (asked once per lifetime of the
+        knowledge). A backend whose
         metadata cannot be had now is asked again next time; meanwhile its requests are
         forwarded (and mapped if the route turns out not to exist)."""
-        if self.native is None:
+        native = self.native
+        if native is None:
             try:
-                meta = await self.backend.server_metadata()
+                native = (await self.knowledge.server()).generate
             except ProxyError:
                 return True
-            ext = meta.get("extensions")
-            self.native = meta.get("name") == "triton" or (
-                isinstance(ext, list) and "generate" in ext
-            )
-        return self.native
+            self.native = native
+        return native
 
     async def _forward(self, target: str, headers: Headers, body: Buffer) -> ForwardResponse | None:
         """The backend's answer, or None when it has no generate extension (remembered)."""

@@ -1,0 +1,163 @@
+"""What the proxy knows about its backend: one cache, one lifetime, one invalidation.
+
+:class:`BackendKnowledge` asks the backend's metadata calls (through the
+:class:`~v2proxy.core.ports.Backend` it is bound to) and keeps their parsed answers
+(:mod:`v2proxy.codecs.backend_meta`) for :data:`KNOWLEDGE_TTL_S` seconds:
+
+- :meth:`~BackendKnowledge.server`: the server's capabilities (``GET /v2``). Errors are raised,
+  never kept.
+- :meth:`~BackendKnowledge.model`: a model's metadata, typed (errors raised, never kept);
+  :meth:`~BackendKnowledge.config`: the facts of its configuration (a configuration that
+  cannot be had is kept as none: :data:`~v2proxy.codecs.backend_meta.NO_CONFIG`).
+- :meth:`~BackendKnowledge.recall` / :meth:`~BackendKnowledge.learn`: what a backend learns on
+  its own terms (a gRPC backend's decoupled models, asked with its own errors), kept under the
+  same lifetime.
+- :meth:`~BackendKnowledge.invalidate` (after a repository load or unload) forgets all of it,
+  and calls whatever was registered with :meth:`~BackendKnowledge.on_invalidate`: what the
+  backends learn by *trying* and keep on their own hot paths (whether a REST backend takes
+  binary tensors, unlisted ones too), and MindIE's discovered target.
+
+The composition root makes one, binds it to the backend it builds (undecorated: its probes are
+the proxy's own, not the clients' calls the metrics time) and hands it to that backend and to
+the pipeline; a pipeline given none takes the backend's own, or makes one bound to the backend
+it calls. Pure: it awaits the backend only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from v2proxy.codecs.backend_meta import (
+    NO_CONFIG,
+    ConfigFacts,
+    ModelMeta,
+    ServerCaps,
+    config_facts,
+    model_meta,
+    server_caps,
+)
+from v2proxy.core.errors import ProxyError
+
+#: how long anything learnt of the backend is kept (s)
+KNOWLEDGE_TTL_S = 30.0
+#: the most per-model entries kept (each model has a few)
+MAX_ENTRIES = 4096
+
+_SERVER = ("server",)
+#: the server's metadata could not be had (for the questions that take that as a no)
+_UNASKABLE = ("server unaskable",)
+
+
+class MetadataSource(Protocol):
+    """The backend's metadata calls (a :class:`~v2proxy.core.ports.Backend` has them)."""
+
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
+    async def model_config(self, model: str, version: str) -> dict[str, Any]: ...
+
+
+class BackendKnowledge:
+    """The one cache of what is known about the backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: MetadataSource | None = None,
+        ttl: float = KNOWLEDGE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        #: the backend asked (None until :meth:`bind`)
+        self.source = source
+        self.ttl = ttl
+        self._clock = clock
+        self._facts: dict[Hashable, tuple[float, Any]] = {}
+        self._forgetters: list[Callable[[], None]] = []
+
+    def bind(self, source: MetadataSource) -> None:
+        """Ask ``source`` from now on."""
+        self.source = source
+
+    def _source(self) -> MetadataSource:
+        if self.source is None:
+            raise ProxyError("the backend's knowledge is not bound to a backend")
+        return self.source
+
+    # ------------------------------------------------------------------ the one lifetime
+
+    def recall(self, key: Hashable) -> Any:
+        """What was learnt under ``key`` within the lifetime, else None."""
+        hit = self._facts.get(key)
+        if hit is None:
+            return None
+        if self._clock() - hit[0] >= self.ttl:
+            del self._facts[key]
+            return None
+        return hit[1]
+
+    def learn(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` (not None) under ``key`` for the lifetime."""
+        if len(self._facts) >= MAX_ENTRIES and key not in self._facts:
+            self._facts.clear()
+        self._facts[key] = (self._clock(), value)
+
+    def invalidate(self) -> None:
+        """Forget everything, here and wherever :meth:`on_invalidate` registered."""
+        self._facts.clear()
+        for forget in self._forgetters:
+            forget()
+
+    def on_invalidate(self, forget: Callable[[], None]) -> None:
+        """Have ``forget`` called whenever the knowledge is dropped."""
+        self._forgetters.append(forget)
+
+    # ------------------------------------------------------------------ typed facts
+
+    async def server(self) -> ServerCaps:
+        """The server's capabilities (a failure raised, asked again next time)."""
+        caps: ServerCaps | None = self.recall(_SERVER)
+        if caps is None:
+            caps = server_caps(await self._source().server_metadata())
+            self.learn(_SERVER, caps)
+        return caps
+
+    async def model(self, model: str, version: str) -> ModelMeta:
+        """A model's metadata (a failure raised, asked again next time)."""
+        key = ("model", model, version)
+        meta: ModelMeta | None = self.recall(key)
+        if meta is None:
+            meta = model_meta(await self._source().model_metadata(model, version))
+            self.learn(key, meta)
+        return meta
+
+    async def config(self, model: str, version: str) -> ConfigFacts:
+        """The facts of a model's configuration; one that cannot be had counts as none."""
+        key = ("config", model, version)
+        facts: ConfigFacts | None = self.recall(key)
+        if facts is None:
+            try:
+                facts = config_facts(await self._source().model_config(model, version))
+            except ProxyError:
+                facts = NO_CONFIG
+            self.learn(key, facts)
+        return facts
+
+    # ------------------------------------------------------------------ what the stages ask
+
+    async def shape_info(self, model: str, version: str) -> tuple[dict[str, Any], int | None]:
+        """A model's metadata as it came and its ``max_batch_size`` (None: no config, or it
+        names none), for raw bodies, classification batching and the generate mapping."""
+        meta = await self.model(model, version)
+        facts = await self.config(model, version)
+        return meta.raw, facts.max_batch_size
+
+    async def lists_classification(self) -> bool:
+        """Whether the backend lists the classification extension (one that cannot say does
+        not; asked again once the lifetime is over)."""
+        if self.recall(_UNASKABLE):
+            return False
+        try:
+            return (await self.server()).classification
+        except ProxyError:
+            self.learn(_UNASKABLE, True)
+            return False
