@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from v2proxy.codecs.backend_meta import ConfigFacts, ModelMeta, config_facts, model_meta
 from v2proxy.codecs.dtypes import NUMPY_DTYPE, from_numpy, serialize_bytes
 from v2proxy.codecs.json import dumps
 from v2proxy.codecs.mindie import MindieRequest, invalid
@@ -80,33 +81,28 @@ class ModelView:
 
 
 def model_view(name: str, metadata: dict[str, Any], config: dict[str, Any]) -> ModelView:
-    """The view of a model from its v2 metadata and (Triton) config; a config that is empty
-    (servers without one) leaves batching to the metadata's shapes."""
+    """The view of a model from its v2 metadata and (Triton) config answers
+    (:func:`view_of` their typed facts)."""
+    return view_of(name, model_meta(metadata), config_facts(config))
+
+
+def view_of(name: str, meta: ModelMeta, config: ConfigFacts) -> ModelView:
+    """The view of a model from its metadata and the facts of its config; a config that names
+    no ``max_batch_size`` (servers without one) leaves batching to the metadata's shapes."""
     inputs: dict[str, Datatype] = {}
-    shapes: list[int] = []
-    for item in metadata.get("inputs") or ():
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            continue
+    for t in meta.inputs:
         try:
-            inputs[item["name"]] = Datatype(str(item.get("datatype")))
+            inputs[t.name] = Datatype(t.datatype)
         except ValueError:
-            inputs[item["name"]] = DEFAULT_TYPES.get(item["name"], Datatype.BYTES)
-        shape = item.get("shape")
-        if item["name"] == "text_input" and isinstance(shape, list):
-            shapes = shape
-    outputs = tuple(
-        o["name"]
-        for o in metadata.get("outputs") or ()
-        if isinstance(o, dict) and isinstance(o.get("name"), str)
-    )
-    mbs = config.get("max_batch_size")
-    if isinstance(mbs, int) and not isinstance(mbs, bool):
-        batched = mbs > 0
+            inputs[t.name] = DEFAULT_TYPES.get(t.name, Datatype.BYTES)
+    text = meta.input("text_input")
+    shape = text.shape if text is not None and text.shape is not None else ()
+    if config.max_batch_size is not None:
+        batched = config.max_batch_size > 0
     else:
-        batched = len(shapes) >= 2 and shapes[0] == -1
-    policy = config.get("model_transaction_policy")
-    decoupled = isinstance(policy, dict) and policy.get("decoupled") is True
-    return ModelView(name, inputs, outputs, batched, decoupled)
+        batched = len(shape) >= 2 and shape[0] == -1
+    outputs = tuple(t.name for t in meta.outputs)
+    return ModelView(name, inputs, outputs, batched, config.decoupled)
 
 
 def guess_profile(view: ModelView) -> str:

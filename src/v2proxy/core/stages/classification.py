@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from v2proxy.codecs.backend_meta import model_meta
 from v2proxy.codecs.classification import classify, requested_count
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import InferRequest, InferResponse, RequestedOutput
@@ -126,12 +127,9 @@ def batching(metadata: Mapping[str, Any], max_batch_size: int | None, output: st
     """Whether ``output``'s first dimension is the batch (see the module docstring)."""
     if max_batch_size is not None:
         return max_batch_size > 0
-    entries = metadata.get("outputs")
-    for entry in entries if isinstance(entries, list) else ():
-        if isinstance(entry, dict) and entry.get("name") == output:
-            shape = entry.get("shape")
-            return isinstance(shape, list) and len(shape) > 1 and shape[0] == -1
-    return False
+    entry = model_meta(metadata).output(output)
+    shape = entry.shape if entry is not None else None
+    return shape is not None and len(shape) > 1 and shape[0] == -1
 
 
 def apply(
