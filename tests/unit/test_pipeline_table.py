@@ -50,7 +50,7 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
   request that a stage applies to never offers a relay: ``nothing_to_do`` decides first.
 - Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
-  :mod:`v2proxy.core.model_info`) whenever no labels are configured here, and ``model_metadata``
+  :mod:`v2proxy.core.knowledge`) whenever no labels are configured here, and ``model_metadata``
   plus ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
   A decoupled model's three responses share the cache: those calls happen once per stream.
 - ``class-backend``: the backend classifies and the request reaches it with its parameter
