@@ -88,6 +88,10 @@ class FakeBackend:
     in :attr:`calls` (and each pass-through answer it gave in :attr:`forwarded`)."""
 
     name = "fake"
+    speaks_rest = False
+
+    def stream_call(self, decoupled: bool) -> str:
+        return "fake backend's stream_infer"
 
     def __init__(self, answers: Answers | None = None) -> None:
         self.answers = answers or Answers()

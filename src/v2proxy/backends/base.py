@@ -51,6 +51,10 @@ class DecodedOnly:
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
     speaks_rest = False
+    name = ""
+
+    def stream_call(self, decoupled: bool) -> str:
+        return f"{self.name} backend's stream_infer"
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers

@@ -106,6 +106,9 @@ class GrpcBackend(DecodedOnly):
     name = "grpc"
     other_v2_error = Unsupported
 
+    def stream_call(self, decoupled: bool) -> str:
+        return "gRPC ModelStreamInfer" if decoupled else "gRPC ModelInfer"
+
     def __init__(
         self,
         target: str,

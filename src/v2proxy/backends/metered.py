@@ -35,6 +35,7 @@ class MeteredBackend:
         self.inner = inner
         self.name = inner.name
         self.speaks_rest = inner.speaks_rest
+        self.stream_call = inner.stream_call
         self._rec = recorder
 
     def __getattr__(self, name: str) -> Any:  # anything a backend has beyond the port

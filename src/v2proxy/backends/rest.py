@@ -78,6 +78,9 @@ class RestBackend:
     name = "rest"
     speaks_rest = True
 
+    def stream_call(self, decoupled: bool) -> str:
+        return "rest backend's stream_infer"
+
     def __init__(
         self,
         base_url: str,

@@ -72,6 +72,11 @@ class Backend(Protocol):
     #: generate extension, unknown paths) reach it as they are
     speaks_rest: bool
 
+    def stream_call(self, decoupled: bool) -> str:
+        """How a :meth:`stream_infer` to a model reaches the server, in a log line's words
+        (``decoupled``: the model answers a request with several responses)."""
+        ...
+
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     def invalidate(self) -> None:

@@ -51,15 +51,12 @@ class Target:
     profile: str
     seed_input: str
     http: bool  # through the generate extension
-    backend: str = ""
+    #: how the backend's stream_infer reaches the server (``Backend.stream_call``)
+    stream_call: str = ""
 
     @property
     def transport(self) -> str:
-        if self.http:
-            return "HTTP generate/generate_stream"
-        if self.backend == "grpc":
-            return "gRPC ModelStreamInfer" if self.view.decoupled else "gRPC ModelInfer"
-        return f"{self.backend} backend's stream_infer"
+        return "HTTP generate/generate_stream" if self.http else self.stream_call
 
 
 class Discovery:
@@ -97,7 +94,6 @@ class Discovery:
         except ProxyError:
             config = {}
         view = mapping.model_view(self.model, metadata, config)
-        name = getattr(p.backend, "name", "")
         decoupled = view.decoupled
         # through the generate extension when the backend takes REST requests as they are
         http = p.backend.speaks_rest and (decoupled or self.profile == "generate")
@@ -105,7 +101,7 @@ class Discovery:
         if not view.has(seed_input):  # named the other way (MindIE renamed it in May 2025)
             other = "random_seed" if seed_input == "seed" else "seed"
             seed_input = other if view.has(other) else seed_input
-        target = Target(view, self.profile, seed_input, http, name)
+        target = Target(view, self.profile, seed_input, http, p.backend.stream_call(decoupled))
         problems = mapping.profile_problems(self.profile, view)
         guess = mapping.guess_profile(view)
         line = (
