@@ -4,7 +4,7 @@ group is checked before the body is read; the 405s and their ``Allow``; what is 
 that every group is one of ``v2proxy.core.restricted``'s and is the one the request is checked
 for; and that no spelling of a restricted route passes through as another group.
 
-Requests go through :func:`v2proxy.frontends.rest._find` (the router) or through
+Requests go through :meth:`v2proxy.frontends.rest.RestFrontend.find` (the router) or through
 ``RestFrontend.dispatch`` with fake request and response objects, in front of the builtin backend:
 no sockets.
 """
@@ -23,14 +23,16 @@ from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
 from v2proxy.core.restricted import GROUPS, passthrough_group
-from v2proxy.frontends import rest, routes
-from v2proxy.frontends.rest import HANDLERS, RestFrontend
+from v2proxy.frontends import routes
+from v2proxy.frontends.rest import RestFrontend
 from v2proxy.frontends.routes import METRICS, PASSTHROUGH, ROUTES, compile_template
 from v2proxy.ops.metrics_export import Metrics
 
 _M = "/v2/models/simple"
 _V = "/v2/models/simple/versions/1"
 _INF, _SIDE, _META, _HEALTH = "inference", "side", "metadata", "health"
+#: a frontend whose route table the router tests match against (no request is served)
+_FE = RestFrontend(Pipeline(BuiltinBackend(), 1 << 20), 1 << 20, 1 << 20)
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,9 @@ def _id(case: Case) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_route(case: Case) -> None:
-    handler, match, route = rest._find(_Request(case.method, case.path))  # type: ignore[arg-type]
+    handler, match, route = _FE.find(_Request(case.method, case.path))  # type: ignore[arg-type]
     assert match is not None
-    assert handler is HANDLERS[case.handler]
+    assert handler is _FE.handlers[case.handler]
     assert route.operation == case.operation
     assert route.group == case.group
     assert route.body_first is bool(case.body_first)
@@ -155,10 +157,10 @@ def test_route(case: Case) -> None:
 
 
 def test_every_row_is_exercised_and_every_handler_bound() -> None:
-    served = {rest._find(_Request(c.method, c.path))[2] for c in CASES}  # type: ignore[arg-type]
+    served = {_FE.find(_Request(c.method, c.path))[2] for c in CASES}  # type: ignore[arg-type]
     assert served == set(ROUTES)
     names = {name for row in ROUTES for name in row.methods.values()}
-    assert names == set(HANDLERS)
+    assert names == set(_FE.handlers)
 
 
 def test_the_hot_route_is_first() -> None:
@@ -179,8 +181,8 @@ def test_every_group_is_a_known_one() -> None:
 
 @pytest.mark.parametrize(("method", "path"), PASSED_THROUGH)
 def test_passed_through(method: str, path: str) -> None:
-    handler, match, route = rest._find(_Request(method, path))  # type: ignore[arg-type]
-    assert handler is RestFrontend.passthrough
+    handler, match, route = _FE.find(_Request(method, path))  # type: ignore[arg-type]
+    assert handler is _FE.passed_through
     assert match is None
     assert route is PASSTHROUGH
     assert route.operation == "passthrough"
@@ -391,10 +393,10 @@ def _spellings(path: str) -> list[str]:
 @pytest.mark.parametrize("case", [c for c in CASES if c.group in _FENCED], ids=_id)
 def test_no_spelling_of_a_restricted_route_passes_as_another_group(case: Case) -> None:
     for path in _spellings(case.path):
-        if rest._find(_Request(case.method, path.split("?")[0]))[1] is None:  # type: ignore[arg-type]
+        if _FE.find(_Request(case.method, path.split("?")[0]))[1] is None:  # type: ignore[arg-type]
             assert passthrough_group(path) == case.group, path
 
 
 def test_routes_module_is_the_table() -> None:
     # the REST frontend binds the table, in its order, and nothing else
-    assert [row for _, _, row in rest._ROUTING] == list(routes.ROUTES)
+    assert [row for _, _, row in _FE.routing] == list(routes.ROUTES)

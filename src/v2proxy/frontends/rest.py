@@ -3,15 +3,18 @@ HTTP/1.1 server (:mod:`v2proxy.http.server`, llhttp under an ``asyncio.Protocol`
 
 Each endpoint is decoded here into a call of the one :class:`Pipeline` (health, metadata,
 config, statistics, repository, trace and log settings, ``/infer`` in all its wire forms: JSON,
-binary tensors, raw binary, gzip/deflate both ways — the /infer path is in
-:mod:`v2proxy.frontends.rest_infer`; ``generate`` and ``generate_stream`` in
-:mod:`v2proxy.frontends.rest_generate`; MindIE's native ``POST /infer`` in
-:mod:`v2proxy.frontends.mindie`). Any other path is passed through to the backend untouched and
-streamed back.
+binary tensors, raw binary, gzip/deflate both ways — the /infer path is
+:class:`~v2proxy.frontends.rest_infer.InferEndpoint`; ``generate`` and ``generate_stream``
+:class:`~v2proxy.frontends.rest_generate.GenerateEndpoint`; the shared-memory endpoints
+:class:`~v2proxy.frontends.rest_shm.SharedMemoryEndpoints`; MindIE's native ``POST /infer``
+:mod:`v2proxy.frontends.mindie`). The frontend builds each endpoint once, from what it uses (the
+pipeline, its recorder, its :class:`~v2proxy.frontends.rest_request.BodyReader`, the limits).
+Any other path is passed through to the backend untouched and streamed back.
 
 Routing is the one route table of :mod:`v2proxy.frontends.routes` (path, methods, operation
-label, API group, body-first flag per row), whose handler names are bound here to handlers
-(:data:`HANDLERS`); a known path with the wrong method is 405. Every ProxyError becomes
+label, API group, body-first flag per row), whose handler names the frontend binds to its
+endpoints' methods and its own (:attr:`RestFrontend.handlers`, matched by
+:meth:`RestFrontend.find`); a known path with the wrong method is 405. Every ProxyError becomes
 ``{"error": message}`` with its status in exactly one place (:func:`error_answer`); nothing a
 client sends yields a traceback or a 500. Headers reach the backend as the bytes the client
 sent; ``x-request-id`` is echoed on every answer.
@@ -29,14 +32,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from v2proxy.codecs import side
-from v2proxy.codecs.json import dumps
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import (
-    BodyTooLarge,
     InvalidRequest,
     Overloaded,
     ProxyError,
@@ -45,11 +45,15 @@ from v2proxy.core.errors import (
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
-from v2proxy.frontends import openapi, rest_generate, rest_infer, rest_record, rest_shm, routes
+from v2proxy.frontends import openapi, rest_record, routes
 from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
-from v2proxy.frontends.rest_infer import headers_of
+from v2proxy.frontends.rest_answer import JSON, Answer, Handler, json_answer, write_forwarded
+from v2proxy.frontends.rest_generate import GenerateEndpoint
+from v2proxy.frontends.rest_infer import InferEndpoint
+from v2proxy.frontends.rest_request import BodyReader, headers_of
+from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
@@ -59,17 +63,8 @@ from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["RestFrontend", HttpRequest, Any], Awaitable["Answer"]]
-#: a complete answer: status, headers, body
-Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
-
 REQUEST_ID = rest_record.REQUEST_ID
-JSON = [(b"content-type", b"application/json")]
 _METRICS_TYPE = CONTENT_TYPE.encode()
-
-
-def json_answer(status: int, obj: Any) -> Answer:
-    return status, list(JSON), dumps(obj)
 
 
 def error_answer(exc: ProxyError) -> Answer:
@@ -109,10 +104,47 @@ class RestFrontend:
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
         #: admission, in flight, timing and the record of every request but /metrics
         self.envelope = Envelope(self.recorder, self.gate, rest_record.describe, rest_record.GONE)
-        #: body sizes of chunked requests, read by read_body, taken by dispatch
-        self._chunked_sizes: dict[HttpRequest, int] = {}
+        #: request bodies, whole and bounded by --max-body-size (chunked ones' sizes kept for
+        #: the record, taken by dispatch)
+        self.body = BodyReader(max_body_size)
+        self.read_body = self.body.read
         #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
         self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
+        infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
+        generate = GenerateEndpoint(pipeline, self.body)
+        shm = SharedMemoryEndpoints(pipeline, self.body)
+        #: the handlers the route table names (:attr:`v2proxy.frontends.routes.Route.methods`),
+        #: bound to the endpoints that serve them
+        self.handlers: dict[str, Handler] = {
+            "infer": infer.infer,
+            "generate": generate.generate,
+            "generate_stream": generate.generate_stream,
+            "live": self.live,
+            "ready": self.ready,
+            "server_metadata": self.server_metadata,
+            "model_ready": self.model_ready,
+            "model_config": self.model_config,
+            "model_metadata": self.model_metadata,
+            "statistics": self.statistics,
+            "repository_index": self.repository_index,
+            "repository_load": self.repository_load,
+            "trace_settings": self.trace_settings,
+            "log_settings": self.log_settings,
+            "shm_status": shm.status,
+            "shm_register": shm.register,
+            "shm_unregister": shm.unregister,
+            "mindie_infer": self.mindie_infer,
+            "openapi_document": self.openapi_document,
+        }
+        handlers = self.handlers
+        #: the route table bound, in its order: (the row's fullmatch, {method: handler}, row)
+        self.routing = [
+            (row.pattern.fullmatch, {m: handlers[name] for m, name in row.methods.items()}, row)
+            for row in routes.ROUTES
+        ]
+        #: what serves a known path with another method (405), and a path no row matches
+        self.method_not_allowed: Handler = self.not_allowed
+        self.passed_through: Handler = self.passthrough
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
@@ -122,7 +154,7 @@ class RestFrontend:
             return
         env = self.envelope
         t0 = env.open()
-        handler, m, route = _find(request)
+        handler, m, route = self.find(request)
         op = route.operation
         model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
@@ -131,13 +163,13 @@ class RestFrontend:
             try:
                 held = env.admit(op)
                 group = route.check_first
-                if group is not None and handler is not RestFrontend.not_allowed:
+                if group is not None and handler is not self.method_not_allowed:
                     # the API group before the body is read: 403, not a body's 400 (the
                     # headers are gathered only for a group that is restricted)
                     access = self.pipeline.access
                     if access.restricts(group):
                         access.check(group, headers_of(request))
-                answer = await handler(self, request, m)
+                answer = await handler(request, m)
             except ProxyError as exc:
                 # each API answers errors in its own shape (MindIE's /infer: MindIE's)
                 answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
@@ -147,7 +179,7 @@ class RestFrontend:
                 status = answer.status
                 if op == "infer" and status == 200:
                     wire_out = rest_record.wire_out(answer.headers)
-                n_out = await rest_infer.write_forwarded(request, response, answer, rid)
+                n_out = await write_forwarded(request, response, answer, rid)
             else:
                 status, headers, body = answer
                 if op == "infer" and status == 200:
@@ -162,10 +194,7 @@ class RestFrontend:
                 status, error, cause = env.failure(exc)
             raise
         finally:
-            if request.chunked:
-                n_in = self._chunked_sizes.pop(request, 0)
-            else:
-                n_in = request.content_length or 0
+            n_in = self.body.taken(request) if request.chunked else request.content_length or 0
             if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
                 error = rest_record.answer_error(op, status)
             wire_in = rest_record.wire_in(request) if op == "infer" else "json"
@@ -173,6 +202,15 @@ class RestFrontend:
                 t0, held, op, model, status, error, cause, wire_in, n_in, wire_out, n_out, request,
                 status,
             )  # fmt: skip
+
+    def find(self, request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
+        """The handler of a request, its path match (None: passed through) and its route."""
+        path = request.path
+        for fullmatch, methods, route in self.routing:
+            m = fullmatch(path)
+            if m is not None:
+                return methods.get(request.method, self.method_not_allowed), m, route
+        return self.passed_through, None, routes.PASSTHROUGH
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
@@ -189,19 +227,6 @@ class RestFrontend:
         if rid is not None:
             headers.append((REQUEST_ID, rid))
         await response.send(status, headers, body)
-
-    async def read_body(self, request: HttpRequest) -> bytearray:
-        """The whole request body, bounded by --max-body-size."""
-        try:
-            body = await request.read(self.max_body_size)
-        except http.BodyTooLarge:
-            raise BodyTooLarge(
-                f"request body exceeds the maximum body size of {self.max_body_size} bytes"
-                " (--max-body-size)"
-            ) from None
-        if request.chunked:
-            self._chunked_sizes[request] = len(body)
-        return body
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -226,11 +251,6 @@ class RestFrontend:
         if await self.pipeline.model_ready(*_model(m), headers_of(r)):
             return 200, [], b""
         return json_answer(400, {"error": "Model version not ready"})
-
-    # ------------------------------------------------------------------ inference
-
-    async def infer(self, r: HttpRequest, m: re.Match[str]) -> Answer:
-        return await rest_infer.infer(self, r, *_model(m))
 
     # ------------------------------------------------------------------ side operations
 
@@ -287,43 +307,5 @@ class RestFrontend:
         return status, headers, body
 
 
-#: the handlers the route table names (:attr:`v2proxy.frontends.routes.Route.methods`)
-HANDLERS: dict[str, Handler] = {
-    "infer": RestFrontend.infer,
-    "generate": rest_generate.generate,
-    "generate_stream": rest_generate.generate_stream,
-    "live": RestFrontend.live,
-    "ready": RestFrontend.ready,
-    "server_metadata": RestFrontend.server_metadata,
-    "model_ready": RestFrontend.model_ready,
-    "model_config": RestFrontend.model_config,
-    "model_metadata": RestFrontend.model_metadata,
-    "statistics": RestFrontend.statistics,
-    "repository_index": RestFrontend.repository_index,
-    "repository_load": RestFrontend.repository_load,
-    "trace_settings": RestFrontend.trace_settings,
-    "log_settings": RestFrontend.log_settings,
-    "shm_status": rest_shm.status,
-    "shm_register": rest_shm.register,
-    "shm_unregister": rest_shm.unregister,
-    "mindie_infer": RestFrontend.mindie_infer,
-    "openapi_document": RestFrontend.openapi_document,
-}
-
-#: the route table bound, in its order: (the row's fullmatch, {method: handler}, the row)
-_ROUTING = [
-    (row.pattern.fullmatch, {m: HANDLERS[name] for m, name in row.methods.items()}, row)
-    for row in routes.ROUTES
-]
 #: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
-
-
-def _find(request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
-    """The handler of a request, its path match (None: passed through) and its route."""
-    path = request.path
-    for fullmatch, methods, route in _ROUTING:
-        m = fullmatch(path)
-        if m is not None:
-            return methods.get(request.method, RestFrontend.not_allowed), m, route
-    return RestFrontend.passthrough, None, routes.PASSTHROUGH

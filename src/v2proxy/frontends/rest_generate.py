@@ -14,6 +14,10 @@ backend (:mod:`v2proxy.core.stages.generate` decides between passing through and
 While the answer waits for the backend's next piece, it also waits on the client's connection
 (:meth:`HttpRequest.gone`): a client that goes away ends the wait at once, and the backend's
 stream (or passed-through answer) is closed, which cancels it.
+
+The two handlers are the methods of :class:`GenerateEndpoint`, which the REST frontend builds
+once from what it uses (the pipeline and the body reader) and whose methods its route table
+binds.
 """
 
 from __future__ import annotations
@@ -21,54 +25,61 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from v2proxy.codecs import generate as gc
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import InferResponse
+from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
 from v2proxy.core.stages.generate import single
-from v2proxy.frontends.rest_infer import headers_of
+from v2proxy.frontends.rest_answer import Answer
+from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.http.request import ClientDisconnected, HttpRequest
-
-if TYPE_CHECKING:
-    from v2proxy.frontends.rest import Answer, RestFrontend
 
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", gc.SSE_CONTENT_TYPE)
 _END = object()
 
 
-async def generate(fe: RestFrontend, r: HttpRequest, m: Any) -> Answer:
-    return await _generate(fe, r, m, stream=False)
+class GenerateEndpoint:
+    """``POST .../generate`` and ``.../generate_stream`` on top of the pipeline."""
 
+    __slots__ = ("pipeline", "read_body")
 
-async def generate_stream(fe: RestFrontend, r: HttpRequest, m: Any) -> Answer:
-    return await _generate(fe, r, m, stream=True)
+    def __init__(self, pipeline: Pipeline, body: BodyReader) -> None:
+        self.pipeline = pipeline
+        self.read_body = body.read
 
+    async def generate(self, r: HttpRequest, m: Any) -> Answer:
+        return await self._generate(r, m, stream=False)
 
-async def _generate(fe: RestFrontend, r: HttpRequest, m: Any, stream: bool) -> Answer:
-    body = await fe.read_body(r)
-    model, version = m.group("model") or "", m.group("version") or ""
-    target = r.target.decode("latin-1")
-    outcome = await fe.pipeline.generate(model, version, target, body, headers_of(r), stream)
-    if isinstance(outcome, ForwardResponse):
-        if outcome.content is None:
-            outcome.body = _watched(r, aiter(outcome.body))
-        return outcome
-    if not stream:
-        response = await single(outcome.responses)
-        return 200, [_JSON], gc.encode(gc.response_to_generate(response))
-    responses = outcome.responses
-    try:
-        first = await _next(r, responses)
-    except BaseException:
-        await _close(responses)
-        raise
-    if first is _END:  # no response at all: an empty stream
-        return 200, [_SSE], b""
-    events = _events(r, first, responses)
-    return ForwardResponse(200, [_SSE], events, release=events.aclose)
+    async def generate_stream(self, r: HttpRequest, m: Any) -> Answer:
+        return await self._generate(r, m, stream=True)
+
+    async def _generate(self, r: HttpRequest, m: Any, stream: bool) -> Answer:
+        body = await self.read_body(r)
+        model, version = m.group("model") or "", m.group("version") or ""
+        target = r.target.decode("latin-1")
+        pipeline = self.pipeline
+        outcome = await pipeline.generate(model, version, target, body, headers_of(r), stream)
+        if isinstance(outcome, ForwardResponse):
+            if outcome.content is None:
+                outcome.body = _watched(r, aiter(outcome.body))
+            return outcome
+        if not stream:
+            response = await single(outcome.responses)
+            return 200, [_JSON], gc.encode(gc.response_to_generate(response))
+        responses = outcome.responses
+        try:
+            first = await _next(r, responses)
+        except BaseException:
+            await _close(responses)
+            raise
+        if first is _END:  # no response at all: an empty stream
+            return 200, [_SSE], b""
+        events = _events(r, first, responses)
+        return ForwardResponse(200, [_SSE], events, release=events.aclose)
 
 
 async def _events(

@@ -1,6 +1,8 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer`` of the REST frontend, in every wire form
-(JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md), and the writer
-of answers passed through from the backend.
+(JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md): the
+:class:`InferEndpoint`, which its frontend builds once from what it uses (the pipeline, the
+frontend's recorder, the body reader, the size limits) and whose :meth:`InferEndpoint.infer`
+its route table binds.
 
 Every body is checked before anything of it reaches the backend. In this order:
 
@@ -16,30 +18,24 @@ Every body is checked before anything of it reaches the backend. In this order:
 
 Decode (decompression included) and encode times are recorded per wire form
 (``v2proxy_transcode_duration_seconds``); relayed bodies are not transcoded. An answer passed
-through is written as it comes; one that breaks off after its head was sent
-closes the connection (the client sees a broken answer, never a complete-looking short one).
+through is written by :func:`v2proxy.frontends.rest_answer.write_forwarded`.
 """
 
 from __future__ import annotations
 
-import logging
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import Any
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
-from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.pipeline import Answered
-from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody, no_release
-from v2proxy.http.headers import HOP_BY_HOP, forwardable
+from v2proxy.core.pipeline import Answered, Pipeline
+from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
+from v2proxy.frontends.rest_answer import Answer
+from v2proxy.frontends.rest_request import BodyReader, peer_of
+from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.http.request import HttpRequest
-from v2proxy.http.response import HttpResponse
-
-if TYPE_CHECKING:
-    from v2proxy.frontends.rest import Answer, RestFrontend
-
-log = logging.getLogger(__name__)
+from v2proxy.ops.recorders import FrontendRecorder
 
 #: bodies (JSON or binary-framed) from this size on are relayed while they arrive, when relayed
 STREAM_RELAY_MIN = 4 * 1024 * 1024
@@ -48,17 +44,6 @@ INFER_DROP = frozenset(
     {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
 )
 _IHCL = binc.IHCL_HEADER.lower().encode()
-
-
-def peer_of(r: HttpRequest) -> str | None:
-    """The client's IP address for ``--client-shm`` (None: a unix socket)."""
-    client = r.client
-    return None if client is None else str(client[0])
-
-
-def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> Headers:
-    """The request's end-to-end headers as the bytes the client sent."""
-    return forwardable(request.headers, drop)
 
 
 #: request headers an /infer request does not pass on (hop-by-hop ones, and INFER_DROP)
@@ -84,38 +69,90 @@ def _infer_headers(r: HttpRequest) -> tuple[str | None, str | None, str | None, 
     return accept, content_encoding, ihcl, forwarded
 
 
-async def infer(fe: RestFrontend, r: HttpRequest, model: str, version: str) -> Answer:
-    accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
-    encoding = compression.choose_encoding(accept)
-    length = r.content_length
-    decoder = _Decoder(fe, model, version)
-    if (
-        length is not None
-        and STREAM_RELAY_MIN <= length <= fe.max_body_size
-        and encoding is None
-        and (content_encoding or "identity").strip().lower() == "identity"
-    ):
-        ihcl = binc.parse_ihcl(ihcl_value, length)
-        if ihcl != 0:  # JSON or binary-framed: the pipeline may relay it while it arrives
-            answer = await fe.pipeline.infer_body(
-                model,
-                version,
-                StreamedBody(length, r.chunks()),
-                ihcl,
-                True,
-                decoder,
-                forwarded,
-                peer_of(r),
-            )
-            return _answer(fe, answer, encoding)
-    body = await fe.read_body(r)
-    decoder.t0 = perf_counter()  # (decompression counts as decoding)
-    data: Buffer = compression.decompress(body, content_encoding, fe.max_input_size)
-    ihcl = binc.parse_ihcl(ihcl_value, len(data))
-    answer = await fe.pipeline.infer_body(
-        model, version, data, ihcl, encoding is None, decoder, forwarded, peer_of(r)
-    )
-    return _answer(fe, answer, encoding)
+class InferEndpoint:
+    """``POST .../infer`` on top of the pipeline: the body read (or relayed as it arrives),
+    the pipeline's decision, and its answer in the client's wire form; its decode and encode
+    times recorded by the frontend's recorder."""
+
+    __slots__ = ("max_body_size", "max_input_size", "pipeline", "read_body", "recorder")
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        recorder: FrontendRecorder,
+        body: BodyReader,
+        max_input_size: int,
+    ) -> None:
+        self.pipeline = pipeline
+        self.recorder = recorder
+        #: --max-body-size: a larger body is refused by the reader, never relayed
+        self.max_body_size = body.max_body_size
+        self.read_body = body.read
+        #: --max-input-size: a decompressed body, a decoded tensor
+        self.max_input_size = max_input_size
+
+    async def infer(self, r: HttpRequest, m: Any) -> Answer:
+        """The handler of the route (``m``: its path match, naming the model and version)."""
+        model, version = m.group("model") or "", m.group("version") or ""
+        accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
+        encoding = compression.choose_encoding(accept)
+        length = r.content_length
+        decoder = _Decoder(self, model, version)
+        if (
+            length is not None
+            and STREAM_RELAY_MIN <= length <= self.max_body_size
+            and encoding is None
+            and (content_encoding or "identity").strip().lower() == "identity"
+        ):
+            ihcl = binc.parse_ihcl(ihcl_value, length)
+            if ihcl != 0:  # JSON or binary-framed: the pipeline may relay it while it arrives
+                answer = await self.pipeline.infer_body(
+                    model,
+                    version,
+                    StreamedBody(length, r.chunks()),
+                    ihcl,
+                    True,
+                    decoder,
+                    forwarded,
+                    peer_of(r),
+                )
+                return self._answer(answer, encoding)
+        body = await self.read_body(r)
+        decoder.t0 = perf_counter()  # (decompression counts as decoding)
+        data: Buffer = compression.decompress(body, content_encoding, self.max_input_size)
+        ihcl = binc.parse_ihcl(ihcl_value, len(data))
+        answer = await self.pipeline.infer_body(
+            model, version, data, ihcl, encoding is None, decoder, forwarded, peer_of(r)
+        )
+        return self._answer(answer, encoding)
+
+    def _answer(self, answer: ForwardResponse | Answered, encoding: str | None) -> Answer:
+        """The pipeline's answer: passed through, or the stages' response in the client's wire
+        form."""
+        if isinstance(answer, ForwardResponse):
+            return answer
+        return self._encode(answer.request, answer.response, encoding)
+
+    def _encode(
+        self, request: InferRequest, response: InferResponse, encoding: str | None
+    ) -> Answer:
+        """The answer in the client's wire form (JSON or binary outputs, compressed as asked)."""
+        t0 = perf_counter()
+        chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
+        if json_length is None:
+            headers = [(b"content-type", b"application/json")]
+        else:
+            headers = [
+                (b"content-type", b"application/octet-stream"),
+                (_IHCL, str(json_length).encode()),
+            ]
+        if encoding is not None:
+            chunks = [compression.compress(chunks, encoding)]
+            headers.append((b"content-encoding", encoding.encode()))
+        self.recorder.encode["json" if json_length is None else "binary"].observe(
+            perf_counter() - t0
+        )
+        return 200, headers, chunks
 
 
 class _Decoder:
@@ -123,80 +160,23 @@ class _Decoder:
     called by the pipeline only when it needs the request (a body relayed untouched is never
     decoded); its decode time is recorded per wire form (from ``t0``: decompression counts)."""
 
-    __slots__ = ("fe", "model", "t0", "version")
+    __slots__ = ("endpoint", "model", "t0", "version")
 
-    def __init__(self, fe: RestFrontend, model: str, version: str) -> None:
-        self.fe = fe
+    def __init__(self, endpoint: InferEndpoint, model: str, version: str) -> None:
+        self.endpoint = endpoint
         self.model = model
         self.version = version
         self.t0: float | None = None
 
     async def __call__(self, data: Buffer, ihcl: int | None) -> InferRequest:
-        fe = self.fe
+        ep = self.endpoint
         t0 = perf_counter() if self.t0 is None else self.t0
         if ihcl == 0:  # raw: the model's shape, from the pipeline's metadata cache, counts too
-            request = await fe.pipeline.decode_raw(data, self.model, self.version)
+            request = await ep.pipeline.decode_raw(data, self.model, self.version)
         else:
             request = binc.decode_request(
-                data, ihcl, self.model, self.version, fe.max_input_size, fe.pipeline.max_tensors
+                data, ihcl, self.model, self.version, ep.max_input_size, ep.pipeline.max_tensors
             )
         wire = "json" if ihcl is None else "raw" if ihcl == 0 else "binary"
-        fe.recorder.decode[wire].observe(perf_counter() - t0)
+        ep.recorder.decode[wire].observe(perf_counter() - t0)
         return request
-
-
-def _answer(fe: RestFrontend, answer: ForwardResponse | Answered, encoding: str | None) -> Answer:
-    """The pipeline's answer: passed through, or the stages' response in the client's wire
-    form."""
-    if isinstance(answer, ForwardResponse):
-        return answer
-    return _encode(fe, answer.request, answer.response, encoding)
-
-
-def _encode(
-    fe: RestFrontend, request: InferRequest, response: InferResponse, encoding: str | None
-) -> Answer:
-    """The answer in the client's wire form (JSON or binary outputs, compressed as asked)."""
-    t0 = perf_counter()
-    chunks, json_length = binc.encode_response(response, binc.binary_output_rule(request))
-    if json_length is None:
-        headers = [(b"content-type", b"application/json")]
-    else:
-        headers = [
-            (b"content-type", b"application/octet-stream"),
-            (_IHCL, str(json_length).encode()),
-        ]
-    if encoding is not None:
-        chunks = [compression.compress(chunks, encoding)]
-        headers.append((b"content-encoding", encoding.encode()))
-    fe.recorder.encode["json" if json_length is None else "binary"].observe(perf_counter() - t0)
-    return 200, headers, chunks
-
-
-async def write_forwarded(
-    request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
-) -> int:
-    """Write a backend's answer through: in one piece when it was read whole, else streamed as
-    it comes (with its Content-Length when it has one). Returns the body bytes written."""
-    headers = answer.headers
-    if rid is not None and all(k != b"x-request-id" for k, _ in headers):
-        headers = [*headers, (b"x-request-id", rid)]
-    try:
-        if answer.content is not None:
-            await response.send(answer.status, headers, answer.content)
-            return len(answer.content)
-        await response.start(answer.status, headers, answer.length)
-        sent = 0
-        try:
-            async for chunk in answer.body:
-                await response.write(chunk)
-                sent += len(chunk)
-        except ProxyError as exc:
-            log.warning("answer to %s broke off: %s", request.path, exc.message)
-            response.abort()
-            return sent
-        await response.end()
-        return sent
-    finally:
-        if answer.release is not no_release:
-            await answer.release()

@@ -10,25 +10,25 @@ of the pipeline (group ``shared-memory``):
   is ignored).
 
 The client's address (``HttpRequest.client``; None on a unix socket) goes with register and
-unregister for ``--client-shm local``. Their routes are rows of the REST frontend's route table
-(:mod:`v2proxy.frontends.routes`, handlers ``shm_status``, ``shm_register``,
-``shm_unregister``); errors go through its one translator.
+unregister for ``--client-shm local``. The handlers are the methods of
+:class:`SharedMemoryEndpoints`, which the REST frontend builds once from what they use (the
+pipeline and the body reader); its route table (:mod:`v2proxy.frontends.routes`, handlers
+``shm_status``, ``shm_register``, ``shm_unregister``) binds them, and their errors go through
+its one translator.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import InvalidRequest
-from v2proxy.frontends.rest_infer import headers_of, peer_of
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.frontends.rest_answer import Answer
+from v2proxy.frontends.rest_request import BodyReader, headers_of, peer_of
 from v2proxy.http.request import HttpRequest
-
-if TYPE_CHECKING:
-    from v2proxy.frontends.rest import Answer, RestFrontend
 
 _JSON = (b"content-type", b"application/json")
 
@@ -37,27 +37,40 @@ def _name(m: re.Match[str]) -> str:
     return unquote(m.group("name") or "")
 
 
-async def status(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
-    regions = await fe.pipeline.shm_status(m.group("kind"), _name(m), peer_of(r), headers_of(r))
-    return 200, [_JSON], dumps(regions)
+class SharedMemoryEndpoints:
+    """The shared-memory endpoints on top of the pipeline."""
 
+    __slots__ = ("pipeline", "read_body")
 
-async def register(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
-    name, kind = _name(m), m.group("kind")
-    body = await fe.read_body(r)
-    if not name:
-        raise InvalidRequest(f"'region name' is necessary to register {kind} shared memory region")
-    if kind == "cuda":
-        handle, device_id, size = side.cuda_register_body(body)
-        await fe.pipeline.cuda_shm_register(
-            name, handle, device_id, size, peer_of(r), headers_of(r)
-        )
-    else:
-        key, offset, byte_size = side.shm_register_body(body)
-        await fe.pipeline.shm_register(name, key, offset, byte_size, peer_of(r), headers_of(r))
-    return 200, [_JSON], b""
+    def __init__(self, pipeline: Pipeline, body: BodyReader) -> None:
+        self.pipeline = pipeline
+        self.read_body = body.read
 
+    async def status(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+        kind, name = m.group("kind"), _name(m)
+        regions = await self.pipeline.shm_status(kind, name, peer_of(r), headers_of(r))
+        return 200, [_JSON], dumps(regions)
 
-async def unregister(fe: RestFrontend, r: HttpRequest, m: re.Match[str]) -> Answer:
-    await fe.pipeline.shm_unregister(m.group("kind"), _name(m), peer_of(r), headers_of(r))
-    return 200, [_JSON], b""
+    async def register(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+        name, kind = _name(m), m.group("kind")
+        body = await self.read_body(r)
+        if not name:
+            raise InvalidRequest(
+                f"'region name' is necessary to register {kind} shared memory region"
+            )
+        if kind == "cuda":
+            handle, device_id, size = side.cuda_register_body(body)
+            await self.pipeline.cuda_shm_register(
+                name, handle, device_id, size, peer_of(r), headers_of(r)
+            )
+        else:
+            key, offset, byte_size = side.shm_register_body(body)
+            await self.pipeline.shm_register(
+                name, key, offset, byte_size, peer_of(r), headers_of(r)
+            )
+        return 200, [_JSON], b""
+
+    async def unregister(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+        kind, name = m.group("kind"), _name(m)
+        await self.pipeline.shm_unregister(kind, name, peer_of(r), headers_of(r))
+        return 200, [_JSON], b""

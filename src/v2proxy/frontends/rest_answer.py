@@ -1,0 +1,70 @@
+"""The answers of the REST frontend's handlers, and how one passed through from the backend is
+written to the client.
+
+Contract:
+
+- A handler answers an :data:`Answer`: complete (status, headers, body: one buffer or a list of
+  them) or a :class:`~v2proxy.core.ports.ForwardResponse` passed through from the backend (or
+  made like one: a stream of server-sent events). :data:`Handler` is a handler bound to its
+  endpoint: ``(request, path match) -> Answer``.
+- :func:`write_forwarded` writes a passed-through answer in one piece when it was read whole,
+  else streamed as it comes (with its Content-Length when it has one); ``x-request-id`` is
+  added unless the answer has one. An answer that breaks off after its head was sent closes
+  the connection (the client sees a broken answer, never a complete-looking short one), and
+  the answer is released whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from v2proxy.codecs.json import dumps
+from v2proxy.core.errors import ProxyError
+from v2proxy.core.model import Buffer
+from v2proxy.core.ports import ForwardResponse, no_release
+from v2proxy.http.request import HttpRequest
+from v2proxy.http.response import HttpResponse
+
+log = logging.getLogger("v2proxy.frontends.rest_infer")  # where these lines were written
+
+#: a complete answer: status, headers, body; or one passed through
+Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
+#: a handler of the route table, bound to its endpoint: (request, its path match) -> answer
+Handler = Callable[[HttpRequest, Any], Awaitable[Answer]]
+
+JSON = [(b"content-type", b"application/json")]
+
+
+def json_answer(status: int, obj: Any) -> Answer:
+    return status, list(JSON), dumps(obj)
+
+
+async def write_forwarded(
+    request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
+) -> int:
+    """Write a backend's answer through: in one piece when it was read whole, else streamed as
+    it comes (with its Content-Length when it has one). Returns the body bytes written."""
+    headers = answer.headers
+    if rid is not None and all(k != b"x-request-id" for k, _ in headers):
+        headers = [*headers, (b"x-request-id", rid)]
+    try:
+        if answer.content is not None:
+            await response.send(answer.status, headers, answer.content)
+            return len(answer.content)
+        await response.start(answer.status, headers, answer.length)
+        sent = 0
+        try:
+            async for chunk in answer.body:
+                await response.write(chunk)
+                sent += len(chunk)
+        except ProxyError as exc:
+            log.warning("answer to %s broke off: %s", request.path, exc.message)
+            response.abort()
+            return sent
+        await response.end()
+        return sent
+    finally:
+        if answer.release is not no_release:
+            await answer.release()

@@ -1,0 +1,62 @@
+"""What the REST frontend's handlers read of a request: its body, whole and bounded by
+``--max-body-size`` (:class:`BodyReader`), its end-to-end headers as the client sent them
+(:func:`headers_of`) and the client's address (:func:`peer_of`).
+
+Contract:
+
+- :meth:`BodyReader.read` returns the whole body (dechunked, not decompressed); one over
+  ``--max-body-size`` is :class:`~v2proxy.core.errors.BodyTooLarge` (413) naming the limit.
+- The size of a chunked body is not in its head: the reader keeps it from the read until the
+  frontend takes it for the request's record (:meth:`BodyReader.taken`; 0 when never read).
+- :func:`headers_of` keeps the header bytes as sent, hop-by-hop headers (and the ones asked)
+  left out; :func:`peer_of` is the client's IP address for ``--client-shm`` (None on a unix
+  socket).
+"""
+
+from __future__ import annotations
+
+from v2proxy.core.errors import BodyTooLarge
+from v2proxy.core.ports import Headers
+from v2proxy.http import request as http
+from v2proxy.http.headers import forwardable
+from v2proxy.http.request import HttpRequest
+
+
+def peer_of(r: HttpRequest) -> str | None:
+    """The client's IP address for ``--client-shm`` (None: a unix socket)."""
+    client = r.client
+    return None if client is None else str(client[0])
+
+
+def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> Headers:
+    """The request's end-to-end headers as the bytes the client sent."""
+    return forwardable(request.headers, drop)
+
+
+class BodyReader:
+    """Reads request bodies whole, bounded by ``--max-body-size``, and keeps the size of each
+    chunked one until the frontend takes it."""
+
+    __slots__ = ("_chunked_sizes", "max_body_size")
+
+    def __init__(self, max_body_size: int) -> None:
+        self.max_body_size = max_body_size
+        #: body sizes of chunked requests, read by read, taken by taken
+        self._chunked_sizes: dict[HttpRequest, int] = {}
+
+    async def read(self, request: HttpRequest) -> bytearray:
+        """The whole request body, bounded by --max-body-size."""
+        try:
+            body = await request.read(self.max_body_size)
+        except http.BodyTooLarge:
+            raise BodyTooLarge(
+                f"request body exceeds the maximum body size of {self.max_body_size} bytes"
+                " (--max-body-size)"
+            ) from None
+        if request.chunked:
+            self._chunked_sizes[request] = len(body)
+        return body
+
+    def taken(self, request: HttpRequest) -> int:
+        """The size of the chunked ``request``'s body, forgotten here (0: never read)."""
+        return self._chunked_sizes.pop(request, 0)
