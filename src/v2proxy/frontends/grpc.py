@@ -2,8 +2,10 @@
 ``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC).
 
 Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
-repository, trace and log settings). Handlers are registered from one table (method name -> request
-type, response type, handler), each wrapped by :func:`~v2proxy.frontends.grpc_call.guard`:
+repository, trace and log settings; the shared-memory RPCs are those of
+:class:`~v2proxy.frontends.grpc_shm.SharedMemoryRpcs`, built once here). Handlers are registered
+from one table (method name -> request type, response type, handler), each wrapped by
+:func:`~v2proxy.frontends.grpc_call.guard`:
 requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC status in exactly
 one place, and each call goes through the exchange envelope of
 :mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from time import perf_counter
 from typing import Any
 
@@ -35,20 +37,18 @@ from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError, Unsupported
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
-from v2proxy.frontends import grpc_shm
 from v2proxy.frontends.grpc_call import (
     HEALTH_SERVICE,
+    CallEnvelope,
     Context,
     answerable,
-    end,
-    envelope,
     forwarded_headers,
     guard,
     parse,
     refusal_trailers,
     status_code,
 )
-from v2proxy.frontends.grpc_shm import peer_of
+from v2proxy.frontends.grpc_shm import SharedMemoryRpcs, peer_of
 from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -86,17 +86,17 @@ class GrpcFrontend:
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
         #: --max-concurrency, shared with the REST frontend (default: no limit)
         self.gate = gate or AdmissionGate()
-        self._stream_envelope = envelope(self.recorder, self.gate, f"/{SERVICE}/{_STREAM_RPC}")
+        self._stream_envelope = CallEnvelope(self.recorder, self.gate, f"/{SERVICE}/{_STREAM_RPC}")
         #: --max-tensors, --max-input-size (the request decoder's limits)
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
+        #: the shared-memory RPCs (registered with this frontend's own)
+        self.shm = SharedMemoryRpcs(pipeline)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         # answers leave the handlers serialized (bytes), so that their size is known
         rec, gate = self.recorder, self.gate
         unary = {
-            name: grpc.unary_unary_rpc_method_handler(
-                guard(getattr(self, name), req, name, rec, gate)
-            )
+            name: grpc.unary_unary_rpc_method_handler(guard(self._rpc(name), req, name, rec, gate))
             for name, (req, _resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
@@ -114,6 +114,12 @@ class GrpcFrontend:
             grpc.method_handlers_generic_handler(SERVICE, unary),
             grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),
         ]
+
+    def _rpc(self, name: str) -> Callable[[Any, Context], Awaitable[Any]]:
+        """The method serving the unary RPC ``name``: the shared-memory ones are ``self.shm``'s."""
+        owner: Any = self.shm if name in SharedMemoryRpcs.NAMES else self
+        method: Callable[[Any, Context], Awaitable[Any]] = getattr(owner, name)
+        return method
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -168,7 +174,7 @@ class GrpcFrontend:
         try:
             held = env.hold(_STREAM)
         except Overloaded as exc:
-            end(env, env.open(), None, exc, _STREAM, "", 0, 0, context)
+            env.end(env.open(), None, exc, _STREAM, "", 0, 0, context)
             await context.abort(status_code(exc), exc.message, refusal_trailers(exc))
         try:
             async with contextlib.aclosing(self._stream(requests, context)) as stream:
@@ -205,10 +211,10 @@ class GrpcFrontend:
             except Exception as exc:
                 failure = answerable(exc, _STREAM)
             except BaseException as exc:  # cancelled: recorded, and it goes on
-                end(env, t0, None, exc, _STREAM, model, n_in, n_out, context)
+                env.end(t0, None, exc, _STREAM, model, n_in, n_out, context)
                 raise
             else:
-                end(env, t0, None, None, _STREAM, model, n_in, n_out, context)
+                env.end(t0, None, None, _STREAM, model, n_in, n_out, context)
                 return
             try:  # as the stream's status, or in band
                 if raise_errors:
@@ -220,7 +226,7 @@ class GrpcFrontend:
                     n_out += len(data)
                     await queue.put(data)
             finally:
-                end(env, t0, None, failure, _STREAM, model, n_in, n_out, context)
+                env.end(t0, None, failure, _STREAM, model, n_in, n_out, context)
 
         async def read_all() -> None:
             try:
@@ -334,13 +340,6 @@ class GrpcFrontend:
         update = grpc_side.log_settings_to_json(r.settings) if r.settings else None
         obj = await self.pipeline.log_settings(update, forwarded_headers(c))
         return grpc_side.log_settings_to_proto(obj)
-
-    SystemSharedMemoryStatus = grpc_shm.SystemSharedMemoryStatus
-    SystemSharedMemoryRegister = grpc_shm.SystemSharedMemoryRegister
-    SystemSharedMemoryUnregister = grpc_shm.SystemSharedMemoryUnregister
-    CudaSharedMemoryStatus = grpc_shm.CudaSharedMemoryStatus
-    CudaSharedMemoryRegister = grpc_shm.CudaSharedMemoryRegister
-    CudaSharedMemoryUnregister = grpc_shm.CudaSharedMemoryUnregister
 
     # ------------------------------------------------------------------ grpc.health.v1
 

@@ -6,10 +6,10 @@ serialized (so that its size is known), and the end-to-end request metadata forw
 backend (:func:`forwarded_headers`).
 
 Around each call (each message of a stream) is the exchange envelope of
-:mod:`v2proxy.frontends.exchange`, one :class:`~v2proxy.frontends.exchange.Envelope` per method
-(:func:`envelope`): admission by the process's :class:`~v2proxy.core.admission.AdmissionGate`
-(``--max-concurrency``: refused, a call is RESOURCE_EXHAUSTED with the trailer
-``grpc-retry-pushback-ms``), in flight, timing and the record (metrics and log lines, :func:`end`).
+:mod:`v2proxy.frontends.exchange`, one :class:`CallEnvelope` per method: admission by the
+process's :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: refused, a call
+is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), in flight, timing and the
+record (metrics and log lines, :meth:`CallEnvelope.end`).
 """
 
 from __future__ import annotations
@@ -66,16 +66,47 @@ def refusal_trailers(exc: ProxyError) -> tuple[tuple[str, str], ...]:
     return (("grpc-retry-pushback-ms", str(RETRY_AFTER_S * 1000)),)
 
 
-def envelope(rec: FrontendRecorder, gate: AdmissionGate, path: str) -> Envelope:
-    """The exchange envelope of the calls of the method ``path``; their log lines take the
-    request id from the call's ``x-request-id`` metadata."""
+class CallEnvelope(Envelope):
+    """The exchange envelope of the calls of one method (its path, ``/service/method``); their
+    log lines take the request id from the call's ``x-request-id`` metadata."""
 
-    def describe(context: Any) -> tuple[str | None, str, str]:
-        metadata = context.invocation_metadata() or ()
-        rid = next((v for k, v in metadata if k == "x-request-id"), None)
-        return None if rid is None else str(rid), "POST", path
+    __slots__ = ()
 
-    return Envelope(rec, gate, describe, GONE)
+    def __init__(self, rec: FrontendRecorder, gate: AdmissionGate, path: str) -> None:
+        def describe(context: Any) -> tuple[str | None, str, str]:
+            metadata = context.invocation_metadata() or ()
+            rid = next((v for k, v in metadata if k == "x-request-id"), None)
+            return None if rid is None else str(rid), "POST", path
+
+        super().__init__(rec, gate, describe, GONE)
+
+    def end(
+        self,
+        t0: float,
+        held: bool | None,
+        exc: BaseException | None,
+        op: str,
+        model: str,
+        n_in: int,
+        n_out: int,
+        context: Context,
+    ) -> None:
+        """Ends the exchange of a call (of a stream's message) opened at ``t0``: answered
+        (``exc`` None), failed with the ProxyError ``exc`` it is answered with, or ended by
+        ``exc`` going on (a cancellation)."""
+        if exc is None:
+            self.done(
+                t0, held, op, model, 200, None, None, _GRPC, n_in, _GRPC, n_out, context, "OK"
+            )
+            return
+        status, error, cause = self.failure(exc)
+        if isinstance(exc, ProxyError):
+            shown = status_code(exc).name
+        else:
+            shown = "CANCELLED" if status == GONE_STATUS else "INTERNAL"
+        self.done(
+            t0, held, op, model, status, error, cause, _GRPC, n_in, _GRPC, n_out, context, shown
+        )
 
 
 def answerable(exc: Exception, op: str) -> ProxyError:
@@ -86,31 +117,6 @@ def answerable(exc: Exception, op: str) -> ProxyError:
         return exc.with_traceback(None)
     log.exception("unexpected error in gRPC %s", op, exc_info=exc)
     return ProxyError(f"internal error: {type(exc).__name__}")
-
-
-def end(
-    env: Envelope,
-    t0: float,
-    held: bool | None,
-    exc: BaseException | None,
-    op: str,
-    model: str,
-    n_in: int,
-    n_out: int,
-    context: Context,
-) -> None:
-    """Ends the exchange of a call (of a stream's message) opened at ``t0``: answered (``exc``
-    None), failed with the ProxyError ``exc`` it is answered with, or ended by ``exc`` going on
-    (a cancellation)."""
-    if exc is None:
-        env.done(t0, held, op, model, 200, None, None, _GRPC, n_in, _GRPC, n_out, context, "OK")
-        return
-    status, error, cause = env.failure(exc)
-    if isinstance(exc, ProxyError):
-        shown = status_code(exc).name
-    else:
-        shown = "CANCELLED" if status == GONE_STATUS else "INTERNAL"
-    env.done(t0, held, op, model, status, error, cause, _GRPC, n_in, _GRPC, n_out, context, shown)
 
 
 def parse(message_type: Any, data: bytes, rpc: str) -> Any:
@@ -156,7 +162,7 @@ def guard(
     all inside the call's exchange envelope (admission, in flight, the record)."""
     op = _OPERATIONS.get(rpc, "side")
     field = _MODEL_FIELDS.get(rpc)
-    env = envelope(
+    env = CallEnvelope(
         rec, gate or AdmissionGate(), f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
     )
 
@@ -173,12 +179,12 @@ def guard(
         except Exception as exc:
             failure = answerable(exc, op)
         except BaseException as exc:  # cancelled: recorded, and it goes on
-            end(env, t0, held, exc, op, model, len(data), 0, context)
+            env.end(t0, held, exc, op, model, len(data), 0, context)
             raise
         else:
-            end(env, t0, held, None, op, model, len(data), len(out), context)
+            env.end(t0, held, None, op, model, len(data), len(out), context)
             return out
-        end(env, t0, held, failure, op, model, len(data), 0, context)
+        env.end(t0, held, failure, op, model, len(data), 0, context)
         # the status set and no answer (grpc discards one with a non-OK code), not
         # context.abort(): its exception, kept by grpc's call state, makes a reference cycle
         context.set_code(status_code(failure))

@@ -5,20 +5,19 @@ error).
 
 The client's address for ``--client-shm local`` comes from ``context.peer()`` (:func:`peer_host`:
 ``ipv4:127.0.0.1:5000`` -> ``127.0.0.1``, ``ipv6:[::1]:5000`` -> ``::1``, ``unix:...`` -> None).
-The functions take ``(frontend, request, context)`` and are bound as methods of
-:class:`~v2proxy.frontends.grpc.GrpcFrontend`, so its call envelope applies to them.
+The RPCs are the methods of :class:`SharedMemoryRpcs`, which the gRPC frontend builds once from
+what they use (the pipeline) and registers with its other RPCs, so that its call envelope applies
+to them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 from v2proxy._proto import grpc_service_pb2 as pb
+from v2proxy.core.pipeline import Pipeline
 from v2proxy.frontends.grpc_call import Context, forwarded_headers
-
-if TYPE_CHECKING:
-    from v2proxy.frontends.grpc import GrpcFrontend
 
 
 def peer_host(peer: str | None) -> str | None:
@@ -41,58 +40,73 @@ def peer_of(c: Context) -> str | None:
     return peer_host(c.peer())
 
 
-async def SystemSharedMemoryStatus(
-    fe: GrpcFrontend, r: pb.SystemSharedMemoryStatusRequest, c: Context
-) -> pb.SystemSharedMemoryStatusResponse:
-    regions = await fe.pipeline.shm_status("system", r.name, peer_of(c), forwarded_headers(c))
-    resp = pb.SystemSharedMemoryStatusResponse()
-    for reg in regions:
-        status = resp.regions[reg["name"]]
-        status.name, status.key = reg["name"], reg["key"]
-        status.offset, status.byte_size = reg["offset"], reg["byte_size"]
-    return resp
+class SharedMemoryRpcs:
+    """The six shared-memory RPCs on top of the pipeline (registered by the gRPC frontend)."""
 
+    __slots__ = ("pipeline",)
 
-async def SystemSharedMemoryRegister(
-    fe: GrpcFrontend, r: pb.SystemSharedMemoryRegisterRequest, c: Context
-) -> pb.SystemSharedMemoryRegisterResponse:
-    await fe.pipeline.shm_register(
-        r.name, r.key, r.offset, r.byte_size, peer_of(c), forwarded_headers(c)
+    #: the RPCs of inference.GRPCInferenceService served here
+    NAMES = frozenset(
+        {
+            "SystemSharedMemoryStatus",
+            "SystemSharedMemoryRegister",
+            "SystemSharedMemoryUnregister",
+            "CudaSharedMemoryStatus",
+            "CudaSharedMemoryRegister",
+            "CudaSharedMemoryUnregister",
+        }
     )
-    return pb.SystemSharedMemoryRegisterResponse()
 
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
 
-async def SystemSharedMemoryUnregister(
-    fe: GrpcFrontend, r: pb.SystemSharedMemoryUnregisterRequest, c: Context
-) -> pb.SystemSharedMemoryUnregisterResponse:
-    await fe.pipeline.shm_unregister("system", r.name, peer_of(c), forwarded_headers(c))
-    return pb.SystemSharedMemoryUnregisterResponse()
+    async def SystemSharedMemoryStatus(
+        self, r: pb.SystemSharedMemoryStatusRequest, c: Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = await self.pipeline.shm_status("system", r.name, peer_of(c), forwarded_headers(c))
+        resp = pb.SystemSharedMemoryStatusResponse()
+        for reg in regions:
+            status = resp.regions[reg["name"]]
+            status.name, status.key = reg["name"], reg["key"]
+            status.offset, status.byte_size = reg["offset"], reg["byte_size"]
+        return resp
 
+    async def SystemSharedMemoryRegister(
+        self, r: pb.SystemSharedMemoryRegisterRequest, c: Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        await self.pipeline.shm_register(
+            r.name, r.key, r.offset, r.byte_size, peer_of(c), forwarded_headers(c)
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
 
-async def CudaSharedMemoryStatus(
-    fe: GrpcFrontend, r: pb.CudaSharedMemoryStatusRequest, c: Context
-) -> pb.CudaSharedMemoryStatusResponse:
-    regions: list[dict[str, Any]]
-    regions = await fe.pipeline.shm_status("cuda", r.name, peer_of(c), forwarded_headers(c))
-    resp = pb.CudaSharedMemoryStatusResponse()
-    for reg in regions:
-        status = resp.regions[reg["name"]]
-        status.name, status.device_id = reg["name"], reg["device_id"]
-        status.byte_size = reg["byte_size"]
-    return resp
+    async def SystemSharedMemoryUnregister(
+        self, r: pb.SystemSharedMemoryUnregisterRequest, c: Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        await self.pipeline.shm_unregister("system", r.name, peer_of(c), forwarded_headers(c))
+        return pb.SystemSharedMemoryUnregisterResponse()
 
+    async def CudaSharedMemoryStatus(
+        self, r: pb.CudaSharedMemoryStatusRequest, c: Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions: list[dict[str, Any]]
+        regions = await self.pipeline.shm_status("cuda", r.name, peer_of(c), forwarded_headers(c))
+        resp = pb.CudaSharedMemoryStatusResponse()
+        for reg in regions:
+            status = resp.regions[reg["name"]]
+            status.name, status.device_id = reg["name"], reg["device_id"]
+            status.byte_size = reg["byte_size"]
+        return resp
 
-async def CudaSharedMemoryRegister(
-    fe: GrpcFrontend, r: pb.CudaSharedMemoryRegisterRequest, c: Context
-) -> pb.CudaSharedMemoryRegisterResponse:
-    await fe.pipeline.cuda_shm_register(
-        r.name, r.raw_handle, r.device_id, r.byte_size, peer_of(c), forwarded_headers(c)
-    )
-    return pb.CudaSharedMemoryRegisterResponse()
+    async def CudaSharedMemoryRegister(
+        self, r: pb.CudaSharedMemoryRegisterRequest, c: Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        await self.pipeline.cuda_shm_register(
+            r.name, r.raw_handle, r.device_id, r.byte_size, peer_of(c), forwarded_headers(c)
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
 
-
-async def CudaSharedMemoryUnregister(
-    fe: GrpcFrontend, r: pb.CudaSharedMemoryUnregisterRequest, c: Context
-) -> pb.CudaSharedMemoryUnregisterResponse:
-    await fe.pipeline.shm_unregister("cuda", r.name, peer_of(c), forwarded_headers(c))
-    return pb.CudaSharedMemoryUnregisterResponse()
+    async def CudaSharedMemoryUnregister(
+        self, r: pb.CudaSharedMemoryUnregisterRequest, c: Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        await self.pipeline.shm_unregister("cuda", r.name, peer_of(c), forwarded_headers(c))
+        return pb.CudaSharedMemoryUnregisterResponse()
