@@ -47,7 +47,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers
-from v2proxy.frontends.mindie_call import Discovery, Target, backend_chunks
+from v2proxy.frontends.mindie_call import BackendSide, Target
 from v2proxy.ops.config_sections import MindieSettings
 from v2proxy.ops.metrics_export import AnyMetrics
 from v2proxy.ops.recorders import TokenRecorder
@@ -97,7 +97,7 @@ class MindieFrontend:
         s = settings or DEFAULT
         self.settings = s
         self.limits = Limits(s.max_input_chars, s.max_new_tokens, s.timeout)
-        self.discovery = Discovery(pipeline, s.model, s.profile, s.seed_input)
+        self.backend_side = BackendSide(pipeline, s.model, s.profile, s.seed_input)
         self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
         self._rng = rng or random.SystemRandom()
 
@@ -105,7 +105,7 @@ class MindieFrontend:
         """Look the model up now (at start-up): the line saying what serves ``/infer``, or a
         warning; a failed look-up is tried again on the first request."""
         with contextlib.suppress(ProxyError):
-            await self.discovery.target([])
+            await self.backend_side.target([])
 
     def _draw_seed(self) -> int:
         return self._rng.getrandbits(63)
@@ -115,7 +115,7 @@ class MindieFrontend:
         envelope to record (their kind) and to answer in MindIE's shape
         (:func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
-        target = await self.discovery.target(headers)
+        target = await self.backend_side.target(headers)
         if req.stream:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)
@@ -128,7 +128,7 @@ class MindieFrontend:
         reason: str | None = None
         try:
             async with asyncio.timeout(req.timeout):
-                async for chunk, _ in backend_chunks(self.discovery, target, req, headers):
+                async for chunk, _ in self.backend_side.chunks(target, req, headers):
                     if chunk.text:
                         parts.append(chunk.text)
                     if chunk.tokens is not None:
@@ -162,7 +162,7 @@ class MindieFrontend:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.timeout
         t0 = time.perf_counter()
-        chunks = backend_chunks(self.discovery, target, req, headers)
+        chunks = self.backend_side.chunks(target, req, headers)
         state = _StreamState(t0, req)
         try:
             first = await state.next_token(chunks, deadline)

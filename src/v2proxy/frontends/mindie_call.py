@@ -1,13 +1,13 @@
 """The backend side of MindIE's ``/infer``: which v2 model serves it, seen how, and over which
 transport (docs/protocol.md, MindIE; docs/guides/mindie.md, profiles and transport).
 
-:class:`Discovery` looks the model (``mindie.model``) up once through the pipeline — its
+:class:`BackendSide` looks the model (``mindie.model``) up once through the pipeline — its
 metadata and config give a :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the
 configured profile against it (the seed input is taken under the name the model has, ``seed`` or
 ``random_seed``) and logs one clear line (a WARNING when the profile cannot
 serve the model; a failed look-up is tried again on the next request).
 
-:func:`backend_chunks` sends one validated request (a decoupled model is always asked to
+:meth:`BackendSide.chunks` sends one validated request (a decoupled model is always asked to
 stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
 :class:`~v2proxy.core.pipeline.Pipeline`:
@@ -59,8 +59,9 @@ class Target:
         return "HTTP generate/generate_stream" if self.http else self.stream_call
 
 
-class Discovery:
-    """The target of ``/infer``, discovered on first use and kept."""
+class BackendSide:
+    """The backend side of ``/infer``: its target, discovered on first use and kept
+    (:meth:`target`), and the calls to it (:meth:`chunks`)."""
 
     def __init__(self, pipeline: Pipeline, model: str, profile: str, seed_input: str) -> None:
         self.pipeline = pipeline
@@ -124,35 +125,36 @@ class Discovery:
             self._dropped.update(new)
             log.info("MindIE /infer: model '%s' has no input %s: not sent", self.model, new)
 
-
-async def backend_chunks(
-    discovery: Discovery, target: Target, req: MindieRequest, headers: Headers
-) -> AsyncIterator[tuple[answer.Chunk, float]]:
-    """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
-    view = target.view
-    # A decoupled model is always asked to stream, whether the client streams or not: its
-    # tokens are counted exactly, and a request that the deadline or the client's going away
-    # ends is cancelled at its next token (Triton notices a closed connection only when it
-    # writes, and does not cancel a /generate request at all).
-    stream = req.stream or view.decoupled
-    pipeline = discovery.pipeline
-    if target.http or target.profile == "generate":
-        body, dropped = mapping.generate_body(req, target.profile, view, target.seed_input, stream)
-        discovery.dropped(dropped)
-        objects = pipeline.generate_objects(view.name, "", body, headers, stream)
+    async def chunks(
+        self, target: Target, req: MindieRequest, headers: Headers
+    ) -> AsyncIterator[tuple[answer.Chunk, float]]:
+        """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
+        view = target.view
+        # A decoupled model is always asked to stream, whether the client streams or not: its
+        # tokens are counted exactly, and a request that the deadline or the client's going away
+        # ends is cancelled at its next token (Triton notices a closed connection only when it
+        # writes, and does not cancel a /generate request at all).
+        stream = req.stream or view.decoupled
+        pipeline = self.pipeline
+        if target.http or target.profile == "generate":
+            body, dropped = mapping.generate_body(
+                req, target.profile, view, target.seed_input, stream
+            )
+            self.dropped(dropped)
+            objects = pipeline.generate_objects(view.name, "", body, headers, stream)
+            try:
+                async for obj in objects:
+                    yield answer.chunk_from_generate(obj), time.perf_counter()
+            finally:
+                await objects.aclose()  # type: ignore[attr-defined]
+            return
+        values, dropped = mapping.select(
+            mapping.candidate_values(req, target.profile, view, target.seed_input, stream), view
+        )
+        self.dropped(dropped)
+        responses = pipeline.stream_infer(mapping.infer_request(values, view), headers)
         try:
-            async for obj in objects:
-                yield answer.chunk_from_generate(obj), time.perf_counter()
+            async for response in responses:
+                yield answer.chunk_from_response(response), time.perf_counter()
         finally:
-            await objects.aclose()  # type: ignore[attr-defined]
-        return
-    values, dropped = mapping.select(
-        mapping.candidate_values(req, target.profile, view, target.seed_input, stream), view
-    )
-    discovery.dropped(dropped)
-    responses = pipeline.stream_infer(mapping.infer_request(values, view), headers)
-    try:
-        async for response in responses:
-            yield answer.chunk_from_response(response), time.perf_counter()
-    finally:
-        await responses.aclose()  # type: ignore[attr-defined]
+            await responses.aclose()  # type: ignore[attr-defined]
