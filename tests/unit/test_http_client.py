@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from v2proxy.http import client_conn, client_flow
+from v2proxy.http import client_conn
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
     ConnectFailed,
@@ -1228,7 +1228,7 @@ async def test_big_answer_slow_consumer(serve, framing: str) -> None:  # type: i
     await asyncio.sleep(0.1)  # nobody reads yet: the connection must stop reading
     conn = resp._conn
     assert conn is not None
-    bound = client_flow._HIGH_WATER + (1 << 20)
+    bound = client_conn._HIGH_WATER + (1 << 20)
     peak = conn.buffered
     digest = hashlib.sha256()
     total = 0

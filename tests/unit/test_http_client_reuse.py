@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from v2proxy.http.client_conn import ClientConnection
-from v2proxy.http.client_flow import _HIGH_WATER
+from v2proxy.http.client_conn import _HIGH_WATER, ClientConnection
 
 
 class FakeTransport:

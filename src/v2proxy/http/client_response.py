@@ -19,15 +19,20 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import ProtocolError
 
-if TYPE_CHECKING:
-    from v2proxy.http.client import HttpClient
+__all__ = ["ClientResponse", "Pool"]
 
-__all__ = ["ClientResponse"]
+
+class Pool(Protocol):
+    """Where an answer's connection goes back (:class:`~v2proxy.http.client.HttpClient`)."""
+
+    def _release(self, conn: ClientConnection, keep: bool) -> None:
+        """Take ``conn`` back: idle for the next request when ``keep`` and it is fit, else
+        closed; its slot is free either way."""
 
 
 class ClientResponse:
@@ -50,7 +55,7 @@ class ClientResponse:
 
     def __init__(
         self,
-        client: HttpClient,
+        client: Pool,
         conn: ClientConnection,
         timeout: float | None,
         covered: bool = False,

@@ -18,7 +18,7 @@ order, the first failing one wins:
 
 llhttp has already refused a Content-Length that is not all digits and any repeated one, so
 the value is parsed as is. The limits llhttp's callbacks enforce while the head arrives (target
-length, field count, head size) are the connection's (:mod:`.server_parse`).
+length, field count, head size) are the connection's (:mod:`.server_conn`).
 """
 
 from __future__ import annotations

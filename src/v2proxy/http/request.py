@@ -1,5 +1,6 @@
 """One request of a server connection (:mod:`.server_conn`); its answer is written by
-:class:`~v2proxy.http.response.HttpResponse`.
+:class:`~v2proxy.http.response.HttpResponse`. Both reach their connection through
+:class:`ConnectionSide`, the little of it they use.
 
 :class:`HttpRequest` is filled by the connection's parser callbacks: the head once it is
 complete, then the body in the ``bytes`` pieces llhttp delivers, kept in a deque until the
@@ -22,12 +23,9 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
-
-if TYPE_CHECKING:
-    from v2proxy.http.server_state import ConnectionState as _Connection
 
 #: reading from the socket pauses while more body bytes than this wait for the handler...
 HIGH_WATER = 1 << 20
@@ -67,6 +65,42 @@ class BodyTimeout(BodyError):
     status = 408
 
 
+class ConnectionSide(Protocol):
+    """The connection's side of a request and its answer (what :class:`HttpRequest` and
+    :class:`~v2proxy.http.response.HttpResponse` use of
+    :class:`~v2proxy.http.server_conn.Connection`)."""
+
+    limits: ServerLimits
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    client: tuple[str, int] | None
+    #: the client has gone away
+    lost: bool
+    #: reading paused for a body with too many unread bytes
+    body_paused: bool
+    #: the transport's write buffer is over its high-water mark
+    writing_paused: bool
+
+    def watch_gone(self) -> asyncio.Future[None]:
+        """Done when the client goes away or half-closes (at once if it has)."""
+
+    def send_continue(self, req: HttpRequest) -> None:
+        """Write ``100 Continue`` unless it is no longer due."""
+
+    def body_drained(self, req: HttpRequest) -> None:
+        """The handler took ``req``'s body below :data:`LOW_WATER`: read on if paused."""
+
+    def connection_header(self, req: HttpRequest) -> bytes:
+        """The end of an answer's head: whether the connection stays open after it."""
+
+    async def drain(self) -> None:
+        """Wait while the client does not read (:class:`ClientDisconnected` after
+        ``write_timeout``, or when it has gone away)."""
+
+    def abort(self) -> None:
+        """Close the connection now."""
+
+
 class HttpRequest:
     """The head of one request and its body as it arrives."""
 
@@ -93,7 +127,7 @@ class HttpRequest:
 
     def __init__(
         self,
-        conn: _Connection,
+        conn: ConnectionSide,
         method: str,
         target: bytes,
         version: tuple[int, int],
@@ -144,12 +178,7 @@ class HttpRequest:
         has): a handler doing long work without reading or writing waits on it beside that
         work to give the work up. A client that half-closes and waits for the answer is taken
         as gone here, as uvicorn takes it; ordinary handlers still answer it."""
-        conn = self._conn
-        if conn.gone is None:
-            conn.gone = conn.loop.create_future()
-            if conn.lost or conn.eof:
-                conn.gone.set_result(None)
-        return conn.gone
+        return self._conn.watch_gone()
 
     async def read(self, limit: int | None = None) -> bytearray:
         """The whole body. :class:`BodyTooLarge` beyond ``limit`` or ``max_body_size``."""

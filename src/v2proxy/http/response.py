@@ -14,13 +14,9 @@ A client that went away (or stopped reading for ``write_timeout``) is
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 from v2proxy.core.model import Buffer
-from v2proxy.http.request import ClientDisconnected, HttpRequest
-
-if TYPE_CHECKING:
-    from v2proxy.http.server_state import ConnectionState as _Connection
+from v2proxy.http.request import ClientDisconnected, ConnectionSide, HttpRequest
 
 #: answers with a body up to this size are joined with their head into one write
 JOIN_MAX = 64 * 1024
@@ -47,7 +43,7 @@ class HttpResponse:
 
     __slots__ = ("_chunked", "_conn", "_ended", "_head_only", "_remaining", "_req", "started")
 
-    def __init__(self, conn: _Connection, req: HttpRequest) -> None:
+    def __init__(self, conn: ConnectionSide, req: HttpRequest) -> None:
         self._conn = conn
         self._req = req
         self.started = False

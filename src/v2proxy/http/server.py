@@ -1,9 +1,9 @@
 """A lean HTTP/1.1 server: llhttp (httptools) under a bare :class:`asyncio.Protocol`.
 
 :class:`HttpServer` listens, tracks its connections and shuts them down; this docstring is the
-server's whole contract, implemented by :mod:`.server_conn` (serving), :mod:`.server_parse`
-(parsing), :mod:`.head` (what a head means), :mod:`.server_timer` (timeouts) and
-:mod:`.request` (the request and answer objects).
+server's whole contract, implemented by :mod:`.server_conn` (a connection: parsing, serving,
+timeouts), :mod:`.head` (what a head means), :mod:`.request` and :mod:`.response` (the request
+and answer objects).
 
 One connection per TCP connection parses requests as bytes arrive and queues them;
 one task per connection (started with its first complete head, parked while no request waits,
@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from v2proxy.http.request import (
@@ -61,13 +60,16 @@ from v2proxy.http.request import (
     ServerLimits,
 )
 from v2proxy.http.response import HttpResponse
-from v2proxy.http.server_conn import Connection, error_answer
-from v2proxy.http.server_parse import DISCARD_MAX, MAX_PIPELINE
-from v2proxy.http.server_timer import LINGER
+from v2proxy.http.server_conn import (
+    DISCARD_MAX,
+    LINGER,
+    MAX_PIPELINE,
+    Connection,
+    Handler,
+    error_answer,
+)
 
 DEFAULT_LIMITS = ServerLimits()
-
-Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
 class HttpServer:
@@ -135,7 +137,8 @@ class HttpServer:
     def port(self) -> int:
         return int(self.sockets[0].getsockname()[1])
 
-    def _gone(self, conn: Connection) -> None:
+    def forget(self, conn: Connection) -> None:
+        """``conn`` is lost (:class:`~v2proxy.http.server_conn.Owner`)."""
         self.conns.discard(conn)
         if not self.conns and self._all_gone is not None and not self._all_gone.done():
             self._all_gone.set_result(None)

@@ -1,43 +1,101 @@
-"""One server connection: the :class:`asyncio.Protocol` that serves the requests its parsing half
-queues, in order (RFC 9112 §9: persistence, pipelining, closing).
+"""One server connection: the :class:`asyncio.Protocol` that parses requests as their bytes
+arrive and serves them in order (RFC 9112 §2-§7 and §9: parsing, persistence, pipelining,
+closing; llhttp via httptools).
 
-:class:`Connection` joins :class:`~v2proxy.http.server_parse.ConnectionParser` (bytes to queued
-requests) and :class:`~v2proxy.http.server_timer.ConnectionTimer` (its one deadline) over the state
-of :class:`~v2proxy.http.server_state.ConnectionState`. One task per connection (started with
-its first complete head, parked while the queue is empty, woken by the next head, ended when
-the connection closes) runs the handler on each request in turn, each after the previous
-answer is complete. Reading pauses while ``MAX_PIPELINE``
-requests wait, while a body has more than ``request.HIGH_WATER`` bytes unread, or while input is
-kept in ``backlog``.
+:class:`Connection` is the whole connection in one object: llhttp's callbacks, its one timer,
+the serving task, flow control and closing; and it is the connection's side of its requests and
+answers (:class:`~v2proxy.http.request.ConnectionSide`: ``Connection`` header, ``100 Continue``,
+write flow control under ``write_timeout``, abort). Its server is an :class:`Owner`.
 
-After each answer: the connection closes (lingering) when the request or answer was not
-keep-alive, or the client half-closed; a body the handler left unread is dropped up to
-``DISCARD_MAX`` bytes, else the connection closes. The handler raising
-:class:`~v2proxy.http.request.BodyError` -> its status; ``ClientDisconnected`` -> the connection
-ends; anything else -> logged once, 500 ``internal error: <ExcClassName>``; returning without
-ending its answer -> 500 ``internal error: no answer``; an answer already started -> abort.
-A refusal (``_error``) is answered after the requests ahead of it, with ``Connection: close``.
-Closing after an answer half-closes first and drains input for ``LINGER`` seconds, so that
-unread request bytes do not reset the connection before the client reads the answer.
-Also the connection's side of :class:`~v2proxy.http.request.HttpRequest` and
-:class:`~v2proxy.http.response.HttpResponse`:
-``Connection`` header, ``100 Continue``, write flow control under ``write_timeout``, abort.
+Parsing. llhttp's callbacks build an :class:`~v2proxy.http.request.HttpRequest` per head, queue
+it, start the serving task when none runs, and hand it the body pieces as they arrive. While the
+head arrives: 414 for a target over ``max_request_line``; 431 for over ``max_headers`` fields or
+``max_header_bytes`` of head (trailers count too). At its end,
+:func:`~v2proxy.http.head.check_head` says what it means or why it is refused. Also 431/400 when
+more than ``max_header_bytes`` arrive without a callback (a field being accumulated; chunk
+framing or trailers); 400 with llhttp's reason (a fixed text, printable ASCII, never the
+client's bytes) for what it cannot parse; 505 for HTTP/2's preface. A chunked body growing over
+``max_body_size`` fails the handler's read with :class:`~v2proxy.http.request.BodyTooLarge`. A
+declined Upgrade (one without a body) continues with a fresh parser on the bytes after its head.
+Input is parsed in slices of :data:`_SLICE` bytes; while :data:`MAX_PIPELINE` requests wait, the
+rest is kept in ``backlog`` and reading pauses.
+
+Serving. One task per connection (started with its first complete head, parked while the queue
+is empty, woken by the next head, ended when the connection closes) runs the handler on each
+request in turn, each after the previous answer is complete. Reading pauses while
+:data:`MAX_PIPELINE` requests wait, while a body has more than ``request.HIGH_WATER`` bytes
+unread, or while input is kept in ``backlog``. After each answer: the connection closes
+(lingering) when the request or answer was not keep-alive, or the client half-closed; a body the
+handler left unread is dropped up to :data:`DISCARD_MAX` bytes (``discarding``), else the
+connection closes. The handler raising :class:`~v2proxy.http.request.BodyError` -> its status;
+``ClientDisconnected`` -> the connection ends; anything else -> logged once, 500 ``internal
+error: <ExcClassName>``; returning without ending its answer -> 500 ``internal error: no
+answer``; an answer already started -> abort. A refusal (``_error``) is answered after the
+requests ahead of it, with ``Connection: close``. Closing after an answer half-closes first and
+drains input for :data:`LINGER` seconds, so that unread request bytes do not reset the
+connection before the client reads the answer.
+
+The one timer. One :class:`asyncio.TimerHandle` per connection, re-armed lazily: a later
+deadline leaves the pending handle in place, and it re-arms itself when it fires early.
+:meth:`Connection._arm` picks the deadline from the connection's state:
+
+- none while the server holds reading back (paused or refusing): no read deadline runs;
+- ``header_timeout`` from a head's first byte -> 408; also on a new connection (silent close);
+- ``body_timeout`` without a body byte (100-continue not yet sent: none) -> the handler's
+  read raises :class:`~v2proxy.http.request.BodyTimeout`, the connection closes;
+- ``keepalive_timeout`` while idle between requests -> silent close;
+- :data:`LINGER` after a half-close, or ``write_timeout`` to flush on close -> close, or
+  abort when answer bytes are still unsent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import cast
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol, cast
 
-from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
+import httptools
+
+from v2proxy.http.head import Rejection, check_head
+from v2proxy.http.request import (
+    HIGH_WATER,
+    BodyError,
+    BodyTimeout,
+    BodyTooLarge,
+    ClientDisconnected,
+    HttpRequest,
+    ServerLimits,
+)
 from v2proxy.http.response import STATUS_LINES, HttpResponse
-from v2proxy.http.server_parse import DISCARD_MAX, MAX_PIPELINE, ConnectionParser, log
-from v2proxy.http.server_state import CLOSED_PARSER, IDLE, LINGERING
-from v2proxy.http.server_timer import LINGER, ConnectionTimer
+
+log = logging.getLogger("v2proxy.http.server")
+
+Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
+
+#: requests parsed and not yet answered (the one in hand included) before reading pauses
+MAX_PIPELINE = 16
+#: an unread request body is read and dropped up to this many bytes, else the connection closes
+DISCARD_MAX = 64 * 1024
+#: seconds a closing connection keeps draining input after its last answer
+LINGER = 1.0
+_SLICE = 64 * 1024  # input is parsed in slices of this size, to stop when the queue is full
+
+#: what the connection's one timer is for
+NONE, IDLE, HEAD, BODY, LINGERING = range(5)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE = b"Connection: close\r\n\r\n"
+
+
+class _NoCallbacks:
+    """The protocol of :data:`CLOSED_PARSER`: llhttp finds no callback on it."""
+
+
+#: the parser a lost connection keeps instead of its own (which holds it in a reference cycle)
+CLOSED_PARSER = httptools.HttpRequestParser(_NoCallbacks())
 
 
 def error_answer(status: int, message: str) -> bytes:
@@ -51,8 +109,71 @@ def error_answer(status: int, message: str) -> bytes:
     )
 
 
-class Connection(ConnectionParser, ConnectionTimer):
-    __slots__ = ()
+def _reason(exc: Exception) -> str:
+    """llhttp's reason (a fixed text of its own), printable ASCII only, for the client."""
+    text = "".join(c for c in str(exc)[:100] if " " <= c <= "~")
+    return text or "parse error"
+
+
+class _Reject(Exception):
+    """Raised in a parser callback to stop parsing; the answer is in ``rejection``."""
+
+
+class Owner(Protocol):
+    """What a connection needs of its server (:class:`~v2proxy.http.server.HttpServer`)."""
+
+    limits: ServerLimits
+    handler: Handler
+    max_connections: int | None
+    closing: bool
+    conns: set[Connection]
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` is lost."""
+
+
+class Connection(asyncio.Protocol):
+    """One server connection; see the module docstring."""
+
+    __slots__ = (
+        "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
+        "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
+        "head_size", "headers", "in_head", "limits", "loop", "lost", "parked", "parser",
+        "parsing", "progress", "queue", "reading_paused", "received", "rejection", "server",
+        "serving", "stall", "timer", "timer_kind", "transport", "url", "writing_paused",
+    )  # fmt: skip
+
+    def __init__(self, server: Owner, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.limits: ServerLimits = server.limits
+        self.handler: Handler = server.handler
+        self.transport = cast(asyncio.Transport, None)
+        self.parser = httptools.HttpRequestParser(self)
+        self.client: tuple[str, int] | None = None
+        self.queue: deque[HttpRequest | tuple[int, str]] = deque()
+        #: the serving task: started with the first request, parked (on ``parked``) while no
+        #: request waits, ended when the connection closes; ``serving``: it has requests
+        self.cycle: asyncio.Task[None] | None = None
+        self.parked: asyncio.Future[None] | None = None
+        self.serving = False
+        self.answer: HttpResponse | None = None
+        self.parsing: HttpRequest | None = None  # the request whose body is arriving
+        self.in_head = False
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_size = self.received = self.discarded = self.stall = 0
+        self.progress = self.discarding = False
+        self.rejection: tuple[int, str] | None = None
+        self.reading_paused = self.body_paused = self.writing_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+        #: done when the connection is lost (made on demand: :meth:`watch_gone`)
+        self.gone: asyncio.Future[None] | None = None
+        self.lost = self.closed = self.broken = self.closing_after = self.eof = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_kind = NONE
+        self.deadline = 0.0
+        self.backlog: bytearray | None = None
 
     # -- transport events --
 
@@ -113,7 +234,7 @@ class Connection(ConnectionParser, ConnectionTimer):
         watched = self.gone
         if watched is not None and not watched.done():
             watched.set_result(None)
-        self.server._gone(self)
+        self.server.forget(self)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -221,7 +342,217 @@ class Connection(ConnectionParser, ConnectionTimer):
             self.transport.write(error_answer(status, message))
             self._close(linger=True)
 
-    # -- used by HttpRequest / HttpResponse --
+    # -- parsing --
+
+    def _feed(self, data: bytes | bytearray) -> None:
+        if len(data) <= _SLICE:
+            self._feed_piece(data)
+            return
+        view = memoryview(data)
+        for i in range(0, len(data), _SLICE):
+            if self.broken:
+                return
+            if len(self.queue) >= MAX_PIPELINE:
+                self.backlog = bytearray(view[i:])
+                self._sync_reading()
+                return
+            self._feed_piece(view[i : i + _SLICE])
+
+    def _feed_piece(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            # llhttp stops after an Upgrade request (one without a body: on_headers_complete
+            # saw to it); the upgrade is declined, so the bytes after it are the next request.
+            self.parser = httptools.HttpRequestParser(self)
+            offset = int(exc.args[0])
+            if offset < len(data) and not self.broken:
+                self._feed_piece(memoryview(data)[offset:])
+            return
+        except httptools.HttpParserError as exc:
+            rejection, self.rejection = self.rejection, None
+            if rejection is not None:
+                self._error(*rejection)
+            elif self.broken:
+                pass  # stopped on purpose
+            elif isinstance(exc, httptools.HttpParserCallbackError):
+                log.error("HTTP parser callback failed", exc_info=exc.__context__)
+                self._error(500, "internal error: parser callback")
+            elif str(exc).startswith("Pause on PRI"):
+                self._error(505, "HTTP/2 is not supported on this port; use HTTP/1.1")
+            else:
+                self._error(400, f"malformed HTTP request: {_reason(exc)}")
+            return
+        if self.progress:
+            self.progress = False
+            self.stall = 0
+        elif self.in_head or self.parsing is not None:
+            # bytes that made no callback: a header or trailer still being accumulated, chunk
+            # framing; bounded like the head
+            self.stall += len(data)
+            if self.stall > self.limits.max_header_bytes:
+                if self.in_head:
+                    self._error(431, "request head too large")
+                else:
+                    self._error(400, "chunk framing or trailers too large")
+
+    def _reject(self, status: int, message: str) -> _Reject:
+        self.rejection = (status, message)
+        return _Reject()
+
+    # -- llhttp callbacks --
+
+    def on_message_begin(self) -> None:
+        self.in_head = self.progress = True
+        self.url = b""
+        self.headers = []
+        self.head_size = 0
+        if self.timer_kind == HEAD:
+            self.timer_kind = NONE
+
+    def on_url(self, url: bytes) -> None:
+        self.progress = True
+        self.url += url
+        if len(self.url) > self.limits.max_request_line:
+            raise self._reject(414, "request target too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.progress = True
+        self.head_size += len(name) + len(value) + 4
+        if self.in_head:
+            self.headers.append((name.lower(), value))
+            if len(self.headers) > self.limits.max_headers:
+                raise self._reject(431, "too many header fields")
+        if self.head_size > self.limits.max_header_bytes:
+            raise self._reject(431, "request head too large")  # trailers count too
+
+    def on_headers_complete(self) -> None:
+        self.progress = True
+        self.in_head = False
+        if self.broken:
+            raise _Reject()
+        try:
+            method, version, length, chunked, keep_alive, expect = check_head(
+                self.parser, self.url, self.headers, self.limits.max_body_size
+            )
+        except Rejection as exc:
+            raise self._reject(exc.status, exc.message) from None
+        req = HttpRequest(
+            self, method, self.url, version, self.headers, length, chunked, keep_alive, expect
+        )
+        if not req._complete:
+            self.parsing = req
+            self.received = 0
+        self.queue.append(req)
+        if not self.serving:
+            self.serving = True
+            parked = self.parked
+            if parked is not None:
+                if not parked.done():
+                    parked.set_result(None)
+            else:
+                self.cycle = self.loop.create_task(self._serve())
+        elif len(self.queue) >= MAX_PIPELINE:
+            self._sync_reading()
+
+    def on_body(self, body: bytes) -> None:
+        self.progress = True
+        req = self.parsing
+        if req is None or self.broken:
+            raise _Reject()
+        n = len(body)
+        self.received += n
+        if self.discarding:
+            self.discarded += n
+            if self.discarded > DISCARD_MAX:
+                self._close()
+                raise _Reject()
+            return
+        if self.received > self.limits.max_body_size:
+            req._fail(BodyTooLarge(f"request body larger than {self.limits.max_body_size} bytes"))
+            self.broken = True
+            raise _Reject()
+        req._chunks.append(body)
+        req._buffered += n
+        req._wake()
+        if req._buffered > HIGH_WATER and not self.body_paused:
+            self.body_paused = True
+            self._sync_reading()
+
+    def on_message_complete(self) -> None:
+        self.progress = True
+        req = self.parsing
+        if req is not None:
+            self.parsing = None
+            self.discarding = False
+            req._complete = True
+            req._wake()
+            if self.body_paused:
+                self.body_paused = False
+                self._sync_reading()
+
+    # -- the one timer --
+
+    def _arm(self) -> None:
+        """Sets the deadline the connection's state calls for."""
+        if self.closed:
+            return
+        if self.reading_paused or self.broken:
+            self.timer_kind = NONE  # the server holds the client back: no read deadline
+        elif self.in_head:
+            if self.timer_kind != HEAD:
+                self._set_timer(HEAD, self.limits.header_timeout)
+        elif self.parsing is not None and not self.parsing._expect:
+            self._set_timer(BODY, self.limits.body_timeout)
+        elif not self.serving and not self.queue:
+            self._set_timer(IDLE, self.limits.keepalive_timeout)
+        else:
+            self.timer_kind = NONE
+
+    def _set_timer(self, kind: int, delay: float) -> None:
+        self.timer_kind = kind
+        when = self.deadline = self.loop.time() + delay
+        timer = self.timer
+        if timer is not None:
+            if timer.when() <= when:
+                return  # it fires first and re-arms for the later deadline
+            timer.cancel()
+        self.timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        kind = self.timer_kind
+        if kind == NONE or self.lost:
+            return
+        if self.loop.time() < self.deadline:
+            self.timer = self.loop.call_at(self.deadline, self._on_timer)
+            return
+        self.timer_kind = NONE
+        if kind == IDLE:
+            self._close()
+        elif kind == HEAD:
+            self._error(408, "request head not received in time")
+        elif kind == BODY and self.parsing is not None:
+            self.parsing._fail(BodyTimeout("request body not received in time"))
+            self.broken = True
+            if self.discarding:
+                self._close()
+        elif kind == LINGERING:
+            if self.transport.get_write_buffer_size():
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+    # -- the connection's side of HttpRequest / HttpResponse (request.ConnectionSide) --
+
+    def watch_gone(self) -> asyncio.Future[None]:
+        """A future done when the client goes away or half-closes (made on first demand)."""
+        gone = self.gone
+        if gone is None:
+            gone = self.gone = self.loop.create_future()
+            if self.lost or self.eof:
+                gone.set_result(None)
+        return gone
 
     def connection_header(self, req: HttpRequest) -> bytes:
         """The end of an answer's head: whether the connection stays open after it."""

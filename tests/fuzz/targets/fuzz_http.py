@@ -1,5 +1,5 @@
 """Fuzz target: the HTTP/1.1 server's request handling fed raw bytes (v2proxy.http: the
-connection protocol object of server_conn / server_parse / head, on llhttp), over a fake
+connection protocol object of server_conn / head, on llhttp), over a fake
 transport on an event loop of its own: no sockets, no timers firing.
 
 Input: a control byte, then the bytes the client sends. Control bits 0-2 pick the size of the
