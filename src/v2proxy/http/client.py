@@ -193,7 +193,12 @@ class HttpClient:
         fresh = False
         wait_for = None if covered else read_timeout
         while True:
-            conn = await self._acquire(deadline, fresh)
+            if not fresh and self._idle and self._slots.try_acquire():
+                conn = self._reuse()  # the usual case: no coroutine to get a connection
+                if conn is None:
+                    conn = await self._open(deadline)
+            else:
+                conn = await self._acquire(deadline, fresh)
             try:
                 conn.begin(method == "HEAD")
                 if deadline is not None:
@@ -262,21 +267,35 @@ class HttpClient:
                     raise ReadTimeout(
                         f"no connection to {self._name} came free before the call's deadline"
                     ) from None
+        if fresh:
+            if self._idle:
+                self._idle.popleft().close()
+        elif self._idle:
+            conn = self._reuse()
+            if conn is not None:
+                return conn
+        return await self._open(deadline)
+
+    def _reuse(self) -> ClientConnection | None:
+        """The most recently used live idle connection (its slot is held), or None; the dead
+        and expired ones met on the way are closed."""
+        loop = self._loop
+        assert loop is not None  # set before any connection went idle
+        idle = self._idle
+        now = loop.time()
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < self._idle_timeout and conn.alive():
+                conn.reused = True
+                return conn
+            conn.close()
+        return None
+
+    async def _open(self, deadline: float | None) -> ClientConnection:
+        """A new connection (a slot is held, and released if this fails)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        idle = self._idle
-        if fresh:
-            if idle:
-                idle.popleft().close()
-        elif idle:
-            now = loop.time()
-            while idle:
-                conn = idle.pop()
-                if now - conn.idle_since < self._idle_timeout and conn.alive():
-                    conn.reused = True
-                    return conn
-                conn.close()
         try:
             if self._closed:
                 raise ConnectFailed(f"the HTTP client for {self._name} is closed")
@@ -327,7 +346,11 @@ class HttpClient:
                 self._sweeper = loop.call_at(conn.idle_since + self._idle_timeout, self._sweep)
         else:
             conn.close()
-        self._slots.release()
+        slots = self._slots
+        if slots._waiters:
+            slots.release()
+        else:
+            slots._value += 1  # what release() does when nobody waits
 
     def _sweep(self) -> None:
         """Close the idle connections that expired (or ended), oldest first."""

@@ -282,8 +282,10 @@ class ClientConnection(asyncio.Protocol):
         self._state = _BODY
         if self._head_only:
             self._complete()
-        self._wake()
-        self._wake_drain()  # a body still being sent may stop (see stop_sending)
+        if self._waiter is not None:
+            self._wake()
+        if self._drain is not None:
+            self._wake_drain()  # a body still being sent may stop (see stop_sending)
 
     def _keep_alive(self) -> bool:
         """Keep-alive by the version and ``Connection``'s tokens (for answers to HEAD, which
@@ -316,7 +318,8 @@ class ClientConnection(asyncio.Protocol):
     def _complete(self) -> None:
         self._state = _IDLE
         self.body_done = True
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def _fail(self, exc: HttpClientError) -> None:
         if self.error is None:
@@ -405,20 +408,17 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.pause_reading()
             self._wake()
 
-    async def wait(self, idle: float | None) -> None:
-        """Wait for the next event of the answer (head, piece, end, error); ``idle``: the
-        idle-read deadline (ReadTimeout)."""
+    def wait(self, idle: float | None) -> asyncio.Future[None]:
+        """To be awaited: done at the next event of the answer (head, piece, end, error);
+        ``idle``: the idle-read deadline (ReadTimeout). A future, not a coroutine: one object
+        per wait. Cancelled (the caller gave up), it is no longer waited on."""
         fut = self._loop.create_future()
         self._waiter = fut
         if idle is None:
             self._idle_limit = None
         else:
             self._arm(idle)
-        try:
-            await fut
-        except BaseException:
-            self._waiter = None
-            raise
+        return fut
 
     def _arm(self, limit: float) -> None:
         now = self._loop.time()
@@ -438,8 +438,8 @@ class ClientConnection(asyncio.Protocol):
         """The exchange must be over by ``when`` (``loop.time()``), else it fails with
         ReadTimeout; None lifts the deadline."""
         self._deadline = when
-        if when is not None:
-            self._arm_at(when)
+        if when is not None and (self._timer is None or self._timer_due > when):
+            self._arm_at(when)  # else the pending timer fires first and re-arms for ``when``
 
     def _check_read(self) -> None:
         self._timer = None
@@ -450,7 +450,8 @@ class ClientConnection(asyncio.Protocol):
             self._fail(ReadTimeout("the answer did not come before the call's deadline"))
             return
         limit = self._idle_limit
-        if self._waiter is not None and limit is not None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and limit is not None:
             idle_due = self._last_read + limit
             if now >= idle_due:
                 self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))

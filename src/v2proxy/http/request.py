@@ -187,11 +187,16 @@ class HttpRequest:
             cap = limit
         if self.content_length is not None and self.content_length > cap:
             self._refuse(cap)
-        self._begin()
+        self._consuming = True
+        if self._expect:
+            self._expect = False
+            self._conn.send_continue(self)
         chunks = self._chunks
-        if self._complete and len(chunks) == 1:
+        if self._complete and len(chunks) == 1:  # the usual small body: here whole already
             piece = chunks.popleft()
-            self._took(len(piece))
+            self._buffered = 0
+            if self._conn.body_paused:
+                self._conn.body_drained(self)
             return bytearray(piece)
         body = bytearray()
         while True:
@@ -238,7 +243,7 @@ class HttpRequest:
 
     def _took(self, n: int) -> None:
         self._buffered -= n
-        if self._buffered < LOW_WATER:
+        if self._buffered < LOW_WATER and self._conn.body_paused:
             self._conn.body_drained(self)
 
     async def _wait(self) -> None:

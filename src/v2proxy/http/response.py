@@ -84,7 +84,7 @@ class HttpResponse:
         else:
             size = 0
             for p in parts:
-                size += nbytes(p)
+                size += p.nbytes if isinstance(p, memoryview) else len(p)
             out = self._head(status, headers, b"Content-Length: %d\r\n" % size)
             if self._head_only:
                 parts = []

@@ -140,7 +140,8 @@ class Connection(asyncio.Protocol):
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
         "head_size", "headers", "in_head", "limits", "loop", "lost", "parked", "parser",
         "parsing", "progress", "queue", "reading_paused", "received", "rejection", "server",
-        "serving", "stall", "timer", "timer_kind", "transport", "url", "writing_paused",
+        "serving", "stall", "timer", "timer_due", "timer_kind", "transport", "url",
+        "writing_paused",
     )  # fmt: skip
 
     def __init__(self, server: Owner, loop: asyncio.AbstractEventLoop) -> None:
@@ -171,6 +172,7 @@ class Connection(asyncio.Protocol):
         self.gone: asyncio.Future[None] | None = None
         self.lost = self.closed = self.broken = self.closing_after = self.eof = False
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_due = 0.0  # when ``timer`` fires
         self.timer_kind = NONE
         self.deadline = 0.0
         self.backlog: bytearray | None = None
@@ -198,8 +200,14 @@ class Connection(asyncio.Protocol):
         if self.backlog is not None:
             self.backlog += data
             return
-        self._feed(data)
-        self._arm()
+        if len(data) <= _SLICE:
+            self._feed_piece(data)
+        else:
+            self._feed(data)
+        if self.serving and not (self.in_head or self.closed) and self.parsing is None:
+            self.timer_kind = NONE  # what _arm decides here: no read deadline while serving
+        else:
+            self._arm()
 
     def eof_received(self) -> bool | None:
         if self.parsing is not None:
@@ -276,7 +284,8 @@ class Connection(asyncio.Protocol):
                     if self.backlog is not None and len(queue) < MAX_PIPELINE:
                         data, self.backlog = self.backlog, None
                         self._feed(data)
-                    self._sync_reading()
+                    if self.reading_paused:  # else nothing here can make it pause
+                        self._sync_reading()
                 if self.closed:
                     return
                 self.serving = False
@@ -474,7 +483,8 @@ class Connection(asyncio.Protocol):
             raise _Reject()
         req._chunks.append(body)
         req._buffered += n
-        req._wake()
+        if req._waiter is not None:
+            req._wake()
         if req._buffered > HIGH_WATER and not self.body_paused:
             self.body_paused = True
             self._sync_reading()
@@ -486,7 +496,8 @@ class Connection(asyncio.Protocol):
             self.parsing = None
             self.discarding = False
             req._complete = True
-            req._wake()
+            if req._waiter is not None:
+                req._wake()
             if self.body_paused:
                 self.body_paused = False
                 self._sync_reading()
@@ -514,9 +525,10 @@ class Connection(asyncio.Protocol):
         when = self.deadline = self.loop.time() + delay
         timer = self.timer
         if timer is not None:
-            if timer.when() <= when:
+            if self.timer_due <= when:
                 return  # it fires first and re-arms for the later deadline
             timer.cancel()
+        self.timer_due = when
         self.timer = self.loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -525,6 +537,7 @@ class Connection(asyncio.Protocol):
         if kind == NONE or self.lost:
             return
         if self.loop.time() < self.deadline:
+            self.timer_due = self.deadline
             self.timer = self.loop.call_at(self.deadline, self._on_timer)
             return
         self.timer_kind = NONE
