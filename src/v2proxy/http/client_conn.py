@@ -406,7 +406,8 @@ class ClientConnection(asyncio.Protocol):
             if self.buffered > _HIGH_WATER and not self._reading_paused:
                 self._reading_paused = True
                 self.transport.pause_reading()
-            self._wake()
+            if self._waiter is not None:
+                self._wake()
 
     def wait(self, idle: float | None) -> asyncio.Future[None]:
         """To be awaited: done at the next event of the answer (head, piece, end, error);
