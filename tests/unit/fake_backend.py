@@ -81,6 +81,11 @@ class Answers:
         default_factory=lambda: [(b"content-type", b"application/json"), (b"x-fake", b"relayed")]
     )
     forward_body: bytes = b'{"model_name":"m","outputs":[],"relayed":true}'
+    #: whether ``relay_message`` takes a gRPC message unchanged
+    relay_message: bool = True
+    #: the pass-through answer of ``relay_message`` (a serialized ModelInferResponse: by
+    #: default, model "m" with no outputs)
+    message_answer: bytes = b"\n\x01m"
 
 
 class FakeBackend:
@@ -213,6 +218,15 @@ class FakeBackend:
             data = bytes(body)
         self._record("relay_infer", model, version, data, ihcl, list(headers))
         return self._forward()
+
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        if not self.answers.relay_message:  # declined: nothing sent
+            self._record("relay_message", model, version, None, list(headers))
+            return None
+        self._record("relay_message", model, version, bytes(message), list(headers))
+        return self.answers.message_answer
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Any

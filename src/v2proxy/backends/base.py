@@ -61,6 +61,11 @@ class DecodedOnly:
     ) -> ForwardResponse | None:
         return None  # decoded requests only
 
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        return None  # decoded requests only
+
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer
     ) -> ForwardResponse:

@@ -20,6 +20,11 @@ picked for it.
   for inference of model 'simple': ...``), also when an RPC the proxy makes on its own behalf
   failed (the ModelConfig that tells a decoupled model, asked before an inference).
 - ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
+- ``relay_message``: a client's serialized ModelInferRequest sent as it came and the answer's
+  bytes returned as they came (the gRPC pass-through: one generic unary call, no serializer),
+  through the same endpoints, deadline, metadata and error mapping as every other call; not
+  for a decoupled model (its ModelInfer goes over the stream) nor for a message that staging
+  (``--backend-shm``) might want (one of at least its threshold's size), which go decoded.
 - The side operations (statistics, repository, trace, logging) go through the matching RPCs and
   come back in the canonical REST JSON form; other REST-only paths answer 501.
 """
@@ -70,6 +75,9 @@ RECONNECT_BACKOFF_MS = (100, 1000)
 #: the operation the client asked for while the proxy makes an RPC of its own for it (set by
 #: is_decoupled): the RPC's errors name that operation, not the RPC
 _ASKED_FOR: ContextVar[str | None] = ContextVar("v2proxy_grpc_asked_for", default=None)
+
+#: the key of the ModelInfer callable that takes and returns bytes (no serializer)
+_RAW_INFER = "ModelInfer bytes"
 
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
@@ -331,6 +339,22 @@ class GrpcBackend(DecodedOnly):
         )
         return self._decode(resp)
 
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        """The client's serialized ModelInferRequest sent unchanged, the backend's serialized
+        ModelInferResponse returned unchanged; None (nothing sent) for a decoupled model, or a
+        message as large as the staging threshold (an input of it might be staged)."""
+        staging = self._staging()
+        if staging is not None and len(message) >= staging.threshold:
+            return None
+        if await self.is_decoupled(model, version):
+            return None
+        answer: bytes = await self._call(
+            _RAW_INFER, message, "inference", model, _metadata(headers)
+        )
+        return answer
+
     @staticmethod
     def _decode(resp: pb.ModelInferResponse) -> InferResponse:
         try:
@@ -477,6 +501,10 @@ class _Channel:
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
             )
+        # bytes in, bytes out: the pass-through (relay_message)
+        self.calls[_RAW_INFER] = channel.unary_unary(
+            f"/{SERVICE}/ModelInfer", request_serializer=None, response_deserializer=None
+        )
         self.calls["ModelStreamInfer"] = channel.stream_stream(
             f"/{SERVICE}/ModelStreamInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,

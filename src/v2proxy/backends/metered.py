@@ -4,7 +4,8 @@ pipeline and the real backends stay free of metrics. ``app.py`` wraps the real b
 metrics are on.
 
 Timed: ``infer``, ``stream_infer`` (to its last response), ``relay_infer`` and ``forward`` (to
-the answer's head; its body streams on afterwards), and every side operation. A call that
+the answer's head; its body streams on afterwards), ``relay_message`` (recorded as
+``relay_infer``: a relayed inference), and every side operation. A call that
 fails is timed too; BackendUnavailable, GatewayTimeout and BadGateway (and their subclasses)
 count as connection errors.
 """
@@ -80,6 +81,19 @@ class MeteredBackend:
         t0 = perf_counter()
         try:
             answer = await self.inner.relay_infer(model, version, body, ihcl, headers)
+        except BaseException as exc:
+            self._rec.done("relay_infer", model, perf_counter() - t0, exc)
+            raise
+        if answer is not None:  # None: declined, nothing was sent
+            self._rec.done("relay_infer", model, perf_counter() - t0, None)
+        return answer
+
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        t0 = perf_counter()
+        try:
+            answer = await self.inner.relay_message(model, version, message, headers)
         except BaseException as exc:
             self._rec.done("relay_infer", model, perf_counter() - t0, exc)
             raise

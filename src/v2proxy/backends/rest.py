@@ -255,6 +255,11 @@ class RestBackend:
 
     # ------------------------------------------------------------------ pass-through
 
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        return None  # a gRPC message is decoded and sent as REST
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:

@@ -9,11 +9,12 @@ never wire bytes or REST paths; every failure is raised as a
 :class:`~v2proxy.core.errors.ProxyError` of its own class, mapped from foreign exceptions inside the
 backend that meets them.
 
-Two operations exist for the REST↔REST pass-through fast path only: ``relay_infer`` (an /infer
-body sent unchanged, or None when the backend does not take it so) and ``forward`` (any other
-REST request, e.g. ``generate``). Backends that cannot take bytes say so with ``relay_infer``
-returning None and ``forward`` raising :class:`~v2proxy.core.errors.NotFound` or
-:class:`~v2proxy.core.errors.Unsupported`.
+Three operations exist for the pass-through fast paths only: ``relay_infer`` (a REST /infer
+body sent unchanged, or None when the backend does not take it so), ``relay_message`` (a gRPC
+``ModelInferRequest`` message's bytes sent unchanged, its answer's bytes returned, or None) and
+``forward`` (any other REST request, e.g. ``generate``). Backends that cannot take bytes say so
+with ``relay_infer`` and ``relay_message`` returning None and ``forward`` raising
+:class:`~v2proxy.core.errors.NotFound` or :class:`~v2proxy.core.errors.Unsupported`.
 
 Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
 the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
@@ -128,6 +129,16 @@ class Backend(Protocol):
         binary-framed); the answer comes back unchanged once checked (errors raised). None,
         with nothing sent and nothing of ``body`` read, when this backend does not take a body
         of that form and size unchanged (it may prefer another form for a large body)."""
+        ...
+
+    # the gRPC↔gRPC pass-through fast path
+    async def relay_message(
+        self, model: str, version: str, message: bytes, headers: Headers
+    ) -> bytes | None:
+        """Send a serialized ``ModelInferRequest`` (checked by the caller, and needing no
+        stage) unchanged; the backend's serialized ``ModelInferResponse`` comes back unchanged
+        (errors raised). None, with nothing sent, when this backend does not take it so (it
+        speaks no gRPC, the model is decoupled, or it would stage the request's tensors)."""
         ...
 
     async def forward(
