@@ -16,7 +16,10 @@ Wire forms:
   through the REST frontend's own handler (``RestFrontend.dispatch`` with a fake request and
   response object, so the counts are those of one whole client request, the frontend's access
   check before the body is read included);
-- ``grpc``: a decoded request through ``Pipeline.infer`` (what the gRPC frontend calls);
+- ``grpc``: a decoded request through ``Pipeline.infer``;
+- ``message``: a gRPC ModelInfer through ``Pipeline.infer_message`` (what the gRPC frontend
+  calls): the decoded request with the message's bytes, relayed by ``relay_message`` when
+  nothing needs changing (``norelay``: the backend declines);
 - ``stream``: a decoded request through ``Pipeline.stream_infer`` (gRPC's ModelStreamInfer),
   the backend answering once (a plain model) or three times (``x3``: a decoupled model).
 
@@ -68,6 +71,10 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   (``v2proxy.core.stages.chain.Stages.run``): with two stages at once (``shm-out+class``) every
   response of a decoupled model is classified and written to the region, and the region is
   acquired once for the whole stream and released once at its end.
+- A gRPC message (``message`` rows) is relayed with one ``relay_message`` call when no stage
+  applies, FP16 inputs included; one carrying a parameter the full path's encoder leaves out
+  (``binary_data_output``, an output's ``binary_data``) goes the full path, as does one a stage
+  applies to; a backend that declines (``norelay``) is then asked ``infer``.
 - A decoupled model reached over REST is the backend's business (``infer``, one answer): the
   pipeline does not tell the two apart, so the ``x3`` rows are stream rows only.
 """
@@ -86,6 +93,7 @@ import posix_ipc
 import pytest
 
 from tests.unit.fake_backend import Answers, FakeBackend, Sent
+from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import deserialize_bytes
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -172,11 +180,12 @@ SHM_OUT_CLASS = Stage(
     out1="top2-ones",
 )
 
-JSON, BINARY, GRPC, STREAM = "json", "binary", "grpc", "stream"
+JSON, BINARY, GRPC, STREAM, MESSAGE = "json", "binary", "grpc", "stream", "message"
 FORWARD, RESPONSE = "forward", "response"
 
 # backend calls
 RELAY, INFER, STREAM_INFER = "relay_infer", "infer", "stream_infer"
+RELAY_MESSAGE = "relay_message"
 SERVER_META, MODEL_META, MODEL_CONFIG = "server_metadata", "model_metadata", "model_config"
 
 
@@ -249,6 +258,19 @@ ROWS = [
     Row(GRPC, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
     Row(GRPC, SHM_IN, backend_calls=(INFER,), access_checks=1),
     Row(GRPC, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    # ---- a gRPC message: Pipeline.infer_message, relayed when nothing needs changing
+    Row(MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
+    Row(MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, INFER), access_checks=1),
+    Row(MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
+    Row(MESSAGE, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
+    Row(MESSAGE, BINARY_DATA, backend_calls=(INFER,), access_checks=1),
+    Row(MESSAGE, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
+    Row(MESSAGE, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
+    Row(MESSAGE, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
+    Row(MESSAGE, SHM_IN, backend_calls=(INFER,), access_checks=1),
+    Row(MESSAGE, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    Row(MESSAGE, SHM_OUT_CLASS, backend_calls=(SERVER_META, INFER, MODEL_META, MODEL_CONFIG),
+        access_checks=1, region_holds=1),
     # ---- a decoded request: Pipeline.stream_infer, a plain model (1) or a decoupled one (x3)
     Row(STREAM, NONE, backend_calls=(STREAM_INFER,), access_checks=1),
     Row(STREAM, NONE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
@@ -441,6 +463,15 @@ def _decoded(stage: Stage) -> InferRequest:
     return InferRequest(MODEL, [tensor], outputs, RID, dict(stage.parameters))
 
 
+def _message_answer() -> bytes:
+    """The gRPC backend's serialized answer to a relayed message: what the full path would
+    answer (the request's id, the model's name, OUT0 raw)."""
+    msg = pb.ModelInferResponse(model_name=MODEL, id=RID)
+    msg.outputs.add(name="OUT0", datatype="FP32", shape=[1, 4])
+    msg.raw_output_contents.append(OUT0.tobytes())
+    return msg.SerializeToString()
+
+
 async def _rest(pipeline: Pipeline, body: bytes, ihcl: int | None) -> FakeHttpResponse:
     headers: Headers = [(b"content-type", b"application/json"), *TOKEN]
     if ihcl is not None:
@@ -501,6 +532,8 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
                 Tensor("OUT1", Datatype.FP32, (1, 4), OUT1.tobytes()),
             ],
             relay={False: row.can_relay, True: row.can_relay},
+            relay_message=row.can_relay,
+            message_answer=_message_answer(),
             extensions=("binary_tensor_data", *stage.extensions),
             stream_responses=row.responses,
             model_metadata={"name": MODEL, "outputs": [{"name": "OUT0", "shape": [-1, 4]}]},
@@ -526,6 +559,14 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
             assert http.body is forwarded.content
         else:
             responses.append(_answer_of(http))
+    elif row.wire == MESSAGE:
+        body = b"the client's message, opaque to the pipeline"
+        answer = await pipeline.infer_message(body, _decoded(stage), list(TOKEN), None)
+        if row.answer == FORWARD:
+            assert answer is backend.answers.message_answer  # the backend's bytes, unchanged
+        else:
+            assert isinstance(answer, InferResponse)
+            responses.append(answer)
     elif row.wire == GRPC:
         responses.append(await pipeline.infer(_decoded(stage), list(TOKEN), None))
     else:
@@ -542,6 +583,9 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
         else:  # declined: asked with the wire form and size, nothing read
             assert body is not None
             assert call.args == (MODEL, "", None, ihcl, TOKEN, len(body))
+    for call in backend.called("relay_message"):
+        # the client's bytes unchanged; declined: nothing sent
+        assert call.args == (MODEL, "", body if row.can_relay else None, TOKEN)
     for call in backend.called("model_metadata") + backend.called("model_config"):
         assert call.args == (MODEL, "")
     for call in backend.called("infer") + backend.called("stream_infer"):

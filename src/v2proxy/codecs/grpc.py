@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.codecs.dtypes import (
@@ -242,6 +242,22 @@ def _output_params(output: Any) -> dict[str, Any]:
     return params
 
 
+def encodes_unchanged(req: InferRequest) -> bool:
+    """Whether :func:`request_to_proto` keeps every parameter of ``req``: it carries no
+    ``binary_data_output`` and no tensor parameter of one wire form only (``binary_data``,
+    ``binary_data_size``), which the encoder leaves out. A decoded message that does not may
+    still be sent as it came (the gRPC pass-through) without the backend seeing more."""
+    if "binary_data_output" in req.parameters:
+        return False
+    for t in req.inputs:
+        if t.parameters and not _WIRE_PARAMS.isdisjoint(t.parameters):
+            return False
+    for o in req.outputs or ():
+        if o.parameters and not _WIRE_PARAMS.isdisjoint(o.parameters):
+            return False
+    return True
+
+
 def request_to_proto(req: InferRequest) -> pb.ModelInferRequest:
     """Encode a request for a gRPC backend: every input's bytes in raw_input_contents."""
     msg = pb.ModelInferRequest(
@@ -310,6 +326,39 @@ def response_from_proto(msg: pb.ModelInferResponse) -> InferResponse:
         parameters=params_from_proto(msg.parameters),
         outputs=outputs,
     )
+
+
+def relayed_answer(data: bytes, request: InferRequest) -> InferResponse | None:
+    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it
+    may go back to the client as it came, being what the full path would answer (every output
+    in ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a
+    valid datatype and shape each; the request's id when it had one, a model name, and only the
+    outputs the request listed); else the response decoded (:func:`response_from_proto`), for
+    the caller to finish as the full path does. CodecError when it is no valid answer."""
+    try:
+        msg = pb.ModelInferResponse.FromString(data)
+    except DecodeError as exc:
+        raise CodecError(f"malformed ModelInferResponse: {exc}") from None
+    if _as_is(msg, request):
+        return None
+    return response_from_proto(msg)
+
+
+def _as_is(msg: pb.ModelInferResponse, request: InferRequest) -> bool:
+    if (request.id and not msg.id) or not msg.model_name:
+        return False
+    if len(msg.raw_output_contents) != len(msg.outputs):
+        return False
+    wanted = None if request.outputs is None else {o.name for o in request.outputs}
+    for out in msg.outputs:
+        where = f"output '{out.name}' of the backend's response"
+        parse_datatype(out.datatype, where)
+        _shape(out.shape, where)
+        if out.HasField("contents") or (wanted is not None and out.name not in wanted):
+            return False
+        if out.parameters and not _WIRE_PARAMS.isdisjoint(out.parameters):
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- REST-side dicts

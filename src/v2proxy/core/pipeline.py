@@ -49,8 +49,9 @@ The generate extension is a request mapping in front of :meth:`stream_infer`, no
 (:mod:`v2proxy.core.stages` says why).
 
 The pass-through fast path (:class:`~v2proxy.core.relay.Relay`): when no stage applies and the
-backend takes the client's wire form, the client's bytes go to the backend untouched after stage 1,
-and the answer comes back unchanged.
+backend takes the client's wire form, the client's bytes (a REST /infer body,
+:meth:`Pipeline.infer_body`; a gRPC ModelInfer message, :meth:`Pipeline.infer_message`) go to the
+backend untouched after stage 1, and the answer comes back unchanged.
 
 Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
 """
@@ -271,6 +272,25 @@ class Pipeline:
             if relayed is not None:
                 return relayed
         return Answered(request, await self._staged(request, headers, peer))
+
+    async def infer_message(
+        self, message: bytes, request: InferRequest, headers: Headers, peer: str | None
+    ) -> bytes | InferResponse:
+        """One gRPC ModelInfer: ``message`` the client's serialized ModelInferRequest,
+        ``request`` what the frontend decoded and checked of it (every check of the decoder,
+        whatever path it then takes). The pipeline decides: relayed as it came when no stage
+        applies and it carries nothing the full path would leave out
+        (:func:`~v2proxy.core.relay.message_as_is`) and the backend takes it
+        (:meth:`Backend.relay_message`), the answer being the backend's serialized
+        ModelInferResponse, unchanged (decoded and finished instead when it is not what the
+        full path would answer, :meth:`Relay.relay_message`); else through the stages
+        (:meth:`_staged`), the answer an InferResponse for the frontend to encode. One access
+        check, one backend call."""
+        self._allow("inference", headers)
+        relayed = await self._relay.relay_message(request, message, headers)
+        if relayed is not None:
+            return relayed
+        return await self._staged(request, headers, peer)
 
     async def _staged(
         self, request: InferRequest, headers: Headers, peer: str | None

@@ -14,6 +14,11 @@ come back in the form the client's body asks for).
   :data:`HOLD_BACK` bytes are sent only once the whole of it has passed, so that a malformed body
   gets the full decoder's error and the backend never has it whole.
 
+- :meth:`Relay.relay_message`: a gRPC ModelInferRequest's bytes, relayed when its decoded
+  request needs nothing (:func:`message_as_is`) and the backend takes the message as it came;
+  the answer is the backend's serialized ModelInferResponse, unchanged when it is what the
+  full path would answer, else decoded and finished.
+
 The request was checked before any relay (decoded, or by
 :func:`~v2proxy.codecs.relay_check.plain_json_request`); what is sent is the client's bytes.
 Pure: it awaits the backend but imports no I/O library.
@@ -24,12 +29,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from v2proxy.codecs.binary import check_json_size, decode_request, decode_request_header
+from v2proxy.codecs.grpc import encodes_unchanged, relayed_answer
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
-from v2proxy.core.errors import InvalidRequest, ProxyError
-from v2proxy.core.model import Datatype, InferRequest
+from v2proxy.core.errors import BadGateway, CodecError, InvalidRequest, ProxyError
+from v2proxy.core.model import Datatype, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
-from v2proxy.core.stages.chain import Stages
+from v2proxy.core.stages.chain import Stages, finish
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
 HOLD_BACK = 64 * 1024
@@ -117,6 +123,14 @@ def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:
     return binary or request.parameters.get("binary_data_output") is not True
 
 
+def message_as_is(request: InferRequest, stages: Stages) -> bool:
+    """Whether a decoded gRPC message may go to the backend as it came: no stage applies
+    (:func:`nothing_to_do`; its tensors are bytes, so the wire forms always match) and it
+    carries nothing the full path would leave out of what it sends
+    (:func:`~v2proxy.codecs.grpc.encodes_unchanged`)."""
+    return nothing_to_do(request, True, stages) and encodes_unchanged(request)
+
+
 async def _prefix(chunks: AsyncIterator[bytes], n: int) -> tuple[bytearray, bytes]:
     """The first ``n`` bytes of a body, and what came with them past ``n``."""
     head = bytearray()
@@ -168,6 +182,30 @@ class Relay:
         return await self.backend.relay_infer(
             request.model_name, request.model_version, body, ihcl, headers
         )
+
+    async def relay_message(
+        self, request: InferRequest, message: bytes, headers: Headers
+    ) -> bytes | InferResponse | None:
+        """Pass a client's serialized ModelInferRequest ``message`` (decoded and checked as
+        ``request``) through untouched when it needs nothing (:func:`message_as_is`) and the
+        backend takes it (one backend call, which says None when it does not); None when the
+        request must go through the stages. The backend's serialized answer comes back
+        unchanged when it is what the full path would answer
+        (:func:`~v2proxy.codecs.grpc.relayed_answer`: KServe, say, answers every output
+        whatever was asked), else decoded and finished as the full path finishes it; an answer
+        that is no valid ModelInferResponse is BadGateway."""
+        if not message_as_is(request, self.stages):
+            return None
+        answer = await self.backend.relay_message(
+            request.model_name, request.model_version, message, headers
+        )
+        if answer is None:
+            return None
+        try:
+            decoded = relayed_answer(answer, request)
+        except CodecError as exc:
+            raise BadGateway(f"invalid inference response from backend: {exc}") from None
+        return answer if decoded is None else finish(request, decoded)
 
     async def relay_framed(
         self, model: str, version: str, body: StreamedBody, ihcl: int, headers: Headers

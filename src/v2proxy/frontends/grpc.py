@@ -10,7 +10,10 @@ requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC s
 one place, and each call goes through the exchange envelope of
 :mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
 message of a stream is an exchange, recorded on its own).
-ModelStreamInfer answers each request on the stream, several times for decoupled models, with
+ModelInfer hands the pipeline the decoded request with the message's bytes
+(:meth:`Pipeline.infer_message`), which relays them to a gRPC backend as they came when nothing
+needs changing; the backend's answer then goes back as it came. ModelStreamInfer (always decoded
+and re-encoded) answers each request on the stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header. Every call but health and metadata holds a slot of the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
@@ -96,7 +99,9 @@ class GrpcFrontend:
         # answers leave the handlers serialized (bytes), so that their size is known
         rec, gate = self.recorder, self.gate
         unary = {
-            name: grpc.unary_unary_rpc_method_handler(guard(self._rpc(name), req, name, rec, gate))
+            name: grpc.unary_unary_rpc_method_handler(
+                guard(self._rpc(name), req, name, rec, gate, with_bytes=name == "ModelInfer")
+            )
             for name, (req, _resp) in UNARY_RPCS.items()
         }
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
@@ -153,12 +158,22 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    async def ModelInfer(self, r: pb.ModelInferRequest, c: Context) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, received: tuple[pb.ModelInferRequest, bytes], c: Context
+    ) -> pb.ModelInferResponse | bytes:
+        """Decoded and checked in full, then handed to the pipeline with its bytes
+        (:meth:`Pipeline.infer_message`): the backend's answer as it came when the message was
+        relayed, else the pipeline's response, encoded here."""
+        r, data = received
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
         _no_reserved_keys(request.parameters)
-        response = await self.pipeline.infer(request, forwarded_headers(c), peer_of(c))
+        response = await self.pipeline.infer_message(
+            data, request, forwarded_headers(c), peer_of(c)
+        )
+        if isinstance(response, bytes):
+            return response  # relayed: the backend's serialized answer
         t0 = perf_counter()
         out = grpcc.response_to_proto(response)
         self.recorder.encode["grpc"].observe(perf_counter() - t0)

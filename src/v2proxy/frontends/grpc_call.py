@@ -157,9 +157,12 @@ def guard(
     rpc: str,
     rec: FrontendRecorder,
     gate: AdmissionGate | None = None,
+    with_bytes: bool = False,
 ) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status; it also serializes the answer,
-    all inside the call's exchange envelope (admission, in flight, the record)."""
+    """The one translator from the error tree to gRPC status; it also serializes the answer
+    (one already serialized, bytes, is answered as it is), all inside the call's exchange
+    envelope (admission, in flight, the record). ``with_bytes``: ``fn`` is given the message
+    and its bytes, ``(message, data)``, to pass them on unchanged."""
     op = _OPERATIONS.get(rpc, "side")
     field = _MODEL_FIELDS.get(rpc)
     env = CallEnvelope(
@@ -175,7 +178,8 @@ def guard(
             msg = parse(message_type, data, rpc)
             if field is not None:
                 model = getattr(msg, field)
-            out = (await fn(msg, context)).SerializeToString()
+            answer = await fn((msg, data) if with_bytes else msg, context)
+            out = answer if isinstance(answer, bytes) else answer.SerializeToString()
         except Exception as exc:
             failure = answerable(exc, op)
         except BaseException as exc:  # cancelled: recorded, and it goes on
