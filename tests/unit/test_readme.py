@@ -31,7 +31,7 @@ RUN = "<!-- readme-test: run -->"
 OUTPUT = "<!-- readme-test: output -->"
 HTTP_PORT, GRPC_PORT = "localhost:9000", "localhost:9001"
 #: the README is a front page; the rest lives in docs/
-MAX_LINES = 165
+MAX_LINES = 180
 
 
 @dataclass(frozen=True)
