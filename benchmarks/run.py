@@ -39,6 +39,7 @@ import cpu_summary
 import loadgen
 import procs
 import shm
+import sizes as sizes_mod
 from procs import HOST, Server
 
 HERE = Path(__file__).resolve().parent
@@ -49,7 +50,8 @@ NGINX_TEMPLATE = HERE / "nginx.conf.tmpl"
 # --------------------------------------------------------------------------- what is compared
 
 #: v2proxy configurations: name -> `v2proxy serve` arguments. Placeholders: {reference_http},
-#: {reference_grpc} (the reference server's ports as host:port), {mlserver_http}, {triton_http}.
+#: {reference_grpc} (the reference server's ports as host:port), {mlserver_http}, {triton_http},
+#: {triton_grpc}.
 #: Every one also gets V2PROXY_COMMON, its own --http-port/--grpc-port, and --v2proxy-args from
 #: the command line.
 V2PROXY_CONFIGS: dict[str, list[str]] = {
@@ -100,6 +102,8 @@ V2PROXY_CONFIGS: dict[str, list[str]] = {
     "v2proxy-triton-binary": ["--backend", "http://{triton_http}", "--backend-encoding", "binary"],
     # d-triton: large JSON bodies go to Triton as binary tensors, the client answered in JSON
     "v2proxy-triton-auto": ["--backend", "http://{triton_http}", "--backend-encoding", "auto"],
+    # h-grpc: gRPC client -> v2proxy -> Triton's gRPC port (h-http uses v2proxy-triton-binary)
+    "v2proxy-triton-grpc": ["--backend", "grpc://{triton_grpc}"],
     # metrics-triton: the same relay with metrics on (the default, said) and off, two processes
     # started alike and used by this scenario only
     "v2proxy-triton-json-metrics": [
@@ -125,6 +129,7 @@ BACKEND_OF_PLACEHOLDER = {
     "reference_grpc": "direct",
     "mlserver_http": "direct-mlserver",
     "triton_http": "direct-triton",
+    "triton_grpc": "direct-triton",
 }
 V2PROXY_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 REFERENCE_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
@@ -296,11 +301,49 @@ TRITON_SCENARIOS = ("a-triton", "b-triton", "c-triton", "d-triton", "metrics-tri
 
 
 @dataclass
+class SizeScenario:
+    """A latency-per-size scenario (sizes.py): ``identity_fp32`` on Triton, FP32[n] for each n of
+    ``sizes.SIZES``, one request at a time on one connection, through each system."""
+
+    id: str
+    title: str
+    protocol: str  # "grpc" (tritonclient gRPC) or "http" (tritonclient HTTP, binary both ways)
+    #: (label in the table, endpoint key)
+    systems: list[tuple[str, str]]
+
+
+SIZE_SCENARIOS = [
+    SizeScenario(
+        "h-grpc",
+        "Triton identity_fp32 per size, gRPC (tritonclient), one connection",
+        "grpc",
+        [
+            ("direct", "direct-triton"),
+            ("nginx", "nginx-triton"),
+            ("v2proxy", "v2proxy-triton-grpc"),
+        ],
+    ),
+    SizeScenario(
+        "h-http",
+        "Triton identity_fp32 per size, HTTP binary tensors both ways (tritonclient), one"
+        " connection",
+        "http",
+        [
+            ("direct", "direct-triton"),
+            ("nginx", "nginx-triton"),
+            ("v2proxy", "v2proxy-triton-binary"),
+        ],
+    ),
+]
+
+
+@dataclass
 class Target:
     id: str
     text: str
     #: ("rps"|"p50"|"mean"|"cpu", (scenario, label, conc), (scenario, label, conc)) or
-    #: ("micro", name) or ("shm",); "cpu" is the proxy's CPU microseconds per request
+    #: ("micro", name) or ("shm", label) or ("sizes", scenario): the largest v2proxy / nginx
+    #: median latency over the sizes; "cpu" is the proxy's CPU microseconds per request
     metric: tuple[Any, ...]
     op: str  # ">=" or "<="
     threshold: float
@@ -394,6 +437,22 @@ TARGETS = [
         ),
         "<=",
         1.05,
+    ),
+    Target(
+        "h-grpc-latency",
+        "(h) gRPC identity_fp32 on Triton: median latency at one connection <= 1.5 x nginx"
+        " grpc_pass, every size (1K-16M elements)",
+        ("sizes", "h-grpc"),
+        "<=",
+        1.5,
+    ),
+    Target(
+        "h-http-latency",
+        "(h) HTTP binary identity_fp32 on Triton: median latency at one connection <= 1.3 x"
+        " nginx, every size (1K-16M elements)",
+        ("sizes", "h-http"),
+        "<=",
+        1.3,
     ),
     Target(
         "codec-decode",
@@ -577,6 +636,7 @@ class Systems:
             "reference_grpc": f"{HOST}:{ref_grpc}",
             "mlserver_http": f"{HOST}:{mls.http_port}",
             "triton_http": f"{HOST}:{triton.http_port}",
+            "triton_grpc": f"{HOST}:{triton.grpc_port}",
         }
         proxies: list[tuple[Endpoint, Server]] = []
         for name, template in V2PROXY_CONFIGS.items():
@@ -653,7 +713,9 @@ class Systems:
         # workers run as "nobody" when the master is root: let them into the folder
         for d in (self.workdir, ngx_dir):
             d.chmod(0o755)
-        http_port, grpc_port, mls_port, triton_port, dead_port = procs.free_ports(5)
+        http_port, grpc_port, mls_port, triton_port, triton_grpc_port, dead_port = procs.free_ports(
+            6
+        )
         conf = NGINX_TEMPLATE.read_text()
         for key, value in {
             "DIR": str(ngx_dir),
@@ -662,10 +724,12 @@ class Systems:
             "REFERENCE_GRPC": str(direct.grpc_port or dead_port),
             "MLSERVER_HTTP": str(mls.http_port or dead_port),
             "TRITON_HTTP": str(triton.http_port or dead_port),
+            "TRITON_GRPC": str(triton.grpc_port or dead_port),
             "NGINX_REFERENCE_HTTP": str(http_port),
             "NGINX_REFERENCE_GRPC": str(grpc_port),
             "NGINX_MLSERVER_HTTP": str(mls_port),
             "NGINX_TRITON_HTTP": str(triton_port),
+            "NGINX_TRITON_GRPC": str(triton_grpc_port),
         }.items():
             conf = conf.replace(f"@@{key}@@", value)
         conf_path = ngx_dir / "nginx.conf"
@@ -679,12 +743,13 @@ class Systems:
             "-c",
             str(conf_path),
         ]
-        server = Server("nginx", cmd, ngx_dir / "stdout.log", ready_ports=[http_port, grpc_port])
+        ready = [http_port, grpc_port, triton_grpc_port]
+        server = Server("nginx", cmd, ngx_dir / "stdout.log", ready_ports=ready)
         if not direct.error:
             server.ready_urls.append(f"http://{HOST}:{http_port}/v2/health/ready")
         nginx = Endpoint("nginx", http_port, grpc_port, server, cmd)
         nginx_mls = Endpoint("nginx-mlserver", mls_port, None, server, cmd)
-        nginx_triton = Endpoint("nginx-triton", triton_port, None, server, cmd)
+        nginx_triton = Endpoint("nginx-triton", triton_port, triton_grpc_port, server, cmd)
         self.endpoints["nginx"] = nginx
         self.endpoints["nginx-mlserver"] = nginx_mls
         self.endpoints["nginx-triton"] = nginx_triton
@@ -959,7 +1024,10 @@ def _metric(row: Row | None, kind: str) -> float | None:
 
 
 def evaluate_targets(
-    runner: Runner, micro: dict[str, Any] | None, shm_result: dict[str, dict[str, Any]]
+    runner: Runner,
+    micro: dict[str, Any] | None,
+    shm_result: dict[str, dict[str, Any]],
+    sizes_result: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     out = []
     mc = metrics_cost(runner)
@@ -1004,6 +1072,8 @@ def evaluate_targets(
                 )
             else:
                 detail = one.get("status", "not measured")
+        elif kind == "sizes":
+            value, detail = size_ratio((sizes_result or {}).get(t.metric[1]))
         if t.id == "metrics-cost" and mc is not None and mc["paired_median"] is not None:
             detail += (
                 f" ({100 * mc['cost']:+.1f} %); rounds' on/off {mc['paired_min']:.2f}"
@@ -1026,6 +1096,108 @@ def evaluate_targets(
                 "detail": detail,
             }
         )
+    return out
+
+
+def size_ratio(result: dict[str, dict[str, Any]] | None) -> tuple[float | None, str]:
+    """(the largest v2proxy / nginx median latency over the sizes, the ratio of each size), or
+    (None, why not) when a size of either is not measured."""
+    if not result:
+        return None, "not measured in this run"
+    ratios, broken = [], []
+    for size, by_system in result.items():
+        v, n = by_system.get("v2proxy", {}), by_system.get("nginx", {})
+        if v.get("status") == "ok" and n.get("status") == "ok" and n["median_ms"]:
+            ratios.append((size, v["median_ms"] / n["median_ms"]))
+        else:
+            bad = v if v.get("status") != "ok" else n
+            who = "v2proxy" if bad is v else "nginx"
+            broken.append(f"{size} {who}: {bad.get('status', 'not measured')}")
+    if broken:
+        return None, "; ".join(broken)
+    worst = max(r for _, r in ratios)
+    return worst, "v2proxy / nginx median: " + ", ".join(f"{s} {r:.2f}" for s, r in ratios)
+
+
+SIZE_HEADER = (
+    "scenario",
+    "size",
+    "requests",
+    "direct ms",
+    "nginx ms",
+    "v2proxy ms",
+    "v2proxy/nginx",
+    "nginx/direct",
+    "CPU µs/req nginx",
+    "CPU µs/req v2proxy",
+    "CPU v2proxy/nginx",
+    "Triton µs/req direct/nginx/v2proxy",
+)
+
+
+def size_rows(sizes_result: dict[str, Any]) -> list[list[str]]:
+    """One row per (scenario, size): the three medians, the ratios, CPU per request."""
+    rows = []
+    for sc_id, by_size in sizes_result.items():
+        for size, by_system in by_size.items():
+            d, n, v = (by_system.get(k, {}) for k in ("direct", "nginx", "v2proxy"))
+
+            def med(one: dict[str, Any]) -> str:
+                if one.get("status") != "ok":
+                    return _short(one.get("status", "not measured"), 60)
+                return f"{one['median_ms']:.2f}"
+
+            def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
+                x, y = a.get(key), b.get(key)
+                ok = a.get("status") == b.get("status") == "ok"
+                return f"{x / y:.2f}" if ok and x is not None and y else "-"
+
+            def us(one: dict[str, Any], key: str) -> str:
+                x = one.get(key)
+                return "-" if one.get("status") != "ok" or x is None else f"{x:.0f}"
+
+            elements = next((o["elements"] for o in (d, n, v) if "elements" in o), 0)
+            rows.append(
+                [
+                    sc_id,
+                    f"{size} ({_size(4 * elements)})",
+                    "/".join(str(o.get("requests", 0)) for o in (d, n, v)),
+                    med(d),
+                    med(n),
+                    med(v),
+                    ratio(v, n, "median_ms"),
+                    ratio(n, d, "median_ms"),
+                    us(n, "proxy_us_per_req"),
+                    us(v, "proxy_us_per_req"),
+                    ratio(v, n, "proxy_us_per_req"),
+                    "/".join(us(o, "backend_us_per_req") for o in (d, n, v)),
+                ]
+            )
+    return rows
+
+
+def _run_sizes(
+    systems: Systems, scenarios: list[SizeScenario], rounds: int, quick: bool
+) -> dict[str, Any]:
+    """Every SizeScenario: scenario id -> sizes.measure's result."""
+    out: dict[str, Any] = {}
+    for sc in scenarios:
+        targets: list[sizes_mod.Target] = []
+        failed: dict[str, str] = {}
+        for label, key in sc.systems:
+            ep = systems.endpoints[key]
+            port = ep.grpc_port if sc.protocol == "grpc" else ep.http_port
+            problem = ep.usable() or (None if port else f"error: {key} has no {sc.protocol} port")
+            if problem is not None or port is None:
+                failed[label] = problem or "error"
+                log(f"({sc.id}) {label}: {problem}")
+                continue
+            targets.append(sizes_mod.Target(label, port, ep.proxy_pgid, ep.backend_pgid))
+        result = sizes_mod.measure(sc.protocol, targets, rounds, quick, log, sc.id)
+        for size, _ in sizes_mod.SIZES:
+            for label, why in failed.items():
+                result.setdefault(size, {})[label] = {"status": why, "requests": 0}
+        out[sc.id] = result
     return out
 
 
@@ -1250,7 +1422,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         default="",
         help="comma-separated scenario ids to run (a,b,c,d-mlserver,d-binary,e,f-grpc,f-rest,"
-        "a-triton,b-triton,c-triton,d-triton,metrics-triton,g,micro); default all",
+        "a-triton,b-triton,c-triton,d-triton,metrics-triton,g,h-grpc,h-http,micro); default all",
     )
     p.add_argument(
         "--v2proxy-args",
@@ -1357,6 +1529,7 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [s for s in SCENARIOS if not only or s.id in only]
     run_micro = not only or "micro" in only
     run_shm = not only or "g" in only
+    size_scenarios = [s for s in SIZE_SCENARIOS if not only or s.id in only]
     t0 = time.monotonic()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -1385,7 +1558,7 @@ def main(argv: list[str] | None = None) -> int:
         systems = Systems(workdir, stack, args)
         keys = {k for s in scenarios for _, k in s.systems}
         need_mls = run_shm or any("mlserver" in k for k in keys)
-        need_triton = run_shm or any("triton" in k for k in keys)
+        need_triton = run_shm or bool(size_scenarios) or any("triton" in k for k in keys)
         systems.start_all(tools, need_mls, need_triton, args.start_timeout)
         for key, ep in systems.endpoints.items():
             status = ep.error or f"http {ep.http_port}, grpc {ep.grpc_port}"
@@ -1398,6 +1571,10 @@ def main(argv: list[str] | None = None) -> int:
         if run_shm:
             log("(g) shared memory")
             shm_result = _run_shm(systems, rest, durations.shm, durations.shm_min_runs)
+        sizes_result: dict[str, Any] = {}
+        if size_scenarios:
+            log("(h) latency per size")
+            sizes_result = _run_sizes(systems, size_scenarios, durations.rounds, args.quick)
         endpoints = {
             k: {"cmd": ep.cmd, "status": ep.error or "ok"} for k, ep in systems.endpoints.items()
         }
@@ -1407,7 +1584,7 @@ def main(argv: list[str] | None = None) -> int:
         log("codec micro-benchmarks")
         micro = _run_micro(durations.micro_quick)
 
-    targets = evaluate_targets(runner, micro, shm_result)
+    targets = evaluate_targets(runner, micro, shm_result, sizes_result)
     cpu = cpu_summary.summarize(runner.find, [s.id for s in scenarios], [args.concurrency, 1])
     mc = metrics_cost(runner)
     elapsed = time.monotonic() - t0
@@ -1437,6 +1614,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_cost": mc,
         "micro": micro,
         "shared_memory": shm_result,
+        "latency_per_size": sizes_result,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
@@ -1451,7 +1629,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {'gRPC' if sc.protocol == 'grpc' else 'REST'})",
         ]
         for sc in scenarios
-    ]
+    ] + [[sc.id, sc.title, SIZES_REQUEST] for sc in size_scenarios]
     micro_header = ["codec case", "v2proxy ms", "alternative ms", "speedup", "what"]
     target_header = ["target", "measured", "verdict", "detail"]
     shm_header = ["(g) in front of", "backend", "body ms", "shm ms", "body/shm", "requests b/s"]
@@ -1460,6 +1638,14 @@ def main(argv: list[str] | None = None) -> int:
         " request, one at a time):"
     )
     g_rows = shm_rows(shm_result)
+    h_rows = size_rows(sizes_result)
+    per_round = sizes_mod.PER_ROUND_QUICK if args.quick else sizes_mod.PER_ROUND
+    h_title = (
+        "(h) identity_fp32 on Triton, one request at a time on one connection: median latency"
+        f" of {', '.join(f'{durations.rounds * k} ({s})' for s, k in per_round.items())}"
+        f" requests per system in {durations.rounds} rounds taking turns; CPU per request"
+        " from /proc over the same requests:"
+    )
     cpu_title = (
         "CPU per request in front of Triton (proxy process group, /proc utime+stime over the"
         " run / requests completed; medians of the rounds):"
@@ -1476,8 +1662,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         format_text_table(legend_header, legend, "lll"),
         "",
-        format_text_table(COLUMNS, rows),
-        "",
+        *([format_text_table(COLUMNS, rows), ""] if rows else []),
         *(
             [cpu_title, format_text_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""]
             if cpu
@@ -1485,6 +1670,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         *([metrics_cost_line(mc), ""] if mc else []),
         *([shm_title, format_text_table(shm_header, g_rows, "llrrrr"), ""] if g_rows else []),
+        *([h_title, format_text_table(SIZE_HEADER, h_rows, "ll"), ""] if h_rows else []),
         format_text_table(micro_header, micro_rows(micro), "lrrrl") if micro else "",
         "",
         format_text_table(target_header, target_rows(targets), "lrll"),
@@ -1509,11 +1695,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         md_table(legend_header, legend),
         "",
-        md_table(COLUMNS, rows),
-        "",
+        *([md_table(COLUMNS, rows), ""] if rows else []),
         *([cpu_title, "", md_table(cpu_summary.HEADER, cpu_summary.rows(cpu)), ""] if cpu else []),
         *([metrics_cost_line(mc), ""] if mc else []),
         *([shm_title, "", md_table(shm_header, g_rows), ""] if g_rows else []),
+        *([h_title, "", md_table(SIZE_HEADER, h_rows), ""] if h_rows else []),
         md_table(micro_header, micro_rows(micro)) if micro else "",
         "",
         md_table(target_header, target_rows(targets)),
@@ -1521,6 +1707,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     args.output.with_suffix(".md").write_text("\n".join(md))
     return 0
+
+
+SIZES_REQUEST = (
+    "identity_fp32 FP32[n], n = "
+    + ", ".join(label for label, _ in sizes_mod.SIZES)
+    + " (4 KiB-64 MiB), OUTPUT0 requested"
+)
 
 
 def _bare(error: str) -> str:
