@@ -6,8 +6,10 @@
 MLServer (the JSON-only backend of scenario d), nginx (the anchor: a reverse proxy that does no
 work) and v2proxy in each configuration of ``V2PROXY_CONFIGS``; sends every request once with
 Python and checks the answer (the correctness gate), then loads each (scenario, system) pair with
-wrk (REST) or h2load (gRPC); runs the codec micro-benchmarks; prints a table and the targets and
-writes ``benchmarks/results/latest.json`` and ``latest.md``. See benchmarks/README.md.
+wrk (REST) or h2load (gRPC); times h-grpc and h-http (``identity_fp32`` on Triton per tensor
+size, one request at a time, tritonclient: sizes.py); runs the codec micro-benchmarks; prints a
+table and the targets and writes ``benchmarks/results/latest.json`` and ``latest.md``. See
+benchmarks/README.md.
 
 A system that fails to start or to answer correctly is reported as "error: ..." and the run goes
 on. Every process started here is stopped again (its process group), also on Ctrl-C or SIGTERM.
