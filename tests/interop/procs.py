@@ -101,3 +101,25 @@ def _live(port: int, tls: ssl.SSLContext | None) -> int | None:
     if tls is None:
         return _http_status(f"http://127.0.0.1:{port}/v2/health/live")
     return https_status(f"https://localhost:{port}/v2/health/live", tls)
+
+
+def listening(port: int) -> int:
+    """How many sockets listen on TCP ``port`` (each worker of ``--workers N`` binds its own with
+    SO_REUSEPORT; the kernel spreads new connections only over those already bound)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table, encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
+
+
+def wait_listening(port: int, n: int, timeout: float = 30.0) -> None:
+    """Wait until ``n`` sockets listen on ``port`` (every worker is up); AssertionError after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while listening(port) < n:
+        assert time.monotonic() < deadline, f"{listening(port)} of {n} workers listen on {port}"
+        time.sleep(0.05)

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from procs import Proc, v2proxy
+from procs import Proc, v2proxy, wait_listening
 from simple_io import IN0, IN1, grpc_inputs, http_inputs
 from standin import StandIn, serving
 from tritonclient.utils import InferenceServerException
@@ -296,6 +296,7 @@ def test_max_concurrency_is_per_worker(held: tuple[_Gate, str]) -> None:
         v2proxy(*args, "--workers", "2", name="overload-workers") as p,
         ThreadPoolExecutor(8) as pool,
     ):
+        wait_listening(p.port, 2)  # a worker still starting gets no connection yet
         try:
             running, refused = [], 0
             for _ in range(40):  # a new connection each: the kernel spreads them over workers

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from procs import Proc, v2proxy
+from procs import Proc, v2proxy, wait_listening
 from test_metrics_workers import _scrape, _sum
 from test_workers import _children
 
@@ -38,7 +38,7 @@ def workers() -> Iterator[Proc]:
         while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(_children(p.pid)) == 2
-        time.sleep(0.5)  # both workers listening
+        wait_listening(p.port, 2)  # both workers listening
         yield p
 
 
