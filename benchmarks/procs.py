@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -252,10 +252,9 @@ def run_tool(
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in process group ``pgid`` (from
-    /proc/PID/stat; processes that already exited are not counted)."""
-    total = 0
+def group_stats(pgid: int) -> Iterator[tuple[str, list[bytes]]]:
+    """(pid, the /proc/PID/stat fields after the parenthesised command name: state ppid pgrp
+    ... utime(14) stime(15) ...) of every live process in process group ``pgid``."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -263,11 +262,16 @@ def group_cpu_seconds(pgid: int) -> float:
             with open(f"/proc/{entry.name}/stat", "rb") as f:
                 stat = f.read()
         except OSError:
-            continue
-        # fields after the parenthesised command name: state ppid pgrp ... utime(14) stime(15)
+            continue  # it ended meanwhile
         fields = stat[stat.rfind(b")") + 2 :].split()
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
+            yield entry.name, fields
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in process group ``pgid`` (from
+    /proc/PID/stat; processes that already exited are not counted)."""
+    total = sum(int(fields[11]) + int(fields[12]) for _, fields in group_stats(pgid))
     return total / _CLK_TCK
 
 

@@ -235,15 +235,9 @@ def group_cpu_seconds(pgid: int) -> float:
     if not _SCHEDSTAT:
         return procs.group_cpu_seconds(pgid)
     total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid, _ in procs.group_stats(pgid):
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-            if int(stat[stat.rfind(b")") + 2 :].split()[2]) != pgid:
-                continue
-            for task in os.scandir(f"/proc/{entry.name}/task"):
+            for task in os.scandir(f"/proc/{pid}/task"):
                 with open(f"{task.path}/schedstat", "rb") as f:
                     total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
