@@ -339,10 +339,7 @@ class GrpcBackend(DecodedOnly):
         answer: bytes = await self._call(
             _RAW_INFER, data, "inference", request.model_name, _metadata(headers)
         )
-        try:
-            return grpcc.response_from_bytes(answer)
-        except CodecError as exc:
-            raise BadGateway(f"invalid inference response from backend: {exc}") from None
+        return self._decode(answer)
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers
@@ -361,8 +358,11 @@ class GrpcBackend(DecodedOnly):
         return answer
 
     @staticmethod
-    def _decode(resp: pb.ModelInferResponse) -> InferResponse:
+    def _decode(resp: pb.ModelInferResponse | bytes) -> InferResponse:
+        """An answer of ModelInfer (serialized) or of the stream; BadGateway when it is none."""
         try:
+            if isinstance(resp, bytes):
+                return grpcc.response_from_bytes(resp)
             return grpcc.response_from_proto(resp)
         except CodecError as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
