@@ -67,8 +67,21 @@ def venv_tool(name: str) -> str:
 
 
 def run(*args: str, cwd: Path = ROOT) -> str:
-    """Runs a command; its output, or a test failure showing what it said."""
-    proc = subprocess.run(args, check=False, cwd=cwd, capture_output=True, text=True, timeout=300)
+    """Runs a command; its output, or a test failure showing what it said.
+
+    The child gets a copy of the environment, never the process's own ``environ``: test_checkov
+    runs this from a thread while other tests may ``setenv`` (``putenv`` reallocates ``environ``),
+    and subprocess's vfork child reads what it is handed during ``execve``; a reallocated
+    ``environ`` there is a read of freed memory (``OSError: [Errno 14] Bad address``)."""
+    proc = subprocess.run(
+        args,
+        check=False,
+        cwd=cwd,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
