@@ -890,6 +890,61 @@ async def test_request_bytes(serve) -> None:  # type: ignore[no-untyped-def]
     await client.close()
 
 
+async def test_request_bytes_with_fixed_headers(serve) -> None:  # type: ignore[no-untyped-def]
+    """Headers given as a tuple: the head remembered per (method, target) and tuple is the one
+    written for a list of the same headers, whatever the length (or none), and another tuple
+    on the same target is a head of its own."""
+    srv = await serve(echo_server(b"204 No Content"))
+    client = HttpClient("127.0.0.1", srv.port)
+    fixed = ((b"X-Euro", b"\xe2\x82\xac"), (b"Content-Type", b"a/b"))
+    other = ((b"Content-Type", b"c/d"),)
+    calls: list[tuple[str, tuple[tuple[bytes, bytes], ...], list[bytes] | None]] = [
+        ("POST", fixed, [b"ab"]),
+        ("POST", fixed, [b"abcdefghijkl"]),
+        ("POST", fixed, None),
+        ("POST", other, [b"ab"]),
+        ("POST", fixed, [b"a"]),
+        ("GET", fixed, None),
+        ("GET", fixed, None),
+        ("GET", (), None),
+        ("GET", (), None),
+    ]
+    for method, headers, body in calls:
+        (await client.request(method, "/v2/m/infer", headers, body)).close()
+    for method, headers, body in calls:
+        (await client.request(method, "/v2/m/infer", list(headers), body)).close()
+    assert srv.requests[: len(calls)] == srv.requests[len(calls) :]
+    assert srv.requests[:4] == [
+        b"POST /v2/m/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
+        b"Content-Type: a/b\r\nContent-Length: 2\r\n\r\nab" % srv.port,
+        b"POST /v2/m/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
+        b"Content-Type: a/b\r\nContent-Length: 12\r\n\r\nabcdefghijkl" % srv.port,
+        b"POST /v2/m/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
+        b"Content-Type: a/b\r\nContent-Length: 0\r\n\r\n" % srv.port,
+        b"POST /v2/m/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: c/d\r\n"
+        b"Content-Length: 2\r\n\r\nab" % srv.port,
+    ]
+    assert (
+        srv.requests[5]
+        == srv.requests[6]
+        == (
+            b"GET /v2/m/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Euro: \xe2\x82\xac\r\n"
+            b"Content-Type: a/b\r\n\r\n" % srv.port
+        )
+    )
+    await client.close()
+
+
+async def test_invalid_fixed_headers_are_refused_every_time() -> None:
+    client = HttpClient("127.0.0.1", 9)  # never connected: refused before
+    for headers in (((b"X-A", b"a\r\nX-Injected: 1"),), ((b"Host", b"elsewhere"),)):
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                await client.request("POST", "/", headers, [b"x"])
+    assert client._slots._value == 100
+    await client.close()
+
+
 @pytest.mark.parametrize(
     ("target", "headers"),
     [

@@ -155,7 +155,7 @@ class BalancedClient:
         self,
         method: str,
         target: str,
-        headers: list[tuple[bytes, bytes]],
+        headers: Sequence[tuple[bytes, bytes]],
         body: list[Buffer] | StreamBody | None = None,
         *,
         read_timeout: float | None = None,

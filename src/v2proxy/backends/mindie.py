@@ -41,7 +41,7 @@ from v2proxy.http.client_response import ClientResponse
 from v2proxy.reference.models import ModelSpec, TensorSpec
 
 PLATFORM = "mindie"
-_JSON = [(b"content-type", b"application/json")]
+_JSON = ((b"content-type", b"application/json"),)  # a tuple: the client remembers its head
 
 
 def _no_compute(inputs: Any) -> Iterator[Any]:  # the model runs in MindIE, never here
@@ -133,7 +133,7 @@ class MindieBackend(DecodedOnly):
             resp = await self.client.request(
                 method,
                 target,
-                _JSON if body is not None else [],
+                _JSON if body is not None else (),
                 body,
                 call_timeout=self._timeout,
             )

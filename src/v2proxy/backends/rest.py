@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -151,7 +151,12 @@ class RestBackend:
         return self._pool.client
 
     async def _call(
-        self, method: str, target: str, headers: Headers, body: list[Buffer] | None, what: str
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: list[Buffer] | None,
+        what: str,
     ) -> tuple[ClientResponse, bytes | bytearray]:
         """One call whose answer is read whole, all of it within --backend-timeout."""
         try:
@@ -166,13 +171,13 @@ class RestBackend:
             raise mapped_exc from None
 
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
-        resp, body = await self._call("GET", path, [], None, what)
+        resp, body = await self._call("GET", path, (), None, what)
         if resp.status != 200:
             return resp.status, error_message(body, resp.status)
         return 200, json_answer(body, what, "backend response")
 
     async def _status(self, path: str, what: str) -> int:
-        return (await self._call("GET", path, [], None, what))[0].status
+        return (await self._call("GET", path, (), None, what))[0].status
 
     # ------------------------------------------------------------------ structured calls
 

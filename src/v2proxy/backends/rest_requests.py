@@ -12,6 +12,7 @@ request-level flag is then left out, so that no server applies it to them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import quote
 
 from v2proxy.backends.rest_answers import IHCL
@@ -55,11 +56,11 @@ def infer_body(request: InferRequest, binary: bool) -> tuple[list[Buffer], int |
     return chunks, len(head)
 
 
-#: what infer_headers adds (never changed by its users: the HTTP client only reads them)
-_JSON_ONLY: Headers = [(b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json")]
+#: what infer_headers adds: a tuple, so that the HTTP client remembers the head it makes
+_JSON_ONLY = ((b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json"))
 
 
-def infer_headers(headers: Headers, ihcl: int | None) -> Headers:
+def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, bytes]]:
     """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
     requests without one), and an uncompressed answer asked for (it is read or relayed)."""
     if not headers and ihcl is None:

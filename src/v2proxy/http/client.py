@@ -14,10 +14,11 @@ Contract:
 
 - :meth:`HttpClient.request` sends one request and returns once the final answer's head is in
   (1xx interim answers skipped). ``Content-Length`` is set from the body (0 for a POST, PUT or
-  PATCH without one); ``Host`` and the checks of the head as in
-  :mod:`v2proxy.http.client_head` (:class:`ValueError`). Bodies up to 64 KiB go in one write
-  with the head, larger ones buffer by buffer; a :class:`StreamBody` is piped through with the
-  transport's flow control (and stops when the server answers and closes early, RFC 9112 §9.5).
+  PATCH without one); ``Host``, the checks of the head and the heads remembered for headers
+  given as a tuple as in :mod:`v2proxy.http.client_head` (:class:`ValueError`). Bodies up to
+  64 KiB go in one write with the head, larger ones buffer by buffer; a :class:`StreamBody` is
+  piped through with the transport's flow control (and stops when the server answers and
+  closes early, RFC 9112 §9.5).
 - At most ``limit`` connections are open (in use or idle). One goes back to the pool only when
   its answer was read to the end, keep-alive, and nothing more arrived. Idle ones are closed
   after ``idle_timeout`` (below the 5 s of uvicorn-based servers) or when the server ends them,
@@ -52,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from v2proxy.core.model import Buffer
@@ -165,7 +166,7 @@ class HttpClient:
         self,
         method: str,
         target: str,
-        headers: list[tuple[bytes, bytes]],
+        headers: Sequence[tuple[bytes, bytes]],
         body: list[Buffer] | StreamBody | None = None,
         *,
         read_timeout: float | None = None,

@@ -10,9 +10,14 @@ Contract:
 - :class:`ValueError` for CR, LF or NUL in a header, a header name that is not a token or one
   the client sets itself (framing, hop-by-hop), a method that is not a token, a target that is
   not origin-form or holds a control, a space or a character past U+00FF.
+- Headers given as a ``tuple`` are taken as fixed (never changed): the head up to
+  ``Content-Length`` is remembered per (method, target) with the one tuple last seen there, and
+  built with one join (no per-header pass, no check again) while the same tuple comes back.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 __all__ = ["RequestHeads"]
 
@@ -36,7 +41,7 @@ class RequestHeads:
     request lines (method, target) found valid are remembered (small, bounded caches) and not
     checked again."""
 
-    __slots__ = ("_host_line", "_lines", "_names_ok", "authority")
+    __slots__ = ("_fixed", "_host_line", "_lines", "_names_ok", "authority")
 
     def __init__(self, host: str, port: int) -> None:
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -47,11 +52,41 @@ class RequestHeads:
             self._host_line = b" HTTP/1.1\r\nHost: %s:%d\r\n" % (host.encode("idna"), port)
         self._names_ok: set[bytes] = set()
         self._lines: dict[tuple[str, str], bytes] = {}
+        #: (method, target) -> (a fixed headers tuple, the head before Content-Length with it)
+        self._fixed: dict[tuple[str, str], tuple[object, bytes]] = {}
 
     def build(
-        self, method: str, target: str, headers: list[tuple[bytes, bytes]], length: int | None
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        length: int | None,
     ) -> bytes:
         """The head of ``method target`` with ``headers`` (and ``length`` as Content-Length)."""
+        key = (method, target)
+        fixed = self._fixed.get(key)
+        if fixed is not None and fixed[0] is headers:
+            if length is None:
+                return fixed[1] + b"\r\n"
+            return b"%sContent-Length: %d\r\n\r\n" % (fixed[1], length)
+        head = self._build(method, target, headers, length)
+        if type(headers) is tuple and (fixed is not None or len(self._fixed) < _CACHED):
+            # the part before Content-Length (or the final CRLF), checked with the rest
+            end = (
+                len(head)
+                - 2
+                - (len(b"Content-Length: \r\n%d" % length) if length is not None else 0)
+            )
+            self._fixed[key] = (headers, head[:end])
+        return head
+
+    def _build(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        length: int | None,
+    ) -> bytes:
         line = self._lines.get((method, target))
         if line is None:
             line = self._request_line(method, target)
