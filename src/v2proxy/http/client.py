@@ -173,46 +173,53 @@ class HttpClient:
         call_timeout: float | None = None,
     ) -> ClientResponse:
         """Send ``method target`` and return once the final answer's head is in."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         deadline = None
         covered = False  # the deadline comes before any idle-read timeout: one timer to mind
         if call_timeout is not None:
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
             deadline = loop.time() + call_timeout
             covered = read_timeout is None or read_timeout >= call_timeout
+        stream = None
+        chunks: list[Buffer] = []
         if body is None:
             length = 0 if method in _EMPTY_BODY_LENGTH else None
         elif isinstance(body, StreamBody):
+            stream = body
             length = body.length
         else:
+            chunks = body
             length = 0
             for b in body:
                 length += b.nbytes if isinstance(b, memoryview) else len(b)
         head = self._head(method, target, headers, length)
-        retry = method in _RETRIABLE and not isinstance(body, StreamBody)
+        data: bytes | None = head  # written at once (else buffer by buffer)
+        if chunks:
+            data = b"".join([head, *chunks]) if length is not None and length <= _JOIN_MAX else None
+        retry = stream is None and method in _RETRIABLE
+        head_only = method == "HEAD"
         fresh = False
         wait_for = None if covered else read_timeout
+        idle = self._idle
+        slots = self._slots
         while True:
-            if not fresh and self._idle and self._slots.try_acquire():
+            if not fresh and idle and slots._value > 0 and not slots._waiters:
+                slots._value -= 1  # a free slot, taken as try_acquire() does
                 conn = self._reuse()  # the usual case: no coroutine to get a connection
                 if conn is None:
                     conn = await self._open(deadline)
             else:
                 conn = await self._acquire(deadline, fresh)
             try:
-                conn.begin(method == "HEAD")
-                if deadline is not None:
-                    conn.set_deadline(deadline)
-                if isinstance(body, StreamBody):
-                    await self._send(conn, head, body)
+                conn.begin(head_only, deadline)
+                if stream is not None:
+                    await self._send(conn, head, stream)
                 else:
-                    if not body:
-                        conn.transport.write(head)
-                    elif length is not None and length <= _JOIN_MAX:
-                        conn.transport.write(b"".join([head, *body]))
+                    if data is not None:
+                        conn.transport.write(data)
                     else:
-                        conn.transport.writelines([head, *body])
+                        conn.transport.writelines([head, *chunks])
                     if conn.writing_paused:
                         await conn.drain()
                 while not conn.head_done:
@@ -281,7 +288,7 @@ class HttpClient:
         """The most recently used live idle connection (its slot is held), or None; the dead
         and expired ones met on the way are closed."""
         loop = self._loop
-        assert loop is not None  # set before any connection went idle
+        assert loop is not None  # set by the request
         idle = self._idle
         now = loop.time()
         while idle:
@@ -337,8 +344,7 @@ class HttpClient:
         return conn
 
     def _release(self, conn: ClientConnection, keep: bool) -> None:
-        conn.set_deadline(None)
-        if keep and conn.reusable and conn.body_done and not self._closed:
+        if keep and conn.body_done and conn.reusable and not self._closed:
             loop = self._loop
             assert loop is not None
             conn.idle_since = loop.time()
@@ -346,6 +352,7 @@ class HttpClient:
             if self._sweeper is None:
                 self._sweeper = loop.call_at(conn.idle_since + self._idle_timeout, self._sweep)
         else:
+            conn.set_deadline(None)  # (a complete answer's deadline is lifted already)
             conn.close()
         slots = self._slots
         if slots._waiters:

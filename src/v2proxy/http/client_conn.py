@@ -33,9 +33,10 @@ The answer's flow:
   (head, piece, end, error), which the connection signals with ``_wake``.
 - ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
   seconds while the answer is awaited.
-- :meth:`ClientConnection.set_deadline`: the whole exchange's deadline (``loop.time()`` based):
-  when it passes before it is lifted (``set_deadline(None)``), the answer fails with
-  :class:`ReadTimeout`, whatever waits (the answer, or the request's body on the write buffer).
+- :meth:`ClientConnection.set_deadline` (or :meth:`ClientConnection.begin`'s ``deadline``): the
+  whole exchange's deadline (``loop.time()`` based): when it passes before it is lifted
+  (``set_deadline(None)``, or the answer's end), the answer fails with :class:`ReadTimeout`,
+  whatever waits (the answer, or the request's body on the write buffer).
 - Both run on one timer per connection, re-armed only when it fires: a later deadline (the next
   request's) leaves the pending timer in place, so a request costs no timer call.
 - The body is kept as the pieces the transport delivered (``pieces``, ``buffered`` bytes). A
@@ -318,6 +319,7 @@ class ClientConnection(asyncio.Protocol):
     def _complete(self) -> None:
         self._state = _IDLE
         self.body_done = True
+        self._deadline = None  # nothing left to bound
         if self._waiter is not None:
             self._wake()
 
@@ -347,8 +349,9 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ for the request
 
-    def begin(self, head_only: bool) -> None:
-        """Expect a new answer (the connection is fresh or its last answer was complete)."""
+    def begin(self, head_only: bool, deadline: float | None = None) -> None:
+        """Expect a new answer (the connection is fresh or its last answer was complete), by
+        ``deadline`` when one is given (as :meth:`set_deadline`)."""
         if self._stale:
             self._parser = httptools.HttpResponseParser(self)
         self._stale = self._head_only = head_only
@@ -357,6 +360,10 @@ class ClientConnection(asyncio.Protocol):
         self.chunked = self.to_close = self.whole = False
         self._seen = self._remaining = 0
         self.content_length = self.limit = None
+        if deadline is not None:
+            self._deadline = deadline
+            if self._timer is None or self._timer_due > deadline:
+                self._arm_at(deadline)  # else the pending timer fires first and re-arms
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the
