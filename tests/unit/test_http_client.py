@@ -115,6 +115,7 @@ class Case:
     raw: bytes  # what the server writes in answer to the request
     status: int = 200
     headers: dict[bytes, bytes] = field(default_factory=dict)  # expected among the headers
+    absent: tuple[bytes, ...] = ()  # expected not among the headers (a trailer's fields)
     body: bytes = b""
     error: type[HttpClientError] | None = None
     reused: bool = True  # the next request goes on the same connection
@@ -132,6 +133,7 @@ CASES: dict[str, Case] = {
         b'3\r\nabc\r\n4;ext=1;q="x"\r\ndefg\r\nA\r\n0123456789\r\n0\r\nX-Trailer: 1\r\n\r\n',
         status=201,
         body=b"abcdefg0123456789",
+        absent=(b"x-trailer",),
     ),
     "chunked-any-case": Case(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n", body=b"z"
@@ -330,6 +332,8 @@ async def test_conformance(serve, monkeypatch: pytest.MonkeyPatch, name: str, pi
         for k, v in case.headers.items():
             assert resp.header(k) == v
         assert await resp.read() == case.body
+        for k in case.absent:
+            assert resp.header(k) is None, k
         assert resp.keep_alive == (
             case.reused or name in ("bytes-past-the-answer", "head-then-stray-bytes")
         )

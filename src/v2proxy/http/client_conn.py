@@ -233,6 +233,8 @@ class ClientConnection(asyncio.Protocol):
         self.reason = reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return  # a chunked answer's trailer: not one of its headers (and not forwarded)
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
