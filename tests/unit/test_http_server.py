@@ -250,6 +250,18 @@ CASES = [
     Case("head-too-big",
          b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 60) for i in range(70))
          + b"\r\n", [(431, "too large")], closes=True),
+    Case("too-large-before-too-many",
+         b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 60) for i in range(140))
+         + b"\r\n", [(431, "too large")], closes=True),
+    Case("too-many-before-too-large",
+         b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(129))
+         + b"X: " + b"v" * 5000 + b"\r\n\r\n", [(431, "too many")], closes=True),
+    Case("too-many-then-malformed",
+         b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(130))
+         + b"bad header\r\n\r\n", [(431, "too many")], closes=True),
+    Case("trailers-too-large",
+         b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+         + b"X-T: " + b"v" * 5000 + b"\r\n\r\n", [(400, "too large")], closes=True),
     Case("expect-continue",
          (b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", b"hello"),
          [(100, ""), (200, '"length": 5')]),
@@ -613,6 +625,26 @@ async def test_send_buffers(h: Harness) -> None:
     assert large.body == b"head" + floats.tobytes() + b"tail"
     empty = await asyncio.wait_for(read_answer(reader), WAIT)
     assert (empty.status, "content-length" in empty.headers) == (204, False)
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [([b"X-%d: v\r\n" % i for i in range(129)], "too many"), ([b"X: " + b"v" * 5000], "too large")],
+    ids=["too-many", "too-large"],
+)
+async def test_head_limits_in_pieces(h: Harness, fields: list[bytes], text: str) -> None:
+    """The head's limits hold when its fields arrive in many pieces (each checked as it ends)."""
+    server = await h.start(limits=LIMITS)
+    reader, writer = await h.connect(server)
+    pieces = [b"GET / HTTP/1.1\r\n", *fields, b"\r\n"]
+    for piece in pieces if len(pieces) > 3 else [pieces[0], *(bytes([b]) for b in pieces[1])]:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0)
+    answer = await asyncio.wait_for(read_answer(reader), WAIT)
+    assert (answer.status, text in answer.json()["error"]) == (431, True)
+    assert await closes(reader)
     writer.close()
 
 

@@ -10,7 +10,9 @@ write flow control under ``write_timeout``, abort). Its server is an :class:`Own
 Parsing. llhttp's callbacks build an :class:`~v2proxy.http.request.HttpRequest` per head, queue
 it, start the serving task when none runs, and hand it the body pieces as they arrive. While the
 head arrives: 414 for a target over ``max_request_line``; 431 for over ``max_headers`` fields or
-``max_header_bytes`` of head (trailers count too). At its end,
+``max_header_bytes`` of head, whichever was crossed first (the fields are only gathered per
+callback and checked once: at the head's end, or where a piece of input ends inside it; trailers
+count too, each as it arrives). At its end,
 :func:`~v2proxy.http.head.check_head` says what it means or why it is refused. Also 431/400 when
 more than ``max_header_bytes`` arrive without a callback (a field being accumulated; chunk
 framing or trailers); 400 with llhttp's reason (a fixed text, printable ASCII, never the
@@ -55,6 +57,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import chain
 from typing import Protocol, cast
 
 import httptools
@@ -115,6 +118,10 @@ def _reason(exc: Exception) -> str:
     return text or "parse error"
 
 
+#: what ``feed_data`` raises to stop: a parse error, or a (declined) Upgrade
+_PARSE_STOPS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
+
+
 class _Reject(Exception):
     """Raised in a parser callback to stop parsing; the answer is in ``rejection``."""
 
@@ -138,10 +145,10 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
-        "head_size", "headers", "in_head", "limits", "loop", "lost", "parked", "parser",
-        "parsing", "progress", "queue", "reading_paused", "received", "rejection", "server",
-        "serving", "stall", "timer", "timer_due", "timer_kind", "transport", "url",
-        "writing_paused",
+        "head_size", "head_split", "headers", "in_head", "limits", "loop", "lost", "parked",
+        "parser", "parsing", "piece", "progress", "queue", "reading_paused", "received",
+        "rejection", "server", "serving", "stall", "timer", "timer_due", "timer_kind",
+        "transport", "url", "writing_paused",
     )  # fmt: skip
 
     def __init__(self, server: Owner, loop: asyncio.AbstractEventLoop) -> None:
@@ -164,6 +171,8 @@ class Connection(asyncio.Protocol):
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_size = self.received = self.discarded = self.stall = 0
+        self.piece = 0  # the size of the piece being parsed
+        self.head_split = False  # the head being parsed began in an earlier piece
         self.progress = self.discarding = False
         self.rejection: tuple[int, str] | None = None
         self.reading_paused = self.body_paused = self.writing_paused = False
@@ -200,10 +209,20 @@ class Connection(asyncio.Protocol):
         if self.backlog is not None:
             self.backlog += data
             return
-        if len(data) <= _SLICE:
-            self._feed_piece(data)
-        else:
+        if len(data) > _SLICE:
             self._feed(data)
+        else:
+            self.piece = len(data)
+            try:
+                self.parser.feed_data(data)
+            except _PARSE_STOPS as exc:
+                self._parse_failed(data, exc)
+            else:
+                if self.progress and not self.in_head:
+                    self.progress = False
+                    self.stall = 0
+                else:
+                    self._parsed(len(data))
         if self.serving and not (self.in_head or self.closed) and self.parsing is None:
             self.timer_kind = NONE  # what _arm decides here: no read deadline while serving
         else:
@@ -368,9 +387,16 @@ class Connection(asyncio.Protocol):
             self._feed_piece(view[i : i + _SLICE])
 
     def _feed_piece(self, data: bytes | bytearray | memoryview) -> None:
+        self.piece = len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade as exc:
+        except _PARSE_STOPS as exc:
+            self._parse_failed(data, exc)
+        else:
+            self._parsed(len(data))
+
+    def _parse_failed(self, data: bytes | bytearray | memoryview, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
             # llhttp stops after an Upgrade request (one without a body: on_headers_complete
             # saw to it); the upgrade is declined, so the bytes after it are the next request.
             self.parser = httptools.HttpRequestParser(self)
@@ -378,32 +404,59 @@ class Connection(asyncio.Protocol):
             if offset < len(data) and not self.broken:
                 self._feed_piece(memoryview(data)[offset:])
             return
-        except httptools.HttpParserError as exc:
-            rejection, self.rejection = self.rejection, None
-            if rejection is not None:
-                self._error(*rejection)
-            elif self.broken:
-                pass  # stopped on purpose
-            elif isinstance(exc, httptools.HttpParserCallbackError):
-                log.error("HTTP parser callback failed", exc_info=exc.__context__)
-                self._error(500, "internal error: parser callback")
-            elif str(exc).startswith("Pause on PRI"):
-                self._error(505, "HTTP/2 is not supported on this port; use HTTP/1.1")
-            else:
-                self._error(400, f"malformed HTTP request: {_reason(exc)}")
-            return
+        rejection, self.rejection = self.rejection, None
+        if rejection is None and self.in_head:
+            rejection = self._head_over()  # fields gathered before the fault count first
+        if rejection is not None:
+            self._error(*rejection)
+        elif self.broken:
+            pass  # stopped on purpose
+        elif isinstance(exc, httptools.HttpParserCallbackError):
+            log.error("HTTP parser callback failed", exc_info=exc.__context__)
+            self._error(500, "internal error: parser callback")
+        elif str(exc).startswith("Pause on PRI"):
+            self._error(505, "HTTP/2 is not supported on this port; use HTTP/1.1")
+        else:
+            self._error(400, f"malformed HTTP request: {_reason(exc)}")
+
+    def _parsed(self, n: int) -> None:
+        """After a piece of ``n`` bytes parsed: the limits of a head still arriving, and the
+        bound on bytes that made no callback."""
+        if self.in_head:
+            self.head_split = True
+            over = self._head_over()
+            if over is not None:
+                self._error(*over)
+                return
         if self.progress:
             self.progress = False
             self.stall = 0
         elif self.in_head or self.parsing is not None:
             # bytes that made no callback: a header or trailer still being accumulated, chunk
             # framing; bounded like the head
-            self.stall += len(data)
+            self.stall += n
             if self.stall > self.limits.max_header_bytes:
                 if self.in_head:
                     self._error(431, "request head too large")
                 else:
                     self._error(400, "chunk framing or trailers too large")
+
+    def _head_over(self) -> tuple[int, str] | None:
+        """The 431 due to the fields gathered so far (over ``max_header_bytes`` of fields or
+        ``max_headers`` of them, whichever came first), or None."""
+        fields = self.headers
+        limits = self.limits
+        size = sum(map(len, chain.from_iterable(fields))) + 4 * len(fields)
+        if size <= limits.max_header_bytes and len(fields) <= limits.max_headers:
+            return None
+        size = 0
+        for i, (name, value) in enumerate(fields, 1):
+            if i > limits.max_headers:
+                return 431, "too many header fields"
+            size += len(name) + len(value) + 4
+            if size > limits.max_header_bytes:
+                break
+        return 431, "request head too large"
 
     def _reject(self, status: int, message: str) -> _Reject:
         self.rejection = (status, message)
@@ -415,7 +468,7 @@ class Connection(asyncio.Protocol):
         self.in_head = self.progress = True
         self.url = b""
         self.headers = []
-        self.head_size = 0
+        self.head_split = False
         if self.timer_kind == HEAD:
             self.timer_kind = NONE
 
@@ -426,28 +479,49 @@ class Connection(asyncio.Protocol):
             raise self._reject(414, "request target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # the head's fields are only gathered here: their limits are checked once, when the
+        # head is complete or the piece is parsed (_head_over)
         self.progress = True
-        self.head_size += len(name) + len(value) + 4
         if self.in_head:
             self.headers.append((name.lower(), value))
-            if len(self.headers) > self.limits.max_headers:
-                raise self._reject(431, "too many header fields")
-        if self.head_size > self.limits.max_header_bytes:
-            raise self._reject(431, "request head too large")  # trailers count too
+        else:
+            self._trailer(name, value)
+
+    def _trailer(self, name: bytes, value: bytes) -> None:
+        """A trailer field: dropped, but its bytes count with the head's."""
+        size = self.head_size
+        if size < 0:  # the first trailer: start from the head's fields
+            req = self.parsing
+            fields = req.headers if req is not None else []
+            size = sum(map(len, chain.from_iterable(fields))) + 4 * len(fields)
+        self.head_size = size = size + len(name) + len(value) + 4
+        if size > self.limits.max_header_bytes:
+            raise self._reject(431, "request head too large")
 
     def on_headers_complete(self) -> None:
         self.progress = True
         self.in_head = False
         if self.broken:
             raise _Reject()
+        headers = self.headers
+        limits = self.limits
+        if (
+            self.head_split  # parsed in more than one piece
+            or self.piece > limits.max_header_bytes
+            or len(headers) > limits.max_headers
+        ):
+            over = self._head_over()
+            if over is not None:
+                raise self._reject(*over)
+        self.head_size = -1  # trailers count from the head's size (_trailer)
         try:
             method, version, length, chunked, keep_alive, expect = check_head(
-                self.parser, self.url, self.headers, self.limits.max_body_size
+                self.parser, self.url, headers, self.limits.max_body_size
             )
         except Rejection as exc:
             raise self._reject(exc.status, exc.message) from None
         req = HttpRequest(
-            self, method, self.url, version, self.headers, length, chunked, keep_alive, expect
+            self, method, self.url, version, headers, length, chunked, keep_alive, expect
         )
         if not req._complete:
             self.parsing = req
