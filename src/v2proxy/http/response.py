@@ -5,7 +5,9 @@
 for a streamed answer of unknown length. The head and a body up to :data:`JOIN_MAX` bytes go out
 in one ``transport.write``; larger bodies are written buffer by buffer, never joined. Every
 write honours transport flow control and ``write_timeout``. Header values are sent as given but
-refused (``ValueError``) when they hold CR or LF (no response splitting).
+refused (``ValueError``) when a name or value holds CR or LF (no response splitting): the
+fields are joined in one go and the joined text is counted once for CR and LF, which only the
+separators may hold.
 
 A client that went away (or stopped reading for ``write_timeout``) is
 :class:`~v2proxy.http.request.ClientDisconnected`.
@@ -52,21 +54,25 @@ class HttpResponse:
         self._remaining = -1  # bytes of a Content-Length answer still due; -1: not so framed
         self._head_only = req.method == "HEAD"
 
-    def _head(self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes) -> bytearray:
+    def _head(
+        self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes
+    ) -> list[Buffer]:
+        """The answer's head in pieces, to be joined (with a short body) in one go."""
         if self.started:
             raise RuntimeError("the answer has already started")
         if status < 200:
             raise ValueError("interim (1xx) answers are the server's business")
-        out = bytearray(STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status)
-        for name, value in headers:
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
+        line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+        if not headers:
+            out: list[Buffer] = [line, framing]
+        else:
+            # every field in one join, then one pass for CR/LF: only the separators hold them
+            fields = b"\r\n".join(map(b": ".join, headers))
+            n = len(headers) - 1
+            if fields.count(b"\n") != n or fields.count(b"\r") != n:
                 raise ValueError("CR or LF in a response header")
-            out += name
-            out += b": "
-            out += value
-            out += b"\r\n"
-        out += framing
-        out += self._conn.connection_header(self._req)
+            out = [line, fields, b"\r\n", framing]
+        out.append(self._conn.connection_header(self._req))
         self.started = True
         return out
 
@@ -77,24 +83,34 @@ class HttpResponse:
         conn = self._conn
         if conn.lost:
             raise ClientDisconnected("client went away")
-        parts = body if isinstance(body, list) else [body]
         if status in _NO_BODY:
             out = self._head(status, headers, b"")
-            parts = []
+            parts: list[Buffer] = []
+        elif not isinstance(body, list):  # one piece: the usual answer
+            size = body.nbytes if isinstance(body, memoryview) else len(body)
+            out = self._head(status, headers, b"Content-Length: %d\r\n" % size)
+            if self._head_only or not size:
+                parts = []
+            elif size <= JOIN_MAX:
+                out.append(body)
+                parts = []
+            else:
+                parts = [body]
         else:
             size = 0
-            for p in parts:
+            for p in body:
                 size += p.nbytes if isinstance(p, memoryview) else len(p)
             out = self._head(status, headers, b"Content-Length: %d\r\n" % size)
             if self._head_only:
                 parts = []
             elif size <= JOIN_MAX:
-                for p in parts:
-                    out += p
+                out += body
                 parts = []
+            else:
+                parts = body
         self._ended = True
         write = conn.transport.write
-        write(out)
+        write(b"".join(out))
         for p in parts:
             if nbytes(p):
                 write(flat(p))
@@ -122,7 +138,7 @@ class HttpResponse:
         else:
             self._req.keep_alive = False  # close-delimited
             framing = b""
-        conn.transport.write(self._head(status, headers, framing))
+        conn.transport.write(b"".join(self._head(status, headers, framing)))
         if conn.writing_paused:
             await conn.drain()
 
