@@ -191,3 +191,45 @@ def test_refused(parsed: Parsed, target: bytes, headers: H, status: int, message
     with pytest.raises(Rejection) as info:
         check_head(parsed, target, headers, MAX_BODY)
     assert (info.value.status, info.value.message) == (status, message)
+
+
+def _keeps_alive(parsed: Parsed, headers: H) -> bool:
+    """What llhttp's should_keep_alive() says after such a head: HTTP/1.1 unless a Connection
+    or Proxy-Connection field says close; any other version only with keep-alive there."""
+    tokens = b",".join(v.lower() for n, v in headers if n in (b"connection", b"proxy-connection"))
+    if parsed.version == "1.1":
+        return b"close" not in tokens
+    return b"keep-alive" in tokens
+
+
+def _outcome(parsed: Parsed, target: bytes, headers: H, keeps_alive: bool) -> object:
+    try:
+        return check_head(parsed, target, headers, MAX_BODY, keeps_alive)
+    except Rejection as exc:
+        return (exc.status, exc.message)
+
+
+@pytest.mark.parametrize(
+    ("parsed", "target", "headers"),
+    [c[1:4] for c in ACCEPTED + REFUSED]
+    + [
+        (Parsed("1.0"), b"/", [(b"proxy-connection", b"keep-alive")]),
+        (Parsed("2.0"), b"/", [(b"proxy-connection", b"keep-alive"), TE]),
+        (Parsed("0.9"), b"/", [(b"transfer-encoding", b"gzip"), (b"connection", b"keep-alive")]),
+    ],
+)
+def test_keeps_alive_hint(parsed: Parsed, target: bytes, headers: H) -> None:
+    """llhttp's keep-alive verdict spares asking for the version; the outcome is the same."""
+    hint = _keeps_alive(parsed, headers)
+    assert _outcome(parsed, target, headers, hint) == _outcome(parsed, target, headers, False)
+
+
+@dataclass
+class Unversioned(Parsed):
+    def get_http_version(self) -> str:
+        raise AssertionError("the version was asked")
+
+
+def test_keeps_alive_hint_skips_the_version() -> None:
+    head = check_head(Unversioned(method=b"POST"), b"/", [CL, (b"host", b"h")], MAX_BODY, True)
+    assert head == ("POST", V11, 10, False, True, False)

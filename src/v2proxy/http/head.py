@@ -3,9 +3,10 @@
 
 Pure: no I/O, no state. :func:`check_head` reads what llhttp parsed (version, method, and
 whether llhttp would switch protocols after the head) plus the target and header fields the
-connection collected (names lowercased), and returns the framing facts of :data:`Head` or
-raises :class:`Rejection` with the status and the fixed message to answer. Checks run in this
-order, the first failing one wins:
+connection collected (names lowercased) and llhttp's keep-alive verdict (which, for most
+heads, tells HTTP/1.1 without asking for the version), and returns the framing facts of
+:data:`Head` or raises :class:`Rejection` with the status and the fixed message to answer.
+Checks run in this order, the first failing one wins:
 
 - 505: a version other than 1.0/1.1;
 - 400: ``CONNECT``; a target not in origin-form (absolute-form, ``*``, authority-form);
@@ -31,6 +32,17 @@ Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
 
 _VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+#: the fields that the framing facts come from (the rest are skipped at once)
+_FRAMING = frozenset(
+    (
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"upgrade",
+        b"expect",
+        b"proxy-connection",
+    )
+)
 
 
 class ParsedHead(Protocol):
@@ -53,12 +65,41 @@ class Rejection(Exception):
 
 
 def check_head(
-    parser: ParsedHead, target: bytes, headers: list[tuple[bytes, bytes]], max_body_size: int
+    parser: ParsedHead,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    max_body_size: int,
+    keeps_alive: bool = False,
 ) -> Head:
-    """The framing facts of a complete head; :class:`Rejection` when it is refused."""
+    """The framing facts of a complete head; :class:`Rejection` when it is refused.
+
+    ``keeps_alive``: llhttp's ``should_keep_alive()`` at the end of this head. llhttp takes only
+    versions 0.9, 1.0, 1.1 and 2.0, and with no Connection or Proxy-Connection field it keeps
+    only an HTTP/1.1 request alive: then the version need not be asked (a formatted string
+    each time). Any other head, and any refused one, is checked with the version asked."""
+    if keeps_alive:
+        try:
+            head, connection = _check(parser, target, headers, max_body_size, (1, 1))
+        except Rejection:
+            pass
+        else:
+            if not connection:
+                return head
     version = _VERSIONS.get(parser.get_http_version())
     if version is None:
         raise Rejection(505, "HTTP version not supported; use HTTP/1.1")
+    return _check(parser, target, headers, max_body_size, version)[0]
+
+
+def _check(
+    parser: ParsedHead,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    max_body_size: int,
+    version: tuple[int, int],
+) -> tuple[Head, bool]:
+    """:func:`check_head` past the version; also whether a Connection or Proxy-Connection
+    field was met."""
     raw = parser.get_method()
     method = _METHODS.get(raw) or raw.decode("ascii", "replace")
     if method == "CONNECT":
@@ -66,8 +107,10 @@ def check_head(
     if target[:1] != b"/":
         raise Rejection(400, "the request target must be a path (origin-form)")
     length: int | None = None
-    chunked = close = keep = expect = upgrade = False
+    chunked = close = keep = expect = upgrade = connection = False
     for name, value in headers:
+        if name not in _FRAMING:
+            continue
         if name == b"content-length":
             length = int(value)  # llhttp let only digits and one such header through
         elif name == b"transfer-encoding":
@@ -78,6 +121,7 @@ def check_head(
                     raise Rejection(501, "only the chunked transfer coding is supported")
             chunked = True
         elif name == b"connection":
+            connection = True
             tokens = [t.strip() for t in value.lower().split(b",")]
             close = close or b"close" in tokens
             keep = keep or b"keep-alive" in tokens
@@ -87,13 +131,15 @@ def check_head(
             if value.strip().lower() != b"100-continue":
                 raise Rejection(417, "only 'Expect: 100-continue' is supported")
             expect = version == (1, 1)
+        else:  # proxy-connection: only llhttp's keep-alive reads it
+            connection = True
     if chunked and length is not None:
         raise Rejection(400, "Content-Length together with Transfer-Encoding")
     if length is not None and length > max_body_size:
         raise Rejection(413, f"request body larger than {max_body_size} bytes")
     if upgrade and (chunked or length) and parser.should_upgrade():
         raise Rejection(400, "an Upgrade request cannot have a body here")
-    return (
+    head = (
         method,
         version,
         length,
@@ -101,6 +147,7 @@ def check_head(
         not close and (keep or version == (1, 1)),
         expect and (chunked or bool(length)),
     )
+    return head, connection
 
 
 __all__ = ["Head", "ParsedHead", "Rejection", "check_head"]

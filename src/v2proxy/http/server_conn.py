@@ -515,8 +515,9 @@ class Connection(asyncio.Protocol):
                 raise self._reject(*over)
         self.head_size = -1  # trailers count from the head's size (_trailer)
         try:
+            parser = self.parser
             method, version, length, chunked, keep_alive, expect = check_head(
-                self.parser, self.url, headers, self.limits.max_body_size
+                parser, self.url, headers, limits.max_body_size, parser.should_keep_alive()
             )
         except Rejection as exc:
             raise self._reject(exc.status, exc.message) from None
