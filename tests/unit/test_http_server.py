@@ -648,6 +648,23 @@ async def test_head_limits_in_pieces(h: Harness, fields: list[bytes], text: str)
     writer.close()
 
 
+async def test_answers_after_head_and_stream(h: Harness) -> None:
+    """Each answer on a connection is framed for its own request (HEAD, streamed, plain)."""
+    server = await h.start()
+    reader, writer = await h.connect(server)
+    writer.write(b"HEAD / HTTP/1.1\r\n\r\nGET /stream HTTP/1.1\r\n\r\n" + GET + GET)
+    head = await asyncio.wait_for(read_answer(reader, head_only=True), WAIT)
+    assert (head.status, head.body, head.headers["content-length"] != "0") == (200, b"", True)
+    streamed = await asyncio.wait_for(read_answer(reader), WAIT)
+    assert (streamed.headers["transfer-encoding"], streamed.body) == ("chunked", b"abcde")
+    for _ in range(2):
+        plain = await asyncio.wait_for(read_answer(reader), WAIT)
+        assert (plain.status, plain.json()["path"]) == (200, "/")
+        assert "transfer-encoding" not in plain.headers
+    assert await still_open(reader, writer)
+    writer.close()
+
+
 @pytest.mark.parametrize(
     "field",
     [

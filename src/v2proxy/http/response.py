@@ -9,6 +9,9 @@ refused (``ValueError``) when a name or value holds CR or LF (no response splitt
 fields are joined in one go and the joined text is counted once for CR and LF, which only the
 separators may hold.
 
+A connection keeps one :class:`HttpResponse` and renews it (:meth:`HttpResponse.renew`) for each
+of its requests in turn: a handler uses the one it is given until it returns, never after.
+
 A client that went away (or stopped reading for ``write_timeout``) is
 :class:`~v2proxy.http.request.ClientDisconnected`.
 """
@@ -41,16 +44,18 @@ def flat(buf: Buffer) -> Buffer:
 
 
 class HttpResponse:
-    """Writes the answer to one :class:`HttpRequest`."""
+    """Writes the answer to one :class:`HttpRequest` (then, renewed, to the next one)."""
 
     __slots__ = ("_chunked", "_conn", "_ended", "_head_only", "_remaining", "_req", "started")
 
     def __init__(self, conn: ConnectionSide, req: HttpRequest) -> None:
         self._conn = conn
+        self.renew(req)
+
+    def renew(self, req: HttpRequest) -> None:
+        """Start over as the writer of the answer to ``req`` (the connection's next request)."""
         self._req = req
-        self.started = False
-        self._ended = False
-        self._chunked = False
+        self.started = self._ended = self._chunked = False
         self._remaining = -1  # bytes of a Content-Length answer still due; -1: not so framed
         self._head_only = req.method == "HEAD"
 

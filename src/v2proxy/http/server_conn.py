@@ -278,6 +278,7 @@ class Connection(asyncio.Protocol):
         """Answer the queued requests in order, then park until the next one arrives (one
         task per connection, not per request); ends when the connection closes."""
         queue = self.queue
+        resp: HttpResponse | None = None
         try:
             while True:
                 while queue and not self.closed:
@@ -285,7 +286,11 @@ class Connection(asyncio.Protocol):
                     if isinstance(req, tuple):
                         self._answer_error(*req)
                         return
-                    resp = self.answer = HttpResponse(self, req)
+                    if resp is None:
+                        resp = HttpResponse(self, req)
+                    else:
+                        resp.renew(req)  # one per connection, renewed per request
+                    self.answer = resp
                     try:
                         await self.handler(req, resp)
                     except Exception as exc:
