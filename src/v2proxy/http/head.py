@@ -30,7 +30,11 @@ from typing import Protocol
 #: only when the request is HTTP/1.1 and has a body; ``keep_alive`` per RFC 9112 §9.3
 Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
 
-_VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
+_V11, _V10 = (1, 1), (1, 0)
+_VERSIONS = {"1.1": _V11, "1.0": _V10}
+_SLASH = ord("/")
+#: the fields llhttp's keep-alive verdict reads
+_CONNECTION = frozenset((b"connection", b"proxy-connection"))
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 #: the fields that the framing facts come from (the rest are skipped at once)
 _FRAMING = frozenset(
@@ -76,78 +80,67 @@ def check_head(
     ``keeps_alive``: llhttp's ``should_keep_alive()`` at the end of this head. llhttp takes only
     versions 0.9, 1.0, 1.1 and 2.0, and with no Connection or Proxy-Connection field it keeps
     only an HTTP/1.1 request alive: then the version need not be asked (a formatted string
-    each time). Any other head, and any refused one, is checked with the version asked."""
+    each time). A head with such a field, and a refused one, is checked again with the
+    version asked."""
     if keeps_alive:
-        try:
-            head, connection = _check(parser, target, headers, max_body_size, (1, 1))
-        except Rejection:
-            pass
-        else:
-            if not connection:
-                return head
-    version = _VERSIONS.get(parser.get_http_version())
-    if version is None:
-        raise Rejection(505, "HTTP version not supported; use HTTP/1.1")
-    return _check(parser, target, headers, max_body_size, version)[0]
-
-
-def _check(
-    parser: ParsedHead,
-    target: bytes,
-    headers: list[tuple[bytes, bytes]],
-    max_body_size: int,
-    version: tuple[int, int],
-) -> tuple[Head, bool]:
-    """:func:`check_head` past the version; also whether a Connection or Proxy-Connection
-    field was met."""
-    raw = parser.get_method()
-    method = _METHODS.get(raw) or raw.decode("ascii", "replace")
-    if method == "CONNECT":
-        raise Rejection(400, "CONNECT is not supported")
-    if target[:1] != b"/":
-        raise Rejection(400, "the request target must be a path (origin-form)")
-    length: int | None = None
-    chunked = close = keep = expect = upgrade = connection = False
-    for name, value in headers:
-        if name not in _FRAMING:
-            continue
-        if name == b"content-length":
-            length = int(value)  # llhttp let only digits and one such header through
-        elif name == b"transfer-encoding":
-            if version == (1, 0):
-                raise Rejection(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request")
-            for coding in value.split(b","):
-                if coding.strip().lower() != b"chunked":
-                    raise Rejection(501, "only the chunked transfer coding is supported")
-            chunked = True
-        elif name == b"connection":
-            connection = True
-            tokens = [t.strip() for t in value.lower().split(b",")]
-            close = close or b"close" in tokens
-            keep = keep or b"keep-alive" in tokens
-        elif name == b"upgrade":
-            upgrade = True
-        elif name == b"expect":
-            if value.strip().lower() != b"100-continue":
-                raise Rejection(417, "only 'Expect: 100-continue' is supported")
-            expect = version == (1, 1)
-        else:  # proxy-connection: only llhttp's keep-alive reads it
-            connection = True
-    if chunked and length is not None:
-        raise Rejection(400, "Content-Length together with Transfer-Encoding")
-    if length is not None and length > max_body_size:
-        raise Rejection(413, f"request body larger than {max_body_size} bytes")
-    if upgrade and (chunked or length) and parser.should_upgrade():
-        raise Rejection(400, "an Upgrade request cannot have a body here")
-    head = (
+        version = _V11
+    else:
+        found = _VERSIONS.get(parser.get_http_version())
+        if found is None:
+            raise Rejection(505, "HTTP version not supported; use HTTP/1.1")
+        version = found
+    try:
+        raw = parser.get_method()
+        method = _METHODS.get(raw) or raw.decode("ascii", "replace")
+        if method == "CONNECT":
+            raise Rejection(400, "CONNECT is not supported")
+        if not target or target[0] != _SLASH:
+            raise Rejection(400, "the request target must be a path (origin-form)")
+        length: int | None = None
+        chunked = close = keep = expect = upgrade = False
+        for name, value in headers:
+            if name not in _FRAMING:
+                continue
+            if name == b"content-length":
+                length = int(value)  # llhttp let only digits and one such header through
+            elif name == b"transfer-encoding":
+                if version == _V10:
+                    raise Rejection(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request")
+                for coding in value.split(b","):
+                    if coding.strip().lower() != b"chunked":
+                        raise Rejection(501, "only the chunked transfer coding is supported")
+                chunked = True
+            elif keeps_alive and name in _CONNECTION:
+                return check_head(parser, target, headers, max_body_size)  # ask the version
+            elif name == b"connection":
+                tokens = [t.strip() for t in value.lower().split(b",")]
+                close = close or b"close" in tokens
+                keep = keep or b"keep-alive" in tokens
+            elif name == b"upgrade":
+                upgrade = True
+            elif name == b"expect":
+                if value.strip().lower() != b"100-continue":
+                    raise Rejection(417, "only 'Expect: 100-continue' is supported")
+                expect = version == _V11
+            # proxy-connection: only llhttp's keep-alive verdict reads it
+        if chunked and length is not None:
+            raise Rejection(400, "Content-Length together with Transfer-Encoding")
+        if length is not None and length > max_body_size:
+            raise Rejection(413, f"request body larger than {max_body_size} bytes")
+        if upgrade and (chunked or length) and parser.should_upgrade():
+            raise Rejection(400, "an Upgrade request cannot have a body here")
+    except Rejection:
+        if keeps_alive:  # refused as HTTP/1.1: the version decides what is answered
+            return check_head(parser, target, headers, max_body_size)
+        raise
+    return (
         method,
         version,
         length,
         chunked,
-        not close and (keep or version == (1, 1)),
+        not close and (keep or version == _V11),
         expect and (chunked or bool(length)),
     )
-    return head, connection
 
 
 __all__ = ["Head", "ParsedHead", "Rejection", "check_head"]
