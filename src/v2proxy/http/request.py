@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from v2proxy.http.head import Head
+
 T = TypeVar("T")
 
 #: reading from the socket pauses while more body bytes than this wait for the handler...
@@ -101,6 +103,12 @@ class ConnectionSide(Protocol):
         """Close the connection now."""
 
 
+def split_target(target: bytes) -> tuple[str, bytes]:
+    """An origin-form target's path (decoded as latin-1) and query (after the first ``?``)."""
+    path, _, query = target.partition(b"?")
+    return path.decode("latin-1"), query
+
+
 class HttpRequest:
     """The head of one request and its body as it arrives."""
 
@@ -128,34 +136,24 @@ class HttpRequest:
     def __init__(
         self,
         conn: ConnectionSide,
-        method: str,
         target: bytes,
-        version: tuple[int, int],
+        split: tuple[str, bytes],
         headers: list[tuple[bytes, bytes]],
-        content_length: int | None,
-        chunked: bool,
-        keep_alive: bool,
-        expect: bool,
+        head: Head,
     ) -> None:
+        """``split``: the target's path and query (:func:`split_target`), ``head``: what the
+        head means (:func:`~v2proxy.http.head.check_head`)."""
         self._conn = conn
-        self.method = method
         self.target = target
-        i = target.find(b"?")
-        if i < 0:
-            self.path = target.decode("latin-1")
-            self.query = b""
-        else:
-            self.path = target[:i].decode("latin-1")
-            self.query = target[i + 1 :]
-        self.version = version
+        self.path, self.query = split
         self.headers = headers
-        self.content_length = content_length
+        self.method, self.version, length, chunked, self.keep_alive, expect = head
+        self.content_length = length
         self.chunked = chunked
-        self.keep_alive = keep_alive
         self.client = conn.client
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
-        self._complete = not chunked and not content_length
+        self._complete = not chunked and not length
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._expect = expect  # 100-continue asked and not yet sent

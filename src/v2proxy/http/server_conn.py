@@ -71,6 +71,7 @@ from v2proxy.http.request import (
     ClientDisconnected,
     HttpRequest,
     ServerLimits,
+    split_target,
 )
 from v2proxy.http.response import STATUS_LINES, HttpResponse
 
@@ -147,7 +148,7 @@ class Connection(asyncio.Protocol):
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
         "head_size", "head_split", "headers", "in_head", "limits", "loop", "lost", "parked",
         "parser", "parsing", "piece", "progress", "queue", "reading_paused", "received",
-        "rejection", "server", "serving", "stall", "timer", "timer_due", "timer_kind",
+        "rejection", "server", "serving", "split", "stall", "timer", "timer_due", "timer_kind",
         "transport", "url", "writing_paused",
     )  # fmt: skip
 
@@ -169,6 +170,8 @@ class Connection(asyncio.Protocol):
         self.parsing: HttpRequest | None = None  # the request whose body is arriving
         self.in_head = False
         self.url = b""
+        #: the last request target and its path and query (split_target)
+        self.split: tuple[bytes, tuple[str, bytes]] = (b"", ("", b""))
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_size = self.received = self.discarded = self.stall = 0
         self.piece = 0  # the size of the piece being parsed
@@ -519,16 +522,18 @@ class Connection(asyncio.Protocol):
             if over is not None:
                 raise self._reject(*over)
         self.head_size = -1  # trailers count from the head's size (_trailer)
+        url = self.url
+        parser = self.parser
         try:
-            parser = self.parser
-            method, version, length, chunked, keep_alive, expect = check_head(
-                parser, self.url, headers, limits.max_body_size, parser.should_keep_alive()
+            head = check_head(
+                parser, url, headers, limits.max_body_size, parser.should_keep_alive()
             )
         except Rejection as exc:
             raise self._reject(exc.status, exc.message) from None
-        req = HttpRequest(
-            self, method, self.url, version, headers, length, chunked, keep_alive, expect
-        )
+        split = self.split
+        if url != split[0]:  # a client mostly asks for one target again and again
+            split = self.split = (url, split_target(url))
+        req = HttpRequest(self, url, split[1], headers, head)
         if not req._complete:
             self.parsing = req
             self.received = 0
