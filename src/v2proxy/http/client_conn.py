@@ -37,8 +37,9 @@ The answer's flow:
   whole exchange's deadline (``loop.time()`` based): when it passes before it is lifted
   (``set_deadline(None)``, or the answer's end), the answer fails with :class:`ReadTimeout`,
   whatever waits (the answer, or the request's body on the write buffer).
-- Both run on one timer per connection, re-armed only when it fires: a later deadline (the next
-  request's) leaves the pending timer in place, so a request costs no timer call.
+- Both run on the connection's one :class:`~v2proxy.http.lazy_timer.LazyTimer`: a later
+  deadline (the next request's) leaves the pending timer in place, so a request costs no timer
+  call.
 - The body is kept as the pieces the transport delivered (``pieces``, ``buffered`` bytes). A
   streamed body pauses reading from the socket above 1 MiB unconsumed and resumes below
   256 KiB; one read whole (:meth:`ClientConnection.read_whole`) is never paused and fails with
@@ -54,6 +55,7 @@ from collections import deque
 import httptools
 
 from v2proxy.http.client_errors import HttpClientError, ProtocolError, ReadTimeout, RemoteClosed
+from v2proxy.http.lazy_timer import LazyTimer
 
 __all__ = ["ClientConnection"]
 
@@ -93,7 +95,6 @@ class ClientConnection(asyncio.Protocol):
         "_stale",
         "_state",
         "_timer",
-        "_timer_due",
         "_waiter",
         "body_done",
         "buffered",
@@ -129,8 +130,8 @@ class ClientConnection(asyncio.Protocol):
         self.buffered = 0
         self._reading_paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_due = self._last_read = 0.0
+        self._timer = LazyTimer(loop, self._check_read)
+        self._last_read = 0.0
         self._idle_limit: float | None = None
         self._deadline: float | None = None
         self._max_head = max_head
@@ -364,8 +365,7 @@ class ClientConnection(asyncio.Protocol):
         self.content_length = self.limit = None
         if deadline is not None:
             self._deadline = deadline
-            if self._timer is None or self._timer_due > deadline:
-                self._arm_at(deadline)  # else the pending timer fires first and re-arms
+            self._timer.at(deadline)
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the
@@ -434,50 +434,39 @@ class ClientConnection(asyncio.Protocol):
         now = self._loop.time()
         self._idle_limit = limit
         self._last_read = now
-        self._arm_at(now + limit)
-
-    def _arm_at(self, due: float) -> None:
-        timer = self._timer
-        if timer is None or self._timer_due > due:
-            if timer is not None:
-                timer.cancel()
-            self._timer = self._loop.call_at(due, self._check_read)
-            self._timer_due = due
+        self._timer.at(now + limit)
 
     def set_deadline(self, when: float | None) -> None:
         """The exchange must be over by ``when`` (``loop.time()``), else it fails with
         ReadTimeout; None lifts the deadline."""
         self._deadline = when
-        if when is not None and (self._timer is None or self._timer_due > when):
-            self._arm_at(when)  # else the pending timer fires first and re-arms for ``when``
+        if when is not None:
+            self._timer.at(when)
 
-    def _check_read(self) -> None:
-        self._timer = None
+    def _check_read(self) -> float | None:
+        """The timer came due: the answer fails when its deadline or its idle-read limit has
+        passed; else when to look again (None: nobody waits, the next wait arms again)."""
         now = self._loop.time()
         due = self._deadline
         if due is not None and now >= due:
             self._deadline = None
             self._fail(ReadTimeout("the answer did not come before the call's deadline"))
-            return
+            return None
         limit = self._idle_limit
         waiter = self._waiter
         if waiter is not None and not waiter.done() and limit is not None:
             idle_due = self._last_read + limit
             if now >= idle_due:
                 self._fail(ReadTimeout(f"no byte of the answer came in {limit:g} s"))
-                return
+                return None
             if due is None or idle_due < due:
                 due = idle_due
-        if due is not None:  # else nobody waits: the next wait arms again
-            self._timer = self._loop.call_at(due, self._check_read)
-            self._timer_due = due
+        return due
 
     def _disarm(self) -> None:
         """Stop the timer (the connection ended)."""
         self._deadline = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.close()
 
     def read_whole(self, limit: int | None) -> None:
         self.whole = True

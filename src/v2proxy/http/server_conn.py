@@ -37,8 +37,8 @@ requests ahead of it, with ``Connection: close``. Closing after an answer half-c
 drains input for :data:`LINGER` seconds, so that unread request bytes do not reset the
 connection before the client reads the answer.
 
-The one timer. One :class:`asyncio.TimerHandle` per connection, re-armed lazily: a later
-deadline leaves the pending handle in place, and it re-arms itself when it fires early.
+The one timer, a :class:`~v2proxy.http.lazy_timer.LazyTimer` (a later deadline leaves the
+pending handle in place; it re-arms itself when it fires early).
 :meth:`Connection._arm` picks the deadline from the connection's state:
 
 - none while the server holds reading back (paused or refusing): no read deadline runs;
@@ -63,6 +63,7 @@ from typing import Protocol, cast
 import httptools
 
 from v2proxy.http.head import Rejection, check_head
+from v2proxy.http.lazy_timer import LazyTimer
 from v2proxy.http.request import (
     HIGH_WATER,
     BodyError,
@@ -148,7 +149,7 @@ class Connection(asyncio.Protocol):
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
         "head_size", "head_split", "headers", "in_head", "limits", "loop", "lost", "parked",
         "parser", "parsing", "piece", "progress", "queue", "reading_paused", "received",
-        "rejection", "server", "serving", "split", "stall", "timer", "timer_due", "timer_kind",
+        "rejection", "server", "serving", "split", "stall", "timer", "timer_kind",
         "transport", "url", "writing_paused",
     )  # fmt: skip
 
@@ -183,8 +184,7 @@ class Connection(asyncio.Protocol):
         #: done when the connection is lost (made on demand: :meth:`watch_gone`)
         self.gone: asyncio.Future[None] | None = None
         self.lost = self.closed = self.broken = self.closing_after = self.eof = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_due = 0.0  # when ``timer`` fires
+        self.timer = LazyTimer(loop, self._on_timer)
         self.timer_kind = NONE
         self.deadline = 0.0
         self.backlog: bytearray | None = None
@@ -242,9 +242,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.closed = self.broken = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.timer.close()
         # The parser calls back into this connection: a reference cycle that only the garbage
         # collector's rare full passes would free (with the connection's buffers), and
         # memory would creep up between them. Nothing parses any more.
@@ -607,24 +605,16 @@ class Connection(asyncio.Protocol):
 
     def _set_timer(self, kind: int, delay: float) -> None:
         self.timer_kind = kind
-        when = self.deadline = self.loop.time() + delay
-        timer = self.timer
-        if timer is not None:
-            if self.timer_due <= when:
-                return  # it fires first and re-arms for the later deadline
-            timer.cancel()
-        self.timer_due = when
-        self.timer = self.loop.call_at(when, self._on_timer)
+        self.deadline = when = self.loop.time() + delay
+        self.timer.at(when)
 
-    def _on_timer(self) -> None:
-        self.timer = None
+    def _on_timer(self) -> float | None:
+        """The timer came due: the deadline's action once it has passed (else when it will)."""
         kind = self.timer_kind
         if kind == NONE or self.lost:
-            return
+            return None
         if self.loop.time() < self.deadline:
-            self.timer_due = self.deadline
-            self.timer = self.loop.call_at(self.deadline, self._on_timer)
-            return
+            return self.deadline
         self.timer_kind = NONE
         if kind == IDLE:
             self._close()
@@ -640,6 +630,7 @@ class Connection(asyncio.Protocol):
                 self.transport.abort()
             else:
                 self.transport.close()
+        return None
 
     # -- the connection's side of HttpRequest / HttpResponse (request.ConnectionSide) --
 

@@ -206,8 +206,7 @@ def drive(server: HttpServer, control: int, sent: bytes, max_pieces: int, spins:
         expect(cycle is None or cycle.done(), "the connection's task did not end")
     finally:
         logger.removeHandler(FAILURES)
-        if conn.timer is not None:
-            conn.timer.cancel()
+        conn.timer.cancel()
         if conn.cycle is not None and not conn.cycle.done():
             conn.cycle.cancel()
             _spin(2)
