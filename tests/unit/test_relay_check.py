@@ -66,6 +66,17 @@ ACCEPTED = [
     ("int8 bounds", _input(datatype="INT8", data=[-128, 127])),
     ("scalar", _input(shape=[], data=[1.0])),
     ("no outputs list", _with(outputs=[])),
+    # a body with a byte of "true" or "false" ("r", "l") takes the element kinds' full look
+    ("names with r and l", _with(inputs=[dict(SIMPLE["inputs"][0], name="real_label")])),
+    (
+        "fp32 beside bool",
+        {
+            "inputs": [
+                _input()["inputs"][0],
+                _input(name="B", datatype="BOOL", data=[True, False])["inputs"][0],
+            ]
+        },
+    ),
 ]
 
 REFUSED = [
@@ -101,6 +112,13 @@ REFUSED = [
     ("int in bool", _input(datatype="BOOL", data=[1, 0])),
     ("string in float", _input(data=["1", 2])),
     ("null data", _input(data=None)),
+    ("input a list of four", {"inputs": [[1, 2, 3, 4]]}),
+    ("input a string of four", {"inputs": ["abcd"]}),
+    ("datatype an array", _input(datatype=["FP32"])),
+    ("shape a string", _input(shape="", data=[1.5])),
+    ("data a string", _input(datatype="INT8", data="12")),
+    ("bool in int beside an r", _input(name="r", datatype="INT32", data=[1, True])),
+    ("false in float", _input(data=[1.0, False])),
     ("too many inputs", {"inputs": [dict(SIMPLE["inputs"][0], name=f"I{i}") for i in range(9)]}),
     ("too many outputs", _with(outputs=[{"name": f"O{i}"} for i in range(9)])),
 ]
@@ -128,6 +146,11 @@ def test_the_limits_are_the_decoders() -> None:
     small = {"inputs": [dict(SIMPLE["inputs"][0], datatype="INT8", data=[1] * 16)]}
     assert plain_json_request(_body(small), 16, TENSORS) is False  # the JSON is over 16 bytes
     assert decoded > 16
+    wide = _body({"inputs": [{"name": "X", "datatype": "FP64", "shape": [32], "data": [1] * 32}]})
+    assert len(wide) < 32 * 8  # the decoded bytes are over the limit, the JSON is not
+    assert plain_json_request(wide, 32 * 8, TENSORS) is True
+    assert plain_json_request(wide, 32 * 8 - 1, TENSORS) is False
+    assert not _decodes(wide, 32 * 8 - 1)
 
 
 _VALUES: dict[str, st.SearchStrategy[Any]] = {

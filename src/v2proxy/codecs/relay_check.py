@@ -18,6 +18,13 @@ unique names, at most ``max_tensors`` inputs and outputs, and the body and the d
 within ``max_input_size``. ``tests/unit/test_relay_check.py`` checks the soundness against the
 full decoder on generated bodies.
 
+It runs on every small relayed request, so the walk takes as few Python steps as it can: a
+field of the wrong kind is refused by the operation that uses it failing (a missing key, a
+value that cannot be subscripted, hashed or packed raises, and any such error says False);
+an input holds exactly its four keys when it has four entries and each is found; the element
+kinds and ranges are one struct pack; and JSON booleans, which struct takes for integers, are
+looked for only in a body that holds the bytes of ``true`` or ``false``.
+
 Pure: no I/O.
 """
 
@@ -34,39 +41,43 @@ from v2proxy.codecs.json import SMALL_DOCUMENT
 from v2proxy.codecs.json_data import SMALL_ARRAY, STRUCT_CODES
 from v2proxy.core.model import Datatype
 
-_INPUT_KEYS = frozenset({"name", "datatype", "shape", "data"})
-_OUTPUT_KEYS = frozenset({"name"})
 _TOP_KEYS = frozenset({"id", "inputs", "outputs"})
 _BOOL = frozenset({bool})
 _NUMBER = frozenset({int, float})
+#: a byte of "true" ("r") and one of "false" ("l") that no key of the accepted shape holds:
+#: a body with neither holds no JSON boolean (looked for as integers: memchr)
+_R, _L = ord("r"), ord("l")
+#: struct packers kept per datatype, one per element count met
+_PACKERS_MAX = SMALL_ARRAY
 
-#: datatype name -> (struct code of its elements, item size): the integer types, FP32, FP64 and
-#: BOOL (FP16/BF16, which binary backends refuse in JSON, and BYTES take the full path)
-_CODES: dict[str, tuple[str, int]] = {
-    dt.value: (STRUCT_CODES[dt], ITEM_SIZE[dt])
+
+class _Kind:
+    """One datatype the check takes: its struct code, item size, and packers per element
+    count."""
+
+    __slots__ = ("code", "itemsize", "packers")
+
+    def __init__(self, code: str, itemsize: int) -> None:
+        self.code = code
+        self.itemsize = itemsize
+        self.packers: dict[int, Callable[..., bytes]] = {}
+
+    def packer(self, count: int) -> Callable[..., bytes]:
+        """The struct packer of ``count`` elements (made on first use)."""
+        pack = struct.Struct(f"<{count}{self.code}").pack
+        if len(self.packers) < _PACKERS_MAX:
+            self.packers[count] = pack
+        return pack
+
+
+#: datatype name -> its kind: the integer types, FP32, FP64 and BOOL (FP16/BF16, which binary
+#: backends refuse in JSON, and BYTES take the full path)
+_KINDS: dict[str, _Kind] = {
+    dt.value: _Kind(STRUCT_CODES[dt], ITEM_SIZE[dt])
     for dt in Datatype
     if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
 }
-#: struct packers per (code, element count), as many as :data:`_PACKERS_MAX`
-_PACKERS: dict[tuple[str, int], Callable[..., bytes]] = {}
-_PACKERS_MAX = 1024
-
-
-def _packs(code: str, data: list[Any]) -> bool:
-    """Whether struct packs ``data`` with ``code``: for an integer code, every element an
-    integer in the type's range (a float, string, null or array is refused); for a float code,
-    every element a number within it (a JSON boolean passes both: the caller rules those out)."""
-    n = len(data)
-    pack = _PACKERS.get((code, n))
-    if pack is None:
-        pack = struct.Struct(f"<{n}{code}").pack
-        if len(_PACKERS) < _PACKERS_MAX:
-            _PACKERS[(code, n)] = pack
-    try:
-        pack(*data)
-    except (struct.error, OverflowError, TypeError):
-        return False
-    return True
+_BOOLEAN = _KINDS[Datatype.BOOL.value]
 
 
 def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
@@ -79,25 +90,31 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return False
-    if type(obj) is not dict or not obj.keys() <= _TOP_KEYS:
-        return False
-    rid = obj.get("id")
-    if rid is not None and type(rid) is not str:
-        return False
-    inputs = obj.get("inputs")
+    try:
+        return _plain(obj, body, max_input_size, max_tensors)
+    except (KeyError, TypeError, struct.error, OverflowError):
+        return False  # a field missing, or of a kind its use refuses
+
+
+def _plain(obj: Any, body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
+    """The walk of :func:`plain_json_request` over the parsed ``body``; it raises where a
+    field is missing or of the wrong kind."""
+    inputs = obj["inputs"]  # obj is a dict from here: nothing else orjson makes takes a str key
     if type(inputs) is not list or not 0 < len(inputs) <= max_tensors:
         return False
-    names: set[str] = set()
+    if len(obj) > 1 and not _id_and_outputs(obj, max_tensors):
+        return False
+    booleans = _R in body or _L in body  # whether a JSON boolean may be anywhere in the body
+    names = set()
     total = 0
-    booleans: bool | None = None  # whether the literal true or false is anywhere in the body
     for item in inputs:
-        if type(item) is not dict or item.keys() != _INPUT_KEYS:
+        if len(item) != 4:  # with the four keys below found: exactly those
             return False
         name = item["name"]
-        kind = _CODES.get(item["datatype"])
+        kind = _KINDS[item["datatype"]]
         shape = item["shape"]
         data = item["data"]
-        if type(name) is not str or name in names or kind is None or type(shape) is not list:
+        if type(name) is not str or type(shape) is not list or type(data) is not list:
             return False
         names.add(name)
         count = 1
@@ -105,33 +122,50 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
             if type(d) is not int or d < 0:
                 return False
             count *= d
-        if type(data) is not list or len(data) != count or not 0 < count <= SMALL_ARRAY:
+        if len(data) != count or not 0 < count <= SMALL_ARRAY:
             return False
-        code, itemsize = kind
-        if code == "?":
-            if set(map(type, data)) != _BOOL:
-                return False
+        if booleans and not _no_booleans(kind, data):
+            return False
+        if kind is _BOOLEAN:
+            if not booleans:
+                return False  # its elements can only be JSON booleans
         else:
-            if booleans is None:
-                booleans = b"true" in body or b"false" in body
-            # a JSON boolean is an int to struct: looked for only when the body has one
-            if booleans and not set(map(type, data)) <= _NUMBER:
-                return False
-            if not _packs(code, data):
-                return False
-        total += count * itemsize
-    if total > max_input_size:
+            # the elements as the datatype: it raises for one of another kind or out of range
+            (kind.packers.get(count) or kind.packer(count))(*data)
+        total += count * kind.itemsize
+    return len(names) == len(inputs) and total <= max_input_size
+
+
+def _no_booleans(kind: _Kind, data: list[Any]) -> bool:
+    """Whether ``data`` holds no JSON boolean where struct would take it for a number (and a
+    BOOL tensor's, nothing but booleans)."""
+    if kind is _BOOLEAN:
+        return set(map(type, data)) == _BOOL
+    return set(map(type, data)) <= _NUMBER
+
+
+def _id_and_outputs(obj: dict[str, Any], max_tensors: int) -> bool:
+    """Whether the request's other keys are a string ``id`` and plain requested ``outputs``
+    (unique names, nothing else)."""
+    if not obj.keys() <= _TOP_KEYS:
+        return False
+    rid = obj.get("id")
+    if rid is not None and type(rid) is not str:
         return False
     outputs = obj.get("outputs")
-    if outputs is not None:
-        if type(outputs) is not list or len(outputs) > max_tensors:
+    if outputs is None:
+        return True
+    if type(outputs) is not list or len(outputs) > max_tensors:
+        return False
+    seen: set[str] = set()
+    for item in outputs:
+        if type(item) is not dict or item.keys() != _OUTPUT_KEYS:
             return False
-        seen: set[str] = set()
-        for item in outputs:
-            if type(item) is not dict or item.keys() != _OUTPUT_KEYS:
-                return False
-            name = item["name"]
-            if type(name) is not str or name in seen:
-                return False
-            seen.add(name)
+        name = item["name"]
+        if type(name) is not str or name in seen:
+            return False
+        seen.add(name)
     return True
+
+
+_OUTPUT_KEYS = frozenset({"name"})
