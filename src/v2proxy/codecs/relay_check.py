@@ -22,8 +22,10 @@ It runs on every small relayed request, so the walk takes as few Python steps as
 field of the wrong kind is refused by the operation that uses it failing (a missing key, a
 value that cannot be subscripted, hashed or packed raises, and any such error says False);
 an input holds exactly its four keys when it has four entries and each is found; the element
-kinds and ranges are one struct pack; and JSON booleans, which struct takes for integers, are
-looked for only in a body that holds the bytes of ``true`` or ``false``.
+kinds and ranges are one struct pack; JSON booleans, which struct takes for numbers, are
+looked for only in a body holding ``r`` or ``l`` (a byte of ``true``, one of ``false``, that no
+key of the accepted shape holds); and the decoded bytes are counted only when the body is over
+a quarter of ``max_input_size``.
 
 Pure: no I/O.
 """
@@ -47,8 +49,6 @@ _NUMBER = frozenset({int, float})
 #: a byte of "true" ("r") and one of "false" ("l") that no key of the accepted shape holds:
 #: a body with neither holds no JSON boolean (looked for as integers: memchr)
 _R, _L = ord("r"), ord("l")
-#: struct packers kept per datatype, one per element count met
-_PACKERS_MAX = SMALL_ARRAY
 
 
 class _Kind:
@@ -60,13 +60,12 @@ class _Kind:
     def __init__(self, code: str, itemsize: int) -> None:
         self.code = code
         self.itemsize = itemsize
-        self.packers: dict[int, Callable[..., bytes]] = {}
+        #: the struct packer of each element count up to SMALL_ARRAY, made on first use
+        self.packers: list[Callable[..., bytes] | None] = [None] * (SMALL_ARRAY + 1)
 
     def packer(self, count: int) -> Callable[..., bytes]:
         """The struct packer of ``count`` elements (made on first use)."""
-        pack = struct.Struct(f"<{count}{self.code}").pack
-        if len(self.packers) < _PACKERS_MAX:
-            self.packers[count] = pack
+        pack = self.packers[count] = struct.Struct(f"<{count}{self.code}").pack
         return pack
 
 
@@ -78,6 +77,8 @@ _KINDS: dict[str, _Kind] = {
     if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
 }
 _BOOLEAN = _KINDS[Datatype.BOOL.value]
+#: how many times its JSON text a flat number array's decoded bytes can be, at most
+_MAX_GROWTH = max(ITEM_SIZE.values()) // 2
 
 
 def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
@@ -88,60 +89,51 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
         return False
     try:
         obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    try:
-        return _plain(obj, body, max_input_size, max_tensors)
-    except (KeyError, TypeError, struct.error, OverflowError):
-        return False  # a field missing, or of a kind its use refuses
-
-
-def _plain(obj: Any, body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
-    """The walk of :func:`plain_json_request` over the parsed ``body``; it raises where a
-    field is missing or of the wrong kind."""
-    inputs = obj["inputs"]  # obj is a dict from here: nothing else orjson makes takes a str key
-    if type(inputs) is not list or not 0 < len(inputs) <= max_tensors:
-        return False
-    if len(obj) > 1 and not _id_and_outputs(obj, max_tensors):
-        return False
-    booleans = _R in body or _L in body  # whether a JSON boolean may be anywhere in the body
-    names = set()
-    total = 0
-    for item in inputs:
-        if len(item) != 4:  # with the four keys below found: exactly those
+        inputs = obj["inputs"]  # obj is a dict from here: nothing else orjson makes takes a str
+        if type(inputs) is not list or not 0 < len(inputs) <= max_tensors:
             return False
-        name = item["name"]
-        kind = _KINDS[item["datatype"]]
-        shape = item["shape"]
-        data = item["data"]
-        if type(name) is not str or type(shape) is not list or type(data) is not list:
+        if len(obj) > 1 and not _id_and_outputs(obj, max_tensors):
             return False
-        names.add(name)
-        count = 1
-        for d in shape:
-            if type(d) is not int or d < 0:
+        booleans = _R in body or _L in body  # whether a JSON boolean may be in the body
+        names = set()
+        for item in inputs:
+            if len(item) != 4:  # with the four keys below found: exactly those
                 return False
-            count *= d
-        if len(data) != count or not 0 < count <= SMALL_ARRAY:
-            return False
-        if booleans and not _no_booleans(kind, data):
-            return False
-        if kind is _BOOLEAN:
-            if not booleans:
-                return False  # its elements can only be JSON booleans
-        else:
-            # the elements as the datatype: it raises for one of another kind or out of range
-            (kind.packers.get(count) or kind.packer(count))(*data)
-        total += count * kind.itemsize
-    return len(names) == len(inputs) and total <= max_input_size
+            name = item["name"]
+            kind = _KINDS[item["datatype"]]
+            shape = item["shape"]
+            data = item["data"]
+            # data that is no list fails below: its len, the pack of its items, or their kinds
+            if type(name) is not str or type(shape) is not list:
+                return False
+            names.add(name)
+            count = 1
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    return False
+                count *= d
+            if len(data) != count or not 0 < count <= SMALL_ARRAY:
+                return False
+            if kind is _BOOLEAN:  # its elements: JSON booleans, nothing else
+                if not booleans or set(map(type, data)) != _BOOL:
+                    return False
+            else:
+                # struct takes a JSON boolean for a number
+                if booleans and not set(map(type, data)) <= _NUMBER:
+                    return False
+                # the elements as the datatype: it raises for one of another kind or range
+                (kind.packers[count] or kind.packer(count))(*data)
+    except (orjson.JSONDecodeError, KeyError, TypeError, struct.error, OverflowError):
+        return False  # not JSON, or a field missing or of a kind its use refuses
+    if len(names) != len(inputs):
+        return False
+    # each element takes two bytes of the body at least and decodes to eight at most
+    return size * _MAX_GROWTH <= max_input_size or _decoded_size(inputs) <= max_input_size
 
 
-def _no_booleans(kind: _Kind, data: list[Any]) -> bool:
-    """Whether ``data`` holds no JSON boolean where struct would take it for a number (and a
-    BOOL tensor's, nothing but booleans)."""
-    if kind is _BOOLEAN:
-        return set(map(type, data)) == _BOOL
-    return set(map(type, data)) <= _NUMBER
+def _decoded_size(inputs: list[dict[str, Any]]) -> int:
+    """The bytes the (checked) ``inputs`` decode to."""
+    return sum(len(item["data"]) * _KINDS[item["datatype"]].itemsize for item in inputs)
 
 
 def _id_and_outputs(obj: dict[str, Any], max_tensors: int) -> bool:
