@@ -193,17 +193,20 @@ def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bo
     """Whether ``buf`` is one JSON document that is an object (False: another JSON value);
     CodecError when it is not JSON. Checked by simdjson without building the document (a
     relayed answer is only looked at, never used); what simdjson refuses (NaN literals) is
-    decided by :func:`loads`, which names the fault."""
-    parser = _PARSERS.pop() if _PARSERS else simdjson.Parser()
+    decided by :func:`loads`, which names the fault. Its parser is its own (:data:`_CHECKER`):
+    the document is dropped before it returns, so the parser is always free for the next."""
+    parser = _CHECKER if len(buf) <= REUSE_LIMIT else simdjson.Parser()
     try:
         doc = parser.parse(buf)
     except (ValueError, RuntimeError, TypeError):
-        return isinstance(loads(buf, what), dict)  # (a parser that failed is not kept)
+        return isinstance(loads(buf, what), dict)
     found = isinstance(doc, simdjson.Object)
     del doc  # the parser is free for the next document
-    if len(buf) <= REUSE_LIMIT:
-        _PARSERS.append(parser)
     return found
+
+
+#: the parser of :func:`is_object` (documents up to REUSE_LIMIT), never handed out
+_CHECKER = simdjson.Parser()
 
 
 def _plain(value: Any) -> Any:
