@@ -44,6 +44,7 @@ from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
+from v2proxy.backends.grpc_unary import RawUnary, raw_unary
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
@@ -495,7 +496,7 @@ class GrpcBackend(DecodedOnly):
 class _Channel:
     """One endpoint's channel and the callables of every RPC on it."""
 
-    __slots__ = ("calls", "channel")
+    __slots__ = ("calls", "channel", "raw")
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
@@ -506,10 +507,12 @@ class _Channel:
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
             )
-        # bytes in, bytes out: the pass-through (relay_message)
-        self.calls[_RAW_INFER] = channel.unary_unary(
-            f"/{SERVICE}/ModelInfer", request_serializer=None, response_deserializer=None
-        )
+        # bytes in, bytes out, without grpc.aio's per-call wrapper: the pass-through
+        # (relay_message) and the decoded ModelInfer
+        call, raw = raw_unary(channel, f"/{SERVICE}/ModelInfer")
+        self.calls[_RAW_INFER] = call
+        #: the calls of ``call`` in flight are cancelled through it when the channel closes
+        self.raw: RawUnary | None = raw
         self.calls["ModelStreamInfer"] = channel.stream_stream(
             f"/{SERVICE}/ModelStreamInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -518,6 +521,8 @@ class _Channel:
 
 
 async def _close(ch: _Channel) -> None:
+    if ch.raw is not None:  # its calls are not the channel's to cancel
+        ch.raw.cancel_all()
     await ch.channel.close(None)
 
 
