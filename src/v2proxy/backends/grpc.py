@@ -44,6 +44,7 @@ from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
+from v2proxy.backends.grpc_deadlines import Watchdog
 from v2proxy.backends.grpc_unary import RawUnary, raw_unary
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
@@ -154,6 +155,8 @@ class GrpcBackend(DecodedOnly):
         )
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the event loop's end of the unary calls (set by start)
+        self._watchdog: Watchdog | None = None
 
     def _open(self, name: HostPort, address: str) -> _Channel:
         """A channel to one address of ``name`` (its authority and TLS name stay the name's)."""
@@ -176,6 +179,7 @@ class GrpcBackend(DecodedOnly):
     async def start(self) -> None:
         # kept: asyncio.get_running_loop() makes a getpid system call each time
         self._loop = asyncio.get_running_loop()
+        self._watchdog = Watchdog(self._loop)
         await self.endpoints.start()
         self._started = True
 
@@ -247,43 +251,49 @@ class GrpcBackend(DecodedOnly):
         tried: list[Endpoint[_Channel]] = []
         last: grpc.aio.AioRpcError | None = None
         loop = self._loop or asyncio.get_running_loop()
+        watchdog = self._watchdog or Watchdog(loop)
         # grpcio's deadline does not end a call whose request cannot be sent (a backend that
-        # stops reading mid-message): the call would wait forever, so the loop's own timeout,
+        # stops reading mid-message): the call would wait forever, so the loop's own watchdog,
         # a little later, cancels it. One deadline for every endpoint tried.
         deadline = loop.time() + self._timeout
-        with self._mapped(what, model):
-            while True:
-                ep = self._pick(tried)
-                if ep is None:
-                    if last is None:
-                        raise BackendUnavailable(f"backend at {self.target} has no endpoint")
-                    raise last
-                ep.outstanding += 1
-                try:
-                    async with asyncio.timeout_at(deadline + DEADLINE_GRACE_S):
+        watch = watchdog.watch(deadline + DEADLINE_GRACE_S)
+        try:
+            with self._mapped(what, model):
+                while True:
+                    ep = self._pick(tried)
+                    if ep is None:
+                        if last is None:
+                            raise BackendUnavailable(f"backend at {self.target} has no endpoint")
+                        raise last
+                    ep.outstanding += 1
+                    try:
                         answer = await ep.client.calls[name](
                             request, timeout=max(deadline - loop.time(), 0.001), metadata=metadata
                         )
-                except TimeoutError:
-                    of_model = f"model '{model}', " if model else ""
-                    raise GatewayTimeout(
-                        f"backend at {self.target} did not take {_ASKED_FOR.get() or what} in"
-                        f" time ({of_model}--backend-timeout {self._timeout:g} s)"
-                    ) from None
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                        endpoints.ok(ep)  # it answered, with an error
-                        raise
-                    endpoints.failed(ep)
-                    if not _not_sent(exc):
-                        raise
-                    tried.append(ep)
-                    last = exc
-                    continue
-                finally:
-                    ep.outstanding -= 1
-                endpoints.ok(ep)
-                return answer
+                    except asyncio.CancelledError:
+                        if not watch.timed_out():
+                            raise
+                        of_model = f"model '{model}', " if model else ""
+                        raise GatewayTimeout(
+                            f"backend at {self.target} did not take {_ASKED_FOR.get() or what}"
+                            f" in time ({of_model}--backend-timeout {self._timeout:g} s)"
+                        ) from None
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                            endpoints.ok(ep)  # it answered, with an error
+                            raise
+                        endpoints.failed(ep)
+                        if not _not_sent(exc):
+                            raise
+                        tried.append(ep)
+                        last = exc
+                        continue
+                    finally:
+                        ep.outstanding -= 1
+                    endpoints.ok(ep)
+                    return answer
+        finally:
+            watchdog.unwatch(watch)
 
     # ------------------------------------------------------------------ structured calls
 

@@ -1,0 +1,82 @@
+"""The gRPC backend's deadline watchdog: the event loop's own end of a unary call that grpcio
+leaves waiting past its deadline (a request blocked on a backend that stopped reading is never
+ended by grpcio's deadline).
+
+Contract:
+
+- :meth:`Watchdog.watch` (in the task making the call) registers the call's end, a time of the
+  event loop's clock: the deadline given to grpcio plus a grace. :meth:`Watchdog.unwatch`, in a
+  ``finally``, takes it back once the call is over, however it ended.
+- A call still watched at its end has its task cancelled (once); :meth:`Watch.timed_out` then
+  tells, as ``asyncio.timeout`` does, whether the CancelledError that the task met is the
+  watchdog's own (to be answered as a timeout) or someone else's too (to go on).
+- One timer of the loop serves every call: it is armed for the earliest end and fires once per
+  end that is reached, not once per call. The calls of one backend share one timeout, so their
+  ends come in the order they were watched, and the timer looks only at the first ones.
+
+It replaces an ``asyncio.timeout_at`` around each call, whose timer handle, armed and cancelled
+per call, was about 3% of the proxy's work on a small relayed call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Watch:
+    """One call watched: its end, its task, and whether the watchdog cancelled it."""
+
+    __slots__ = ("cancelling", "end", "fired", "task")
+
+    def __init__(self, end: float, task: asyncio.Task[object]) -> None:
+        self.end = end
+        self.task = task
+        #: the task's pending cancellations when it was watched (asyncio.timeout's rule)
+        self.cancelling = task.cancelling()
+        self.fired = False
+
+    def timed_out(self) -> bool:
+        """After the watched call raised CancelledError: whether that was the watchdog's doing
+        alone (the cancellation taken back; answer a timeout) rather than the task being
+        cancelled by someone else too (let it go on)."""
+        return self.fired and self.task.uncancel() <= self.cancelling
+
+
+class Watchdog:
+    """The ends of the unary calls in flight on one event loop."""
+
+    __slots__ = ("_loop", "_timer", "_watched")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        #: the calls in flight, in the order of their ends
+        self._watched: dict[Watch, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, end: float) -> Watch:
+        """The current task's call is to be over by ``end`` (the loop's time)."""
+        task = asyncio.current_task(self._loop)
+        assert task is not None  # called from the task making the call
+        w = Watch(end, task)
+        self._watched[w] = None
+        if self._timer is None:
+            self._timer = self._loop.call_at(end, self._fire)
+        return w
+
+    def unwatch(self, w: Watch) -> None:
+        """The call is over (a cancellation by the watchdog is met as CancelledError at the
+        call's await, where :meth:`Watch.timed_out` takes it back)."""
+        self._watched.pop(w, None)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        watched = self._watched
+        while watched:
+            w = next(iter(watched))
+            if w.end > now:
+                self._timer = self._loop.call_at(w.end, self._fire)
+                return
+            del watched[w]
+            w.fired = True
+            w.task.cancel()
