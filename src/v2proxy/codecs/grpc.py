@@ -83,6 +83,8 @@ _INT64_MAX = 2**63 - 1
 
 def params_from_proto(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if not params:  # the usual case, without iterating the map
+        return out
     for key, p in params.items():
         which = p.WhichOneof("parameter_choice")
         out[key] = getattr(p, which) if which else None
@@ -119,7 +121,7 @@ def params_to_proto(
 
 def _shape(dims: Iterable[int], where: str) -> tuple[int, ...]:
     shape = tuple(dims)
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise CodecError(f"invalid shape {list(shape)} for {where}: dimensions must be >= 0")
     return shape
 
