@@ -197,13 +197,18 @@ def backend(kind: str) -> Iterator[tuple[str, int]]:
 
 @contextlib.contextmanager
 def proxy(
-    src: str, url: str, callgrind: Path | None, extra: list[str] | None = None
+    src: str,
+    url: str,
+    callgrind: Path | None,
+    extra: list[str] | None = None,
+    listen: str = "http",
 ) -> Iterator[tuple[int, int]]:
     """(port, pid) of ``v2proxy serve`` run from source tree ``src`` (``extra``: more
-    ``serve`` arguments)."""
-    port = free_port()
+    ``serve`` arguments; ``listen``: the port returned, ``http`` or ``grpc``)."""
+    port, other = free_port(), free_port()
+    http, grpc = (port, other) if listen == "http" else (other, port)
     cmd = [sys.executable, "-m", "v2proxy", "serve", "--backend", url, "--host", HOST]
-    cmd += ["--http-port", str(port), "--grpc-port", str(free_port())]
+    cmd += ["--http-port", str(http), "--grpc-port", str(grpc)]
     cmd += ["--event-loop", "uvloop", "--log-level", "warning", *(extra or [])]
     if callgrind is not None:
         cmd = [

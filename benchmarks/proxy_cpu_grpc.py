@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import proxy_cpu
 from proxy_cpu import HOST, REPO, cpu_s, free_port, process
 
 sys.path.insert(0, str(REPO / "src"))
@@ -118,22 +119,9 @@ def proxy(
     src: str, backend_port: int, callgrind: Path | None, extra: list[str]
 ) -> Iterator[tuple[int, int]]:
     """(gRPC port, pid) of ``v2proxy serve --backend grpc://`` run from source tree ``src``."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "v2proxy", "serve", "--host", HOST]
-    cmd += ["--backend", f"grpc://{HOST}:{backend_port}"]
-    cmd += ["--http-port", str(free_port()), "--grpc-port", str(port)]
-    cmd += ["--event-loop", "uvloop", "--log-level", "warning", *extra]
-    if callgrind is not None:
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={callgrind}",
-            *cmd,
-        ]
-    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
-    with process(cmd, port, env, 300 if callgrind else 30) as pid:
-        yield port, pid
+    url = f"grpc://{HOST}:{backend_port}"
+    with proxy_cpu.proxy(src, url, callgrind, extra, listen="grpc") as found:
+        yield found
 
 
 def measure(
