@@ -214,7 +214,7 @@ class Connection(asyncio.Protocol):
             return
         if len(data) > _SLICE:
             self._feed(data)
-        else:
+        else:  # _feed_piece(data), written out: the usual small read pays one frame less
             self.piece = len(data)
             try:
                 self.parser.feed_data(data)
