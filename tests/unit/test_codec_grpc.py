@@ -1193,3 +1193,28 @@ def test_a_large_tensor_is_appended_with_a_multi_byte_length() -> None:
 def test_response_from_bytes_refuses_what_is_no_answer() -> None:
     with pytest.raises(CodecError, match="malformed ModelInferResponse"):
         g.response_from_bytes(b"\x0a\xff")
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(any_tensor("OUT"), max_size=4), st.booleans())
+def test_stream_response_bytes_are_what_protobuf_writes(
+    outputs: list[Tensor], with_id: bool
+) -> None:
+    """A relayed answer wrapped by hand into a ModelStreamInferResponse is byte for byte what
+    protobuf writes for the same message, and parses back to the answer."""
+    resp = InferResponse(model_name="m", outputs=outputs, id="x" if with_id else None)
+    answer = g.response_bytes(resp)
+    wrapped = g.stream_response_bytes(answer)
+    message = pb.ModelStreamInferResponse(infer_response=g.response_to_proto(resp))
+    assert wrapped == message.SerializeToString()
+    assert pb.ModelStreamInferResponse.FromString(wrapped).infer_response.SerializeToString() == (
+        answer
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16383, 16384, 1 << 21])
+def test_stream_response_bytes_at_every_length_varint(size: int) -> None:
+    """Lengths of one to four varint bytes (an empty answer too): protobuf's own bytes."""
+    answer = pb.ModelInferResponse(model_name="m" * size).SerializeToString() if size else b""
+    message = pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse.FromString(answer))
+    assert g.stream_response_bytes(answer) == message.SerializeToString()

@@ -12,6 +12,9 @@ does): both are accepted.
 Requests are held to :mod:`v2proxy.codecs.limits` (inputs and outputs per request, bytes decoded
 from typed contents).
 
+A serialized ModelInferResponse (a relayed answer) is wrapped into a ModelStreamInferResponse
+without being parsed (:func:`stream_response_bytes`).
+
 Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
 model config, statistics) to and from their messages.
 
@@ -348,6 +351,18 @@ def response_bytes(resp: InferResponse) -> bytes:
     """:func:`response_to_proto`'s message, serialized, with the outputs' bytes copied once."""
     msg = response_to_proto(resp, raw=False)
     return _with_raw(msg.SerializeToString(), _RAW_OUTPUT_TAG, [t.data for t in resp.outputs])
+
+
+#: the wire tag of ``ModelStreamInferResponse.infer_response``
+_STREAM_ANSWER_TAG = _length_delimited_tag(pb.ModelStreamInferResponse, "infer_response")
+
+
+def stream_response_bytes(answer: bytes) -> bytes:
+    """A serialized ModelStreamInferResponse whose ``infer_response`` is the serialized
+    ModelInferResponse ``answer``, written by hand (the field's tag and length in front of
+    ``answer``: exactly what protobuf writes for that message), so that a relayed answer goes
+    back on a stream without being parsed and serialized again."""
+    return b"".join((_STREAM_ANSWER_TAG, _varint(len(answer)), answer))
 
 
 def response_from_proto(msg: pb.ModelInferResponse) -> InferResponse:
