@@ -58,6 +58,8 @@ class Call:
 
     name: str
     args: tuple[Any, ...] = ()
+    #: the keyword arguments that were given (``relay_message``'s ``streamed``)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -220,13 +222,12 @@ class FakeBackend:
         return self._forward()
 
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
-        if not self.answers.relay_message:  # declined: nothing sent
-            self._record("relay_message", model, version, None, list(headers))
-            return None
-        self._record("relay_message", model, version, bytes(message), list(headers))
-        return self.answers.message_answer
+        sent = bytes(message) if self.answers.relay_message else None  # declined: nothing sent
+        args = (model, version, sent, list(headers))
+        self.calls.append(Call("relay_message", args, {"streamed": streamed}))
+        return None if sent is None else self.answers.message_answer
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Any

@@ -62,7 +62,7 @@ class DecodedOnly:
         return None  # decoded requests only
 
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         return None  # decoded requests only
 

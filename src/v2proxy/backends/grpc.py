@@ -353,15 +353,19 @@ class GrpcBackend(DecodedOnly):
         return self._decode(answer)
 
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         """The client's serialized ModelInferRequest sent unchanged, the backend's serialized
         ModelInferResponse returned unchanged; None (nothing sent) for a decoupled model, or a
-        message as large as the staging threshold (an input of it might be staged)."""
+        message as large as the staging threshold (an input of it might be staged). A message
+        of a client's stream (``streamed``) is asked of the backend as a unary ModelInfer, as
+        :meth:`stream_infer` asks a model that is not decoupled, and a failure to learn whether
+        the model is names streaming inference, as there."""
         staging = self._staging()
         if staging is not None and len(message) >= staging.threshold:
             return None
-        if await self.is_decoupled(model, version):
+        asked_for = "streaming inference" if streamed else "inference"
+        if await self.is_decoupled(model, version, asked_for):
             return None
         answer: bytes = await self._call(
             _RAW_INFER, message, "inference", model, _metadata(headers)

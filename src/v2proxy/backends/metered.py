@@ -89,11 +89,13 @@ class MeteredBackend:
         return answer
 
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         t0 = perf_counter()
         try:
-            answer = await self.inner.relay_message(model, version, message, headers)
+            answer = await self.inner.relay_message(
+                model, version, message, headers, streamed=streamed
+            )
         except BaseException as exc:
             self._rec.done("relay_infer", model, perf_counter() - t0, exc)
             raise

@@ -261,7 +261,7 @@ class RestBackend:
     # ------------------------------------------------------------------ pass-through
 
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         return None  # a gRPC message is decoded and sent as REST
 

@@ -133,12 +133,14 @@ class Backend(Protocol):
 
     # the gRPC↔gRPC pass-through fast path
     async def relay_message(
-        self, model: str, version: str, message: bytes, headers: Headers
+        self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         """Send a serialized ``ModelInferRequest`` (checked by the caller, and needing no
         stage) unchanged; the backend's serialized ``ModelInferResponse`` comes back unchanged
         (errors raised). None, with nothing sent, when this backend does not take it so (it
-        speaks no gRPC, the model is decoupled, or it would stage the request's tensors)."""
+        speaks no gRPC, the model is decoupled, or it would stage the request's tensors).
+        ``streamed``: the message came on a client's ModelStreamInfer stream (errors name
+        streaming inference, as :meth:`stream_infer`'s do)."""
         ...
 
     async def forward(

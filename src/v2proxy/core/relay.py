@@ -184,7 +184,7 @@ class Relay:
         )
 
     async def relay_message(
-        self, request: InferRequest, message: bytes, headers: Headers
+        self, request: InferRequest, message: bytes, headers: Headers, streamed: bool = False
     ) -> bytes | InferResponse | None:
         """Pass a client's serialized ModelInferRequest ``message`` (decoded and checked as
         ``request``) through untouched when it needs nothing (:func:`message_as_is`) and the
@@ -193,11 +193,12 @@ class Relay:
         unchanged when it is what the full path would answer
         (:func:`~v2proxy.codecs.grpc.relayed_answer`: KServe, say, answers every output
         whatever was asked), else decoded and finished as the full path finishes it; an answer
-        that is no valid ModelInferResponse is BadGateway."""
+        that is no valid ModelInferResponse is BadGateway. ``streamed``: a message of a
+        client's ModelStreamInfer stream (:meth:`Backend.relay_message`)."""
         if not message_as_is(request, self.stages):
             return None
         answer = await self.backend.relay_message(
-            request.model_name, request.model_version, message, headers
+            request.model_name, request.model_version, message, headers, streamed=streamed
         )
         if answer is None:
             return None
