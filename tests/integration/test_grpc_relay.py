@@ -8,6 +8,14 @@ re-encode as raw); the client's metadata is forwarded; a malformed message, a re
 or one over --max-tensors is refused and never reaches the backend; --backend-timeout still
 gives DEADLINE_EXCEEDED; a request with a ``classification`` parameter still goes the full path
 and is answered classified.
+
+The same for each message of a ModelStreamInfer stream (its model not decoupled): relayed byte
+for byte, the backend's answer wrapped into its ModelStreamInferResponse without being parsed
+(the answer's own bytes inside it), finished as the full path does when it is not what that
+path would answer; a client that asks for the final-response flag goes the full path (the
+flag's parameter set on its answer); a malformed message, a reserved parameter and a
+--backend-timeout come back in band as before, or as the stream's status with
+``triton_grpc_error``.
 """
 
 from __future__ import annotations
@@ -24,12 +32,14 @@ import pytest
 from tests.integration.conftest import grpc_frontend, settings
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.app_core import build_backend, build_pipeline
+from v2proxy.codecs.grpc import stream_response_bytes
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops
 
 SERVICE = "inference.GRPCInferenceService"
 INFER = f"/{SERVICE}/ModelInfer"
+STREAM = f"/{SERVICE}/ModelStreamInfer"
 
 
 def _answer(model: str) -> bytes:
@@ -255,3 +265,132 @@ async def test_decoupled_model_is_not_relayed() -> None:
     proxied = GrpcBackend("127.0.0.1:1")
     proxied.knowledge.learn(("decoupled", "llm", ""), True)
     assert await proxied.relay_message("llm", "", b"\x0a\x03llm", []) is None
+
+
+# --------------------------------------------------------------------------- ModelStreamInfer
+
+
+async def _stream(
+    url: str,
+    messages: list[bytes],
+    metadata: tuple[tuple[str, str], ...] = (),
+    **overrides: Any,
+) -> list[bytes]:
+    """``messages`` (bytes, as sent) on one ModelStreamInfer through v2proxy; every answer's
+    bytes, in the order they came. A status that ends the stream is raised."""
+    s = settings(backend=url, **overrides)
+    proxied = build_backend(s)
+    await proxied.start()
+    try:
+        async with grpc_frontend(s, build_pipeline(s, proxied)) as channel:
+            call = channel.stream_stream(STREAM)(iter(messages), metadata=metadata, timeout=30)
+            return [answer async for answer in call]
+    finally:
+        await proxied.close()
+
+
+async def test_stream_relayed_byte_for_byte_with_metadata(backend: tuple[str, Recorder]) -> None:
+    url, seen = backend
+    data = _request().SerializeToString()
+    answers = await _stream(url, [data] * 3, (("x-request-id", "r-42"),))
+    # the backend's answer as it wrote it (its fields in an order protobuf never writes),
+    # inside the wrapper: never parsed and serialized again
+    assert answers == [stream_response_bytes(ANSWER)] * 3
+    wrapped = pb.ModelStreamInferResponse.FromString(answers[0])
+    assert wrapped.infer_response.SerializeToString() != ANSWER
+    assert seen.messages == [data] * 3  # the request's typed contents too
+    assert [m["x-request-id"] for m in seen.metadata] == ["r-42"] * 3
+
+
+@pytest.mark.parametrize("model", ["extra", "typed"])
+async def test_stream_answer_not_as_the_full_path_is_finished(
+    backend: tuple[str, Recorder], model: str
+) -> None:
+    url, seen = backend
+    data = _request(model).SerializeToString()
+    (answer,) = await _stream(url, [data])
+    resp = pb.ModelStreamInferResponse.FromString(answer)
+    assert resp.error_message == ""
+    out = resp.infer_response
+    assert seen.messages == [data]  # relayed
+    assert [o.name for o in out.outputs] == ["OUT0"]
+    assert not out.outputs[0].HasField("contents")
+    assert list(out.raw_output_contents) == [struct.pack("<4f", 0.5, 3.0, 1.5, 2.0)]
+    assert (out.model_name, out.id) == (model, "rid")
+
+
+async def test_stream_final_flag_goes_the_full_path(backend: tuple[str, Recorder]) -> None:
+    """The final-response flag is the frontend's: the message is re-encoded without it and its
+    one answer carries ``triton_final_response``."""
+    url, seen = backend
+    msg = _request()
+    msg.parameters["triton_enable_empty_final_response"].bool_param = True
+    (answer,) = await _stream(url, [msg.SerializeToString()])
+    out = pb.ModelStreamInferResponse.FromString(answer).infer_response
+    assert out.parameters["triton_final_response"].bool_param is True
+    assert [o.name for o in out.outputs] == ["OUT0"]
+    (sent,) = seen.messages
+    assert (
+        "triton_enable_empty_final_response" not in pb.ModelInferRequest.FromString(sent).parameters
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (b"\xff\xff\xff", "malformed ModelStreamInfer request"),
+        (
+            pb.ModelInferRequest(
+                model_name="m", parameters={"triton_x": pb.InferParameter(bool_param=True)}
+            ).SerializeToString(),
+            "reserved for Triton usage",
+        ),
+    ],
+    ids=["malformed", "reserved"],
+)
+async def test_stream_refused_in_band_or_as_status(
+    backend: tuple[str, Recorder], data: bytes, text: str
+) -> None:
+    """Refused in band, the next message still answered (relayed); as the stream's status
+    with ``triton_grpc_error``. Neither reaches the backend."""
+    url, seen = backend
+    good = _request().SerializeToString()
+    answers = await _stream(url, [data])
+    (refusal,) = [pb.ModelStreamInferResponse.FromString(a) for a in answers]
+    assert text in refusal.error_message
+    assert not refusal.HasField("infer_response")
+    assert seen.messages == []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _stream(url, [data], (("triton_grpc_error", "true"),))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert text in (info.value.details() or "")
+    assert seen.messages == []
+    assert await _stream(url, [good]) == [stream_response_bytes(ANSWER)]
+
+
+async def test_stream_deadline_still_applies(backend: tuple[str, Recorder]) -> None:
+    url, seen = backend
+    (answer,) = await _stream(url, [_request("slow").SerializeToString()], backend_timeout=0.3)
+    resp = pb.ModelStreamInferResponse.FromString(answer)
+    assert "did not answer inference in time" in resp.error_message
+    assert len(seen.messages) == 1  # it was relayed, and timed out
+
+
+@pytest.mark.parametrize(
+    ("streamed", "what"), [(False, "inference"), (True, "streaming inference")]
+)
+async def test_relay_message_names_the_clients_operation(streamed: bool, what: str) -> None:
+    """Whether the model is decoupled is asked before a message is relayed; a backend that
+    cannot be reached then names the client's operation, as ``stream_infer`` did for a
+    stream's message before its messages were relayed."""
+    from v2proxy.backends.grpc import GrpcBackend
+    from v2proxy.core.errors import BackendUnavailable
+
+    proxied = GrpcBackend("127.0.0.1:1")
+    await proxied.start()
+    try:
+        with pytest.raises(BackendUnavailable) as info:
+            await proxied.relay_message("m", "", b"\x0a\x01m", [], streamed=streamed)
+    finally:
+        await proxied.close()
+    assert f"backend at 127.0.0.1:1 is unavailable for {what} of model 'm'" in str(info.value)

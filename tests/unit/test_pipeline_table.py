@@ -21,7 +21,13 @@ Wire forms:
   calls): the decoded request with the message's bytes, relayed by ``relay_message`` when
   nothing needs changing (``norelay``: the backend declines);
 - ``stream``: a decoded request through ``Pipeline.stream_infer`` (gRPC's ModelStreamInfer),
-  the backend answering once (a plain model) or three times (``x3``: a decoupled model).
+  the backend answering once (a plain model) or three times (``x3``: a decoupled model);
+- ``stream-message``: one message of a gRPC ModelStreamInfer through
+  ``Pipeline.stream_message`` (what the gRPC frontend calls): the decoded request with the
+  message's bytes, relayed by ``relay_message`` when nothing needs changing, else through
+  ``stream_infer``'s path (``norelay``: the backend declines, as a gRPC backend does for a
+  decoupled model; ``final-flag``: the client asked for the final-response flag, so the
+  frontend says the answer may not go back as it came).
 
 Stages: ``none``; ``class-labels`` (a ``classification`` parameter on an output, labels
 configured for it here), ``class-backend`` (no labels, the backend lists the ``classification``
@@ -75,6 +81,11 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   applies, FP16 inputs included; one carrying a parameter the full path's encoder leaves out
   (``binary_data_output``, an output's ``binary_data``) goes the full path, as does one a stage
   applies to; a backend that declines (``norelay``) is then asked ``infer``.
+- A message of a gRPC stream (``stream-message`` rows) is decided as a unary message is: one
+  ``relay_message`` call (told ``streamed``) when no stage applies, the backend's bytes its one
+  answer; a backend that declines (``norelay``, a decoupled model) is then asked
+  ``stream_infer`` (all three responses of ``x3``); a stage, a wire-only parameter or the
+  final-response flag go to ``stream_infer`` without offering a relay.
 - A decoupled model reached over REST is the backend's business (``infer``, one answer): the
   pipeline does not tell the two apart, so the ``x3`` rows are stream rows only.
 """
@@ -181,6 +192,7 @@ SHM_OUT_CLASS = Stage(
 )
 
 JSON, BINARY, GRPC, STREAM, MESSAGE = "json", "binary", "grpc", "stream", "message"
+STREAM_MESSAGE = "stream-message"
 FORWARD, RESPONSE = "forward", "response"
 
 # backend calls
@@ -206,12 +218,16 @@ class Row:
     answer: str = RESPONSE
     #: regions acquired for the request, each released exactly once (None: not counted)
     region_holds: int | None = None
+    #: a stream message whose client asked for the final-response flag (not relayable)
+    final_flag: bool = False
 
     @property
     def id(self) -> str:
         parts = [self.wire, self.stage.name]
         if not self.can_relay:
             parts.append("norelay")
+        if self.final_flag:
+            parts.append("final-flag")
         if self.responses != 1:
             parts.append(f"x{self.responses}")
         return "/".join(parts)
@@ -292,6 +308,29 @@ ROWS = [
         MODEL_CONFIG), access_checks=1, region_holds=1),
     Row(STREAM, SHM_OUT_CLASS, responses=3, backend_calls=(SERVER_META, STREAM_INFER,
         MODEL_META, MODEL_CONFIG), access_checks=1, region_holds=1),
+    # ---- a message of a gRPC stream: Pipeline.stream_message, relayed when nothing needs
+    # changing, else stream_infer's path (a decoupled model: the backend declines the relay)
+    Row(STREAM_MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
+    Row(STREAM_MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, STREAM_INFER),
+        access_checks=1),
+    Row(STREAM_MESSAGE, NONE, can_relay=False, responses=3,
+        backend_calls=(RELAY_MESSAGE, STREAM_INFER), access_checks=1),
+    Row(STREAM_MESSAGE, NONE, final_flag=True, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=1,
+        answer=FORWARD),
+    Row(STREAM_MESSAGE, BINARY_OUTPUT, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, BINARY_DATA, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, CLASS_LABELS, backend_calls=(STREAM_INFER, MODEL_META, MODEL_CONFIG),
+        access_checks=1),
+    Row(STREAM_MESSAGE, CLASS_BACKEND, backend_calls=(SERVER_META, STREAM_INFER),
+        access_checks=1),
+    Row(STREAM_MESSAGE, CLASS_PROXY, can_relay=False, responses=3, backend_calls=(
+        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=1),
+    Row(STREAM_MESSAGE, SHM_IN, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, SHM_OUT_CLASS, can_relay=False, responses=3, backend_calls=(
+        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=1,
+        region_holds=1),
 ]
 # fmt: on
 
@@ -567,6 +606,21 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
         else:
             assert isinstance(answer, InferResponse)
             responses.append(answer)
+    elif row.wire == STREAM_MESSAGE:
+        body = b"the client's message, opaque to the pipeline"
+        answers = [
+            a
+            async for a in pipeline.stream_message(
+                body, _decoded(stage), not row.final_flag, list(TOKEN), None
+            )
+        ]
+        if row.answer == FORWARD:
+            # the backend's bytes, unchanged, as the one answer
+            assert len(answers) == 1
+            assert answers[0] is backend.answers.message_answer
+        else:
+            assert all(isinstance(a, InferResponse) for a in answers)
+            responses = [a for a in answers if isinstance(a, InferResponse)]
     elif row.wire == GRPC:
         responses.append(await pipeline.infer(_decoded(stage), list(TOKEN), None))
     else:
@@ -586,6 +640,8 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
     for call in backend.called("relay_message"):
         # the client's bytes unchanged; declined: nothing sent
         assert call.args == (MODEL, "", body if row.can_relay else None, TOKEN)
+        # a stream's message is told so (its errors name streaming inference)
+        assert call.kwargs == {"streamed": row.wire == STREAM_MESSAGE}
     for call in backend.called("model_metadata") + backend.called("model_config"):
         assert call.args == (MODEL, "")
     for call in backend.called("infer") + backend.called("stream_infer"):

@@ -51,14 +51,15 @@ The generate extension is a request mapping in front of :meth:`stream_infer`, no
 The pass-through fast path (:class:`~v2proxy.core.relay.Relay`): when no stage applies and the
 backend takes the client's wire form, the client's bytes (a REST /infer body,
 :meth:`Pipeline.infer_body`; a gRPC ModelInfer message, :meth:`Pipeline.infer_message`) go to the
-backend untouched after stage 1, and the answer comes back unchanged.
+backend untouched after stage 1, and the answer comes back unchanged; so does each message of a
+gRPC ModelStreamInfer stream (:meth:`Pipeline.stream_message`) whose model is not decoupled.
 
 Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, NamedTuple, Protocol
 
@@ -317,6 +318,45 @@ class Pipeline:
         :meth:`infer`): stages 3-6 around :meth:`Backend.stream_infer`, the same loop as
         :meth:`infer`'s (:meth:`Stages.run`)."""
         self._allow("inference", headers)
+        async with aclosing(self._streamed(request, headers, peer)) as responses:
+            async for response in responses:
+                yield response
+
+    async def stream_message(
+        self,
+        message: bytes,
+        request: InferRequest,
+        relayable: bool,
+        headers: Headers,
+        peer: str | None,
+    ) -> AsyncIterator[bytes | InferResponse]:
+        """One message of a gRPC ModelStreamInfer stream: ``message`` the client's serialized
+        ModelInferRequest, ``request`` what the frontend decoded and checked of it;
+        ``relayable``: its answer may go back as the backend writes it (the client did not ask
+        for anything the frontend adds to each answer, such as the final-response flag).
+
+        The pipeline decides, as for a unary ModelInfer (:meth:`infer_message`): relayed as it
+        came when ``relayable``, no stage applies, it carries nothing the full path would leave
+        out and the backend takes it (:meth:`Backend.relay_message`, which declines a decoupled
+        model: its answers come over the backend's stream), the one answer being the backend's
+        serialized ModelInferResponse, unchanged (decoded and finished when it is not what the
+        full path would answer, :meth:`Relay.relay_message`); else every response of
+        :meth:`stream_infer`'s path, for the frontend to encode. One access check, one backend
+        call."""
+        self._allow("inference", headers)
+        if relayable:
+            relayed = await self._relay.relay_message(request, message, headers, streamed=True)
+            if relayed is not None:
+                yield relayed
+                return
+        async with aclosing(self._streamed(request, headers, peer)) as responses:
+            async for response in responses:
+                yield response
+
+    async def _streamed(
+        self, request: InferRequest, headers: Headers, peer: str | None
+    ) -> AsyncGenerator[InferResponse, None]:
+        """Stages 3-6 around :meth:`Backend.stream_infer` (the access was checked)."""
         if not self.stages.applies(request):
             async for answer in self.backend.stream_infer(request, headers):
                 yield finish(request, answer)

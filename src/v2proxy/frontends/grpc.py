@@ -12,8 +12,11 @@ one place, and each call goes through the exchange envelope of
 message of a stream is an exchange, recorded on its own).
 ModelInfer hands the pipeline the decoded request with the message's bytes
 (:meth:`Pipeline.infer_message`), which relays them to a gRPC backend as they came when nothing
-needs changing; the backend's answer then goes back as it came. ModelStreamInfer (always decoded
-and re-encoded) answers each request on the stream, several times for decoupled models, with
+needs changing; the backend's answer then goes back as it came. ModelStreamInfer does the same
+with each message on the stream (:meth:`Pipeline.stream_message`: a relayed answer is wrapped into
+its ModelStreamInferResponse without being parsed; a decoupled model's responses, and those of a
+client that asks for the final-response flag, are encoded here) and answers each request on the
+stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header. Every call but health and metadata holds a slot of the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
@@ -219,8 +222,7 @@ class GrpcFrontend:
             try:
                 r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
                 model = r.model_name
-                async for out in self._stream_one(r, headers, peer):
-                    data = out.SerializeToString()
+                async for data in self._stream_one(r, msg, headers, peer):
                     n_out += len(data)
                     await queue.put(data)
             except Exception as exc:
@@ -272,19 +274,31 @@ class GrpcFrontend:
                 await reader
 
     async def _stream_one(
-        self, r: pb.ModelInferRequest, headers: Headers, peer: str | None
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        self, r: pb.ModelInferRequest, msg: bytes, headers: Headers, peer: str | None
+    ) -> AsyncIterator[bytes]:
+        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as
+        ``r``), decoded and checked in full, then handed to the pipeline with its bytes
+        (:meth:`Pipeline.stream_message`): a relayed answer goes back as the backend wrote it,
+        wrapped without being parsed, every other response is encoded here. A client that asks
+        for the final-response flag gets it on each answer (so nothing is relayed for it)."""
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
+        # the flag (even false) is this frontend's: a message that carries it is not sent on
+        # as it came, and its answers are given the final-response parameter here
+        relayable = _EMPTY_FINAL not in request.parameters
         flag = request.parameters.pop(_EMPTY_FINAL, False) is True
         _no_reserved_keys(request.parameters)
-        previous: pb.ModelInferResponse | None = None
+        previous: pb.ModelInferResponse | bytes | None = None
         encode = self.recorder.encode["grpc"]
+        answers = self.pipeline.stream_message(msg, request, relayable, headers, peer)
         try:
-            async for response in self.pipeline.stream_infer(request, headers, peer):
+            async for response in answers:
                 if previous is not None:
                     yield self._stream_response(previous, flag, final=False)
+                if isinstance(response, bytes):
+                    previous = response  # relayed: the backend's serialized answer
+                    continue
                 t0 = perf_counter()
                 previous = grpcc.response_to_proto(response)
                 encode.observe(perf_counter() - t0)
@@ -302,12 +316,14 @@ class GrpcFrontend:
         yield self._stream_response(previous, flag, final=True)
 
     @staticmethod
-    def _stream_response(
-        msg: pb.ModelInferResponse, flag: bool, final: bool
-    ) -> pb.ModelStreamInferResponse:
+    def _stream_response(msg: pb.ModelInferResponse | bytes, flag: bool, final: bool) -> bytes:
+        """One answer as a serialized ModelStreamInferResponse: a relayed one (bytes, never
+        with the flag: it is not relayed) wrapped as it came."""
+        if isinstance(msg, bytes):
+            return grpcc.stream_response_bytes(msg)
         if flag:
             msg.parameters[_FINAL].bool_param = final
-        return pb.ModelStreamInferResponse(infer_response=msg)
+        return pb.ModelStreamInferResponse(infer_response=msg).SerializeToString()
 
     # ------------------------------------------------------------------ side RPCs
 
