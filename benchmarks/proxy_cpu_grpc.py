@@ -13,6 +13,9 @@ phase, after a warm-up), the backend's, the proxy's context switches per call (e
 voluntary and not: each hand-off between grpcio's threads and the event loop is one), and the
 median latency of the calls.
 
+``--stream`` sends the same messages on one ``ModelStreamInfer`` call instead, one at a time
+(each sent once the answer to the one before has come), the proxy's CPU per message.
+
 ``--src DIR`` runs the proxy from another source tree (a copy of ``src/`` made before a change)
 so that two versions are measured in alternating rounds on this noisy machine (``--rounds``;
 ``--src`` may be given twice: ``--src /tmp/before --src src``); ``--direct`` adds the backend
@@ -20,6 +23,7 @@ without a proxy as a row of its own (latency only). ``--callgrind`` runs the pro
 valgrind and reports instructions per call (deterministic; slow: use a small ``--n``).
 
     .venv/bin/python benchmarks/proxy_cpu_grpc.py --n 3000 --rounds 3 --src /tmp/before --src src
+    .venv/bin/python benchmarks/proxy_cpu_grpc.py --stream --n 3000 --rounds 3 --src src
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -35,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ sys.path.insert(0, str(REPO / "src"))
 from v2proxy._proto import grpc_service_pb2 as pb
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def switches(pid: int) -> int:
@@ -96,6 +102,43 @@ def drive(port: int, message: bytes, data: bytes, n: int) -> tuple[float, list[f
         return time.perf_counter() - t0, lat
 
 
+def drive_stream(port: int, message: bytes, data: bytes, n: int) -> tuple[float, list[float]]:
+    """``n`` messages on one ModelStreamInfer call, each sent once the answer to the one before
+    has come; (seconds, latencies)."""
+    with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+        outbox: queue.Queue[bytes | None] = queue.Queue()
+        call: Any = channel.stream_stream(_STREAM)(iter(outbox.get, None))  # bytes both ways
+        try:
+            outbox.put(message)
+            first = pb.ModelStreamInferResponse.FromString(next(call))
+            if first.error_message:
+                raise RuntimeError(f"answer: {first.error_message}")
+            check(first.infer_response.SerializeToString(), data)
+            need = len(data)
+            lat: list[float] = []
+            t0 = time.perf_counter()
+            for _ in range(n):
+                t = time.perf_counter()
+                outbox.put(message)
+                answer = next(call)
+                lat.append(time.perf_counter() - t)
+                if len(answer) < need or b"OUTPUT0" not in answer:
+                    raise RuntimeError(f"answer: {answer[:300]!r}")
+            return time.perf_counter() - t0, lat
+        finally:
+            outbox.put(None)  # the stream's end: the call finishes
+            for _ in call:
+                pass
+
+
+Driver = Callable[[int, bytes, bytes, int], tuple[float, list[float]]]
+
+
+def driver(args: argparse.Namespace) -> Driver:
+    """The calls measured: unary ModelInfer, or messages on one stream (``--stream``)."""
+    return drive_stream if args.stream else drive
+
+
 @contextlib.contextmanager
 def backend(kind: str) -> Iterator[tuple[int, int]]:
     """(gRPC port, pid) of the backend."""
@@ -128,12 +171,13 @@ def measure(
     src: str, backend_port: int, backend_pid: int, args: argparse.Namespace, extra: list[str]
 ) -> dict[str, float]:
     message, data = request_message(args.elements)
+    drive_n = driver(args)
     with proxy(src, backend_port, None, extra) as (port, pid):
-        drive(port, message, data, args.warmup)
+        drive_n(port, message, data, args.warmup)
         u0, s0 = cpu_s(pid)
         bu0, bs0 = cpu_s(backend_pid)
         cs0 = switches(pid)
-        wall, lat = drive(port, message, data, args.n)
+        wall, lat = drive_n(port, message, data, args.n)
         cs1 = switches(pid)
         u1, s1 = cpu_s(pid)
         bu1, bs1 = cpu_s(backend_pid)
@@ -156,10 +200,11 @@ def callgrind_run(src: str, backend_port: int, args: argparse.Namespace, extra: 
     folder = Path(tempfile.mkdtemp(prefix="proxy_cpu_grpc_"))
     out = folder / "callgrind.out"
     message, data = request_message(args.elements)
+    drive_n = driver(args)
     with proxy(src, backend_port, out, extra) as (port, pid):
-        drive(port, message, data, min(args.warmup, 200))
+        drive_n(port, message, data, min(args.warmup, 200))
         subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
-        drive(port, message, data, args.n)
+        drive_n(port, message, data, args.n)
         subprocess.run(
             ["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True
         )
@@ -179,6 +224,9 @@ def main() -> int:
     ap.add_argument("--elements", type=int, default=1024, help="FP32 elements of the tensor")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--direct", action="store_true", help="also the backend without a proxy")
+    ap.add_argument(
+        "--stream", action="store_true", help="messages on one ModelStreamInfer call instead"
+    )
     ap.add_argument("--callgrind", action="store_true", help="instructions per call instead")
     ap.add_argument("--serve-args", default="", help="extra `v2proxy serve` arguments")
     args = ap.parse_args()
@@ -196,8 +244,8 @@ def main() -> int:
         message, data = request_message(args.elements)
         for r in range(args.rounds):
             if args.direct:
-                drive(backend_port, message, data, args.warmup)
-                _, lat = drive(backend_port, message, data, args.n)
+                driver(args)(backend_port, message, data, args.warmup)
+                _, lat = driver(args)(backend_port, message, data, args.n)
                 direct.append(statistics.median(lat) * 1e6)
                 print(f"round {r} direct: p50 {direct[-1]:.0f} µs", flush=True)
             for s in srcs:
