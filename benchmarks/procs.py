@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import importlib.util
 import os
 import shutil
@@ -108,13 +109,14 @@ def free_ports(n: int) -> list[int]:
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """Status of a GET, or None when nothing answers."""
+    """Status of a GET, or None when nothing answers (or something that is not HTTP/1.x does:
+    another process's gRPC server that took the port first)."""
     try:
         with _OPENER.open(url, timeout=timeout) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
         return None
 
 
