@@ -56,6 +56,10 @@ _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
+#: no message size limit on the client's channel (a 16 M FP32 answer is 64 MiB)
+_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
 def switches(pid: int) -> int:
     """Context switches so far of every thread of process ``pid``."""
     total = 0
@@ -87,7 +91,7 @@ def check(answer: bytes, data: bytes) -> None:
 
 def drive(port: int, message: bytes, data: bytes, n: int) -> tuple[float, list[float]]:
     """``n`` calls, one at a time on one channel; (seconds, latencies)."""
-    with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+    with grpc.insecure_channel(f"{HOST}:{port}", options=_UNLIMITED) as channel:
         call: Any = channel.unary_unary(_METHOD)  # bytes in, bytes out
         check(call(message, timeout=30), data)
         need = len(data)
@@ -105,7 +109,7 @@ def drive(port: int, message: bytes, data: bytes, n: int) -> tuple[float, list[f
 def drive_stream(port: int, message: bytes, data: bytes, n: int) -> tuple[float, list[float]]:
     """``n`` messages on one ModelStreamInfer call, each sent once the answer to the one before
     has come; (seconds, latencies)."""
-    with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+    with grpc.insecure_channel(f"{HOST}:{port}", options=_UNLIMITED) as channel:
         outbox: queue.Queue[bytes | None] = queue.Queue()
         call: Any = channel.stream_stream(_STREAM)(iter(outbox.get, None))  # bytes both ways
         try:
