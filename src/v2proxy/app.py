@@ -31,6 +31,7 @@ from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
+from v2proxy.ops import memory
 from v2proxy.ops.config import Settings
 from v2proxy.ops.metrics_export import (
     AnyMetrics,
@@ -166,6 +167,7 @@ async def serve(
     metrics.start()
     probe = asyncio.create_task(_probe_backend(backend, settings, rest.mindie))
     sweeper = asyncio.create_task(_sweep_shm(pipeline))
+    releaser = _release_memory(settings, gate)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -183,10 +185,29 @@ async def serve(
         )
         probe.cancel()
         sweeper.cancel()
+        if releaser is not None:
+            releaser.cancel()
         await backend.close()
         if isinstance(pipeline.shm, Registry | SharedRegistry):
             pipeline.shm.close()
         metrics.stop()
+
+
+def _release_memory(settings: Settings, gate: AdmissionGate) -> asyncio.Task[None] | None:
+    """``--reuse-large-buffers``: malloc set to keep large blocks, and the task that gives the
+    memory back when the process is idle (:mod:`v2proxy.ops.memory`)."""
+    if not settings.reuse_large_buffers:
+        return None
+    releaser = memory.reuse_large_buffers(lambda: gate.arrived)
+    if releaser is None:
+        return None
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(memory.RELEASE_EVERY_S)
+            releaser.tick()
+
+    return asyncio.create_task(tick())
 
 
 async def _sweep_shm(pipeline: Pipeline) -> None:

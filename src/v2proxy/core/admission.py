@@ -32,7 +32,7 @@ RETRY_AFTER_S = 1
 class AdmissionGate:
     """Counts the requests in progress and refuses those beyond ``limit`` (0: no limit)."""
 
-    __slots__ = ("in_use", "limit", "refused")
+    __slots__ = ("arrived", "in_use", "limit", "refused")
 
     def __init__(self, limit: int = 0) -> None:
         if limit < 0:
@@ -42,12 +42,18 @@ class AdmissionGate:
         self.in_use = 0
         #: requests refused since the start
         self.refused = 0
+        #: requests of a counted operation since the start, admitted or not (what an idle
+        #: process is told by: ops/memory.py)
+        self.arrived = 0
 
     def enter(self, operation: str) -> bool:
         """Admit a request of ``operation``: True when it took a slot (the caller must
         :meth:`leave` once it is answered), False when it needs none (exempt operations, no
         limit). Raises :class:`Overloaded` when every slot is taken."""
-        if self.limit == 0 or operation in EXEMPT:
+        if operation in EXEMPT:
+            return False
+        self.arrived += 1
+        if self.limit == 0:
             return False
         if self.in_use >= self.limit:
             self.refused += 1

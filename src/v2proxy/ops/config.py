@@ -102,6 +102,7 @@ class Settings:
     log_format: str = DEFAULTS["log_format"]
     access_log: bool = DEFAULTS["access_log"]
     metrics: bool = DEFAULTS["metrics"]
+    reuse_large_buffers: bool = DEFAULTS["reuse_large_buffers"]
     server_name: str = "v2proxy"  # not a setting: reference-server's is v2proxy-reference
     client_shm: str = DEFAULTS["client_shm"]
     max_shm_regions: int = DEFAULTS["max_shm_regions"]

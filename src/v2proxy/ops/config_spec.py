@@ -360,6 +360,16 @@ SETTINGS: tuple[SettingSpec, ...] = (
         bare="on",
     ),
     SettingSpec(
+        "reuse_large_buffers",
+        False,
+        switch,
+        "glibc only: malloc keeps large blocks' memory for the next request instead of mapping"
+        " and unmapping it per block (a 64 MiB message otherwise pays a page fault per 4 KiB of"
+        " each copy); the memory is given back once no request has come for 5-10 s",
+        "on|off",
+        bare="on",
+    ),
+    SettingSpec(
         "metrics",
         True,
         switch,
