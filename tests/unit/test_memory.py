@@ -130,7 +130,7 @@ def test_large_blocks_reused_without_page_faults_then_given_back() -> None:
     assert after_trim > pages // 2  # given back: the next block faults again
 
 
-async def test_serve_sets_it_up_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_serve_sets_it_up_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
 
     from v2proxy import app
@@ -146,7 +146,8 @@ async def test_serve_sets_it_up_only_when_asked(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(memory, "reuse_large_buffers", fake)
     gate = AdmissionGate(0)
     gate.enter("infer")
-    assert app._release_memory(Settings(), gate) is None and asked == []
-    task = app._release_memory(dataclasses.replace(Settings(), reuse_large_buffers=True), gate)
+    off = dataclasses.replace(Settings(), reuse_large_buffers=False)
+    assert app._release_memory(off, gate) is None and asked == []
+    task = app._release_memory(Settings(), gate)  # on by default
     assert task is not None and asked == [1]
     task.cancel()

@@ -361,11 +361,12 @@ SETTINGS: tuple[SettingSpec, ...] = (
     ),
     SettingSpec(
         "reuse_large_buffers",
-        False,
+        True,
         switch,
         "glibc only: malloc keeps large blocks' memory for the next request instead of mapping"
         " and unmapping it per block (a 64 MiB message otherwise pays a page fault per 4 KiB of"
-        " each copy); the memory is given back once no request has come for 5-10 s",
+        " each copy); the memory is given back once no request has come for 5-10 s; off:"
+        " glibc's own behaviour",
         "on|off",
         bare="on",
     ),

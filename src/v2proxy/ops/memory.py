@@ -19,7 +19,9 @@ Contract:
   when no request has arrived since the tick before (the admission gate's count; health and
   metadata probes do not count) — so a run of large requests keeps its buffers, and an idle
   proxy gives them back within two ticks.
-- Off (the default), glibc's own behaviour is untouched.
+- On by default; off, glibc's own behaviour is untouched. What it costs: while requests keep
+  coming, the heap keeps the largest set of buffers they needed at once (the peak is the same
+  either way; it is not given back between requests).
 """
 
 from __future__ import annotations
