@@ -20,8 +20,9 @@ Contract:
   metadata probes do not count) — so a run of large requests keeps its buffers, and an idle
   proxy gives them back within two ticks.
 - On by default; off, glibc's own behaviour is untouched. What it costs: while requests keep
-  coming, the heap keeps the largest set of buffers they needed at once (the peak is the same
-  either way; it is not given back between requests).
+  coming, the heap keeps the buffers they needed at once, and the peak is somewhat higher
+  (four 64 MiB gRPC calls: RSS 762 MiB right after against 222, peak 761 against 670; 202
+  against 222 once given back).
 """
 
 from __future__ import annotations
