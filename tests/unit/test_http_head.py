@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from v2proxy.http.head import Head, Rejection, check_head
+from v2proxy.http.head import Head, Rejection, check_head, fields_over, fields_size
 
 MAX_BODY = 1000
 H = list[tuple[bytes, bytes]]
@@ -233,3 +233,30 @@ class Unversioned(Parsed):
 def test_keeps_alive_hint_skips_the_version() -> None:
     head = check_head(Unversioned(method=b"POST"), b"/", [CL, (b"host", b"h")], MAX_BODY, True)
     assert head == ("POST", V11, 10, False, True, False)
+
+
+# ------------------------------------------------------------------ the fields' limits
+
+_F = (b"x-a", b"12345")  # 3 + 5 + 4 = 12 bytes in a head
+
+
+@pytest.mark.parametrize(
+    "fields,max_bytes,max_fields,expected",
+    [
+        ([], 0, 0, None),
+        ([_F] * 3, 36, 3, None),  # exactly at both limits
+        ([_F] * 4, 36, 10, (431, "request head too large")),
+        ([_F] * 4, 100, 3, (431, "too many header fields")),
+        # both crossed: the one the fields crossed first wins
+        ([_F] * 5, 30, 3, (431, "request head too large")),  # bytes at the 3rd field
+        ([_F] * 5, 48, 2, (431, "too many header fields")),  # count at the 3rd
+    ],
+)
+def test_fields_over(
+    fields: list[tuple[bytes, bytes]],
+    max_bytes: int,
+    max_fields: int,
+    expected: tuple[int, str] | None,
+) -> None:
+    assert fields_size(fields) == 12 * len(fields)
+    assert fields_over(fields, max_bytes, max_fields) == expected

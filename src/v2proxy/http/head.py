@@ -18,12 +18,16 @@ Checks run in this order, the first failing one wins:
   body. An Upgrade without a body is served as if the header were absent.
 
 llhttp has already refused a Content-Length that is not all digits and any repeated one, so
-the value is parsed as is. The limits llhttp's callbacks enforce while the head arrives (target
-length, field count, head size) are the connection's (:mod:`.server_conn`).
+the value is parsed as is. The limits on the fields while the head arrives are measured here
+(:func:`fields_size`, :func:`fields_over`: 431 for too many fields or too many bytes of them,
+whichever came first) and applied by the connection (:mod:`.server_conn`), which also bounds
+the target's length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
 from typing import Protocol
 
 #: (method, version, content_length, chunked, keep_alive, expect_continue): ``expect_continue``
@@ -144,3 +148,25 @@ def check_head(
 
 
 __all__ = ["Head", "ParsedHead", "Rejection", "check_head"]
+
+
+def fields_size(fields: Sequence[tuple[bytes, bytes]]) -> int:
+    """The bytes ``fields`` take in a head (each name and value, ``: `` and CRLF)."""
+    return sum(map(len, chain.from_iterable(fields))) + 4 * len(fields)
+
+
+def fields_over(
+    fields: Sequence[tuple[bytes, bytes]], max_bytes: int, max_fields: int
+) -> tuple[int, str] | None:
+    """The 431 due to the fields gathered so far — over ``max_bytes`` of them or over
+    ``max_fields`` fields, whichever limit the fields crossed first — or None."""
+    if fields_size(fields) <= max_bytes and len(fields) <= max_fields:
+        return None
+    size = 0
+    for i, (name, value) in enumerate(fields, 1):
+        if i > max_fields:
+            return 431, "too many header fields"
+        size += len(name) + len(value) + 4
+        if size > max_bytes:
+            break
+    return 431, "request head too large"

@@ -57,12 +57,11 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from itertools import chain
 from typing import Protocol, cast
 
 import httptools
 
-from v2proxy.http.head import Rejection, check_head
+from v2proxy.http.head import Rejection, check_head, fields_over, fields_size
 from v2proxy.http.lazy_timer import LazyTimer
 from v2proxy.http.request import (
     HIGH_WATER,
@@ -448,21 +447,10 @@ class Connection(asyncio.Protocol):
                     self._error(400, "chunk framing or trailers too large")
 
     def _head_over(self) -> tuple[int, str] | None:
-        """The 431 due to the fields gathered so far (over ``max_header_bytes`` of fields or
-        ``max_headers`` of them, whichever came first), or None."""
-        fields = self.headers
+        """The 431 due to the fields gathered so far (:func:`~v2proxy.http.head.fields_over`),
+        or None."""
         limits = self.limits
-        size = sum(map(len, chain.from_iterable(fields))) + 4 * len(fields)
-        if size <= limits.max_header_bytes and len(fields) <= limits.max_headers:
-            return None
-        size = 0
-        for i, (name, value) in enumerate(fields, 1):
-            if i > limits.max_headers:
-                return 431, "too many header fields"
-            size += len(name) + len(value) + 4
-            if size > limits.max_header_bytes:
-                break
-        return 431, "request head too large"
+        return fields_over(self.headers, limits.max_header_bytes, limits.max_headers)
 
     def _reject(self, status: int, message: str) -> _Reject:
         self.rejection = (status, message)
@@ -499,7 +487,7 @@ class Connection(asyncio.Protocol):
         if size < 0:  # the first trailer: start from the head's fields
             req = self.parsing
             fields = req.headers if req is not None else []
-            size = sum(map(len, chain.from_iterable(fields))) + 4 * len(fields)
+            size = fields_size(fields)
         self.head_size = size = size + len(name) + len(value) + 4
         if size > self.limits.max_header_bytes:
             raise self._reject(431, "request head too large")
