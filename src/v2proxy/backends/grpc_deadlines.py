@@ -10,9 +10,10 @@ Contract:
 - A call still watched at its end has its task cancelled (once); :meth:`Watch.timed_out` then
   tells, as ``asyncio.timeout`` does, whether the CancelledError that the task met is the
   watchdog's own (to be answered as a timeout) or someone else's too (to go on).
-- One timer of the loop serves every call: it is armed for the earliest end and fires once per
-  end that is reached, not once per call. The calls of one backend share one timeout, so their
-  ends come in the order they were watched, and the timer looks only at the first ones.
+- One timer of the loop (a :class:`~v2proxy.http.lazy_timer.LazyTimer`) serves every call: it
+  is armed for the earliest end and fires once per end that is reached, not once per call.
+  The calls of one backend share one timeout, so their ends come in the order they were
+  watched, and the timer looks only at the first ones.
 
 It replaces an ``asyncio.timeout_at`` around each call, whose timer handle, armed and cancelled
 per call, was about 3% of the proxy's work on a small relayed call.
@@ -21,6 +22,8 @@ per call, was about 3% of the proxy's work on a small relayed call.
 from __future__ import annotations
 
 import asyncio
+
+from v2proxy.http.lazy_timer import LazyTimer
 
 
 class Watch:
@@ -51,7 +54,7 @@ class Watchdog:
         self._loop = loop
         #: the calls in flight, in the order of their ends
         self._watched: dict[Watch, None] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = LazyTimer(loop, self._fire)
 
     def watch(self, end: float) -> Watch:
         """The current task's call is to be over by ``end`` (the loop's time)."""
@@ -59,8 +62,7 @@ class Watchdog:
         assert task is not None  # called from the task making the call
         w = Watch(end, task)
         self._watched[w] = None
-        if self._timer is None:
-            self._timer = self._loop.call_at(end, self._fire)
+        self._timer.at(end)  # no timer call while an earlier end is pending
         return w
 
     def unwatch(self, w: Watch) -> None:
@@ -68,15 +70,16 @@ class Watchdog:
         call's await, where :meth:`Watch.timed_out` takes it back)."""
         self._watched.pop(w, None)
 
-    def _fire(self) -> None:
-        self._timer = None
+    def _fire(self) -> float | None:
+        """The calls whose end is reached are cancelled; the next end, if any, returned (the
+        :class:`~v2proxy.http.lazy_timer.LazyTimer` fires again then)."""
         now = self._loop.time()
         watched = self._watched
         while watched:
             w = next(iter(watched))
             if w.end > now:
-                self._timer = self._loop.call_at(w.end, self._fire)
-                return
+                return w.end
             del watched[w]
             w.fired = True
             w.task.cancel()
+        return None
