@@ -76,6 +76,16 @@ class InvalidText(CodecError):
         self.char = char
 
 
+class InvalidField(CodecError):
+    """One field of a request is at fault: ``field`` names it as the client wrote it (``messages``,
+    ``stop``, ``stream_options.include_usage``), for the APIs whose error shape has a place for it
+    (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class PayloadTooLarge(InvalidRequest):
     """A body, header or decoded tensor exceeds the configured size limit (Triton answers 400)."""
 
