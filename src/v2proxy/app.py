@@ -29,6 +29,7 @@ from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Backend
 from v2proxy.frontends.grpc import GrpcFrontend
 from v2proxy.frontends.mindie import MindieFrontend
+from v2proxy.frontends.openai import OpenAIFrontend
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
 from v2proxy.ops import memory
@@ -68,6 +69,7 @@ def build_rest(
         settings.access_log,
         mindie=settings.mindie,
         gate=gate or AdmissionGate(settings.max_concurrency),
+        openai=settings.openai,
     )
 
 
@@ -165,7 +167,7 @@ async def serve(
     if on_ready is not None:
         on_ready(http_port, grpc_port)
     metrics.start()
-    probe = asyncio.create_task(_probe_backend(backend, settings, rest.mindie))
+    probe = asyncio.create_task(_probe_backend(backend, settings, rest.mindie, rest.openai))
     sweeper = asyncio.create_task(_sweep_shm(pipeline))
     releaser = _release_memory(settings, gate)
     stop = asyncio.Event()
@@ -221,10 +223,14 @@ async def _sweep_shm(pipeline: Pipeline) -> None:
 
 
 async def _probe_backend(
-    backend: Backend, settings: Settings, mindie: MindieFrontend | None = None
+    backend: Backend,
+    settings: Settings,
+    mindie: MindieFrontend | None = None,
+    openai: OpenAIFrontend | None = None,
 ) -> None:
     """Warn once at start-up when the backend cannot be reached (serving goes on); once it
-    answers, look up the model of a configured ``mindie:`` section (its check logs a line)."""
+    answers, look up the model of a configured ``mindie:`` section and those of a configured
+    ``openai:`` section (their checks log a line each)."""
     try:
         async with asyncio.timeout(settings.backend_connect_timeout + 1):
             await backend.server_ready()
@@ -235,6 +241,8 @@ async def _probe_backend(
     else:
         if mindie is not None and settings.mindie is not None:
             await mindie.check()
+        if openai is not None and settings.openai is not None:
+            await openai.check()
         return
     fields = {"backend": settings.backend.display, "cause": cause}
     log.warning("backend unreachable at start-up", extra={"request": fields})

@@ -50,6 +50,7 @@ def test_defaults_come_from_the_table_of_settings() -> None:
         "restricted",
         "models",
         "mindie",
+        "openai",
         "tls",
         "backend_tls",
     }

@@ -99,6 +99,10 @@ CASES = [
         for method, what in (("GET", "status"), ("POST", "register"), ("POST", "unregister"))
     ),
     Case("POST", "/infer", "mindie_infer", "mindie", _INF),
+    Case("GET", "/v1/models", "openai_models", _META, "metadata"),
+    Case("GET", "/v1/models/org/model-7b", "openai_model", _META, "metadata"),
+    Case("POST", "/v1/completions", "openai_completions", "openai", _INF, True),
+    Case("POST", "/v1/chat/completions", "openai_chat", "openai", _INF, True),
     Case("GET", "/openapi.json", "openapi_document", _META, None),
 ]
 
@@ -114,6 +118,8 @@ NOT_ALLOWED = [
     ("GET", "/v2/repository/models/simple/load", "POST"),
     ("POST", "/v2/cudasharedmemory/status", "GET"),
     ("GET", "/infer", "POST"),
+    ("GET", "/v1/completions", "POST"),
+    ("POST", "/v1/models", "GET"),
     ("POST", "/openapi.json", "GET"),
     ("POST", _M, "GET"),
 ]

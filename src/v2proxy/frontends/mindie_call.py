@@ -63,7 +63,16 @@ class BackendSide:
     """The backend side of ``/infer``: its target, discovered on first use and kept
     (:meth:`target`), and the calls to it (:meth:`chunks`)."""
 
-    def __init__(self, pipeline: Pipeline, model: str, profile: str, seed_input: str) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        model: str,
+        profile: str,
+        seed_input: str,
+        serves: str = "MindIE /infer",
+    ) -> None:
+        #: what this side serves, as its log lines name it
+        self.serves = serves
         self.pipeline = pipeline
         self.model = model
         self.profile = profile
@@ -87,7 +96,7 @@ class BackendSide:
         except ProxyError as exc:
             now = time.monotonic()
             if now - self._failed_at > RETRY_S:
-                log.warning("MindIE /infer: model '%s' not found: %s", self.model, exc.message)
+                log.warning("%s: model '%s' not found: %s", self.serves, self.model, exc.message)
                 self._failed_at = now
             raise
         try:
@@ -106,7 +115,7 @@ class BackendSide:
         problems = mapping.profile_problems(self.profile, view)
         guess = mapping.guess_profile(view)
         line = (
-            f"MindIE /infer served by model '{self.model}' (profile {self.profile},"
+            f"{self.serves} served by model '{self.model}' (profile {self.profile},"
             f" {'decoupled' if decoupled else 'not decoupled'}, {target.transport})"
         )
         if problems:
@@ -123,7 +132,7 @@ class BackendSide:
         new = [n for n in names if n not in self._dropped]
         if new:
             self._dropped.update(new)
-            log.info("MindIE /infer: model '%s' has no input %s: not sent", self.model, new)
+            log.info("%s: model '%s' has no input %s: not sent", self.serves, self.model, new)
 
     async def chunks(
         self, target: Target, req: MindieRequest, headers: Headers

@@ -49,6 +49,8 @@ from v2proxy.frontends import openapi, rest_record, routes
 from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
+from v2proxy.frontends.openai import OpenAIFrontend
+from v2proxy.frontends.openai import error_answer as openai_error_answer
 from v2proxy.frontends.rest_answer import JSON, Answer, Handler, json_answer, write_forwarded
 from v2proxy.frontends.rest_generate import GenerateEndpoint
 from v2proxy.frontends.rest_infer import InferEndpoint
@@ -57,7 +59,7 @@ from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
 from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
-from v2proxy.ops.config_sections import MindieSettings
+from v2proxy.ops.config_sections import MindieSettings, OpenAIModel, OpenAISettings
 from v2proxy.ops.metrics_export import CONTENT_TYPE, AnyMetrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -94,6 +96,7 @@ class RestFrontend:
         access_log: bool = False,
         mindie: MindieSettings | None = None,
         gate: AdmissionGate | None = None,
+        openai: OpenAISettings | None = None,
     ) -> None:
         self.pipeline = pipeline
         #: --max-concurrency, shared with the gRPC frontend (default: no limit)
@@ -104,12 +107,23 @@ class RestFrontend:
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
         #: admission, in flight, timing and the record of every request but /metrics
         self.envelope = Envelope(self.recorder, self.gate, rest_record.describe, rest_record.GONE)
+        #: the same for the OpenAI routes, recorded under frontend="openai"
+        self.openai_envelope = Envelope(
+            FrontendRecorder(self.metrics, "openai", access_log),
+            self.gate,
+            rest_record.describe,
+            rest_record.GONE,
+        )
         #: request bodies, whole and bounded by --max-body-size (chunked ones' sizes kept for
         #: the record, taken by dispatch)
         self.body = BodyReader(max_body_size)
         self.read_body = self.body.read
         #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
         self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
+        #: OpenAI's /v1 routes (the openai: settings; default: the model /infer serves)
+        self.openai = OpenAIFrontend(
+            pipeline, openai or default_openai(mindie), max_input_size, self.metrics
+        )
         infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
@@ -134,6 +148,10 @@ class RestFrontend:
             "shm_register": shm.register,
             "shm_unregister": shm.unregister,
             "mindie_infer": self.mindie_infer,
+            "openai_models": self.openai_models,
+            "openai_model": self.openai_model,
+            "openai_completions": self.openai_completions,
+            "openai_chat": self.openai_chat,
             "openapi_document": self.openapi_document,
         }
         handlers = self.handlers
@@ -152,9 +170,9 @@ class RestFrontend:
         if request.path == "/metrics":
             await self.scrape(request, response)
             return
-        env = self.envelope
-        t0 = env.open()
         handler, m, route = self.find(request)
+        env = self.envelope if route.frontend == "rest" else self.openai_envelope
+        t0 = env.open()
         op = route.operation
         model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
@@ -172,7 +190,10 @@ class RestFrontend:
                 answer = await handler(request, m)
             except ProxyError as exc:
                 # each API answers errors in its own shape (MindIE's /infer: MindIE's)
-                answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
+                if route.frontend == "openai":
+                    answer = openai_error_answer(exc)
+                else:
+                    answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
                 _, error, cause = env.failure(exc)
             rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
@@ -296,6 +317,27 @@ class RestFrontend:
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
 
+    async def openai_models(self, r: HttpRequest, _m: Any) -> Answer:
+        """``GET /v1/models`` (:mod:`v2proxy.frontends.openai`): the proxy's own list, in the
+        ``metadata`` group like the backend's."""
+        self.pipeline.access.check("metadata", headers_of(r))
+        return self.openai.list_models()
+
+    async def openai_model(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+        """``GET /v1/models/{id}``."""
+        self.pipeline.access.check("metadata", headers_of(r))
+        return self.openai.get_model(m.group("id"))
+
+    async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
+        """``POST /v1/completions``."""
+        body = await self.read_body(r)
+        return await unless_gone(r, self.openai.completions(body, headers_of(r)))
+
+    async def openai_chat(self, r: HttpRequest, _m: Any) -> Answer:
+        """``POST /v1/chat/completions``."""
+        body = await self.read_body(r)
+        return await unless_gone(r, self.openai.chat(body, headers_of(r)))
+
     async def openapi_document(self, _r: HttpRequest, _m: Any) -> Answer:
         """``GET /openapi.json``: the document of this API (never passed through)."""
         return 200, list(JSON), openapi.document_json()
@@ -305,6 +347,14 @@ class RestFrontend:
         status, headers, body = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
         headers.append((b"allow", _ALLOW[m.re]))
         return status, headers, body
+
+
+def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
+    """The OpenAI routes without an ``openai:`` section: one model id, the v2 model MindIE's
+    ``/infer`` serves (its ``mindie:`` settings, else the builtin ``llm``), under its own name."""
+    m = mindie or MindieSettings("llm")
+    seed = m.seed_input if m.profile == "trtllm" else "seed"
+    return OpenAISettings((OpenAIModel(m.model, m.model, m.profile, seed),))
 
 
 #: each row's pattern -> its 405's ``Allow``

@@ -12,7 +12,8 @@ Contract:
   first row that matches serves it. The hot ``POST /v2/models/{model}/infer`` comes first, so
   that it costs a single match.
 - A row's path is a template: ``{param}`` is a named part (:data:`PARAMS` says what each
-  matches: ``{model}`` and ``{name}`` one path segment, ``{version}`` digits, ``{kind}`` and
+  matches: ``{model}`` and ``{name}`` one path segment, ``{id}`` (an OpenAI model id, which may hold
+  ``/``) the rest of the path, ``{version}`` digits, ``{kind}`` and
   ``{action}`` one of their words) and ``[...]`` an optional part. Its paths in the OpenAPI
   document are the template's spellings: each optional part taken and left out, ``{kind}`` and
   ``{action}`` spelled out as their words, the others kept as OpenAPI parameters; a trailing
@@ -29,6 +30,9 @@ Contract:
   reads the body, so that a refused client gets 403 rather than its body's 400, as Triton
   answers (:attr:`Route.check_first`, precomputed). MindIE's ``POST /infer`` keeps MindIE's own
   order (the body is validated first) and its error shape.
+- :attr:`Route.frontend` is the API a route belongs to: ``rest`` (v2 and MindIE's ``/infer``)
+  or ``openai`` (``/v1/...``), whose requests are recorded under ``frontend="openai"`` and
+  whose errors take OpenAI's shape.
 
 Outside the table, and described here: :data:`METRICS` (``GET /metrics``, the proxy's own
 metrics, answered by the frontend before the table is consulted and never recorded) and
@@ -54,6 +58,7 @@ PARAMS = {
     "kind": "system|cuda",
     "action": "load|unload",
     "path": ".*",
+    "id": ".+",
 }
 _PART = re.compile(r"\{(\w+)\}|\[|\]|[^{}\[\]]+")
 
@@ -98,6 +103,9 @@ class Route:
     operation: str
     group: str | None
     body_first: bool = False
+    #: the API whose frontend records it (``frontend`` label) and whose shape its errors take:
+    #: ``rest`` (v2, and MindIE's ``/infer``) or ``openai``
+    frontend: str = "rest"
     #: the template compiled (:func:`compile_template`)
     pattern: re.Pattern[str] = field(init=False, repr=False)
     #: the value of ``Allow`` in this route's 405
@@ -156,6 +164,25 @@ ROUTES: tuple[Route, ...] = (
     Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory", _FIRST),
     # MindIE's native API: its own order (the body validated first) and error shape
     Route("/infer", {"POST": "mindie_infer"}, "mindie", "inference"),
+    # OpenAI's API: recorded as frontend "openai", errors in OpenAI's shape
+    Route("/v1/models", {"GET": "openai_models"}, "metadata", "metadata", frontend="openai"),
+    Route("/v1/models/{id}", {"GET": "openai_model"}, "metadata", "metadata", frontend="openai"),
+    Route(
+        "/v1/completions",
+        {"POST": "openai_completions"},
+        "openai",
+        "inference",
+        _FIRST,
+        frontend="openai",
+    ),
+    Route(
+        "/v1/chat/completions",
+        {"POST": "openai_chat"},
+        "openai",
+        "inference",
+        _FIRST,
+        frontend="openai",
+    ),
     # the proxy's own document, never passed through, never restricted
     Route("/openapi.json", {"GET": "openapi_document"}, "metadata", None),
 )

@@ -19,7 +19,7 @@ The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
 (:func:`v2proxy.ops.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
 the setting.
 
-Besides the option keys, the YAML file holds two sections (see docs/architecture.md, product
+Besides the option keys, the YAML file holds three sections (see docs/architecture.md, product
 contract; their keys are listed in docs/settings.md):
 
 - ``models``: model name -> ``{outputs: {output name -> {labels: FILE}}}``. Each label file is
@@ -31,6 +31,10 @@ contract; their keys are listed in docs/settings.md):
   (:class:`MindieSettings`; its keys are declared in
   :data:`v2proxy.ops.config_sections.MINDIE_KEYS`; the mapping itself: see docs/protocol.md,
   MindIE).
+- ``openai``: the model ids of the OpenAI routes (``/v1/...``) and the v2 models behind them ->
+  ``Settings.openai`` (:class:`OpenAISettings`; keys in
+  :data:`v2proxy.ops.config_sections.OPENAI_KEYS`; chat template files are read, compiled and
+  checked here; docs/guides/openai.md).
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ from v2proxy.ops.config_sections import (
     ConfigError,
     MindieSettings,
     ModelSettings,
+    OpenAISettings,
     parse_mindie,
     parse_models,
+    parse_openai,
 )
 from v2proxy.ops.config_spec import DEFAULTS, SETTINGS
 from v2proxy.ops.config_values import BackendTarget, parse_backend
@@ -114,6 +120,7 @@ class Settings:
     )
     models: Mapping[str, ModelSettings] = field(default_factory=lambda: MappingProxyType({}))
     mindie: MindieSettings | None = None
+    openai: OpenAISettings | None = None
     #: --tls-cert/--tls-key/--tls-client-ca (None: plain listeners); --backend-ca/-cert/-key
     tls: ListenerTls | None = None
     backend_tls: BackendTls = field(default_factory=BackendTls)
@@ -177,6 +184,8 @@ def load_settings(
             sections["models"] = parse_models(models, config_file, folder)
         if (mindie := file_values.pop("mindie", None)) is not None:
             sections["mindie"] = parse_mindie(mindie, config_file)
+        if (openai := file_values.pop("openai", None)) is not None:
+            sections["openai"] = parse_openai(openai, config_file, folder)
         for key, value in file_values.items():
             if key not in PARSERS:
                 raise ConfigError(f"{config_file}: unknown setting '{key}'")

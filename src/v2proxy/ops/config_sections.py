@@ -1,9 +1,11 @@
-"""The two sections of the YAML config file besides the option keys (see docs/architecture.md,
+"""The sections of the YAML config file besides the option keys (see docs/architecture.md,
 product contract), parsed and checked once at start-up into frozen objects; see config.py's
-docstring for what they hold. Label files are read here. A bad section stops the start with one
-line naming the file and the key (:class:`ConfigError`). The ``mindie:`` keys are declared once,
-in :data:`MINDIE_KEYS` (default, parser, meaning), from which :class:`MindieSettings`' defaults,
-:data:`MINDIE_PARSERS` and their table in docs/settings.md are built."""
+docstring for what they hold. Label files and chat template files are read here (a template is
+compiled and checked by :mod:`v2proxy.codecs.chat_template`). A bad section stops the start with
+one line naming the file and the key (:class:`ConfigError`). The ``mindie:`` keys are declared
+once, in :data:`MINDIE_KEYS` (default, parser, meaning), from which :class:`MindieSettings`'
+defaults, :data:`MINDIE_PARSERS` and their table in docs/settings.md are built; the keys of one
+model of ``openai.models`` likewise in :data:`OPENAI_KEYS`."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from v2proxy.codecs import chat_template
+from v2proxy.codecs.chat_template import ChatTemplate, TemplateProblem
+from v2proxy.codecs.json import loads
+from v2proxy.core.errors import CodecError
 from v2proxy.ops.config_spec import SettingSpec
 from v2proxy.ops.config_values import MiB, choice, int_range, positive_int, text
 
@@ -95,6 +101,82 @@ class MindieSettings:
     seed_input: str = _MINDIE_DEFAULTS["seed_input"]
 
 
+#: the keys of one model of ``openai.models`` (its id is the key it is given under)
+OPENAI_KEYS: tuple[SettingSpec, ...] = (
+    SettingSpec(
+        "model",
+        None,
+        text,
+        "the v2 model that serves this OpenAI model id",
+        "NAME",
+        shown="the id itself",
+    ),
+    SettingSpec(
+        "profile",
+        "trtllm",
+        choice("trtllm", "vllm", "generate"),
+        "how the prompt and the sampling knobs map to that model's tensors, as for mindie:"
+        " trtllm, vllm or generate",
+        "trtllm|vllm|generate",
+    ),
+    SettingSpec(
+        "seed_input",
+        "seed",
+        choice("seed", "random_seed"),
+        "the name of the TensorRT-LLM seed tensor (profile trtllm only)",
+        "seed|random_seed",
+    ),
+    SettingSpec(
+        "chat_template",
+        None,
+        text,
+        "the chat template of /v1/chat/completions: a Jinja2 file in the Hugging Face"
+        " chat_template form, or a tokenizer_config.json that holds one (relative paths from the"
+        " working directory, else from the config file's folder); checked at start-up",
+        "FILE",
+        shown="the plain default (docs/guides/openai.md)",
+    ),
+    SettingSpec(
+        "max_tokens",
+        16,
+        int_range(1, 2**31 - 1),
+        "tokens to generate when a request gives no max_tokens (OpenAI's completions default)",
+        "N",
+    ),
+    SettingSpec(
+        "timeout",
+        600,
+        int_range(1, 65535),
+        "seconds a request may take, the proxy's own deadline",
+        "SECONDS",
+    ),
+)
+OPENAI_PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in OPENAI_KEYS}
+_OPENAI_DEFAULTS = {spec.name: spec.default for spec in OPENAI_KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIModel:
+    """One model id of the OpenAI routes and the v2 model behind it (the keys:
+    :data:`OPENAI_KEYS`); ``template`` is the chat template, compiled and checked."""
+
+    id: str
+    model: str
+    profile: str = _OPENAI_DEFAULTS["profile"]
+    seed_input: str = _OPENAI_DEFAULTS["seed_input"]
+    max_tokens: int = _OPENAI_DEFAULTS["max_tokens"]
+    timeout: int = _OPENAI_DEFAULTS["timeout"]
+    template: ChatTemplate = field(default_factory=chat_template.default_template, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAISettings:
+    """``openai:`` — the models of ``/v1/models``, ``/v1/completions`` and
+    ``/v1/chat/completions``, in the file's order."""
+
+    models: tuple[OpenAIModel, ...]
+
+
 def _yaml_kind(value: Any) -> str:
     if value is None:
         return "null"
@@ -141,10 +223,11 @@ def parse_models(raw: Any, file: str, folder: Path) -> Mapping[str, ModelSetting
     return MappingProxyType(models)
 
 
-def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
-    """One label per line, UTF-8; relative paths from the working directory, else ``folder``."""
+def _read_file(raw: Any, file: str, key: str, folder: Path, what: str) -> tuple[Path, bytes]:
+    """A file the config names, read whole: relative paths from the working directory, else
+    ``folder``."""
     if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError(f"{file}: {key}: must be the path of a label file")
+        raise ConfigError(f"{file}: {key}: must be the path of {what}")
     path = Path(raw).expanduser()
     where = ""
     if not path.is_absolute():
@@ -152,11 +235,16 @@ def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
         path = here if here.exists() else folder / path
         where = f" (looked in the working directory and in {folder})"
     try:
-        data = path.read_bytes()
+        return path, path.read_bytes()
     except OSError as exc:
         if not isinstance(exc, FileNotFoundError):
             where = ""
         raise ConfigError(f"{file}: {key}: cannot read '{raw}': {exc.strerror}{where}") from None
+
+
+def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
+    """One label per line, UTF-8; relative paths from the working directory, else ``folder``."""
+    path, data = _read_file(raw, file, key, folder, "a label file")
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
@@ -186,3 +274,59 @@ def parse_mindie(raw: Any, file: str) -> MindieSettings:
     if "seed_input" in values and values.get("profile", _MINDIE_DEFAULTS["profile"]) != "trtllm":
         raise ConfigError(f"{file}: mindie.seed_input: only applies to profile 'trtllm'")
     return MindieSettings(**values)
+
+
+def _read_template(raw: Any, file: str, key: str, folder: Path) -> ChatTemplate:
+    """A chat template file, compiled and checked: a ``.json`` file is a Hugging Face
+    ``tokenizer_config.json`` (its ``chat_template`` and tokens), any other a Jinja2 template."""
+    path, data = _read_file(raw, file, key, folder, "a chat template file")
+    origin = str(path.absolute())
+    try:
+        if path.suffix.lower() == ".json":
+            try:
+                doc = loads(data, "tokenizer config")
+            except CodecError as exc:
+                raise TemplateProblem(f"{origin}: not valid JSON: {exc.message}") from None
+            return chat_template.from_tokenizer_config(doc, origin)
+        try:
+            source = data.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError:
+            raise TemplateProblem(f"{origin}: not UTF-8 text") from None
+        return chat_template.compile_template(source, origin)
+    except TemplateProblem as exc:
+        raise ConfigError(f"{file}: {key}: {exc}") from None
+
+
+def parse_openai(raw: Any, file: str, folder: Path) -> OpenAISettings:
+    section = _mapping(raw, file, "openai", "OpenAI settings", allowed={"models"})
+    if "models" not in section:
+        raise ConfigError(f"{file}: openai.models: missing (model id -> the v2 model behind it)")
+    entries = _mapping(section["models"], file, "openai.models", "OpenAI model ids")
+    if not entries:
+        raise ConfigError(f"{file}: openai.models: names no model")
+    models = []
+    for model_id, value in entries.items():
+        where = f"openai.models.{model_id}"
+        keys = _mapping(
+            {} if value is None else value,
+            file,
+            where,
+            "model settings",
+            allowed=set(OPENAI_PARSERS),
+        )
+        values: dict[str, Any] = {"model": model_id}
+        template = None
+        for key, item in keys.items():
+            if key == "chat_template":
+                template = _read_template(item, file, f"{where}.chat_template", folder)
+                continue
+            try:
+                values[key] = OPENAI_PARSERS[key](item)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{file}: {where}.{key}: {exc} (got {item!r})") from None
+        if "seed_input" in values and values.get("profile", "trtllm") != "trtllm":
+            raise ConfigError(f"{file}: {where}.seed_input: only applies to profile 'trtllm'")
+        if template is not None:
+            values["template"] = template
+        models.append(OpenAIModel(model_id, **values))
+    return OpenAISettings(tuple(models))

@@ -1,0 +1,343 @@
+"""OpenAI's ``POST /v1/completions`` and ``POST /v1/chat/completions`` request bodies, validated
+before any backend is called (docs/guides/openai.md).
+
+:func:`parse_completion` and :func:`parse_chat` turn a body into an :class:`OpenAIRequest` or raise
+:class:`~v2proxy.core.errors.InvalidField` naming the field at fault as OpenAI's ``param``
+(``""`` for the body itself); the OpenAI frontend answers it as 400 in OpenAI's error shape.
+
+What is taken (JSON ``null`` is the same as absent; keys not listed are ignored):
+
+- ``model`` (required, a non-empty string);
+- completions: ``prompt``, a string or a list of exactly one string (token-id prompts and
+  batches of prompts are refused);
+- chat: ``messages``, a non-empty list of ``{"role", "content", "name"?}`` with ``role`` one of
+  :data:`ROLES` and ``content`` a string, null (an assistant turn that only called tools) or a
+  list of ``{"type": "text", "text"}`` parts, joined with newlines (other part types are
+  refused: the v2 text models take text);
+- ``stream`` (bool); ``stream_options`` (an object, only with ``stream``: true) with
+  ``include_usage`` (bool);
+- ``max_tokens`` (integer >= 1; chat's ``max_completion_tokens`` first when both are given);
+- ``temperature`` (number in [0, 2]; 0 is greedy decoding), ``top_p`` (number in [0, 1]),
+  ``seed`` (integer in [0, 2**63 - 1]);
+- ``stop``: a string or a list of at most :data:`MAX_STOP` non-empty strings;
+- ``n``: only 1.
+
+Features v2proxy does not provide are refused when asked for (a non-default value), rather than
+silently ignored: ``logprobs``, ``top_logprobs``, ``echo``, ``best_of`` > 1, ``suffix``,
+``logit_bias``, ``presence_penalty``/``frequency_penalty`` other than 0, ``tools``,
+``functions``, ``tool_choice`` other than ``none``, ``response_format`` other than
+``{"type": "text"}``.
+
+The prompt's size is bounded by ``max_input_size`` (``--max-input-size``, UTF-8 bytes of the
+prompt or of the messages' contents).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from v2proxy.codecs.json import loads
+from v2proxy.core.errors import CodecError, InvalidField, InvalidText
+
+#: the roles a chat message may have
+ROLES = ("system", "developer", "user", "assistant", "tool")
+#: the most stop sequences a request may give (OpenAI's limit)
+MAX_STOP = 4
+SEED_MAX = 2**63 - 1
+
+
+@dataclass(slots=True)
+class OpenAIRequest:
+    """A validated completions or chat request. Knobs are None when the client gave none."""
+
+    chat: bool
+    model: str
+    #: completions: the prompt; chat: empty (rendered from ``messages`` by the chat template)
+    prompt: str = ""
+    #: chat: the messages, each ``{"role", "content"[, "name"]}`` with ``content`` a string
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+def _literal(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
+    )
+
+
+def _number(doc: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise InvalidField(f"'{key}' must be a number, got {_literal(value)}", key)
+    if not low <= value <= high:
+        raise InvalidField(f"'{key}' must be between {low:g} and {high:g}, got {value}", key)
+    return float(value)
+
+
+def _bool(doc: dict[str, Any], key: str, where: str = "") -> bool | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise InvalidField(
+            f"'{where}{key}' must be a boolean, got {_literal(value)}", f"{where}{key}"
+        )
+    return value
+
+
+def _max_tokens(doc: dict[str, Any], chat: bool) -> int | None:
+    key = (
+        "max_completion_tokens"
+        if chat and doc.get("max_completion_tokens") is not None
+        else ("max_tokens")
+    )
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise InvalidField(f"'{key}' must be an integer, got {_literal(value)}", key)
+    if not 1 <= value <= 2**31 - 1:
+        raise InvalidField(f"'{key}' must be at least 1 (and below 2**31), got {value}", key)
+    return int(value)
+
+
+def _seed(doc: dict[str, Any]) -> int | None:
+    value = doc.get("seed")
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= SEED_MAX:
+        raise InvalidField(
+            f"'seed' must be an integer between 0 and {SEED_MAX}, got {_literal(value)}", "seed"
+        )
+    return int(value)
+
+
+def _stop(doc: dict[str, Any]) -> tuple[str, ...]:
+    value = doc.get("stop")
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise InvalidField(
+            f"'stop' must be a string or a list of strings, got {_literal(value)}", "stop"
+        )
+    if len(items) > MAX_STOP:
+        raise InvalidField(
+            f"'stop' may hold at most {MAX_STOP} sequences, got {len(items)}", "stop"
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            where = "stop" if isinstance(value, str) else f"stop[{i}]"
+            raise InvalidField(f"'{where}' must be a non-empty string, got {_literal(item)}", where)
+    return tuple(items)
+
+
+#: key -> what it asks for, refused unless it asks for nothing (null, false, 0, "", [], {})
+_REFUSED: tuple[tuple[str, str], ...] = (
+    ("logprobs", "log probabilities"),
+    ("top_logprobs", "log probabilities"),
+    ("echo", "echoing the prompt"),
+    ("suffix", "a suffix"),
+    ("logit_bias", "logit bias"),
+    ("presence_penalty", "a presence penalty"),
+    ("frequency_penalty", "a frequency penalty"),
+    ("tools", "tool calls"),
+    ("functions", "function calls"),
+)
+
+
+def _asks(value: Any) -> bool:
+    """Whether a value of a refused feature asks for something (is not its default)."""
+    return not (value is None or value is False or value in ("", [], {})) and (
+        isinstance(value, bool) or value != 0
+    )
+
+
+def _one(doc: dict[str, Any], key: str) -> None:
+    value = doc.get(key)
+    if value is not None and (isinstance(value, bool) or value != 1):
+        raise InvalidField(
+            f"'{key}' must be 1: v2proxy generates one choice, got {_literal(value)}", key
+        )
+
+
+def _refuse_features(doc: dict[str, Any]) -> None:
+    for key, what in _REFUSED:
+        if _asks(doc.get(key)):
+            raise InvalidField(f"'{key}': v2proxy does not support {what}", key)
+    _one(doc, "n")
+    _one(doc, "best_of")
+    choice = doc.get("tool_choice")
+    if choice is not None and choice != "none":
+        raise InvalidField("'tool_choice': v2proxy does not support tool calls", "tool_choice")
+    fmt = doc.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise InvalidField(
+            '\'response_format\': v2proxy supports only {"type": "text"}', "response_format"
+        )
+
+
+def _body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        doc = loads(body)
+    except InvalidText as exc:
+        where = exc.field or "body"
+        raise InvalidField(
+            f"'{where}' must be valid UTF-8 text, got a lone surrogate {exc.char}", exc.field
+        ) from None
+    except CodecError as exc:
+        raise InvalidField(f"the body is not valid JSON: {exc.message}", "") from None
+    if not isinstance(doc, dict):
+        raise InvalidField("the body must be a JSON object", "")
+    return doc
+
+
+def _common(doc: dict[str, Any], chat: bool) -> OpenAIRequest:
+    model = doc.get("model")
+    if model is None:
+        raise InvalidField("'model' is required", "model")
+    if not isinstance(model, str) or not model:
+        raise InvalidField(f"'model' must be a non-empty string, got {_literal(model)}", "model")
+    req = OpenAIRequest(chat, model)
+    req.stream = bool(_bool(doc, "stream"))
+    options = doc.get("stream_options")
+    if options is not None:
+        if not req.stream:
+            raise InvalidField(
+                "'stream_options' is only allowed when 'stream' is true", "stream_options"
+            )
+        if not isinstance(options, dict):
+            raise InvalidField(
+                f"'stream_options' must be an object, got {_literal(options)}", "stream_options"
+            )
+        req.include_usage = bool(_bool(options, "include_usage", "stream_options."))
+    req.max_tokens = _max_tokens(doc, chat)
+    req.temperature = _number(doc, "temperature", 0.0, 2.0)
+    req.top_p = _number(doc, "top_p", 0.0, 1.0)
+    req.seed = _seed(doc)
+    req.stop = _stop(doc)
+    _refuse_features(doc)
+    return req
+
+
+def too_large(what: str, size: int, limit: int) -> InvalidField:
+    """The error of a prompt (or messages) over ``--max-input-size``."""
+    return InvalidField(
+        f"'{what}' is {size} bytes, over the limit of {limit} bytes (--max-input-size)", what
+    )
+
+
+def parse_completion(body: bytes | bytearray | memoryview, max_input_size: int) -> OpenAIRequest:
+    """A validated ``/v1/completions`` body, or InvalidField naming the field at fault."""
+    doc = _body(body)
+    prompt = doc.get("prompt")
+    if prompt is None:
+        raise InvalidField("'prompt' is required", "prompt")
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            kind = "token ids" if prompt and not isinstance(prompt[0], str) else "batches"
+            raise InvalidField(
+                f"'prompt' must be a string or a list of one string: v2proxy takes no {kind}"
+                f" (got a list of {len(prompt)})",
+                "prompt",
+            )
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidField(f"'prompt' must be a string, got {_literal(prompt)}", "prompt")
+    req = _common(doc, chat=False)
+    size = len(prompt.encode())
+    if size > max_input_size:
+        raise too_large("prompt", size, max_input_size)
+    req.prompt = prompt
+    return req
+
+
+def _content(value: Any, where: str) -> str:
+    if value is None or isinstance(value, str):
+        return value or ""
+    if not isinstance(value, list):
+        raise InvalidField(
+            f"'{where}' must be a string or a list of content parts, got {_literal(value)}", where
+        )
+    texts = []
+    for j, part in enumerate(value):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise InvalidField(f"'{at}' must be an object, got {_literal(part)}", at)
+        kind = part.get("type")
+        if kind != "text":
+            raise InvalidField(
+                f"'{at}.type' must be 'text': v2proxy passes text to the model,"
+                f" got {_literal(kind)}",
+                f"{at}.type",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidField(f"'{at}.text' must be a string, got {_literal(text)}", f"{at}.text")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _messages(value: Any, max_input_size: int) -> list[dict[str, Any]]:
+    if value is None:
+        raise InvalidField("'messages' is required", "messages")
+    if not isinstance(value, list) or not value:
+        raise InvalidField("'messages' must be a non-empty list of messages", "messages")
+    out: list[dict[str, Any]] = []
+    size = 0
+    for i, message in enumerate(value):
+        at = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidField(f"'{at}' must be an object, got {_literal(message)}", at)
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidField(
+                f"'{at}.role' must be one of {', '.join(ROLES)}, got {_literal(role)}",
+                f"{at}.role",
+            )
+        content = _content(message.get("content"), f"{at}.content")
+        size += len(content.encode())
+        item: dict[str, Any] = {"role": role, "content": content}
+        name = message.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidField(
+                    f"'{at}.name' must be a string, got {_literal(name)}", f"{at}.name"
+                )
+            item["name"] = name
+        out.append(item)
+    if size > max_input_size:
+        raise too_large("messages", size, max_input_size)
+    return out
+
+
+def parse_chat(body: bytes | bytearray | memoryview, max_input_size: int) -> OpenAIRequest:
+    """A validated ``/v1/chat/completions`` body, or InvalidField naming the field at fault."""
+    doc = _body(body)
+    messages = _messages(doc.get("messages"), max_input_size)
+    req = _common(doc, chat=True)
+    req.messages = messages
+    return req

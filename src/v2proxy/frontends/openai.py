@@ -1,0 +1,366 @@
+"""OpenAI's API on the HTTP port (docs/guides/openai.md): ``GET /v1/models``,
+``GET /v1/models/{id}``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, one more
+frontend of the one :class:`~v2proxy.core.pipeline.Pipeline`, served from the v2 LLM models the
+``openai:`` section names (default: the model and profile MindIE's ``/infer`` uses, the builtin
+``llm`` when no ``mindie:`` section says otherwise).
+
+- Bodies are validated before any backend is called (:mod:`v2proxy.codecs.openai`); a chat's
+  messages are rendered into one prompt by the model's chat template
+  (:mod:`v2proxy.codecs.chat_template`).
+- The backend is reached exactly as MindIE's ``/infer`` reaches it
+  (:class:`~v2proxy.frontends.mindie_call.BackendSide`: the ``trtllm``, ``vllm`` and
+  ``generate`` profiles, over REST, gRPC, the builtin models or a MindIE server), with the
+  request's ``max_tokens`` (else the model's default), ``temperature`` (0: greedy),
+  ``top_p`` and ``seed`` (drawn here when absent), under the model's ``timeout``.
+- Stop sequences are applied here (:class:`~v2proxy.codecs.openai_answer.StopScanner`): the
+  text is cut before the first one and the backend call is closed.
+- ``usage`` counts tokens as the MindIE frontend does: the backend's own count when it reports
+  one, else one per streamed response of a decoupled model, else words; ``prompt_tokens`` are the
+  prompt's words (no v2 backend reports its input's tokens).
+- Non-stream: the ``text_completion`` / ``chat.completion`` object. Stream: ``text/event-stream``
+  of ``data: {chunk}`` events, the finish reason in the last chunk with choices, then (with
+  ``stream_options.include_usage``) a chunk of ``usage`` alone, then ``data: [DONE]``. Errors
+  before the first chunk are ordinary error answers; a failure after it is sent as one
+  ``data: {"error": ...}`` event before ``[DONE]``. A client that goes away closes the backend
+  call.
+- Errors: OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, translated from
+  the one error tree in :func:`translate`.
+
+Metrics: the REST frontend records these requests under ``frontend="openai"``; time to first
+token, time per later token and tokens generated as the MindIE frontend records them
+(``direction=frontend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from v2proxy.codecs import mindie_answer, openai_answer
+from v2proxy.codecs.json import dumps
+from v2proxy.codecs.mindie import MindieRequest
+from v2proxy.codecs.openai import OpenAIRequest, parse_chat, parse_completion, too_large
+from v2proxy.codecs.openai_answer import Chunks, StopScanner
+from v2proxy.core.errors import (
+    BodyTooLarge,
+    Forbidden,
+    GatewayTimeout,
+    InvalidField,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    ProxyError,
+)
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import ForwardResponse, Headers
+from v2proxy.frontends.mindie_call import BackendSide, Target
+from v2proxy.ops.config_sections import OpenAIModel, OpenAISettings
+from v2proxy.ops.metrics_export import AnyMetrics
+from v2proxy.ops.recorders import TokenRecorder
+
+log = logging.getLogger("v2proxy.openai")
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
+JSON = (b"content-type", b"application/json")
+SSE = (b"content-type", b"text/event-stream")
+
+
+def translate(exc: ProxyError) -> tuple[int, str, str | None, str | None]:
+    """An error as OpenAI answers it: status, ``type``, ``param``, ``code``."""
+    status = exc.http_status
+    param = exc.field or None if isinstance(exc, InvalidField) else None
+    if isinstance(exc, NotFound):
+        return 404, "invalid_request_error", param, "model_not_found"
+    if isinstance(exc, Forbidden):
+        return 403, "permission_error", param, None
+    if isinstance(exc, Overloaded):
+        return 503, "server_error", None, "overloaded"
+    if isinstance(exc, GatewayTimeout):
+        return 504, "server_error", None, "timeout"
+    if isinstance(exc, InvalidRequest | BodyTooLarge) or 400 <= status < 500:
+        return status, "invalid_request_error", param, None
+    return status, "server_error", None, None
+
+
+def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    status, kind, param, code = translate(exc)
+    body = dumps(openai_answer.error(exc.message, kind, param, code))
+    return status, [JSON], body
+
+
+@dataclass(slots=True)
+class _Served:
+    """One model id: its settings and the backend side that reaches its v2 model."""
+
+    settings: OpenAIModel
+    side: BackendSide
+
+
+class _Generation:
+    """The running account of one generation: the text sent, the stop scanner, token counts
+    and the backend's finish reason."""
+
+    __slots__ = ("count", "echo", "parts", "prompt", "reason", "reported", "scanner")
+
+    def __init__(self, req: OpenAIRequest, prompt: str, target: Target) -> None:
+        self.scanner = StopScanner(req.stop)
+        self.prompt = prompt
+        view = target.view
+        #: one answer of a model that cannot be told not to echo the prompt
+        self.echo = not view.decoupled and not view.has("exclude_input_in_output")
+        self.parts: list[str] = []
+        self.count = 0
+        self.reported: int | None = None
+        self.reason: str | None = None
+
+    def take(self, chunk: mindie_answer.Chunk) -> str:
+        """The text of a backend response that can be sent now."""
+        if chunk.tokens is not None:
+            self.reported = (self.reported or 0) + chunk.tokens
+        self.reason = chunk.finish_reason or self.reason
+        if not chunk.text:
+            return ""
+        self.count += 1
+        piece = mindie_answer.strip_echo(chunk.text, self.prompt) if self.echo else chunk.text
+        text = self.scanner.feed(piece)
+        if text:
+            self.parts.append(text)
+        return text
+
+    def rest(self) -> str:
+        """What the stop scanner held back, once the backend has finished."""
+        text = self.scanner.flush()
+        if text:
+            self.parts.append(text)
+        return text
+
+    def tokens(self, decoupled: bool) -> int:
+        if self.reported is not None:
+            return self.reported
+        return self.count if decoupled else mindie_answer.count_words("".join(self.parts))
+
+
+class OpenAIFrontend:
+    """Serves the OpenAI routes through the pipeline (called by the REST frontend's routes)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: OpenAISettings,
+        max_input_size: int,
+        metrics: AnyMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.max_input_size = max_input_size
+        self.models: dict[str, _Served] = {
+            m.id: _Served(
+                m, BackendSide(pipeline, m.model, m.profile, m.seed_input, f"OpenAI model '{m.id}'")
+            )
+            for m in settings.models
+        }
+        self.created = int(time.time())
+        self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
+        self._rng = rng or random.SystemRandom()
+
+    async def check(self) -> None:
+        """Look each model up now (at start-up): BackendSide logs what serves it, or a warning."""
+        for served in self.models.values():
+            with contextlib.suppress(ProxyError):
+                await served.side.target([])
+
+    # ------------------------------------------------------------------ models
+
+    def list_models(self) -> Answer:
+        return 200, [JSON], openai_answer.models(list(self.models), self.created)
+
+    def get_model(self, model_id: str) -> Answer:
+        if model_id not in self.models:
+            raise NotFound(f"The model '{model_id}' does not exist")
+        return 200, [JSON], dumps(openai_answer.model(model_id, self.created))
+
+    # ------------------------------------------------------------------ generation
+
+    async def completions(self, body: bytes | bytearray, headers: Headers) -> Answer:
+        """``POST /v1/completions``; errors are raised, for the REST frontend's envelope to
+        record and answer in OpenAI's shape (:func:`error_answer`)."""
+        req = parse_completion(body, self.max_input_size)
+        served = self._served(req)
+        return await self._generate(served, req, req.prompt, headers)
+
+    async def chat(self, body: bytes | bytearray, headers: Headers) -> Answer:
+        """``POST /v1/chat/completions``."""
+        req = parse_chat(body, self.max_input_size)
+        served = self._served(req)
+        prompt = served.settings.template.render(req.messages)
+        size = len(prompt.encode())
+        if size > self.max_input_size:
+            raise too_large("messages", size, self.max_input_size)
+        return await self._generate(served, req, prompt, headers)
+
+    def _served(self, req: OpenAIRequest) -> _Served:
+        served = self.models.get(req.model)
+        if served is None:
+            raise NotFound(f"The model '{req.model}' does not exist")
+        return served
+
+    def _generation_request(
+        self, served: _Served, req: OpenAIRequest, prompt: str
+    ) -> MindieRequest:
+        s = served.settings
+        gen = MindieRequest(prompt, stream=req.stream, timeout=s.timeout)
+        gen.max_new_tokens = req.max_tokens or s.max_tokens
+        if req.temperature == 0.0:
+            gen.do_sample = False  # greedy
+        else:
+            gen.temperature = req.temperature
+        gen.top_p = req.top_p
+        gen.seed = self._rng.getrandbits(63) if req.seed is None else req.seed
+        return gen
+
+    async def _generate(
+        self, served: _Served, req: OpenAIRequest, prompt: str, headers: Headers
+    ) -> Answer:
+        gen = self._generation_request(served, req, prompt)
+        target = await served.side.target(headers)
+        rid = ("chatcmpl-" if req.chat else "cmpl-") + secrets.token_hex(12)
+        if req.stream:
+            return await self._stream(served, target, req, gen, rid, headers)
+        return await self._whole(served, target, req, gen, rid, headers)
+
+    def _timeout(self, gen: MindieRequest) -> GatewayTimeout:
+        return GatewayTimeout(f"the generation took longer than {gen.timeout} s (openai timeout)")
+
+    async def _whole(
+        self,
+        served: _Served,
+        target: Target,
+        req: OpenAIRequest,
+        gen: MindieRequest,
+        rid: str,
+        headers: Headers,
+    ) -> Answer:
+        acc = _Generation(req, gen.text, target)
+        chunks = served.side.chunks(target, gen, headers)
+        try:
+            async with asyncio.timeout(gen.timeout):
+                async for chunk, _ in chunks:
+                    acc.take(chunk)
+                    if acc.scanner.stopped:
+                        break  # the backend call is closed below
+        except TimeoutError:
+            raise self._timeout(gen) from None
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        acc.rest()
+        decoupled = target.view.decoupled
+        tokens = acc.tokens(decoupled)
+        if self.tokens is not None:
+            self.tokens.generated(target.view.name, tokens)
+        reason = openai_answer.finish_reason(
+            acc.reason, acc.scanner.stopped, tokens, gen.max_new_tokens
+        )
+        counts = openai_answer.usage(mindie_answer.count_words(gen.text), tokens)
+        write = openai_answer.chat_completion if req.chat else openai_answer.completion
+        body = write(rid, int(time.time()), req.model, "".join(acc.parts), reason, counts)
+        return 200, [JSON], body
+
+    async def _stream(
+        self,
+        served: _Served,
+        target: Target,
+        req: OpenAIRequest,
+        gen: MindieRequest,
+        rid: str,
+        headers: Headers,
+    ) -> Answer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + gen.timeout
+        t0 = time.perf_counter()
+        chunks = served.side.chunks(target, gen, headers)
+        acc = _Generation(req, gen.text, target)
+        try:
+            # the first response before the answer's status: an error there is an error answer
+            async with asyncio.timeout_at(deadline):
+                first = await anext(chunks, None)
+        except TimeoutError:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise self._timeout(gen) from None
+        except BaseException:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
+        out = Chunks(req.chat, rid, int(time.time()), req.model, req.include_usage)
+        events = self._events(target, req, gen, acc, out, first, chunks, deadline, t0)
+
+        async def release() -> None:
+            await events.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+        return ForwardResponse(200, [SSE], events, release=release)
+
+    async def _events(
+        self,
+        target: Target,
+        req: OpenAIRequest,
+        gen: MindieRequest,
+        acc: _Generation,
+        out: Chunks,
+        first: tuple[mindie_answer.Chunk, float] | None,
+        chunks: AsyncIterator[tuple[mindie_answer.Chunk, float]],
+        deadline: float,
+        t0: float,
+    ) -> AsyncIterator[bytes]:
+        model = target.view.name
+        rec = self.tokens
+        prev: float | None = None
+        failure: ProxyError | None = None
+        item = first
+        try:
+            while item is not None:
+                chunk, at = item
+                text = acc.take(chunk)
+                if text:
+                    if rec is not None:
+                        if prev is None:
+                            rec.first_token(model, at - t0)
+                        else:
+                            rec.next_token(model, at - prev)
+                    prev = at
+                    yield out.text(text)
+                if acc.scanner.stopped:
+                    break
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        item = await anext(chunks, None)
+                except TimeoutError:
+                    failure = self._timeout(gen)
+                    break
+                except ProxyError as exc:
+                    log.warning("OpenAI stream broke off: %s", exc.message)
+                    failure = exc
+                    break
+            if failure is not None:
+                _, kind, _, code = translate(failure)
+                yield openai_answer.event(openai_answer.error(failure.message, kind, None, code))
+                yield openai_answer.DONE
+                return
+            rest = acc.rest()
+            if rest:
+                yield out.text(rest)
+            tokens = acc.tokens(target.view.decoupled)
+            reason = openai_answer.finish_reason(
+                acc.reason, acc.scanner.stopped, tokens, gen.max_new_tokens
+            )
+            yield out.finish(reason)
+            if req.include_usage:
+                yield out.usage(openai_answer.usage(mindie_answer.count_words(gen.text), tokens))
+            yield openai_answer.DONE
+        finally:
+            if rec is not None:
+                rec.generated(model, acc.tokens(target.view.decoupled))
+            await chunks.aclose()  # type: ignore[attr-defined]
