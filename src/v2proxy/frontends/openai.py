@@ -47,6 +47,7 @@ from v2proxy.codecs.json import dumps
 from v2proxy.codecs.mindie import MindieRequest
 from v2proxy.codecs.openai import OpenAIRequest, parse_chat, parse_completion, too_large
 from v2proxy.codecs.openai_answer import Chunks, StopScanner
+from v2proxy.core.admission import RETRY_AFTER_S
 from v2proxy.core.errors import (
     BodyTooLarge,
     Forbidden,
@@ -89,8 +90,11 @@ def translate(exc: ProxyError) -> tuple[int, str, str | None, str | None]:
 
 
 def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The error answer (503 with ``Retry-After`` beyond ``--max-concurrency``)."""
     status, kind, param, code = translate(exc)
     body = dumps(openai_answer.error(exc.message, kind, param, code))
+    if isinstance(exc, Overloaded):
+        return status, [JSON, (b"retry-after", b"%d" % RETRY_AFTER_S)], body
     return status, [JSON], body
 
 
@@ -345,8 +349,10 @@ class OpenAIFrontend:
                     failure = exc
                     break
             if failure is not None:
-                _, kind, _, code = translate(failure)
-                yield openai_answer.event(openai_answer.error(failure.message, kind, None, code))
+                # the answer is under way: whatever broke it is the server's side
+                code = translate(failure)[3]
+                error = openai_answer.error(failure.message, "server_error", None, code)
+                yield openai_answer.event(error)
                 yield openai_answer.DONE
                 return
             rest = acc.rest()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from v2proxy.codecs import side
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
@@ -324,9 +325,9 @@ class RestFrontend:
         return self.openai.list_models()
 
     async def openai_model(self, r: HttpRequest, m: re.Match[str]) -> Answer:
-        """``GET /v1/models/{id}``."""
+        """``GET /v1/models/{id}`` (the id percent-decoded: clients encode its ``/``)."""
         self.pipeline.access.check("metadata", headers_of(r))
-        return self.openai.get_model(m.group("id"))
+        return self.openai.get_model(unquote(m.group("id")))
 
     async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/completions``."""
