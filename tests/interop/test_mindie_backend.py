@@ -10,9 +10,6 @@ import contextlib
 import json
 import queue
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +23,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from peers.launch import _free_ports, _http_status, _stop
+from peers import launch
+from peers.launch import _free_ports
 from peers.mindie_sim import tokens
 from procs import Proc, v2proxy
 from tritonclient.utils import InferenceServerException
@@ -62,26 +60,8 @@ class Sim:
 
 @contextlib.contextmanager
 def mindie_sim() -> Iterator[Sim]:
-    (port,) = _free_ports(1)
-    log = Path(tempfile.mkstemp(prefix="mindie-sim-", suffix=".log")[1])
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(SIM), "--host", "127.0.0.1", "--port", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the MindIE simulator did not start:\n{log.read_text()}")
-            time.sleep(0.05)
-        yield Sim(port, proc.pid)
-    finally:
-        _stop(proc)
-        log.unlink(missing_ok=True)
+    with launch.mindie_sim() as (port, pid):
+        yield Sim(port, pid)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 
 import pytest
 from peers import launch
-from peers.launch import _free_ports, _http_status, _stop
 from procs import Proc, v2proxy
 
 TIMEOUT_TEXT = "Engine callback timeout: client timeout"
@@ -493,23 +491,8 @@ def test_aisbench_mindie_stream_api(get_proxy: Callable[[str], Proc], target: st
 @pytest.fixture(scope="module")
 def mindie_server() -> Iterator[int]:
     """The MindIE stand-in (peers/mindie_sim.py), its port."""
-    (port,) = _free_ports(1)
-    cmd = [sys.executable, str(HERE / "peers" / "mindie_sim.py"), "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.05)
+    with launch.mindie_sim() as (port, _):
         yield port
-    finally:
-        _stop(proc)
 
 
 def test_mindie_clients_through_v2proxy_to_mindie(tmp_path: Path, mindie_server: int) -> None:

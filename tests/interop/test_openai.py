@@ -16,8 +16,6 @@ import contextlib
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 import openai
 import pytest
-from peers.launch import _free_ports, _http_status, _stop
+from peers import launch
 from procs import Proc, v2proxy
 
 HERE = Path(__file__).resolve().parent
@@ -90,28 +88,6 @@ ALL = ["builtin", "triton-http", "triton-grpc", "mindie"]
 TRITON = ["triton-http", "triton-grpc"]
 
 
-@contextlib.contextmanager
-def mindie_sim() -> Iterator[int]:
-    """The MindIE stand-in (peers/mindie_sim.py), its port."""
-    (port,) = _free_ports(1)
-    cmd = [sys.executable, str(HERE / "peers" / "mindie_sim.py"), "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.05)
-        yield port
-    finally:
-        _stop(proc)
-
-
 @pytest.fixture(scope="module")
 def get_proxy(
     tmp_path_factory: pytest.TempPathFactory,
@@ -129,7 +105,7 @@ def get_proxy(
                 if backend == "builtin":
                     url = "builtin"
                 elif backend == "mindie":
-                    sims[name] = stack.enter_context(mindie_sim())
+                    sims[name] = stack.enter_context(launch.mindie_sim())[0]
                     url = f"mindie://127.0.0.1:{sims[name]}"
                 else:
                     rest, grpc = backend_urls("triton")

@@ -286,7 +286,7 @@ def test_finish_reason(
 def test_completion_and_chat_objects() -> None:
     counts = answer.usage(3, 4)
     assert counts == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-    doc = json.loads(answer.completion("cmpl-1", 5, "m", "hi", "stop", counts))
+    doc = json.loads(answer.whole(False, "cmpl-1", 5, "m", "hi", "stop", counts))
     assert doc == {
         "id": "cmpl-1",
         "object": "text_completion",
@@ -295,7 +295,7 @@ def test_completion_and_chat_objects() -> None:
         "choices": [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}],
         "usage": counts,
     }
-    doc = json.loads(answer.chat_completion("c-1", 5, "m", "hi", "length", counts))
+    doc = json.loads(answer.whole(True, "c-1", 5, "m", "hi", "length", counts))
     assert doc["object"] == "chat.completion"
     assert doc["choices"] == [
         {

@@ -89,33 +89,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion(
-    rid: str, created: int, model: str, text: str, reason: str, counts: dict[str, int]
+def whole(
+    chat: bool, rid: str, created: int, model: str, text: str, reason: str, counts: dict[str, int]
 ) -> bytes:
-    """The non-stream ``text_completion`` object."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    """The non-stream answer: a ``chat.completion`` (the text as the assistant's message) or a
+    ``text_completion``."""
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    choice["logprobs"] = None
+    choice["finish_reason"] = reason
     return dumps(
         {
             "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": counts,
-        }
-    )
-
-
-def chat_completion(
-    rid: str, created: int, model: str, text: str, reason: str, counts: dict[str, int]
-) -> bytes:
-    """The non-stream ``chat.completion`` object."""
-    message = {"role": "assistant", "content": text}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-    return dumps(
-        {
-            "id": rid,
-            "object": "chat.completion",
+            "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": model,
             "choices": [choice],

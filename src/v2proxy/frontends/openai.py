@@ -70,6 +70,8 @@ log = logging.getLogger("v2proxy.openai")
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
 JSON = (b"content-type", b"application/json")
 SSE = (b"content-type", b"text/event-stream")
+#: the backend's responses to one generation, each with the time it arrived
+_Chunks = AsyncIterator[tuple[mindie_answer.Chunk, float]]
 
 
 def translate(exc: ProxyError) -> tuple[int, str, str | None, str | None]:
@@ -107,14 +109,17 @@ class _Served:
 
 
 class _Generation:
-    """The running account of one generation: the text sent, the stop scanner, token counts
+    """One generation under way: what was asked (the request, its mapping onto the model, the
+    model's target) and the running account — the text sent, the stop scanner, the token counts
     and the backend's finish reason."""
 
-    __slots__ = ("count", "echo", "parts", "prompt", "reason", "reported", "scanner")
+    __slots__ = ("count", "echo", "gen", "parts", "reason", "reported", "req", "scanner", "target")
 
-    def __init__(self, req: OpenAIRequest, prompt: str, target: Target) -> None:
+    def __init__(self, req: OpenAIRequest, gen: MindieRequest, target: Target) -> None:
+        self.req = req
+        self.gen = gen
+        self.target = target
         self.scanner = StopScanner(req.stop)
-        self.prompt = prompt
         view = target.view
         #: one answer of a model that cannot be told not to echo the prompt
         self.echo = not view.decoupled and not view.has("exclude_input_in_output")
@@ -131,8 +136,10 @@ class _Generation:
         if not chunk.text:
             return ""
         self.count += 1
-        piece = mindie_answer.strip_echo(chunk.text, self.prompt) if self.echo else chunk.text
-        text = self.scanner.feed(piece)
+        text = chunk.text
+        if self.echo:
+            text = mindie_answer.strip_echo(text, self.gen.text)
+        text = self.scanner.feed(text)
         if text:
             self.parts.append(text)
         return text
@@ -144,10 +151,22 @@ class _Generation:
             self.parts.append(text)
         return text
 
-    def tokens(self, decoupled: bool) -> int:
+    def tokens(self) -> int:
+        """Tokens generated: the backend's count, else one per response of a decoupled model,
+        else words."""
         if self.reported is not None:
             return self.reported
-        return self.count if decoupled else mindie_answer.count_words("".join(self.parts))
+        if self.target.view.decoupled:
+            return self.count
+        return mindie_answer.count_words("".join(self.parts))
+
+    def outcome(self) -> tuple[str, dict[str, int]]:
+        """The finish reason and the usage, once the generation is over."""
+        tokens = self.tokens()
+        reason = openai_answer.finish_reason(
+            self.reason, self.scanner.stopped, tokens, self.gen.max_new_tokens
+        )
+        return reason, openai_answer.usage(mindie_answer.count_words(self.gen.text), tokens)
 
 
 class OpenAIFrontend:
@@ -232,74 +251,53 @@ class OpenAIFrontend:
     ) -> Answer:
         gen = self._generation_request(served, req, prompt)
         target = await served.side.target(headers)
+        acc = _Generation(req, gen, target)
+        chunks = served.side.chunks(target, gen, headers)
         rid = ("chatcmpl-" if req.chat else "cmpl-") + secrets.token_hex(12)
         if req.stream:
-            return await self._stream(served, target, req, gen, rid, headers)
-        return await self._whole(served, target, req, gen, rid, headers)
+            return await self._stream(acc, chunks, rid)
+        return await self._whole(acc, chunks, rid)
 
     def _timeout(self, gen: MindieRequest) -> GatewayTimeout:
         return GatewayTimeout(f"the generation took longer than {gen.timeout} s (openai timeout)")
 
-    async def _whole(
-        self,
-        served: _Served,
-        target: Target,
-        req: OpenAIRequest,
-        gen: MindieRequest,
-        rid: str,
-        headers: Headers,
-    ) -> Answer:
-        acc = _Generation(req, gen.text, target)
-        chunks = served.side.chunks(target, gen, headers)
+    async def _whole(self, acc: _Generation, chunks: _Chunks, rid: str) -> Answer:
         try:
-            async with asyncio.timeout(gen.timeout):
+            async with asyncio.timeout(acc.gen.timeout):
                 async for chunk, _ in chunks:
                     acc.take(chunk)
                     if acc.scanner.stopped:
                         break  # the backend call is closed below
         except TimeoutError:
-            raise self._timeout(gen) from None
+            raise self._timeout(acc.gen) from None
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
         acc.rest()
-        decoupled = target.view.decoupled
-        tokens = acc.tokens(decoupled)
         if self.tokens is not None:
-            self.tokens.generated(target.view.name, tokens)
-        reason = openai_answer.finish_reason(
-            acc.reason, acc.scanner.stopped, tokens, gen.max_new_tokens
-        )
-        counts = openai_answer.usage(mindie_answer.count_words(gen.text), tokens)
-        write = openai_answer.chat_completion if req.chat else openai_answer.completion
-        body = write(rid, int(time.time()), req.model, "".join(acc.parts), reason, counts)
+            self.tokens.generated(acc.target.view.name, acc.tokens())
+        reason, counts = acc.outcome()
+        req = acc.req
+        text = "".join(acc.parts)
+        body = openai_answer.whole(req.chat, rid, int(time.time()), req.model, text, reason, counts)
         return 200, [JSON], body
 
-    async def _stream(
-        self,
-        served: _Served,
-        target: Target,
-        req: OpenAIRequest,
-        gen: MindieRequest,
-        rid: str,
-        headers: Headers,
-    ) -> Answer:
+    async def _stream(self, acc: _Generation, chunks: _Chunks, rid: str) -> Answer:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + gen.timeout
+        deadline = loop.time() + acc.gen.timeout
         t0 = time.perf_counter()
-        chunks = served.side.chunks(target, gen, headers)
-        acc = _Generation(req, gen.text, target)
         try:
             # the first response before the answer's status: an error there is an error answer
             async with asyncio.timeout_at(deadline):
                 first = await anext(chunks, None)
         except TimeoutError:
             await chunks.aclose()  # type: ignore[attr-defined]
-            raise self._timeout(gen) from None
+            raise self._timeout(acc.gen) from None
         except BaseException:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise
+        req = acc.req
         out = Chunks(req.chat, rid, int(time.time()), req.model, req.include_usage)
-        events = self._events(target, req, gen, acc, out, first, chunks, deadline, t0)
+        events = self._events(acc, out, first, chunks, deadline, t0)
 
         async def release() -> None:
             await events.aclose()  # type: ignore[attr-defined]
@@ -309,17 +307,14 @@ class OpenAIFrontend:
 
     async def _events(
         self,
-        target: Target,
-        req: OpenAIRequest,
-        gen: MindieRequest,
         acc: _Generation,
         out: Chunks,
         first: tuple[mindie_answer.Chunk, float] | None,
-        chunks: AsyncIterator[tuple[mindie_answer.Chunk, float]],
+        chunks: _Chunks,
         deadline: float,
         t0: float,
     ) -> AsyncIterator[bytes]:
-        model = target.view.name
+        model = acc.target.view.name
         rec = self.tokens
         prev: float | None = None
         failure: ProxyError | None = None
@@ -342,7 +337,7 @@ class OpenAIFrontend:
                     async with asyncio.timeout_at(deadline):
                         item = await anext(chunks, None)
                 except TimeoutError:
-                    failure = self._timeout(gen)
+                    failure = self._timeout(acc.gen)
                     break
                 except ProxyError as exc:
                     log.warning("OpenAI stream broke off: %s", exc.message)
@@ -358,15 +353,12 @@ class OpenAIFrontend:
             rest = acc.rest()
             if rest:
                 yield out.text(rest)
-            tokens = acc.tokens(target.view.decoupled)
-            reason = openai_answer.finish_reason(
-                acc.reason, acc.scanner.stopped, tokens, gen.max_new_tokens
-            )
+            reason, counts = acc.outcome()
             yield out.finish(reason)
-            if req.include_usage:
-                yield out.usage(openai_answer.usage(mindie_answer.count_words(gen.text), tokens))
+            if acc.req.include_usage:
+                yield out.usage(counts)
             yield openai_answer.DONE
         finally:
             if rec is not None:
-                rec.generated(model, acc.tokens(target.view.decoupled))
+                rec.generated(model, acc.tokens())
             await chunks.aclose()  # type: ignore[attr-defined]

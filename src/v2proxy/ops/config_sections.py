@@ -111,21 +111,8 @@ OPENAI_KEYS: tuple[SettingSpec, ...] = (
         "NAME",
         shown="the id itself",
     ),
-    SettingSpec(
-        "profile",
-        "trtllm",
-        choice("trtllm", "vllm", "generate"),
-        "how the prompt and the sampling knobs map to that model's tensors, as for mindie:"
-        " trtllm, vllm or generate",
-        "trtllm|vllm|generate",
-    ),
-    SettingSpec(
-        "seed_input",
-        "seed",
-        choice("seed", "random_seed"),
-        "the name of the TensorRT-LLM seed tensor (profile trtllm only)",
-        "seed|random_seed",
-    ),
+    # the same mapping as MindIE's /infer, the same keys
+    *(spec for spec in MINDIE_KEYS if spec.name in ("profile", "seed_input")),
     SettingSpec(
         "chat_template",
         None,

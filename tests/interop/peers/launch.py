@@ -360,6 +360,33 @@ def triton_server(peers_dir: PathLike | None = None, timeout: float | None = Non
     )
 
 
+@contextlib.contextmanager
+def mindie_sim(timeout: float = 30.0) -> Iterator[tuple[int, int]]:
+    """The MindIE stand-in (mindie_sim.py, run by this Python: it needs only aiohttp), on a free
+    port until the block ends: yields (port, pid). MindIE itself needs Ascend hardware."""
+    (port,) = _free_ports(1)
+    log = Path(tempfile.mkstemp(prefix="mindie-sim-", suffix=".log")[1])
+    script = str(Path(__file__).resolve().parent / "mindie_sim.py")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, script, "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while _http_status(f"http://127.0.0.1:{port}/health") != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise PeerStartError(f"the MindIE simulator did not start:\n{_tail(log, 40)}")
+            time.sleep(0.05)
+        yield port, proc.pid
+    finally:
+        _stop(proc)
+        log.unlink(missing_ok=True)
+
+
 SERVERS = {"kserve": kserve_server, "mlserver": mlserver_server, "triton": triton_server}
 
 
