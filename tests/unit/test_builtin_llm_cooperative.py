@@ -15,10 +15,10 @@ import pytest
 
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.codecs.dtypes import deserialize_bytes, serialize_bytes
+from v2proxy.codecs.mindie_answer import TextParts
 from v2proxy.core.errors import InvalidRequest
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, Tensor
 from v2proxy.core.stages.generate import single
-from v2proxy.frontends.mindie import _Text
 from v2proxy.reference import models
 from v2proxy.reference.models import LLM_MAX_TOKENS, LLM_SLICE_TOKENS, iter_llm_tokens
 
@@ -167,7 +167,7 @@ def test_tokens_are_made_as_they_are_taken() -> None:
 
 
 def test_mindie_keeps_the_text_compact() -> None:
-    text = _Text()
+    text = TextParts()
     pieces = [f" {i}" for i in range(3000)]
     for piece in pieces:
         text.append(piece)

@@ -13,6 +13,8 @@ milliseconds, the final event adding ``generated_text``, ``details`` or null, an
 ``token.text`` null; no ``[DONE]``); errors ``{"error", "error_type"}``; and
 :data:`STREAM_TIMEOUT`, the raw line MindIE writes into a stream that ran out of time.
 
+The text generated so far is kept compact by :class:`TextParts` (both LLM frontends use it).
+
 Token counts and finish reasons a backend does not report are approximated
 (:func:`finish_reason`, :func:`count_words`): a TensorRT-LLM ensemble reports neither.
 
@@ -130,6 +132,32 @@ def chunk_from_generate(obj: Any) -> Chunk:
         reason = details.get("finish_reason")
     chunk.finish_reason = _reason(reason)
     return chunk
+
+
+#: how many pieces :class:`TextParts` keeps apart before joining them
+JOIN_EVERY = 1024
+
+
+class TextParts:
+    """The generated text kept for the answer, compact: the pieces are joined every
+    :data:`JOIN_EVERY` (a million one-token strings would take ~60 MB, their text ~3 MB)."""
+
+    __slots__ = ("count", "joined", "pending")
+
+    def __init__(self) -> None:
+        self.joined: list[str] = []
+        self.pending: list[str] = []
+        self.count = 0
+
+    def append(self, piece: str) -> None:
+        self.count += 1
+        self.pending.append(piece)
+        if len(self.pending) >= JOIN_EVERY:
+            self.joined.append("".join(self.pending))
+            self.pending.clear()
+
+    def text(self) -> str:
+        return "".join(self.joined) + "".join(self.pending)
 
 
 def strip_echo(text: str, prompt: str) -> str:

@@ -123,7 +123,7 @@ class MindieFrontend:
     # ------------------------------------------------------------------ non-stream
 
     async def _text(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
-        parts = _Text()
+        parts = answer.TextParts()
         reported: int | None = None
         reason: str | None = None
         try:
@@ -224,31 +224,6 @@ class MindieFrontend:
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
-class _Text:
-    """The generated text kept for the answer, compact: the pieces are joined every
-    :data:`_JOIN_EVERY` (a million one-token strings would take ~60 MB, their text ~3 MB)."""
-
-    __slots__ = ("count", "joined", "pending")
-
-    def __init__(self) -> None:
-        self.joined: list[str] = []
-        self.pending: list[str] = []
-        self.count = 0
-
-    def append(self, piece: str) -> None:
-        self.count += 1
-        self.pending.append(piece)
-        if len(self.pending) >= _JOIN_EVERY:
-            self.joined.append("".join(self.pending))
-            self.pending.clear()
-
-    def text(self) -> str:
-        return "".join(self.joined) + "".join(self.pending)
-
-
-_JOIN_EVERY = 1024
-
-
 class _Token:
     __slots__ = ("decode", "prefill", "text")
 
@@ -265,7 +240,7 @@ class _StreamState:
         self.t0 = t0
         self.req = req
         self.prev: float | None = None
-        self.parts = _Text()
+        self.parts = answer.TextParts()
         self.reported: int | None = None
         self.reason: str | None = None
 

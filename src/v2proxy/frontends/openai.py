@@ -123,7 +123,7 @@ class _Generation:
         view = target.view
         #: one answer of a model that cannot be told not to echo the prompt
         self.echo = not view.decoupled and not view.has("exclude_input_in_output")
-        self.parts: list[str] = []
+        self.parts = mindie_answer.TextParts()
         self.count = 0
         self.reported: int | None = None
         self.reason: str | None = None
@@ -158,7 +158,7 @@ class _Generation:
             return self.reported
         if self.target.view.decoupled:
             return self.count
-        return mindie_answer.count_words("".join(self.parts))
+        return mindie_answer.count_words(self.parts.text())
 
     def outcome(self) -> tuple[str, dict[str, int]]:
         """The finish reason and the usage, once the generation is over."""
@@ -277,7 +277,7 @@ class OpenAIFrontend:
             self.tokens.generated(acc.target.view.name, acc.tokens())
         reason, counts = acc.outcome()
         req = acc.req
-        text = "".join(acc.parts)
+        text = acc.parts.text()
         body = openai_answer.whole(req.chat, rid, int(time.time()), req.model, text, reason, counts)
         return 200, [JSON], body
 
