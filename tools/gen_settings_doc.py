@@ -1,7 +1,7 @@
 """Write the settings reference, docs/settings.md, from the table of settings
-(src/v2proxy/ops/config_spec.py: SETTINGS, CONFIG_OPTION, REFERENCE_SERVER) and the ``mindie:`` keys
-(src/v2proxy/ops/config_sections.py: MINDIE_KEYS). The page is generated: edit those tables (or the
-prose here), then run
+(src/v2proxy/ops/config_spec.py: SETTINGS, CONFIG_OPTION, REFERENCE_SERVER), the ``mindie:`` keys
+and the keys of one model of the ``openai:`` section (src/v2proxy/ops/config_sections.py:
+MINDIE_KEYS, OPENAI_KEYS). The page is generated: edit those tables (or the prose here), then run
 
     .venv/bin/python tools/gen_settings_doc.py           # writes the page
     .venv/bin/python tools/gen_settings_doc.py --check   # exit status 1 when it is stale
@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from v2proxy.ops.config_sections import MINDIE_KEYS
+from v2proxy.ops.config_sections import MINDIE_KEYS, OPENAI_KEYS
 from v2proxy.ops.config_spec import (
     CONFIG_OPTION,
     DEFAULTS,
@@ -98,9 +98,10 @@ def _reference_server() -> list[str]:
     return lines
 
 
-def _mindie_table() -> list[str]:
+def _keys_table(keys: tuple[SettingSpec, ...]) -> list[str]:
+    """The table of a section's keys (``mindie:``, one model of ``openai.models``)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
-    for spec in MINDIE_KEYS:
+    for spec in keys:
         rows.append(
             f"| `{spec.name}` | {cell(default_cell(spec, spec.default))}"
             f" | {cell(sentence(spec.help))} |"
@@ -187,7 +188,38 @@ def render() -> str:
         " [protocol notes](protocol.md)). Keys are spelt with `_` or `-`; any other key is"
         " refused.",
         "",
-        *_mindie_table(),
+        *_keys_table(MINDIE_KEYS),
+        "",
+        "## The `openai:` section",
+        "",
+        "The model ids of the OpenAI routes (`GET /v1/models`, `POST /v1/completions`,"
+        " `POST /v1/chat/completions`) and the v2 model behind each (see the"
+        " [OpenAI guide](guides/openai.md)). The section is one key, `models`, a mapping from"
+        " each id (what clients send as `model`, listed by `GET /v1/models` in the file's"
+        " order) to that id's keys: `openai: models: ID: KEY: VALUE`. It names at least one id;"
+        " an id with no keys (`ID:` or `ID: {}`) is served by the v2 model of the same name with"
+        " the defaults below. Keys are spelt with `_` or `-`; any other key, beside `models` or"
+        " under an id, is refused, and so is `seed_input` with a profile other than `trtllm`."
+        " A chat template file is read, compiled and tried on one user message at start-up: a"
+        " template that fails stops the start, naming the file (and the line of a syntax"
+        " error).",
+        "",
+        "Without the section the routes serve one id: the v2 model of the `mindie:` section,"
+        " under its own name and with its `profile` and `seed_input`, else the model `llm` (the"
+        " builtin toy LLM in front of the builtin models); the other keys take their defaults.",
+        "",
+        "```yaml",
+        "openai:",
+        "  models:",
+        "    llama-3-8b:                 # the id clients send",
+        "      model: ensemble           # the v2 model behind it",
+        "      profile: trtllm",
+        "      chat_template: /models/llama-3-8b/tokenizer_config.json",
+        "      max_tokens: 256",
+        "    llm:                        # the v2 model llm, under its own name",
+        "```",
+        "",
+        *_keys_table(OPENAI_KEYS),
         "",
     ]
     return "\n".join(_wrapped(lines))

@@ -386,7 +386,7 @@ CONFIG_OPTION = SettingSpec(
     None,
     path_text,
     "YAML file with the same keys (underscores: backend_timeout), plus per-model settings"
-    " (models: NAME: outputs: OUTPUT: labels: FILE) and the mindie: section",
+    " (models: NAME: outputs: OUTPUT: labels: FILE), the mindie: and the openai: sections",
     "FILE",
     shown="none",
     serve_only=True,
