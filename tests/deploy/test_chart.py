@@ -3,8 +3,9 @@ main combinations (the standalone tier at scale among them: its own checks in
 test_chart_scale.py), every manifest valid for Kubernetes 1.29-1.33 (kubernetes-validate --strict),
 plus what each shape must contain: the sidecar native or classic, the shared /dev/shm, probes,
 grace period, monitors only with the Prometheus Operator's API, the webhook and its
-certificates, the dashboard; the rendered arguments and config file are accepted by v2proxy
-itself, and the webhook injects the same container as the chart renders."""
+certificates, the dashboard; the rendered arguments and config file (mindie: and openai:
+sections, chat templates beside it) are accepted by v2proxy itself, and the webhook injects the
+same container as the chart renders."""
 
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ SHAPES: dict[str, tuple[str, ...]] = {
         "--set=proxy.mindie.max_new_tokens=256",
         "--set=modelServer.enabled=true",
     ),
+    # the chart's example of the OpenAI routes: proxy.openai (no mindie) and a chat template
+    "openai": (f"--values={CHART / 'examples' / 'openai.yaml'}",),
     "monitoring-with-operator": (
         "--set=monitoring.podMonitor.enabled=true",
         "--set=monitoring.serviceMonitor.enabled=true",
@@ -144,6 +147,32 @@ def test_rendered_manifests_validate(shape: str) -> None:
         ("sharedMemory.sizeLimit=lots", "at '/sharedMemory/sizeLimit': 'lots' does not match"),
         ("proxy.clientShm=maybe", "at '/proxy/clientShm': value must be one of"),
         ("proxy.mindie.profile=vllm", "at '/proxy/mindie': properties 'model' required"),
+        (
+            "proxy.openai.models.llama.profile=tgi",
+            "at '/proxy/openai/models/llama/profile': value must be one of",
+        ),
+        (
+            "proxy.openai.models.llama.temperature=1",
+            "at '/proxy/openai/models/llama': additional properties 'temperature' not allowed",
+        ),
+        (
+            "proxy.openai.models.llama.profile=vllm,proxy.openai.models.llama.seed_input=seed",
+            "at '/proxy/openai/models/llama/profile': value must be 'trtllm'",
+        ),
+        (
+            "proxy.openai.models.llama.max_tokens=0",
+            "at '/proxy/openai/models/llama/max_tokens': minimum: got 0, want 1",
+        ),
+        ("proxy.openai.llama.model=ensemble", "at '/proxy/openai': additional properties 'llama'"),
+        (
+            "proxy.chatTemplates.chat/ml=x",
+            "at '/proxy/chatTemplates': additional properties 'chat/ml' not allowed",
+        ),
+        ("proxy.chatTemplates.\\.\\.x=x", "at '/proxy/chatTemplates': additional properties '..x'"),
+        (
+            "proxy.chatTemplates.config\\.yaml=x",
+            "at '/proxy/chatTemplates/config.yaml': 'not' failed",
+        ),
         ("injector.failurePolicy=Retry", "at '/injector/failurePolicy': value must be one of"),
         ("replicas=2", "additional properties 'replicas' not allowed"),
     ],
@@ -269,6 +298,109 @@ def test_mindie_config_file(tmp_path: Path) -> None:
         annotations["checksum/config"]
         != (other["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
     )
+
+
+def test_openai_config_file(tmp_path: Path) -> None:
+    """proxy.openai alone (no mindie) renders the config file, its ConfigMap, volume, mount and
+    --config; the chat template is one more file beside config.yaml, where v2proxy finds the
+    relative chat_template and compiles it."""
+    docs = render(*SHAPES["openai"])
+    cm = one(docs, "ConfigMap", "rel-v2proxy-config")
+    example = yaml.safe_load((CHART / "examples" / "openai.yaml").read_text())["proxy"]
+    assert set(cm["data"]) == {"config.yaml", "chatml.jinja"}
+    assert cm["data"]["chatml.jinja"] == example["chatTemplates"]["chatml.jinja"]  # to the byte
+    for name, text in cm["data"].items():  # laid out as the mount at /etc/v2proxy
+        (tmp_path / name).write_text(text)
+    assert "mindie" not in yaml.safe_load(cm["data"]["config.yaml"])
+    settings = load_settings({}, str(tmp_path / "config.yaml"), env={})
+    assert settings.mindie is None and settings.openai is not None
+    assert [
+        (m.id, m.model, m.profile, m.max_tokens, m.timeout) for m in settings.openai.models
+    ] == [
+        ("llama", "ensemble", "trtllm", 256, 600),
+        ("llama-plain", "ensemble", "trtllm", 16, 120),
+    ]
+    llama, plain = settings.openai.models
+    assert llama.template.origin == str(tmp_path / "chatml.jinja")
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert llama.template.render(messages) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert plain.template.origin == "the default template"
+    spec = pod_spec(docs)
+    side = spec["initContainers"][0]
+    assert serve_args(side)["config"] == "/etc/v2proxy/config.yaml"
+    assert by_name(spec["volumes"], "v2proxy-config")["configMap"] == {
+        "name": cm["metadata"]["name"]
+    }
+    assert {"name": "v2proxy-config", "mountPath": "/etc/v2proxy", "readOnly": True} in side[
+        "volumeMounts"
+    ]
+    # a change of a template, not of config.yaml, rolls the pods too
+    checksum = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    other = one(
+        render(
+            *SHAPES["openai"],
+            '--set-json=proxy.chatTemplates={"chatml.jinja": "{{ messages[0].content }}"}',
+        ),
+        "Deployment",
+    )["spec"]["template"]["metadata"]["annotations"]
+    assert checksum["checksum/config"] != other["checksum/config"]
+
+
+def test_openai_chat_template_from_the_image() -> None:
+    """An absolute chat_template is a file of the image: no chatTemplates needed."""
+    docs = render(
+        "--set=proxy.openai.models.llama.chat_template=/opt/templates/llama.json",
+        "--set=proxy.openai.models.llama.profile=vllm",
+    )
+    cm = one(docs, "ConfigMap", "rel-v2proxy-config")
+    assert set(cm["data"]) == {"config.yaml"}
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == {
+        "openai": {
+            "models": {"llama": {"chat_template": "/opt/templates/llama.json", "profile": "vllm"}}
+        }
+    }
+    assert serve_args(pod_spec(docs)["containers"][0])["config"] == "/etc/v2proxy/config.yaml"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            ("--set=proxy.chatTemplates.chatml\\.jinja=x",),
+            "proxy.chatTemplates (chatml.jinja) needs proxy.openai",
+        ),
+        (
+            (
+                "--set=proxy.mindie.model=ensemble",
+                "--set=proxy.chatTemplates.chatml\\.jinja=x",
+            ),
+            "proxy.chatTemplates (chatml.jinja) needs proxy.openai",
+        ),
+        (
+            (
+                "--set=proxy.openai.models.llama.chat_template=chatml.jinja",
+                "--set=proxy.chatTemplates.chat\\.jinja=x",
+            ),
+            "proxy.openai.models.llama.chat_template: 'chatml.jinja' is not a key of"
+            " proxy.chatTemplates (chat.jinja)",
+        ),
+        (
+            ("--set=proxy.openai.models.llama.chat_template=models/llama.jinja",),
+            "proxy.openai.models.llama.chat_template: 'models/llama.jinja' is not a key of"
+            " proxy.chatTemplates (none)",
+        ),
+        (
+            ('--set-json=proxy.openai={"models": {}}',),
+            "at '/proxy/openai/models': minProperties: got 0, want 1",
+        ),
+    ],
+)
+def test_openai_values_refused(settings: tuple[str, ...], message: str) -> None:
+    """What v2proxy would refuse at start-up (or never read) stops the install instead."""
+    stderr = refusal(*settings)
+    assert message in stderr, stderr
 
 
 def test_monitors_only_with_the_operator_api() -> None:

@@ -86,10 +86,62 @@ nothing for builtin. The proxy's NetworkPolicy lets egress reach them.
 {{- printf "%s-config" (include "v2proxy.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The config file (only the mindie: section: every other setting is an argument). */}}
+{{/*
+"true" when the chart renders a config file (proxy.mindie or proxy.openai is set): its ConfigMap,
+the volume, the mount and --config; "" otherwise.
+*/}}
+{{- define "v2proxy.hasConfig" -}}
+{{- if or .Values.proxy.mindie .Values.proxy.openai }}true{{ end }}
+{{- end }}
+
+{{/*
+The config file: the mindie: and openai: sections, each where set (every other setting is an
+argument). Callers trim it: so trimmed, a mindie: section alone is the text it always was.
+*/}}
 {{- define "v2proxy.configFile" -}}
+{{- with .Values.proxy.mindie }}
 mindie:
-  {{- toYaml .Values.proxy.mindie | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.proxy.openai }}
+openai:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The hash of what the ConfigMap holds, an annotation of the pods (a change rolls them): the
+config file, then proxy.chatTemplates where there are some (without them the hash is the config
+file's alone, as before they existed).
+*/}}
+{{- define "v2proxy.configChecksum" -}}
+{{- $text := include "v2proxy.configFile" . | trim }}
+{{- with .Values.proxy.chatTemplates }}
+{{- $text = printf "%s\n%s" $text (toYaml .) }}
+{{- end }}
+{{- $text | sha256sum }}
+{{- end }}
+
+{{/*
+Refuses what would render a pod v2proxy cannot start: proxy.chatTemplates without proxy.openai
+(nothing would read them), and an openai model whose relative chat_template is none of
+proxy.chatTemplates (the container's working directory, /tmp, is an empty emptyDir, and
+/etc/v2proxy holds only the ConfigMap's keys; an absolute path may be a file of the image).
+*/}}
+{{- define "v2proxy.checkConfig" -}}
+{{- $p := .Values.proxy }}
+{{- $templates := $p.chatTemplates | default dict }}
+{{- if and $templates (not $p.openai) }}
+{{- fail (printf "proxy.chatTemplates (%s) needs proxy.openai: they are the chat templates its models name (chat_template: <file name>), and nothing else reads them" (keys $templates | sortAlpha | join ", ")) }}
+{{- end }}
+{{- if $p.openai }}
+{{- range $id, $model := $p.openai.models }}
+{{- $file := (($model | default dict).chat_template | default "") | toString }}
+{{- if and $file (not (hasPrefix "/" $file)) (not (hasKey $templates (trimPrefix "./" $file))) }}
+{{- fail (printf "proxy.openai.models.%s.chat_template: '%s' is not a key of proxy.chatTemplates (%s): give the template's text there under that file name, or an absolute path to a file of the image" $id $file (keys $templates | sortAlpha | join ", " | default "none")) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -18,8 +18,10 @@ your chart's values, as README "Deploying" shows):
     {{- include "v2proxy.sidecar.volumes" $v2 | nindent 4 }}
 
 v2proxy.sidecar.initContainers renders the sidecar in native mode and nothing in classic mode,
-v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie is rendered by this chart
-(as a dependency too) under the same name. The Secrets of tls.* are yours to make.
+v2proxy.sidecar.containers the reverse. The ConfigMap of proxy.mindie, proxy.openai and
+proxy.chatTemplates is rendered by this chart (as a dependency too) under the same name; its
+hash, include "v2proxy.configChecksum" $v2, is an annotation that rolls your pods when it
+changes. The Secrets of tls.* are yours to make.
 */}}
 
 {{- define "v2proxy.tlsDir" -}}/etc/v2proxy-tls{{- end }}
@@ -77,7 +79,7 @@ httpGet: {path: {{ .path }}, port: v2proxy-http}
     - --backend-shm={{ $p.backendShm }}
     - --log-format={{ $p.logFormat }}
     - --drain-timeout={{ int $p.drainTimeout }}
-    {{- if $p.mindie }}
+    {{- if include "v2proxy.hasConfig" .ctx }}
     - --config=/etc/v2proxy/config.yaml
     {{- end }}
     {{- with include "v2proxy.tlsArgs" .ctx | trim }}
@@ -124,7 +126,7 @@ httpGet: {path: {{ .path }}, port: v2proxy-http}
     - name: v2proxy-shm
       mountPath: /dev/shm
     {{- end }}
-    {{- if $p.mindie }}
+    {{- if include "v2proxy.hasConfig" .ctx }}
     - name: v2proxy-config
       mountPath: /etc/v2proxy
       readOnly: true
@@ -172,7 +174,7 @@ httpGet: {path: {{ .path }}, port: v2proxy-http}
     medium: Memory
     sizeLimit: {{ .Values.sharedMemory.sizeLimit }}
 {{- end }}
-{{- if .Values.proxy.mindie }}
+{{- if include "v2proxy.hasConfig" . }}
 - name: v2proxy-config
   configMap:
     name: {{ include "v2proxy.configName" . }}
