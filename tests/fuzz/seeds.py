@@ -230,7 +230,8 @@ OPENAI_SCANS = [
 
 def _scan_seed(text: str, stops: list[str], control: int) -> bytes:
     """fuzz_openai's input for the scanner alone: control bits 17-18 the number of stop
-    sequences less one, then each one's offset and length less one in the text, then the text."""
+    sequences less one (bits 19-21: characters dropped from the text's end), then each one's
+    offset and length less one in the text, then the text."""
     head = b"".join(bytes([text.index(s), len(s) - 1]) for s in stops)
     control |= 1 << 16 | (len(stops) - 1) << 17
     return control.to_bytes(3, "little") + head + text.encode()
@@ -356,7 +357,11 @@ def seeds() -> dict[str, list[bytes]]:
             for kind, b in OPENAI_BODIES
             for c in (0, 2, 4 | 1 << 3, 4 | 0x1B00, 3 << 3 | 1 << 6, 7 << 3 | 3 << 6)
         ]
-        + [_scan_seed(t, stops, c) for t, stops in OPENAI_SCANS for c in (0x1B00, 2 << 3)],
+        + [
+            _scan_seed(t, stops, c)
+            for t, stops in OPENAI_SCANS
+            for c in (0x1B00, 2 << 3, 1 << 3 | 3 << 19)
+        ],
     }
     for body in [*json_bodies[:6], framed[0][0]]:
         out["compression"] += [

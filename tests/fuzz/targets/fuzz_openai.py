@@ -14,8 +14,9 @@ turn (with stop sequences the text is also fed one character at a time); 6-7 the
 the backend reports (REPORTED). Bit 16: the stop scanner alone, no request: bits 17-18 give the
 number of stop sequences less one, the body's first two bytes per stop sequence its offset
 (modulo the text's length) and length (1-8 characters) in the text, which is the rest of the body
-(UTF-8, invalid bytes replaced): stop sequences that overlap and hold one another, which request
-bodies seldom bring.
+(UTF-8, invalid bytes replaced), less as many characters at its end as bits 19-21 say: stop
+sequences that overlap and hold one another, and the text ending inside one, which request bodies
+seldom bring.
 
 Invariants: the parsers and each template's render return or raise InvalidField with a message
 and a str ``field`` (any other error, a ProxyError subclass included, is a failure); an accepted
@@ -182,6 +183,7 @@ def scanner_alone(body: bytes, control: int) -> None:
     for i in range(count):
         at = head[2 * i] % len(text)
         stops.append(text[at : at + (head[2 * i + 1] & 7) + 1])
+    text = text[: len(text) - ((control >> 19) & 7)]  # the end of a stop sequence may not come
     req = oc.OpenAIRequest(bool(control & 1), "m", stop=tuple(stops), include_usage=True)
     sent, stopped = check_scanner(text, req.stop, control)
     answers(req, sent, stopped, REPORTED[(control >> 6) & 3])
