@@ -193,6 +193,49 @@ GENERATE_BODIES = [
     (5, {"INPUT0": [0.1] * 10, "sequence_id": 3, "triton_x": True}),
 ]  # fmt: skip
 
+#: OpenAI bodies as the openai client sends them (with the control bits of fuzz_openai: bit 0
+#: set for a chat body)
+OPENAI_BODIES = [
+    (0, {"model": "llm", "prompt": "Say this is a test.\nEND", "max_tokens": 7,
+         "temperature": 0, "stop": ["\n", "END"]}),
+    (0, {"model": "llm", "prompt": ["Once upon a time"], "stream": True,
+         "stream_options": {"include_usage": True}, "top_p": 0.9, "seed": 3, "n": 1,
+         "logprobs": None, "echo": False, "presence_penalty": 0, "stop": "time"}),
+    (1, {"model": "llm", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello! Human: hi\n\nAI:"}],
+         "max_completion_tokens": 5, "temperature": 1.5, "stop": ["Human:", "\n\n"]}),
+    (1, {"model": "llm", "stream": True, "stream_options": {"include_usage": False},
+         "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"},
+                                                   {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+        {"role": "tool", "content": "42"},
+        {"role": "system", "content": "late"}],
+         "tool_choice": "none", "response_format": {"type": "text"}, "stop": "b"}),
+    (0, {"model": "llm", "prompt": "x" * 20}),
+    (0, {"model": "llm", "prompt": "hi", "best_of": 2, "logit_bias": {"1": 2}}),
+    (1, {"model": "llm", "messages": [{"role": "user",
+                                       "content": [{"type": "image_url", "image_url": "u"}]}]}),
+]  # fmt: skip
+
+#: texts for fuzz_openai's stop scanner alone, with the stop sequences to cut from them
+OPENAI_SCANS = [
+    ("Hello there", ["there"]),
+    ("Thought: x\nAction: y\nObservation: z", ["\nAction:", "Observat"]),
+    ("User: hé\n### Réponse: ok\n", ["###", "\n", "User:", "ok"]),
+]
+
+
+def _scan_seed(text: str, stops: list[str], control: int) -> bytes:
+    """fuzz_openai's input for the scanner alone: control bits 17-18 the number of stop
+    sequences less one (bits 19-21: characters dropped from the text's end), then each one's
+    offset and length less one in the text, then the text."""
+    head = b"".join(bytes([text.index(s), len(s) - 1]) for s in stops)
+    control |= 1 << 16 | (len(stops) - 1) << 17
+    return control.to_bytes(3, "little") + head + text.encode()
+
 
 def _http_cases() -> list[bytes]:
     path = HERE.parent / "unit" / "test_http_server.py"
@@ -309,6 +352,16 @@ def seeds() -> dict[str, list[bytes]]:
         + [bytes([16 | p << 5]) + s for s in GENERATE_SSE + MINDIE_SSE for p in (0, 3, 7)],
         "http": [bytes([c]) + raw for raw in _http_cases() for c in (7, 0)],
         "rest": [bytes([c]) + raw for raw in _rest_requests() for c in (7, 3)],
+        "openai": [
+            (kind | c).to_bytes(3, "little") + dumps(b).encode()
+            for kind, b in OPENAI_BODIES
+            for c in (0, 2, 4 | 1 << 3, 4 | 0x1B00, 3 << 3 | 1 << 6, 7 << 3 | 3 << 6)
+        ]
+        + [
+            _scan_seed(t, stops, c)
+            for t, stops in OPENAI_SCANS
+            for c in (0x1B00, 2 << 3, 1 << 3 | 3 << 19)
+        ],
     }
     for body in [*json_bodies[:6], framed[0][0]]:
         out["compression"] += [

@@ -351,3 +351,35 @@ def test_models_and_error_shapes() -> None:
     assert answer.error("bad", "invalid_request_error", "n", None) == {
         "error": {"message": "bad", "type": "invalid_request_error", "param": "n", "code": None}
     }
+
+
+# ---------------------------------------------------------------------- found by fuzzing
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "sent", "stopped"),
+    [
+        # fuzz_openai: "b" complete in "ab" while "abc", which began first, may still come
+        (["a", "b", "c"], ("abc", "b"), "", True),
+        (["ab", "c"], ("abc", "b"), "", True),
+        (["abc"], ("abc", "b"), "", True),
+        (["ab", "x"], ("abc", "b"), "a", True),  # "abc" did not come: "b" ends the text
+        (["ab"], ("abc", "b"), "a", True),  # the generation ended first: cut at "b" anyway
+        (["x", "ab", "cd"], ("abcd", "c"), "x", True),
+        (["Step 1\n###", " Instruction"], ("\n### Instruction", "###"), "Step 1", True),
+        (["Step 1\n###", " Answer"], ("\n### Instruction", "###"), "Step 1\n", True),
+    ],
+)
+def test_stop_scanner_waits_for_a_longer_stop_sequence_that_began_first(
+    pieces: list[str], stops: tuple[str, ...], sent: str, stopped: bool
+) -> None:
+    assert _scan(pieces, stops) == (sent, stopped)
+    assert _expected("".join(pieces), stops) == (sent, stopped)
+
+
+def test_stop_scanner_flush_cuts_at_a_stop_sequence_it_held() -> None:
+    scanner = StopScanner(("abc", "b"))
+    assert scanner.feed("xab") == "x"  # "ab" may begin "abc": held, with "b" in it
+    assert not scanner.stopped
+    assert scanner.flush() == "a"
+    assert scanner.stopped

@@ -7,7 +7,10 @@ generated text itself: stop sequences (:class:`StopScanner`) and the finish reas
 Stop sequences are applied here, whatever the backend does with them: the text is cut before the
 first occurrence of any of them and the generation ends (``finish_reason`` ``stop``). In a stream
 the scanner holds back as many characters as a stop sequence could still need (its longest
-length less one), so that no part of a stop sequence is ever sent.
+length less one), so that no part of a stop sequence is ever sent. The first occurrence is the
+one that begins first, however the text arrives: a stop sequence found while a longer one that
+begins before it may still be completing (``b`` in ``ab`` with the stops ``abc`` and ``b``) ends
+nothing until the text that follows decides.
 
 Pure: no I/O.
 """
@@ -34,7 +37,8 @@ _REASONS = {
 
 class StopScanner:
     """Cuts generated text at the first stop sequence, fed piece by piece (:meth:`feed`); what it
-    holds back is given by :meth:`flush` when the generation ends without one."""
+    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it
+    holds)."""
 
     __slots__ = ("held", "hold", "stopped", "stops")
 
@@ -52,11 +56,17 @@ class StopScanner:
         if not self.stops:
             return piece
         text = self.held + piece
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        cut = self._first(text)
         if cut >= 0:
-            self.stopped = True
-            self.held = ""
-            return text[:cut]
+            # a longer stop sequence that begins before this one may still be under way
+            # ("abc" when "b" is found in "ab"): wait for the text that decides
+            under_way = self._under_way(text, cut)
+            if under_way < 0:
+                self.stopped = True
+                self.held = ""
+                return text[:cut]
+            self.held = text[under_way:]
+            return text[:under_way]
         keep = min(self.hold, len(text))
         if keep:
             self.held = text[-keep:]
@@ -65,9 +75,27 @@ class StopScanner:
         return text
 
     def flush(self) -> str:
-        """What was held back, once the generation has ended."""
+        """What was held back, once the generation has ended, up to a stop sequence it holds
+        (then :attr:`stopped` is set)."""
         held, self.held = self.held, ""
+        cut = self._first(held)
+        if cut >= 0:
+            self.stopped = True
+            return held[:cut]
         return held
+
+    def _first(self, text: str) -> int:
+        """Where the first occurrence of any stop sequence in ``text`` begins, or -1."""
+        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+
+    def _under_way(self, text: str, before: int) -> int:
+        """The first position before ``before`` from which the rest of ``text`` is the start
+        of a longer stop sequence (one that more text may complete), or -1."""
+        for at in range(max(0, len(text) - self.hold), before):
+            tail = text[at:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                return at
+        return -1
 
 
 def finish_reason(reported: str | None, stopped: bool, tokens: int, max_tokens: int) -> str:
