@@ -3,7 +3,7 @@
 chat's messages rendered by the default chat template and by a ChatML-like one compiled here
 (codecs.chat_template); then, for every accepted request, a generated text cut by the request's
 stop sequences (codecs.openai_answer.StopScanner) fed in pieces, and the answers written from
-what it lets through (Chunks' stream events, completion, chat_completion, finish_reason).
+what it lets through (Chunks' stream events, the whole answer, finish_reason).
 
 Input: three control bytes (little-endian), then the body. Control bits: 0 chat instead of
 completions; 1 a small --max-input-size (16 bytes); 2 the generated text is the body's own bytes
@@ -144,8 +144,7 @@ def answers(req: oc.OpenAIRequest, sent: list[str], stopped: bool, reported: str
     expect(last["choices"][0]["finish_reason"] == reason, "the finish chunk lost the reason")
     if req.include_usage:
         expect(payload(chunks.usage(counts))["usage"] == counts, "the usage chunk lost the counts")
-    write = answer.chat_completion if req.chat else answer.completion
-    whole = json.loads(write("id-1", 7, req.model, text, reason, counts))
+    whole = json.loads(answer.whole(req.chat, "id-1", 7, req.model, text, reason, counts))
     choice = whole["choices"][0]
     expect((choice["message"]["content"] if req.chat else choice["text"]) == text, "text lost")
 
