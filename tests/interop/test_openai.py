@@ -13,10 +13,12 @@ model.py. With the default chat template, a chat's prompt is ``<role>: <content>
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import socket
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -568,3 +570,29 @@ def test_metrics_say_frontend_openai(get_proxy: Callable[[str], Proc]) -> None:
         sample("v2proxy_mindie_generated_tokens_total", 'direction="frontend"', 'model="llm"') >= 3
     )
     assert sample("v2proxy_mindie_time_to_first_token_seconds_count", 'model="llm"') >= 1
+
+
+def test_compressed_bodies_and_wrong_methods(get_proxy: Callable[[str], Proc]) -> None:
+    proxy = get_proxy("builtin")
+    raw = json.dumps({"model": "llm", "prompt": "z y", "max_tokens": 3}).encode()
+    for encoding, data in (("gzip", gzip.compress(raw)), ("deflate", zlib.compress(raw))):
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        try:
+            conn.request("POST", "/v1/completions", data, {"Content-Encoding": encoding})
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert json.loads(resp.read())["choices"][0]["text"] == "z y z"
+        finally:
+            conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", raw, {"Content-Encoding": "br"})
+        resp = conn.getresponse()
+        assert (resp.status, resp.getheader("accept-encoding")) == (415, "gzip, deflate")
+        assert json.loads(resp.read())["error"]["type"] == "invalid_request_error"
+        conn.request("GET", "/v1/chat/completions")
+        resp = conn.getresponse()
+        assert (resp.status, resp.getheader("allow")) == (405, "POST")
+        assert json.loads(resp.read())["error"]["message"] == "Method Not Allowed"
+    finally:
+        conn.close()

@@ -124,6 +124,14 @@ class NotFound(ProxyError):
     grpc_code = "NOT_FOUND"
 
 
+class MethodNotAllowed(ProxyError):
+    """A known path asked with a method it does not take (answered by the frontend with
+    ``Allow``; an error of this tree so that each API writes it in its own shape)."""
+
+    http_status = 405
+    grpc_code = "UNIMPLEMENTED"
+
+
 class Unsupported(ProxyError):
     """The request asks for something this server or backend does not provide."""
 

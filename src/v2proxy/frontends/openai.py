@@ -47,7 +47,6 @@ from v2proxy.codecs.json import dumps
 from v2proxy.codecs.mindie import MindieRequest
 from v2proxy.codecs.openai import OpenAIRequest, parse_chat, parse_completion, too_large
 from v2proxy.codecs.openai_answer import Chunks, StopScanner
-from v2proxy.core.admission import RETRY_AFTER_S
 from v2proxy.core.errors import (
     BodyTooLarge,
     Forbidden,
@@ -58,9 +57,11 @@ from v2proxy.core.errors import (
     Overloaded,
     ProxyError,
 )
+from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers
 from v2proxy.frontends.mindie_call import BackendSide, Target
+from v2proxy.frontends.rest_answer import error_fields
 from v2proxy.ops.config_sections import OpenAIModel, OpenAISettings
 from v2proxy.ops.metrics_export import AnyMetrics
 from v2proxy.ops.recorders import TokenRecorder
@@ -92,12 +93,11 @@ def translate(exc: ProxyError) -> tuple[int, str, str | None, str | None]:
 
 
 def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The error answer (503 with ``Retry-After`` beyond ``--max-concurrency``)."""
+    """The error answer, with the header fields every API's error carries
+    (:func:`~v2proxy.frontends.rest_answer.error_fields`: ``Retry-After``, ``Accept-Encoding``)."""
     status, kind, param, code = translate(exc)
     body = dumps(openai_answer.error(exc.message, kind, param, code))
-    if isinstance(exc, Overloaded):
-        return status, [JSON, (b"retry-after", b"%d" % RETRY_AFTER_S)], body
-    return status, [JSON], body
+    return status, [JSON, *error_fields(exc)], body
 
 
 @dataclass(slots=True)
@@ -209,14 +209,14 @@ class OpenAIFrontend:
 
     # ------------------------------------------------------------------ generation
 
-    async def completions(self, body: bytes | bytearray, headers: Headers) -> Answer:
+    async def completions(self, body: Buffer, headers: Headers) -> Answer:
         """``POST /v1/completions``; errors are raised, for the REST frontend's envelope to
         record and answer in OpenAI's shape (:func:`error_answer`)."""
         req = parse_completion(body, self.max_input_size)
         served = self._served(req)
         return await self._generate(served, req, req.prompt, headers)
 
-    async def chat(self, body: bytes | bytearray, headers: Headers) -> Answer:
+    async def chat(self, body: Buffer, headers: Headers) -> Answer:
         """``POST /v1/chat/completions``."""
         req = parse_chat(body, self.max_input_size)
         served = self._served(req)

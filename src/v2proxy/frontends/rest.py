@@ -35,13 +35,12 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from v2proxy.codecs import side
-from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
+from v2proxy.codecs import compression, side
+from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import (
     InvalidRequest,
-    Overloaded,
+    MethodNotAllowed,
     ProxyError,
-    UnsupportedEncoding,
 )
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
@@ -52,7 +51,14 @@ from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
 from v2proxy.frontends.openai import OpenAIFrontend
 from v2proxy.frontends.openai import error_answer as openai_error_answer
-from v2proxy.frontends.rest_answer import JSON, Answer, Handler, json_answer, write_forwarded
+from v2proxy.frontends.rest_answer import (
+    JSON,
+    Answer,
+    Handler,
+    error_fields,
+    json_answer,
+    write_forwarded,
+)
 from v2proxy.frontends.rest_generate import GenerateEndpoint
 from v2proxy.frontends.rest_infer import InferEndpoint
 from v2proxy.frontends.rest_request import BodyReader, headers_of
@@ -73,10 +79,7 @@ _METRICS_TYPE = CONTENT_TYPE.encode()
 def error_answer(exc: ProxyError) -> Answer:
     """The one translator from the error tree to HTTP."""
     status, headers, body = json_answer(exc.http_status, {"error": exc.message})  # type: ignore[misc]
-    if isinstance(exc, UnsupportedEncoding):
-        headers.append((b"accept-encoding", b"gzip, deflate"))
-    elif isinstance(exc, Overloaded):
-        headers.append((b"retry-after", b"%d" % RETRY_AFTER_S))
+    headers += error_fields(exc)
     return status, headers, body
 
 
@@ -331,23 +334,35 @@ class RestFrontend:
 
     async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/completions``."""
-        body = await self.read_body(r)
+        body = await self._openai_body(r)
         return await unless_gone(r, self.openai.completions(body, headers_of(r)))
 
     async def openai_chat(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/chat/completions``."""
-        body = await self.read_body(r)
+        body = await self._openai_body(r)
         return await unless_gone(r, self.openai.chat(body, headers_of(r)))
+
+    async def _openai_body(self, r: HttpRequest) -> Buffer:
+        """An OpenAI body, whole, its ``Content-Encoding`` (gzip, deflate) removed as for
+        ``/infer``, within ``--max-input-size``."""
+        body = await self.read_body(r)
+        encoding = r.header(b"content-encoding")
+        if encoding is None:
+            return body
+        return compression.decompress(body, encoding.decode("latin-1"), self.max_input_size)
 
     async def openapi_document(self, _r: HttpRequest, _m: Any) -> Answer:
         """``GET /openapi.json``: the document of this API (never passed through)."""
         return 200, list(JSON), openapi.document_json()
 
     async def not_allowed(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
-        """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6)."""
-        status, headers, body = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
-        headers.append((b"allow", _ALLOW[m.re]))
-        return status, headers, body
+        """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6), in the shape
+        of the route's API."""
+        if m.re in _OPENAI:
+            status, headers, body = openai_error_answer(MethodNotAllowed("Method Not Allowed"))
+            return status, [*headers, (b"allow", _ALLOW[m.re])], body
+        status, fields, text = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
+        return status, [*fields, (b"allow", _ALLOW[m.re])], text
 
 
 def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
@@ -360,3 +375,5 @@ def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
 
 #: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
+#: the patterns of the OpenAI routes, whose 405 takes OpenAI's shape
+_OPENAI = {row.pattern for row in routes.ROUTES if row.frontend == "openai"}

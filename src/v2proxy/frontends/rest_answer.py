@@ -12,6 +12,8 @@ Contract:
   added unless the answer has one. An answer that breaks off after its head was sent closes
   the connection (the client sees a broken answer, never a complete-looking short one), and
   the answer is released whatever happens.
+- :func:`error_fields`: the header fields of an error answer that every API's translator adds
+  (REST's, MindIE's shape aside, OpenAI's).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from v2proxy.codecs.json import dumps
-from v2proxy.core.errors import ProxyError
+from v2proxy.core.admission import RETRY_AFTER_S
+from v2proxy.core.errors import Overloaded, ProxyError, UnsupportedEncoding
 from v2proxy.core.model import Buffer
 from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.http.request import HttpRequest
@@ -39,6 +42,17 @@ JSON = [(b"content-type", b"application/json")]
 
 def json_answer(status: int, obj: Any) -> Answer:
     return status, list(JSON), dumps(obj)
+
+
+def error_fields(exc: ProxyError) -> list[tuple[bytes, bytes]]:
+    """The header fields an error answer carries whatever the API's shape of its body:
+    ``Accept-Encoding`` with an unsupported ``Content-Encoding`` (415), ``Retry-After`` beyond
+    ``--max-concurrency`` (503)."""
+    if isinstance(exc, UnsupportedEncoding):
+        return [(b"accept-encoding", b"gzip, deflate")]
+    if isinstance(exc, Overloaded):
+        return [(b"retry-after", b"%d" % RETRY_AFTER_S)]
+    return []
 
 
 async def write_forwarded(
