@@ -565,7 +565,8 @@ def test_metrics_say_frontend_openai(get_proxy: Callable[[str], Proc]) -> None:
                 return float(line.split()[-1])
         raise AssertionError(f"{name} {labels} not in /metrics")
 
-    assert sample("v2proxy_requests_total", 'frontend="openai"', 'operation="openai"') >= 1
+    labels = ('frontend="openai"', 'operation="openai"', 'model="llm"', 'code_class="2xx"')
+    assert sample("v2proxy_requests_total", *labels) >= 1
     assert (
         sample("v2proxy_mindie_generated_tokens_total", 'direction="frontend"', 'model="llm"') >= 3
     )

@@ -209,22 +209,29 @@ class OpenAIFrontend:
 
     # ------------------------------------------------------------------ generation
 
-    async def completions(self, body: Buffer, headers: Headers) -> Answer:
-        """``POST /v1/completions``; errors are raised, for the REST frontend's envelope to
-        record and answer in OpenAI's shape (:func:`error_answer`)."""
-        req = parse_completion(body, self.max_input_size)
-        served = self._served(req)
-        return await self._generate(served, req, req.prompt, headers)
-
-    async def chat(self, body: Buffer, headers: Headers) -> Answer:
-        """``POST /v1/chat/completions``."""
+    def prepare(self, chat: bool, body: Buffer) -> tuple[_Served, OpenAIRequest, str]:
+        """A ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body validated, its model
+        found and its prompt made (a chat's rendered by the model's template): everything
+        :meth:`generate` needs, before any backend is called. Errors are raised, for the REST
+        frontend's envelope to record and answer in OpenAI's shape (:func:`error_answer`)."""
+        if not chat:
+            req = parse_completion(body, self.max_input_size)
+            return self._served(req), req, req.prompt
         req = parse_chat(body, self.max_input_size)
         served = self._served(req)
         prompt = served.settings.template.render(req.messages)
         size = len(prompt.encode())
         if size > self.max_input_size:
             raise too_large("messages", size, self.max_input_size)
-        return await self._generate(served, req, prompt, headers)
+        return served, req, prompt
+
+    async def completions(self, body: Buffer, headers: Headers) -> Answer:
+        """``POST /v1/completions``, whole."""
+        return await self.generate(self.prepare(False, body), headers)
+
+    async def chat(self, body: Buffer, headers: Headers) -> Answer:
+        """``POST /v1/chat/completions``, whole."""
+        return await self.generate(self.prepare(True, body), headers)
 
     def _served(self, req: OpenAIRequest) -> _Served:
         served = self.models.get(req.model)
@@ -246,9 +253,11 @@ class OpenAIFrontend:
         gen.seed = self._rng.getrandbits(63) if req.seed is None else req.seed
         return gen
 
-    async def _generate(
-        self, served: _Served, req: OpenAIRequest, prompt: str, headers: Headers
+    async def generate(
+        self, prepared: tuple[_Served, OpenAIRequest, str], headers: Headers
     ) -> Answer:
+        """The answer to a request :meth:`prepare` made ready: one JSON object, or a stream."""
+        served, req, prompt = prepared
         gen = self._generation_request(served, req, prompt)
         target = await served.side.target(headers)
         acc = _Generation(req, gen, target)

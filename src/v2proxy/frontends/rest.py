@@ -128,6 +128,8 @@ class RestFrontend:
         self.openai = OpenAIFrontend(
             pipeline, openai or default_openai(mindie), max_input_size, self.metrics
         )
+        #: request (its id) -> the OpenAI model id its body named, for its record
+        self._openai_models: dict[int, str] = {}
         infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
@@ -223,6 +225,8 @@ class RestFrontend:
             if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
                 error = rest_record.answer_error(op, status)
             wire_in = rest_record.wire_in(request) if op == "infer" else "json"
+            if route.frontend == "openai":
+                model = self._openai_models.pop(id(request), model)
             env.done(
                 t0, held, op, model, status, error, cause, wire_in, n_in, wire_out, n_out, request,
                 status,
@@ -334,13 +338,18 @@ class RestFrontend:
 
     async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/completions``."""
-        body = await self._openai_body(r)
-        return await unless_gone(r, self.openai.completions(body, headers_of(r)))
+        return await self._openai_generate(r, False)
 
     async def openai_chat(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/chat/completions``."""
-        body = await self._openai_body(r)
-        return await unless_gone(r, self.openai.chat(body, headers_of(r)))
+        return await self._openai_generate(r, True)
+
+    async def _openai_generate(self, r: HttpRequest, chat: bool) -> Answer:
+        prepared = self.openai.prepare(chat, await self._openai_body(r))
+        # the record's model: the id the body named, once known to be one of the section's
+        self._openai_models[id(r)] = prepared[1].model
+        # a whole generation may pass without a write: the client leaving cancels it
+        return await unless_gone(r, self.openai.generate(prepared, headers_of(r)))
 
     async def _openai_body(self, r: HttpRequest) -> Buffer:
         """An OpenAI body, whole, its ``Content-Encoding`` (gzip, deflate) removed as for
