@@ -241,6 +241,7 @@ def test_completion_stream_with_usage(get_proxy: Callable[[str], Proc], target: 
         {"model": MAIN[target], "prompt": prompt, "max_tokens": 2, "stream": True},
     )
     assert status == 200 and headers["content-type"] == "text/event-stream"
+    assert headers["cache-control"] == "no-cache"
     events = sse(raw)
     assert "".join(e["choices"][0]["text"] for e in events) == cycle(prompt, 2)
     assert all("usage" not in e for e in events)

@@ -54,7 +54,10 @@ async def whole(answer: Any) -> tuple[int, Any]:
 
 async def events(answer: Any) -> list[Any]:
     assert isinstance(answer, ForwardResponse)
-    assert answer.headers == [(b"content-type", b"text/event-stream")]
+    assert answer.headers == [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache"),
+    ]
     raw = b"".join([piece async for piece in answer.body])
     await answer.release()
     assert raw.endswith(b"data: [DONE]\n\n")

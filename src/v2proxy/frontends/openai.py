@@ -18,8 +18,9 @@ frontend of the one :class:`~v2proxy.core.pipeline.Pipeline`, served from the v2
   one, else one per streamed response of a decoupled model, else words; ``prompt_tokens`` are the
   prompt's words (no v2 backend reports its input's tokens).
 - Non-stream: the ``text_completion`` / ``chat.completion`` object. Stream: ``text/event-stream``
-  of ``data: {chunk}`` events, the finish reason in the last chunk with choices, then (with
-  ``stream_options.include_usage``) a chunk of ``usage`` alone, then ``data: [DONE]``. Errors
+  (``Cache-Control: no-cache``) of ``data: {chunk}`` events, the finish reason in the last
+  chunk with choices, then (with ``stream_options.include_usage``) a chunk of ``usage`` alone,
+  then ``data: [DONE]``. Errors
   before the first chunk are ordinary error answers; a failure after it is sent as one
   ``data: {"error": ...}`` event before ``[DONE]``. A client that goes away closes the backend
   call.
@@ -71,6 +72,8 @@ log = logging.getLogger("v2proxy.openai")
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
 JSON = (b"content-type", b"application/json")
 SSE = (b"content-type", b"text/event-stream")
+#: a stream is never stored by a cache on the way, as OpenAI's are marked
+NO_CACHE = (b"cache-control", b"no-cache")
 #: the backend's responses to one generation, each with the time it arrived
 _Chunks = AsyncIterator[tuple[mindie_answer.Chunk, float]]
 
@@ -312,7 +315,7 @@ class OpenAIFrontend:
             await events.aclose()  # type: ignore[attr-defined]
             await chunks.aclose()  # type: ignore[attr-defined]
 
-        return ForwardResponse(200, [SSE], events, release=release)
+        return ForwardResponse(200, [SSE, NO_CACHE], events, release=release)
 
     async def _events(
         self,

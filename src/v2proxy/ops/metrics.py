@@ -236,6 +236,7 @@ _ERROR_KINDS = {
     "ExpectationFailed": "expectation_failed",
     "Forbidden": "forbidden",
     "NotFound": "not_found",
+    "MethodNotAllowed": "method_not_allowed",
     "Unsupported": "unsupported",
     "BackendError": "backend_error",
     "BadGateway": "bad_gateway",
