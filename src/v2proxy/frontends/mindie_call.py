@@ -70,9 +70,11 @@ class BackendSide:
         profile: str,
         seed_input: str,
         serves: str = "MindIE /infer",
+        logger: logging.Logger = log,
     ) -> None:
-        #: what this side serves, as its log lines name it
+        #: what this side serves, as its log lines name it, and the logger they go to
         self.serves = serves
+        self.log = logger
         self.pipeline = pipeline
         self.model = model
         self.profile = profile
@@ -96,7 +98,9 @@ class BackendSide:
         except ProxyError as exc:
             now = time.monotonic()
             if now - self._failed_at > RETRY_S:
-                log.warning("%s: model '%s' not found: %s", self.serves, self.model, exc.message)
+                self.log.warning(
+                    "%s: model '%s' not found: %s", self.serves, self.model, exc.message
+                )
                 self._failed_at = now
             raise
         try:
@@ -119,11 +123,13 @@ class BackendSide:
             f" {'decoupled' if decoupled else 'not decoupled'}, {target.transport})"
         )
         if problems:
-            log.warning("%s: %s; its inputs suggest profile %s", line, "; ".join(problems), guess)
+            self.log.warning(
+                "%s: %s; its inputs suggest profile %s", line, "; ".join(problems), guess
+            )
         elif self.profile not in (guess, "generate"):
-            log.warning("%s; its inputs suggest profile %s", line, guess)
+            self.log.warning("%s; its inputs suggest profile %s", line, guess)
         else:
-            log.info("%s", line)
+            self.log.info("%s", line)
         self._target = target
         return target
 
@@ -132,7 +138,7 @@ class BackendSide:
         new = [n for n in names if n not in self._dropped]
         if new:
             self._dropped.update(new)
-            log.info("%s: model '%s' has no input %s: not sent", self.serves, self.model, new)
+            self.log.info("%s: model '%s' has no input %s: not sent", self.serves, self.model, new)
 
     async def chunks(
         self, target: Target, req: MindieRequest, headers: Headers

@@ -186,7 +186,10 @@ class OpenAIFrontend:
         self.max_input_size = max_input_size
         self.models: dict[str, _Served] = {
             m.id: _Served(
-                m, BackendSide(pipeline, m.model, m.profile, m.seed_input, f"OpenAI model '{m.id}'")
+                m,
+                BackendSide(
+                    pipeline, m.model, m.profile, m.seed_input, f"OpenAI model '{m.id}'", log
+                ),
             )
             for m in settings.models
         }
