@@ -1,5 +1,6 @@
 """SIGTERM while a request is in flight: v2proxy stops accepting and turns not ready, lets the
-request finish (its answer complete), closes its backend connections and exits 0."""
+request finish (its answer complete), closes its backend connections and exits 0; a request
+still in flight once --drain-timeout has passed is cut, and recorded as cut by the shutdown."""
 
 from __future__ import annotations
 
@@ -89,6 +90,68 @@ def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
         assert result == {"status": 200, "body": json.loads(ANSWER)}
         assert proc.wait(30) == 0, log.read_text()
         assert "draining" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        backend.shutdown()
+        backend.server_close()
+
+
+class StuckBackend(SlowBackend):
+    """A v2 REST backend whose /infer never answers (within the test)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(8.0)
+
+
+def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path) -> None:
+    """Past --drain-timeout the request still in flight is cut: the client's connection closes,
+    and the request is recorded as 503 with the shutdown as its cause (not a 500 of no cause)."""
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), StuckBackend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    port, grpc_port = _free_ports(2)
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "v2proxy", "serve",
+                "--backend", f"http://127.0.0.1:{backend.server_address[1]}",
+                "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(grpc_port),
+                "--drain-timeout", "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        failed: list[BaseException] = []
+
+        def infer() -> None:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v2/models/simple/infer", data=BODY, method="POST"
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    resp.read()
+            except Exception as exc:  # the connection closed without an answer
+                failed.append(exc)
+
+        t = threading.Thread(target=infer)
+        t.start()
+        time.sleep(0.5)  # the request is at the backend now
+        proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert proc.wait(30) == 0, log.read_text()
+        assert len(failed) == 1
+        text = log.read_text()
+        line = next(x for x in text.splitlines() if "request failed" in x)
+        assert "status=503" in line, line
+        assert 'cause="v2proxy shut down before the answer was complete' in line, line
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -30,6 +30,7 @@ envelope of a request is in :mod:`v2proxy.frontends.rest_record`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any
@@ -73,6 +74,8 @@ from v2proxy.ops.recorders import FrontendRecorder
 log = logging.getLogger(__name__)
 
 REQUEST_ID = rest_record.REQUEST_ID
+#: what a request still in flight when the proxy shut down is recorded with
+SHUTDOWN_CAUSE = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
 _METRICS_TYPE = CONTENT_TYPE.encode()
 
 
@@ -218,6 +221,14 @@ class RestFrontend:
         except Exception as exc:
             # an error answer cut short by the client stays that error
             if not cause or not isinstance(exc, http.ClientDisconnected):
+                status, error, cause = env.failure(exc)
+            raise
+        except asyncio.CancelledError as exc:
+            # the connection was killed: the client went away, or the proxy shut down with the
+            # request still in flight once --drain-timeout passed
+            if self.pipeline.draining:
+                status, error, cause = 503, "shutdown", SHUTDOWN_CAUSE
+            else:
                 status, error, cause = env.failure(exc)
             raise
         finally:
