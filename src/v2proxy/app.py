@@ -182,6 +182,7 @@ async def serve(
             settings.drain_timeout,
         )
         pipeline.draining = True
+        gate.closing = True
         await asyncio.gather(
             grpc_server.stop(settings.drain_timeout), http_server.close(settings.drain_timeout)
         )

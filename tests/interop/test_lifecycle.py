@@ -15,10 +15,11 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
+import pytest
 from peers.launch import _free_ports, _http_status
 from standin import StandIn
 
-from v2proxy._proto import health_pb2
+from v2proxy._proto import grpc_service_pb2, health_pb2
 from v2proxy.app import build_grpc_server
 from v2proxy.app_core import build_backend, build_pipeline
 from v2proxy.ops.config import load_settings
@@ -98,6 +99,14 @@ def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
         backend.server_close()
 
 
+def _grpc_request() -> grpc_service_pb2.ModelInferRequest:
+    """BODY as a ModelInfer request."""
+    req = grpc_service_pb2.ModelInferRequest(model_name="simple")
+    tensor = req.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+    tensor.contents.int_contents.append(1)
+    return req
+
+
 class StuckBackend(SlowBackend):
     """A v2 REST backend whose /infer never answers (within the test)."""
 
@@ -106,9 +115,11 @@ class StuckBackend(SlowBackend):
         time.sleep(8.0)
 
 
-def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path) -> None:
-    """Past --drain-timeout the request still in flight is cut: the client's connection closes,
-    and the request is recorded as 503 with the shutdown as its cause (not a 500 of no cause)."""
+@pytest.mark.parametrize("wire", ["rest", "grpc"])
+def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path, wire: str) -> None:
+    """Past --drain-timeout the request still in flight is cut: the REST client's connection
+    closes (the gRPC client gets UNAVAILABLE), and the request is recorded as cut by the
+    shutdown (REST: not a 500 of no cause; gRPC: not a cancellation by the client)."""
     backend = ThreadingHTTPServer(("127.0.0.1", 0), StuckBackend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port, grpc_port = _free_ports(2)
@@ -132,13 +143,18 @@ def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path) -> None:
         failed: list[BaseException] = []
 
         def infer() -> None:
-            req = urllib.request.Request(
-                f"http://127.0.0.1:{port}/v2/models/simple/infer", data=BODY, method="POST"
-            )
             try:
+                if wire == "grpc":
+                    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                        call(_grpc_request().SerializeToString(), timeout=30)
+                    return
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v2/models/simple/infer", data=BODY, method="POST"
+                )
                 with urllib.request.urlopen(req, timeout=30) as resp:
                     resp.read()
-            except Exception as exc:  # the connection closed without an answer
+            except Exception as exc:  # the connection closed, or UNAVAILABLE
                 failed.append(exc)
 
         t = threading.Thread(target=infer)
@@ -150,7 +166,7 @@ def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path) -> None:
         assert len(failed) == 1
         text = log.read_text()
         line = next(x for x in text.splitlines() if "request failed" in x)
-        assert "status=503" in line, line
+        assert ("status=503" if wire == "rest" else 'status="UNAVAILABLE"') in line, line
         assert 'cause="v2proxy shut down before the answer was complete' in line, line
     finally:
         if proc.poll() is None:

@@ -20,7 +20,7 @@ from v2proxy.core.errors import (
     Overloaded,
     ProxyError,
 )
-from v2proxy.frontends.exchange import GONE_STATUS, Envelope
+from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
 from v2proxy.http.request import BodyTimeout, BodyTooLarge, ClientDisconnected
 from v2proxy.ops.metrics_export import Metrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
@@ -277,3 +277,17 @@ KINDS: list[tuple[BaseException, tuple[int, str, str]]] = [
 def test_failure_of_each_exception_kind(exc: BaseException, expected: tuple[int, str, str]) -> None:
     _, env = build()
     assert env.failure(exc) == expected
+
+
+def test_a_cancellation_at_shutdown_is_the_shutdowns() -> None:
+    """Once the gate is closing (past --drain-timeout) a cancelled request was cut by the
+    shutdown, not by its client; a client's going away stays the client's."""
+    _, env = build()
+    env.gate.closing = True
+    assert env.failure(asyncio.CancelledError()) == (
+        SHUTDOWN_STATUS,
+        "shutdown",
+        "v2proxy shut down before the answer was complete (--drain-timeout passed)",
+    )
+    gone = ClientDisconnected("client went away")
+    assert env.failure(gone) == (GONE_STATUS, "client_disconnected", GONE)

@@ -32,7 +32,7 @@ RETRY_AFTER_S = 1
 class AdmissionGate:
     """Counts the requests in progress and refuses those beyond ``limit`` (0: no limit)."""
 
-    __slots__ = ("arrived", "in_use", "limit", "refused")
+    __slots__ = ("arrived", "closing", "in_use", "limit", "refused")
 
     def __init__(self, limit: int = 0) -> None:
         if limit < 0:
@@ -45,6 +45,9 @@ class AdmissionGate:
         #: requests of a counted operation since the start, admitted or not (what an idle
         #: process is told by: ops/memory.py)
         self.arrived = 0
+        #: the process is shutting down: a request still in progress once --drain-timeout has
+        #: passed is cut (the frontends' records say so)
+        self.closing = False
 
     def enter(self, operation: str) -> bool:
         """Admit a request of ``operation``: True when it took a slot (the caller must

@@ -26,7 +26,9 @@ Contract:
   there, and recorded by an exchange of its own).
 - What an exception that ended the work is recorded as (:meth:`Envelope.failure`): a ProxyError
   its status, kind and message; a client that went away (the HTTP server's
-  ``ClientDisconnected``, a cancelled task) 499 ``client_disconnected``; a request body the HTTP
+  ``ClientDisconnected``, a cancelled task) 499 ``client_disconnected``, unless the task was
+  cancelled by the shutdown (the gate is ``closing``: past ``--drain-timeout``), then 503
+  ``shutdown``; a request body the HTTP
   layer refused its status and ``invalid_request``; anything else 500 ``internal``.
 
 An exchange is no object: its state is the two values the frontend keeps (``t0``, ``held``), so
@@ -49,6 +51,9 @@ from v2proxy.ops.recorders import FrontendRecorder
 
 #: the status recorded for a client that went away before its answer was complete
 GONE_STATUS = 499
+#: the status and cause recorded for a request the shutdown cut (--drain-timeout passed)
+SHUTDOWN_STATUS = 503
+SHUTDOWN_CAUSE = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
 #: how a frontend's log lines name a request: (request id or None, method, path)
 Describe = Callable[[Any], tuple[str | None, str, str]]
 
@@ -147,6 +152,8 @@ class Envelope:
         cause)."""
         if isinstance(exc, ProxyError):
             return exc.http_status, error_kind(exc), exc.message
+        if isinstance(exc, asyncio.CancelledError) and self.gate.closing:
+            return SHUTDOWN_STATUS, "shutdown", SHUTDOWN_CAUSE
         if isinstance(exc, ClientDisconnected | asyncio.CancelledError):
             return GONE_STATUS, "client_disconnected", self.gone
         if isinstance(exc, BodyError):

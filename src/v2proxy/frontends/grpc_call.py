@@ -25,7 +25,7 @@ from v2proxy._proto.service import SERVICE
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
 from v2proxy.core.ports import Headers
-from v2proxy.frontends.exchange import GONE_STATUS, Envelope
+from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
 from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -52,6 +52,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 #: the cause recorded for a call that the client cancelled
 GONE = "cancelled by the client"
 _GRPC = "grpc"
+
+
+#: the gRPC code a log line shows for a call that ended by a cancellation: the client's, or the
+#: shutdown's (whose client saw UNAVAILABLE)
+_SHOWN = {GONE_STATUS: "CANCELLED", SHUTDOWN_STATUS: "UNAVAILABLE"}
 
 
 def status_code(exc: ProxyError) -> grpc.StatusCode:
@@ -103,7 +108,7 @@ class CallEnvelope(Envelope):
         if isinstance(exc, ProxyError):
             shown = status_code(exc).name
         else:
-            shown = "CANCELLED" if status == GONE_STATUS else "INTERNAL"
+            shown = _SHOWN.get(status, "INTERNAL")
         self.done(
             t0, held, op, model, status, error, cause, _GRPC, n_in, _GRPC, n_out, context, shown
         )

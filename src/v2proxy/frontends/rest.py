@@ -74,8 +74,6 @@ from v2proxy.ops.recorders import FrontendRecorder
 log = logging.getLogger(__name__)
 
 REQUEST_ID = rest_record.REQUEST_ID
-#: what a request still in flight when the proxy shut down is recorded with
-SHUTDOWN_CAUSE = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
 _METRICS_TYPE = CONTENT_TYPE.encode()
 
 
@@ -224,12 +222,8 @@ class RestFrontend:
                 status, error, cause = env.failure(exc)
             raise
         except asyncio.CancelledError as exc:
-            # the connection was killed: the client went away, or the proxy shut down with the
-            # request still in flight once --drain-timeout passed
-            if self.pipeline.draining:
-                status, error, cause = 503, "shutdown", SHUTDOWN_CAUSE
-            else:
-                status, error, cause = env.failure(exc)
+            # the connection was killed: the client went away, or the shutdown cut the request
+            status, error, cause = env.failure(exc)
             raise
         finally:
             n_in = self.body.taken(request) if request.chunked else request.content_length or 0
