@@ -4,6 +4,7 @@ still in flight once --drain-timeout has passed is cut, and recorded as cut by t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -47,8 +49,13 @@ class SlowBackend(StandIn):
         self._send(200, ANSWER)
 
 
-def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), SlowBackend)
+@contextlib.contextmanager
+def _proxy_before(
+    tmp_path: Path, handler: type[StandIn], *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int, int, Path]]:
+    """v2proxy (ARGS added) in front of a REST backend of ``handler``, ready: yields the
+    process, its HTTP and gRPC ports and its log; killed if the test left it running."""
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port, grpc_port = _free_ports(2)
     log = tmp_path / "proxy.log"
@@ -57,9 +64,8 @@ def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
             [
                 sys.executable, "-m", "v2proxy", "serve",
                 "--backend", f"http://127.0.0.1:{backend.server_address[1]}",
-                "--backend-encoding", "json",
                 "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(grpc_port),
-                "--drain-timeout", "20",
+                *args,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -69,6 +75,18 @@ def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
         while _http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
+        yield proc, port, grpc_port, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        backend.shutdown()
+        backend.server_close()
+
+
+def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
+    drain = ("--backend-encoding", "json", "--drain-timeout", "20")
+    with _proxy_before(tmp_path, SlowBackend, *drain) as (proc, port, _, log):
         result: dict[str, object] = {}
 
         def infer() -> None:
@@ -91,12 +109,6 @@ def test_sigterm_drains_a_slow_request_then_exits_0(tmp_path: Path) -> None:
         assert result == {"status": 200, "body": json.loads(ANSWER)}
         assert proc.wait(30) == 0, log.read_text()
         assert "draining" in log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        backend.shutdown()
-        backend.server_close()
 
 
 def _grpc_request() -> grpc_service_pb2.ModelInferRequest:
@@ -120,26 +132,12 @@ def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path, wire: str
     """Past --drain-timeout the request still in flight is cut: the REST client's connection
     closes (the gRPC client gets UNAVAILABLE), and the request is recorded as cut by the
     shutdown (REST: not a 500 of no cause; gRPC: not a cancellation by the client)."""
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), StuckBackend)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    port, grpc_port = _free_ports(2)
-    log = tmp_path / "proxy.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "v2proxy", "serve",
-                "--backend", f"http://127.0.0.1:{backend.server_address[1]}",
-                "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(grpc_port),
-                "--drain-timeout", "1",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while _http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+    with _proxy_before(tmp_path, StuckBackend, "--drain-timeout", "1") as (
+        proc,
+        port,
+        grpc_port,
+        log,
+    ):
         failed: list[BaseException] = []
 
         def infer() -> None:
@@ -168,12 +166,6 @@ def test_a_request_cut_at_shutdown_is_recorded_as_such(tmp_path: Path, wire: str
         line = next(x for x in text.splitlines() if "request failed" in x)
         assert ("status=503" if wire == "rest" else 'status="UNAVAILABLE"') in line, line
         assert 'cause="v2proxy shut down before the answer was complete' in line, line
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        backend.shutdown()
-        backend.server_close()
 
 
 async def test_readiness_is_false_while_draining() -> None:
