@@ -289,6 +289,15 @@ def test_metrics_time_to_first_token_and_tokens(get_proxy: Callable[[str], Proc]
     assert sample("v2proxy_mindie_time_to_first_token_seconds_sum") >= 0.015
     assert sample("v2proxy_mindie_time_per_output_token_seconds_count") >= 4
     assert sample("v2proxy_mindie_generated_tokens_total") >= 5
+    # the request itself is recorded under the model /infer serves (its path names none)
+    requests = [
+        line
+        for line in text.splitlines()
+        if line.startswith("v2proxy_requests_total{")
+        and 'operation="mindie"' in line
+        and 'model="ensemble"' in line
+    ]
+    assert requests and float(requests[0].split()[-1]) >= 1
 
 
 # ---------------------------------------------------------------------- validation and errors

@@ -553,6 +553,7 @@ def test_metrics_say_frontend_openai(get_proxy: Callable[[str], Proc]) -> None:
     proxy = get_proxy("builtin")
     with opened(proxy) as c:
         list(c.completions.create(model="llm", prompt="m n", max_tokens=3, stream=True))
+        c.models.retrieve("org/llm-7b")
     conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
     try:
         conn.request("GET", "/metrics")
@@ -568,6 +569,8 @@ def test_metrics_say_frontend_openai(get_proxy: Callable[[str], Proc]) -> None:
 
     labels = ('frontend="openai"', 'operation="openai"', 'model="llm"', 'code_class="2xx"')
     assert sample("v2proxy_requests_total", *labels) >= 1
+    retrieved = ('frontend="openai"', 'operation="metadata"', 'model="org/llm-7b"')
+    assert sample("v2proxy_requests_total", *retrieved) >= 1
     assert (
         sample("v2proxy_mindie_generated_tokens_total", 'direction="frontend"', 'model="llm"') >= 3
     )

@@ -129,8 +129,9 @@ class RestFrontend:
         self.openai = OpenAIFrontend(
             pipeline, openai or default_openai(mindie), max_input_size, self.metrics
         )
-        #: request (its id) -> the OpenAI model id its body named, for its record
-        self._openai_models: dict[int, str] = {}
+        #: request (its id) -> the model of a route whose path names none (MindIE's /infer, the
+        #: OpenAI routes), for its record: set by the handler once known
+        self._models: dict[int, str] = {}
         infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
@@ -230,8 +231,8 @@ class RestFrontend:
             if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
                 error = rest_record.answer_error(op, status)
             wire_in = rest_record.wire_in(request) if op == "infer" else "json"
-            if route.frontend == "openai":
-                model = self._openai_models.pop(id(request), model)
+            if route.frontend == "openai" or op == "mindie":
+                model = self._models.pop(id(request), model)
             env.done(
                 t0, held, op, model, status, error, cause, wire_in, n_in, wire_out, n_out, request,
                 status,
@@ -327,6 +328,7 @@ class RestFrontend:
     async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
         """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`)."""
         body = await self.read_body(r)
+        self._models[id(r)] = self.mindie.settings.model  # the one model /infer serves
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
 
@@ -339,7 +341,10 @@ class RestFrontend:
     async def openai_model(self, r: HttpRequest, m: re.Match[str]) -> Answer:
         """``GET /v1/models/{id}`` (the id percent-decoded: clients encode its ``/``)."""
         self.pipeline.access.check("metadata", headers_of(r))
-        return self.openai.get_model(unquote(m.group("id")))
+        model_id = unquote(m.group("id"))
+        answer = self.openai.get_model(model_id)  # (NotFound for an id of no model)
+        self._models[id(r)] = model_id
+        return answer
 
     async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
         """``POST /v1/completions``."""
@@ -352,7 +357,7 @@ class RestFrontend:
     async def _openai_generate(self, r: HttpRequest, chat: bool) -> Answer:
         prepared = self.openai.prepare(chat, await self._openai_body(r))
         # the record's model: the id the body named, once known to be one of the section's
-        self._openai_models[id(r)] = prepared[1].model
+        self._models[id(r)] = prepared[1].model
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.openai.generate(prepared, headers_of(r)))
 
