@@ -148,6 +148,10 @@ def test_rendered_manifests_validate(shape: str) -> None:
         ("proxy.clientShm=maybe", "at '/proxy/clientShm': value must be one of"),
         ("proxy.mindie.profile=vllm", "at '/proxy/mindie': properties 'model' required"),
         (
+            "proxy.mindie.model=m,proxy.mindie.profile=vllm,proxy.mindie.seed_input=seed",
+            "at '/proxy/mindie/profile': value must be 'trtllm'",
+        ),
+        (
             "proxy.openai.models.llama.profile=tgi",
             "at '/proxy/openai/models/llama/profile': value must be one of",
         ),
