@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import ensemble_probe
 import pytest
 from peers import launch
 from procs import Proc, v2proxy
@@ -126,12 +127,7 @@ def events(raw: bytes) -> tuple[list[dict[str, Any]], bytes]:
 
 
 def cancelled(triton_urls: tuple[str, str]) -> int:
-    host = triton_urls[0].removeprefix("http://")
-    with contextlib.closing(http.client.HTTPConnection(host, timeout=30)) as conn:
-        body = json.dumps({"text_input": "[cancelled?]", "max_tokens": 1})
-        conn.request("POST", "/v2/models/ensemble/generate", body)
-        answer = json.loads(conn.getresponse().read())
-    return int(answer["text_output"])
+    return ensemble_probe.cancelled(triton_urls[0])
 
 
 STREAMING = [
@@ -391,7 +387,7 @@ def test_timeout_is_the_proxy_deadline(
     get_proxy: Callable[[str], Proc], target: str, triton_urls: tuple[str, str]
 ) -> None:
     proxy = get_proxy(target)
-    before = cancelled(triton_urls)
+    before = ensemble_probe.settled(triton_urls[0])
     slow = {"inputs": "a [delay=300]", "parameters": {"max_new_tokens": 10, "timeout": 1}}
     t0 = time.monotonic()
     status, _, raw = post(proxy, slow)
@@ -415,7 +411,7 @@ def test_client_disconnect_cancels_the_backend(
     get_proxy: Callable[[str], Proc], target: str, triton_urls: tuple[str, str]
 ) -> None:
     proxy = get_proxy(target)
-    before = cancelled(triton_urls)
+    before = ensemble_probe.settled(triton_urls[0])
     body = json.dumps(
         {"inputs": "a b [delay=150]", "stream": True, "parameters": {"max_new_tokens": 60}}
     ).encode()
@@ -441,7 +437,7 @@ def test_client_disconnect_cancels_a_text_generation(
     """A client that does not stream writes nothing while the model generates: its going away
     is still seen at once (not when the answer is written, 9 s later) and cancels the model."""
     proxy = get_proxy(target)
-    before = cancelled(triton_urls)
+    before = ensemble_probe.settled(triton_urls[0])
     body = json.dumps({"inputs": "a b [delay=150]", "parameters": {"max_new_tokens": 60}}).encode()
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
         s.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import ensemble_probe
 import openai
 import pytest
 from peers import launch
@@ -166,28 +167,12 @@ def sse(raw: bytes) -> list[Any]:
     return out
 
 
-def settled(backend_urls: Callable[[str], tuple[str, str]]) -> int:
-    """The ensemble's count of cancelled requests once it has stopped moving: an earlier test's
-    cancellation may reach the model late (it sees one at its next token, up to a few hundred
-    ms away), and must not be counted as this test's."""
-    count = cancelled(backend_urls)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = cancelled(backend_urls)
-        if now == count:
-            return count
-        count = now
-    return count
-
-
 def cancelled(backend_urls: Callable[[str], tuple[str, str]]) -> int:
-    host = backend_urls("triton")[0].removeprefix("http://")
-    with contextlib.closing(http.client.HTTPConnection(host, timeout=30)) as conn:
-        body = json.dumps({"text_input": "[cancelled?]", "max_tokens": 1})
-        conn.request("POST", "/v2/models/ensemble/generate", body)
-        answer = json.loads(conn.getresponse().read())
-    return int(answer["text_output"])
+    return ensemble_probe.cancelled(backend_urls("triton")[0])
+
+
+def settled(backend_urls: Callable[[str], tuple[str, str]]) -> int:
+    return ensemble_probe.settled(backend_urls("triton")[0])
 
 
 # ---------------------------------------------------------------------- models
