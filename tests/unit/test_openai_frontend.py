@@ -72,10 +72,20 @@ def body(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
+async def completions(fe: OpenAIFrontend, raw: bytes, headers: Any) -> Any:
+    """``POST /v1/completions`` as the REST frontend serves it: prepared, then generated."""
+    return await fe.generate(fe.prepare(False, raw), headers)
+
+
+async def chat(fe: OpenAIFrontend, raw: bytes, headers: Any) -> Any:
+    """``POST /v1/chat/completions`` likewise."""
+    return await fe.generate(fe.prepare(True, raw), headers)
+
+
 async def test_completion() -> None:
     fe = frontend()
     status, doc = await whole(
-        await fe.completions(body(model="llm", prompt="a b c", max_tokens=5), [])
+        await completions(fe, body(model="llm", prompt="a b c", max_tokens=5), [])
     )
     assert status == 200
     assert doc["choices"] == [
@@ -87,27 +97,28 @@ async def test_completion() -> None:
 
 async def test_default_max_tokens_is_the_models() -> None:
     fe = frontend(max_tokens=2)
-    _, doc = await whole(await fe.completions(body(model="llm", prompt="a b c"), []))
+    _, doc = await whole(await completions(fe, body(model="llm", prompt="a b c"), []))
     assert doc["choices"][0]["text"] == "a b"
 
 
 async def test_chat_with_the_default_and_a_given_template() -> None:
     fe = frontend()
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    _, doc = await whole(await fe.chat(body(model="llm", messages=messages, max_tokens=6), []))
+    _, doc = await whole(await chat(fe, body(model="llm", messages=messages, max_tokens=6), []))
     # the default template: "system: s\nuser: u\nassistant:"
     assert doc["choices"][0]["message"] == {
         "role": "assistant",
         "content": "system: s user: u assistant: system:",
     }
     assert doc["usage"]["prompt_tokens"] == 5
-    _, doc = await whole(await fe.chat(body(model="chatml", messages=messages, max_tokens=1), []))
+    _, doc = await whole(await chat(fe, body(model="chatml", messages=messages, max_tokens=1), []))
     assert doc["choices"][0]["message"]["content"] == "<system>s<user>u<assistant>"
 
 
 async def test_stream_with_stop_and_usage() -> None:
     fe = frontend()
-    answer = await fe.completions(
+    answer = await completions(
+        fe,
         body(
             model="llm",
             prompt="one two three four",
@@ -126,7 +137,8 @@ async def test_stream_with_stop_and_usage() -> None:
 
 async def test_chat_stream_role_first() -> None:
     fe = frontend()
-    answer = await fe.chat(
+    answer = await chat(
+        fe,
         body(model="llm", messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True),
         [],
     )
@@ -143,12 +155,12 @@ async def test_chat_stream_role_first() -> None:
 async def test_validation_before_the_backend() -> None:
     fe = frontend()
     with pytest.raises(InvalidField) as info:
-        await fe.completions(body(model="llm", prompt="x", n=2), [])
+        await completions(fe, body(model="llm", prompt="x", n=2), [])
     assert info.value.field == "n"
     with pytest.raises(NotFound):
-        await fe.completions(body(model="gpt", prompt="x"), [])
+        await completions(fe, body(model="gpt", prompt="x"), [])
     with pytest.raises(InvalidField) as info:  # the rendered prompt over --max-input-size
-        await fe.chat(body(model="llm", messages=[{"role": "user", "content": "y" * 4090}]), [])
+        await chat(fe, body(model="llm", messages=[{"role": "user", "content": "y" * 4090}]), [])
     assert info.value.field == "messages" and "--max-input-size" in info.value.message
 
 
@@ -171,7 +183,7 @@ async def test_failure_mid_stream_is_one_error_event() -> None:
     fe = frontend()
     served = fe.models["llm"]
     served.side.chunks = _Failing(2).chunks  # type: ignore[method-assign]
-    chunks = await events(await fe.completions(body(model="llm", prompt="p", stream=True), []))
+    chunks = await events(await completions(fe, body(model="llm", prompt="p", stream=True), []))
     assert [c["choices"][0]["text"] for c in chunks[:-1]] == ["w0", " w1"]
     assert chunks[-1] == {
         "error": {
@@ -184,7 +196,7 @@ async def test_failure_mid_stream_is_one_error_event() -> None:
     # before the first piece: an ordinary error answer
     served.side.chunks = _Failing(0).chunks  # type: ignore[method-assign]
     with pytest.raises(BackendError):
-        await fe.completions(body(model="llm", prompt="p", stream=True), [])
+        await completions(fe, body(model="llm", prompt="p", stream=True), [])
 
 
 async def test_deadline() -> None:
@@ -192,8 +204,8 @@ async def test_deadline() -> None:
     served = fe.models["llm"]
     served.side.chunks = _Failing(99, delay=0.4).chunks  # type: ignore[method-assign]
     with pytest.raises(GatewayTimeout):
-        await fe.completions(body(model="llm", prompt="p"), [])
-    chunks = await events(await fe.completions(body(model="llm", prompt="p", stream=True), []))
+        await completions(fe, body(model="llm", prompt="p"), [])
+    chunks = await events(await completions(fe, body(model="llm", prompt="p", stream=True), []))
     assert chunks[-1]["error"]["code"] == "timeout"
     assert 1 <= len(chunks) - 1 <= 3
 

@@ -194,6 +194,7 @@ class OpenAIFrontend:
             for m in settings.models
         }
         self.created = int(time.time())
+        self._listed = openai_answer.models(list(self.models), self.created)
         self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
         self._rng = rng or random.SystemRandom()
 
@@ -206,11 +207,12 @@ class OpenAIFrontend:
     # ------------------------------------------------------------------ models
 
     def list_models(self) -> Answer:
-        return 200, [JSON], openai_answer.models(list(self.models), self.created)
+        """``GET /v1/models``: the list, written once at start-up (the section is fixed)."""
+        return 200, [JSON], self._listed
 
     def get_model(self, model_id: str) -> Answer:
-        if model_id not in self.models:
-            raise NotFound(f"The model '{model_id}' does not exist")
+        """``GET /v1/models/{id}``."""
+        self.served(model_id)
         return 200, [JSON], dumps(openai_answer.model(model_id, self.created))
 
     # ------------------------------------------------------------------ generation
@@ -231,18 +233,14 @@ class OpenAIFrontend:
             raise too_large("messages", size, self.max_input_size)
         return served, req, prompt
 
-    async def completions(self, body: Buffer, headers: Headers) -> Answer:
-        """``POST /v1/completions``, whole."""
-        return await self.generate(self.prepare(False, body), headers)
-
-    async def chat(self, body: Buffer, headers: Headers) -> Answer:
-        """``POST /v1/chat/completions``, whole."""
-        return await self.generate(self.prepare(True, body), headers)
-
     def _served(self, req: OpenAIRequest) -> _Served:
-        served = self.models.get(req.model)
+        return self.served(req.model)
+
+    def served(self, model_id: str) -> _Served:
+        """The model of an id; NotFound (``model_not_found``) for an id the section lacks."""
+        served = self.models.get(model_id)
         if served is None:
-            raise NotFound(f"The model '{req.model}' does not exist")
+            raise NotFound(f"The model '{model_id}' does not exist")
         return served
 
     def _generation_request(
