@@ -293,6 +293,22 @@ def test_chat_stream(get_proxy: Callable[[str], Proc], target: str) -> None:
     assert all(ch.object == "chat.completion.chunk" for ch in chunks)
     assert last.choices == [] and last.usage is not None
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (4, 6)
+    # the wire: the usage chunk, then [DONE] (sse() checks the framing and that it ends so)
+    status, headers, raw = post(
+        get_proxy(target),
+        "/v1/chat/completions",
+        {
+            "model": MAIN[target],
+            "messages": messages,
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert status == 200 and headers["content-type"] == "text/event-stream"
+    *events, usage = sse(raw)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == cycle(prompt, 2)
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 6
 
 
 def test_chat_template_from_a_file(get_proxy: Callable[[str], Proc]) -> None:
