@@ -416,3 +416,11 @@ def test_no_spelling_of_a_restricted_route_passes_as_another_group(case: Case) -
 def test_routes_module_is_the_table() -> None:
     # the REST frontend binds the table, in its order, and nothing else
     assert [row for _, _, row in _FE.routing] == list(routes.ROUTES)
+
+
+def test_each_row_names_the_shape_of_its_errors() -> None:
+    shapes = {row.template: row.errors for row in ROUTES}
+    assert shapes["/infer"] == "mindie"
+    assert {shapes[t] for t in shapes if t.startswith("/v1/")} == {"openai"}
+    assert {shapes[t] for t in shapes if not t.startswith(("/v1/", "/infer"))} == {"v2"}
+    assert {row.frontend for row in ROUTES if row.errors == "openai"} == {"openai"}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -197,11 +198,8 @@ class RestFrontend:
                         access.check(group, headers_of(request))
                 answer = await handler(request, m)
             except ProxyError as exc:
-                # each API answers errors in its own shape (MindIE's /infer: MindIE's)
-                if route.frontend == "openai":
-                    answer = openai_error_answer(exc)
-                else:
-                    answer = (mindie_error_answer if op == "mindie" else error_answer)(exc)
+                # each API answers errors in its own shape (the route's errors column)
+                answer = _ERROR_ANSWERS[route.errors](exc)
                 _, error, cause = env.failure(exc)
             rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
@@ -377,7 +375,7 @@ class RestFrontend:
     async def not_allowed(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
         """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6), in the shape
         of the route's API."""
-        if m.re in _OPENAI:
+        if _ERRORS[m.re] == "openai":
             status, headers, body = openai_error_answer(MethodNotAllowed("Method Not Allowed"))
             return status, [*headers, (b"allow", _ALLOW[m.re])], body
         status, fields, text = json_answer(405, {"error": "Method Not Allowed"})  # type: ignore[misc]
@@ -394,5 +392,11 @@ def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
 
 #: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
-#: the patterns of the OpenAI routes, whose 405 takes OpenAI's shape
-_OPENAI = {row.pattern for row in routes.ROUTES if row.frontend == "openai"}
+#: each row's pattern -> the API whose shape its errors take (a 405: OpenAI's, else v2's)
+_ERRORS = {row.pattern: row.errors for row in routes.ROUTES}
+#: each API's translator from the error tree to its error answer
+_ERROR_ANSWERS: dict[str, Callable[[ProxyError], Answer]] = {
+    "v2": error_answer,
+    "mindie": mindie_error_answer,
+    "openai": openai_error_answer,
+}

@@ -30,9 +30,11 @@ Contract:
   reads the body, so that a refused client gets 403 rather than its body's 400, as Triton
   answers (:attr:`Route.check_first`, precomputed). MindIE's ``POST /infer`` keeps MindIE's own
   order (the body is validated first) and its error shape.
-- :attr:`Route.frontend` is the API a route belongs to: ``rest`` (v2 and MindIE's ``/infer``)
-  or ``openai`` (``/v1/...``), whose requests are recorded under ``frontend="openai"`` and
-  whose errors take OpenAI's shape.
+- :attr:`Route.frontend` is the frontend that records a route's requests: ``rest`` (v2 and
+  MindIE's ``/infer``) or ``openai`` (``/v1/...``, recorded under ``frontend="openai"``).
+- :attr:`Route.errors` is the API whose shape a route's error answers take: ``v2``
+  (``{"error": message}``), ``mindie`` (``/infer``) or ``openai`` (``/v1/...``); a 405 is in
+  v2's shape except on the OpenAI routes.
 
 Outside the table, and described here: :data:`METRICS` (``GET /metrics``, the proxy's own
 metrics, answered by the frontend before the table is consulted and never recorded) and
@@ -103,9 +105,10 @@ class Route:
     operation: str
     group: str | None
     body_first: bool = False
-    #: the API whose frontend records it (``frontend`` label) and whose shape its errors take:
-    #: ``rest`` (v2, and MindIE's ``/infer``) or ``openai``
+    #: the frontend that records it (the ``frontend`` label): ``rest`` or ``openai``
     frontend: str = "rest"
+    #: the API whose shape its error answers take: ``v2``, ``mindie`` or ``openai``
+    errors: str = "v2"
     #: the template compiled (:func:`compile_template`)
     pattern: re.Pattern[str] = field(init=False, repr=False)
     #: the value of ``Allow`` in this route's 405
@@ -123,6 +126,7 @@ _M = "/v2/models/{model}[/versions/{version}]"
 _SHM = "/v2/{kind}sharedmemory[/region/{name}]"
 _GET_POST = ("GET", "POST")
 _FIRST = True  # body_first
+_OA = "openai"  # frontend and errors of the OpenAI routes
 
 #: (template, {method: handler name}, operation, group, body_first), in match order
 ROUTES: tuple[Route, ...] = (
@@ -163,17 +167,20 @@ ROUTES: tuple[Route, ...] = (
     Route(_SHM + "/register", {"POST": "shm_register"}, "side", "shared-memory", _FIRST),
     Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory", _FIRST),
     # MindIE's native API: its own order (the body validated first) and error shape
-    Route("/infer", {"POST": "mindie_infer"}, "mindie", "inference"),
+    Route("/infer", {"POST": "mindie_infer"}, "mindie", "inference", errors="mindie"),
     # OpenAI's API: recorded as frontend "openai", errors in OpenAI's shape
-    Route("/v1/models", {"GET": "openai_models"}, "metadata", "metadata", frontend="openai"),
-    Route("/v1/models/{id}", {"GET": "openai_model"}, "metadata", "metadata", frontend="openai"),
+    Route("/v1/models", {"GET": "openai_models"}, "metadata", "metadata", frontend=_OA, errors=_OA),
+    Route(
+        "/v1/models/{id}", {"GET": "openai_model"}, "metadata", "metadata", frontend=_OA, errors=_OA
+    ),
     Route(
         "/v1/completions",
         {"POST": "openai_completions"},
         "openai",
         "inference",
         _FIRST,
-        frontend="openai",
+        frontend=_OA,
+        errors=_OA,
     ),
     Route(
         "/v1/chat/completions",
@@ -181,7 +188,8 @@ ROUTES: tuple[Route, ...] = (
         "openai",
         "inference",
         _FIRST,
-        frontend="openai",
+        frontend=_OA,
+        errors=_OA,
     ),
     # the proxy's own document, never passed through, never restricted
     Route("/openapi.json", {"GET": "openapi_document"}, "metadata", None),
