@@ -107,7 +107,13 @@ def build_grpc_server(
         ]
     )
     gate = gate or AdmissionGate(settings.max_concurrency)
-    frontend = GrpcFrontend(pipeline, metrics, settings.access_log, gate)
+    frontend = GrpcFrontend(
+        pipeline,
+        metrics,
+        settings.access_log,
+        gate,
+        health_watches=settings.max_health_watches,
+    )
     server.add_generic_rpc_handlers(frontend.handlers())
     return server
 

@@ -20,7 +20,8 @@ stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
 true`` header. Every call but health and metadata holds a slot of the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
-runs; a ModelStreamInfer stream holds one for as long as it is open.
+runs; a ModelStreamInfer stream holds one for as long as it is open. ``grpc.health.v1`` is
+:class:`~v2proxy.frontends.grpc_health.Health`: its Watch streams share one readiness state.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ from v2proxy.frontends.grpc_call import (
     refusal_trailers,
     status_code,
 )
+from v2proxy.frontends.grpc_health import Health
 from v2proxy.frontends.grpc_shm import SharedMemoryRpcs, peer_of
+from v2proxy.ops.config_spec import DEFAULTS
 from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -87,6 +90,7 @@ class GrpcFrontend:
         metrics: AnyMetrics | None = None,
         access_log: bool = False,
         gate: AdmissionGate | None = None,
+        health_watches: int = DEFAULTS["max_health_watches"],
     ) -> None:
         self.pipeline = pipeline
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
@@ -97,6 +101,8 @@ class GrpcFrontend:
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
         #: the shared-memory RPCs (registered with this frontend's own)
         self.shm = SharedMemoryRpcs(pipeline)
+        #: grpc.health.v1, its Watch streams limited by --max-health-watches
+        self.health = Health(self._ready, health_watches)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         # answers leave the handlers serialized (bytes), so that their size is known
@@ -110,10 +116,10 @@ class GrpcFrontend:
         unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                guard(self.Check, health_pb2.HealthCheckRequest, "Check", rec, gate)
+                guard(self.health.Check, health_pb2.HealthCheckRequest, "Check", rec, gate)
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
-                self.Watch,
+                self.health.Watch,
                 request_deserializer=health_pb2.HealthCheckRequest.FromString,
                 response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
             ),
@@ -130,6 +136,10 @@ class GrpcFrontend:
         return method
 
     # ------------------------------------------------------------------ health and metadata
+
+    async def _ready(self) -> bool:
+        """The readiness the health service reports (asked without request headers)."""
+        return await self.pipeline.server_ready([])
 
     async def ServerLive(self, _r: pb.ServerLiveRequest, c: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=await self.pipeline.server_live(forwarded_headers(c)))
@@ -371,29 +381,3 @@ class GrpcFrontend:
         update = grpc_side.log_settings_to_json(r.settings) if r.settings else None
         obj = await self.pipeline.log_settings(update, forwarded_headers(c))
         return grpc_side.log_settings_to_proto(obj)
-
-    # ------------------------------------------------------------------ grpc.health.v1
-
-    async def _status(self) -> int:
-        try:
-            ready = await self.pipeline.server_ready([])
-        except ProxyError:
-            ready = False
-        serving = health_pb2.HealthCheckResponse.SERVING
-        return serving if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-
-    async def Check(
-        self, _r: health_pb2.HealthCheckRequest, _c: Context
-    ) -> health_pb2.HealthCheckResponse:
-        return health_pb2.HealthCheckResponse(status=await self._status())  # type: ignore[arg-type]
-
-    async def Watch(
-        self, _r: health_pb2.HealthCheckRequest, _c: Context
-    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        last = None
-        while True:
-            status = await self._status()
-            if status != last:
-                yield health_pb2.HealthCheckResponse(status=status)  # type: ignore[arg-type]
-                last = status
-            await asyncio.sleep(1.0)

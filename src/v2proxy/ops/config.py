@@ -94,6 +94,7 @@ class Settings:
     max_body_size: int = DEFAULTS["max_body_size"]
     max_tensors: int = DEFAULTS["max_tensors"]
     max_concurrency: int = DEFAULTS["max_concurrency"]
+    max_health_watches: int = DEFAULTS["max_health_watches"]
     backend_timeout: float = DEFAULTS["backend_timeout"]
     backend_connect_timeout: float = DEFAULTS["backend_connect_timeout"]
     backend_connections: int = DEFAULTS["backend_connections"]

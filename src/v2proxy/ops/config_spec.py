@@ -233,6 +233,15 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "N",
     ),
     SettingSpec(
+        "max_health_watches",
+        100,
+        non_negative_int,
+        "most grpc.health.v1 Health.Watch streams open at once per worker, RESOURCE_EXHAUSTED"
+        " beyond it; all of them read one readiness state, asked of the backend once a second"
+        " while any is open; 0: no limit",
+        "N",
+    ),
+    SettingSpec(
         "tls_cert",
         None,
         path_text,

@@ -1,0 +1,101 @@
+"""``grpc.health.v1.Health`` on the gRPC frontend: one readiness state per frontend (per worker
+process), shared by every ``Watch`` stream.
+
+``Check`` asks the pipeline's readiness each time (a drain is seen at once) and updates the
+shared state. ``Watch`` streams never ask on their own: while at least one is open, one task
+asks once every :data:`POLL_S` seconds (none runs while none is open), and each stream sends the
+status when it differs from what it last sent, woken by a change. So N streams cost the backend
+one readiness call a second, not N. At most ``--max-health-watches`` streams are open at once
+(0: no limit); the next is refused with RESOURCE_EXHAUSTED naming the option. A readiness that
+cannot be asked (the backend's error) is NOT_SERVING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from v2proxy._proto import health_pb2
+from v2proxy.core.errors import ProxyError
+from v2proxy.frontends.grpc_call import Context
+
+log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+
+#: seconds between two readiness calls while a Watch stream is open
+POLL_S = 1.0
+Status = health_pb2.HealthCheckResponse.ServingStatus
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Health:
+    """The Health service's two RPCs over one readiness state; ``ready``: the pipeline's
+    readiness as the health service asks it, ``limit``: ``--max-health-watches``."""
+
+    def __init__(self, ready: Callable[[], Awaitable[bool]], limit: int) -> None:
+        self._ready = ready
+        self.limit = limit
+        #: the status last learnt (None: not known since the poller started)
+        self.status: Status | None = None
+        #: Watch streams open now
+        self.watching = 0
+        #: set, and replaced, when the status changes
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    async def _ask(self) -> Status:
+        try:
+            ready = await self._ready()
+        except ProxyError:
+            ready = False
+        self._publish(SERVING if ready else NOT_SERVING)
+        return SERVING if ready else NOT_SERVING
+
+    def _publish(self, status: Status) -> None:
+        if status != self.status:
+            self.status = status
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _poll(self) -> None:
+        """Asks every POLL_S seconds until no Watch stream is left."""
+        while self.watching:
+            try:
+                await self._ask()
+            except Exception:
+                log.exception("gRPC health: readiness could not be asked")
+                self._publish(NOT_SERVING)
+            await asyncio.sleep(POLL_S)
+
+    async def Check(
+        self, _r: health_pb2.HealthCheckRequest, _c: Context
+    ) -> health_pb2.HealthCheckResponse:
+        return health_pb2.HealthCheckResponse(status=await self._ask())
+
+    async def Watch(
+        self, _r: health_pb2.HealthCheckRequest, context: Context
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        if self.limit and self.watching >= self.limit:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many Health.Watch streams: v2proxy keeps at most {self.limit} open at once"
+                " (--max-health-watches)",
+            )
+        self.watching += 1
+        try:
+            if self._poller is None or self._poller.done():
+                self.status = None  # not asked while nobody watched: unknown until asked
+                self._poller = asyncio.create_task(self._poll())
+            last = None
+            while True:
+                changed = self._changed
+                if self.status is not None and self.status != last:
+                    last = self.status
+                    yield health_pb2.HealthCheckResponse(status=last)
+                    continue  # it may have changed while the client read
+                await changed.wait()
+        finally:
+            self.watching -= 1
