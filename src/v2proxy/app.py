@@ -112,6 +112,7 @@ def build_grpc_server(
         metrics,
         settings.access_log,
         gate,
+        stream_in_flight=settings.max_stream_in_flight,
         health_watches=settings.max_health_watches,
     )
     server.add_generic_rpc_handlers(frontend.handlers())

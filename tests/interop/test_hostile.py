@@ -254,6 +254,53 @@ def test_surplus_raw_input_contents_refused(proxy: Proc) -> None:
     assert "expected 2 raw_input_contents" in info.value.details()
 
 
+def test_unread_grpc_stream_is_held_back(proxy: Proc) -> None:
+    """One ModelStreamInfer sending 60,000 small requests and never reading an answer: the
+    proxy stops reading the stream while --max-stream-in-flight requests are served, so HTTP/2
+    flow control holds the client back and memory stays bounded; a cancel releases the stream.
+    Each message used to start a task of its own: RSS grew by 240 MiB in 8 s and more after,
+    and 80 MiB were still held 5 s after the cancel."""
+    from v2proxy._proto import grpc_service_pb2 as pb
+
+    msg = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+    msg.raw_input_contents.extend([bytes(64), bytes(64)])
+    sent = 0
+    deadline = time.monotonic() + 8.0
+
+    def requests() -> Iterator[pb.ModelInferRequest]:
+        nonlocal sent
+        while sent < 60_000 and time.monotonic() < deadline:
+            sent += 1
+            yield msg
+
+    before = rss_kib(proxy.pid)
+    peak = before
+    with grpc.insecure_channel(proxy.grpc_url) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        call = stream(requests())  # answers never read
+        while time.monotonic() < deadline + 1.0:  # the last second: what was sent arrives
+            peak = max(peak, rss_kib(proxy.pid))
+            time.sleep(0.1)
+        call.cancel()
+        grown_mib = (peak - before) / 1024  # 6 MiB here, 44,000 requests taken in 8 s
+        assert grown_mib < 100, f"RSS grew by {grown_mib:.0f} MiB for {sent} requests"
+        after = time.monotonic() + 5.0
+        while (rss_kib(proxy.pid) - before) / 1024 > 20 and time.monotonic() < after:
+            time.sleep(0.1)
+        left_mib = (rss_kib(proxy.pid) - before) / 1024
+        assert left_mib <= 20, f"{left_mib:.0f} MiB still held 5 s after the cancel"
+        # the stream's slots and tasks are gone: a new stream is answered at once
+        answers = stream(iter([msg]), timeout=10)
+        assert next(answers).infer_response.outputs[0].name == "OUTPUT0"
+    still_serves(proxy)
+
+
 def test_restricted_apis_refused_by_default(proxy: Proc) -> None:
     """Repository, logging and trace settings are refused to remote clients by default."""
     import tritonclient.grpc as grpcclient

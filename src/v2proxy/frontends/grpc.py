@@ -18,7 +18,10 @@ its ModelStreamInferResponse without being parsed; a decoupled model's responses
 client that asks for the final-response flag, are encoded here) and answers each request on the
 stream, several times for decoupled models, with
 errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
-true`` header. Every call but health and metadata holds a slot of the process's
+true`` header. At most ``--max-stream-in-flight`` messages of one stream are served at once:
+while that many are, the next is not read, so HTTP/2 flow control holds back a client that sends
+without reading; answers wait in a bounded queue. A stream that ends or is cancelled cancels and
+awaits what it still serves. Every call but health and metadata holds a slot of the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
 runs; a ModelStreamInfer stream holds one for as long as it is open. ``grpc.health.v1`` is
 :class:`~v2proxy.frontends.grpc_health.Health`: its Watch streams share one readiness state.
@@ -90,6 +93,7 @@ class GrpcFrontend:
         metrics: AnyMetrics | None = None,
         access_log: bool = False,
         gate: AdmissionGate | None = None,
+        stream_in_flight: int = DEFAULTS["max_stream_in_flight"],
         health_watches: int = DEFAULTS["max_health_watches"],
     ) -> None:
         self.pipeline = pipeline
@@ -101,6 +105,8 @@ class GrpcFrontend:
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
         #: the shared-memory RPCs (registered with this frontend's own)
         self.shm = SharedMemoryRpcs(pipeline)
+        #: --max-stream-in-flight: messages of one ModelStreamInfer served at once
+        self._stream_in_flight = stream_in_flight
         #: grpc.health.v1, its Watch streams limited by --max-health-watches
         self.health = Health(self._ready, health_watches)
 
@@ -255,12 +261,22 @@ class GrpcFrontend:
             finally:
                 env.end(t0, None, failure, _STREAM, model, n_in, n_out, context)
 
+        # at most N messages served at once: while N are, the next is not read, and HTTP/2
+        # flow control holds the client back (a client that never reads costs N, not all)
+        slots = asyncio.Semaphore(self._stream_in_flight)
+
+        def served(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            slots.release()
+
         async def read_all() -> None:
             try:
+                await slots.acquire()
                 async for msg in requests:
                     task = asyncio.create_task(serve_one(msg))
                     tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(served)
+                    await slots.acquire()
                 if tasks:
                     await asyncio.gather(*list(tasks))
             except asyncio.CancelledError:
@@ -276,12 +292,12 @@ class GrpcFrontend:
                 if isinstance(item, ProxyError):
                     await context.abort(status_code(item), item.message)
                 yield item
-        finally:
-            reader.cancel()
-            for task in list(tasks):
+        finally:  # everything of the stream released before the call ends
+            pending = [reader, *tasks]
+            for task in pending:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reader
+                await asyncio.gather(*pending, return_exceptions=True)
 
     async def _stream_one(
         self, r: pb.ModelInferRequest, msg: bytes, headers: Headers, peer: str | None

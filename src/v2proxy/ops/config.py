@@ -94,6 +94,7 @@ class Settings:
     max_body_size: int = DEFAULTS["max_body_size"]
     max_tensors: int = DEFAULTS["max_tensors"]
     max_concurrency: int = DEFAULTS["max_concurrency"]
+    max_stream_in_flight: int = DEFAULTS["max_stream_in_flight"]
     max_health_watches: int = DEFAULTS["max_health_watches"]
     backend_timeout: float = DEFAULTS["backend_timeout"]
     backend_connect_timeout: float = DEFAULTS["backend_connect_timeout"]

@@ -233,6 +233,15 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "N",
     ),
     SettingSpec(
+        "max_stream_in_flight",
+        16,
+        positive_int,
+        "most requests of one gRPC ModelStreamInfer stream served at once; while that many are,"
+        " no further message of the stream is read, so a client that sends without reading its"
+        " answers is held back by HTTP/2 flow control",
+        "N",
+    ),
+    SettingSpec(
         "max_health_watches",
         100,
         non_negative_int,
