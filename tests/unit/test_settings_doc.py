@@ -100,4 +100,4 @@ def test_reference_server_defaults_are_the_page_s() -> None:
         if serve[option] != default:
             differ[option] = default
             assert f"- `{option}`: `{default}`" in page or f"- `{option}`: {default}" in page
-    assert differ == {"--http-port": "8000", "--restricted-api": "none"}
+    assert differ == {"--http-port": "8000", "--grpc-port": "8001", "--restricted-api": "none"}

@@ -399,7 +399,8 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in SETTI
 #: it reads no environment, no file, and has no ``serve_only`` option
 REFERENCE_SERVER: Mapping[str, Any] = MappingProxyType(
     {
-        "http_port": 8000,
+        "http_port": 8000,  # Triton's ports, beside serve's 9000/9001
+        "grpc_port": 8001,
         "backend": "builtin",
         "server_name": "v2proxy-reference",
         "restricted_api": "none",  # like Triton
