@@ -121,5 +121,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from v2proxy.app import run
 
-    run(settings)
+    run(settings, env_names=command != "reference-server")
     return 0

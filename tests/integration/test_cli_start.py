@@ -107,3 +107,88 @@ def test_reference_server_and_serve_with_their_defaults_side_by_side() -> None:
             with socket.create_connection(("127.0.0.1", 8001), timeout=5):
                 pass  # and the reference server's
         assert proxy.returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def _held_port() -> Iterator[int]:
+    """A loopback port another program listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("V2PROXY_")}
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env=clean | (env or {}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "workers"),
+    [
+        ("serve", "--grpc-port", "1"),
+        ("serve", "--http-port", "1"),
+        ("serve", "--grpc-port", "2"),
+        ("serve", "--http-port", "2"),
+        ("reference-server", "--grpc-port", "1"),
+    ],
+)
+def test_a_taken_port_stops_the_start_with_one_line_naming_its_option(
+    command: str, option: str, workers: str
+) -> None:
+    with _held_port() as taken:
+        ports = {"--http-port": str(_free_port()), "--grpc-port": str(_free_port())}
+        ports[option] = str(taken)
+        args = [f"{k}={v}" for k, v in ports.items()]
+        if command == "serve":
+            args.append(f"--workers={workers}")
+        proc = _run("-m", "v2proxy", command, "--host=127.0.0.1", *args)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr  # grpcio's own E... add_port.cc line kept off stderr
+    what = "gRPC" if option == "--grpc-port" else "HTTP"
+    names = (
+        option
+        if command == "reference-server"
+        else f"{option} / V2PROXY_{option[2:].replace('-', '_').upper()}"
+    )
+    assert lines[0].endswith(
+        f"ERROR v2proxy[{lines[0].split('[')[1].split(']')[0]}]: cannot listen for {what} on"
+        f" 127.0.0.1:{taken}: address already in use; another program holds the port: stop it,"
+        f" or choose another port with {names}"
+    ), lines[0]
+
+
+_WORKER_FAILS = """
+import sys
+from v2proxy import app
+from v2proxy.ops.config import load_settings
+
+def fails(*args, **kwargs):
+    raise SystemExit(1)  # what a worker that cannot listen does
+
+app._run_one = fails
+app.run(load_settings({"workers": "2", "http_port": sys.argv[1], "grpc_port": sys.argv[2]}, None))
+"""
+
+
+def test_a_worker_that_cannot_start_makes_the_whole_process_exit_non_zero() -> None:
+    """Past the ports' check (a port taken in between, a TLS file changed): the supervisor stops
+    the other workers and exits 1 (it exited 0)."""
+    proc = _run("-c", _WORKER_FAILS, str(_free_port()), str(_free_port()))
+    assert proc.returncode == 1, proc.stderr
+    assert "a worker could not start: stopping the others" in proc.stderr
