@@ -36,8 +36,11 @@ def _port_free(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def v2proxy(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    """``python -m v2proxy ARGS`` running (stderr captured); stopped with SIGTERM at the end."""
+def v2proxy(
+    *args: str, env: dict[str, str] | None = None, log: list[str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``python -m v2proxy ARGS`` running; stopped with SIGTERM at the end, its stderr then
+    added to ``log``."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "v2proxy", *args],
         stdout=subprocess.DEVNULL,
@@ -56,6 +59,8 @@ def v2proxy(*args: str, env: dict[str, str] | None = None) -> Iterator[subproces
                 proc.kill()
                 proc.wait()
         if proc.stderr is not None:
+            if log is not None:
+                log.append(proc.stderr.read())
             proc.stderr.close()
 
 
@@ -192,3 +197,31 @@ def test_a_worker_that_cannot_start_makes_the_whole_process_exit_non_zero() -> N
     proc = _run("-c", _WORKER_FAILS, str(_free_port()), str(_free_port()))
     assert proc.returncode == 1, proc.stderr
     assert "a worker could not start: stopping the others" in proc.stderr
+
+
+def test_an_http_backend_url_at_a_grpc_port_is_named_as_such() -> None:
+    """``--backend http://HOST:8001`` (a gRPC port): the start-up warning and each 502 say so."""
+    ref_http, ref_grpc, http, grpc = (_free_port() for _ in range(4))
+    ref_args = ("reference-server", "--host=127.0.0.1", f"--http-port={ref_http}")
+    with v2proxy(*ref_args, f"--grpc-port={ref_grpc}") as ref:
+        wait_ready(ref_http, ref)
+        backend = f"http://127.0.0.1:{ref_grpc}"
+        args = ("serve", "--host=127.0.0.1", f"--http-port={http}", f"--grpc-port={grpc}")
+        log: list[str] = []
+        with v2proxy(*args, f"--backend={backend}", log=log):
+            hint = f"this port speaks gRPC: use grpc://127.0.0.1:{ref_grpc}"
+            deadline = time.monotonic() + 30
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                while time.monotonic() < deadline:
+                    try:
+                        infer_simple(http)
+                    except urllib.error.URLError as exc:
+                        if isinstance(exc, urllib.error.HTTPError):
+                            raise
+                        time.sleep(0.2)
+            assert answer.value.code == 502
+            error = json.loads(answer.value.read())["error"]
+            assert error.endswith(f"the server sent HTTP/2 frames: {hint}"), error
+    lines = log[0].splitlines()
+    start_up = [line for line in lines if "backend unreachable at start-up" in line]
+    assert len(start_up) == 1 and hint in start_up[0], log
