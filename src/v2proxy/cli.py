@@ -15,6 +15,7 @@ unchanged.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -47,6 +48,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"v2proxy: {line} (see {self.prog} --help)\n")
 
 
+def did_you_mean(word: str, known: Sequence[str]) -> str:
+    """``did you mean --http-port or --grpc-port?`` for ``--port``, or ``""``: the closest of
+    ``known`` to ``word`` (an option, a key)."""
+    score = {k: difflib.SequenceMatcher(None, word, k).ratio() for k in known}
+    best = max(score.values(), default=0.0)
+    close = [k for k in known if score[k] >= max(0.6, best - 0.02)][:2]  # ties: both
+    return f"did you mean {' or '.join(close)}?" if close else ""
+
+
+def _unrecognized(command: argparse.ArgumentParser, extra: list[str]) -> NoReturn:
+    """Refuse what ``command``'s parser did not know, naming the closest option of each word."""
+    known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    words = [w.split("=", 1)[0] for w in extra if w.startswith("--")]
+    hints = [(w, h) for w in words if (h := did_you_mean(w, known))]
+    shown = hints[0][1] if len(hints) == 1 else "; ".join(f"{w}: {h}" for w, h in hints)
+    command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({shown})" * bool(hints)))
+
+
 def option_help(spec: SettingSpec, default: Any) -> str:
     """The help of ``spec``'s option: its meaning, then ``(default: ...)`` rendered from
     ``default`` (a SIZE option says its units first)."""
@@ -60,20 +79,35 @@ def _add(p: argparse.ArgumentParser, spec: SettingSpec, default: Any) -> None:
     p.add_argument(spec.option, metavar=spec.metavar, help=option_help(spec, default), **extra)
 
 
+_TOP_HELP = """\
+v2proxy: a sidecar that makes every KServe v2 / Open Inference Protocol client
+work with every model server (Triton, KServe ModelServer, MLServer, ...). It
+sits beside the model server and transcodes between JSON, binary tensors, raw
+bodies and gRPC, adds what the backend lacks (classification, binary tensors)
+and exports Prometheus metrics on /metrics."""
+
+_TOP_EPILOG = """\
+Each command lists its own options:
+  v2proxy serve --help              the proxy's options; each is also a YAML key
+                                    of --config FILE and a variable V2PROXY_<NAME>
+                                    (all listed in docs/settings.md)
+  v2proxy reference-server --help   the standalone server's (HTTP 8000, gRPC 8001)
+  v2proxy inject --help             the admission webhook's
+
+Try it: 'v2proxy serve' serves the builtin demo models on :9000 (REST) and
+:9001 (gRPC); 'v2proxy reference-server', then 'v2proxy serve --backend
+http://127.0.0.1:8000', puts the proxy in front of a separate v2 server."""
+
+
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="v2proxy",
-        description="v2proxy: a sidecar that makes every KServe v2 / Open Inference Protocol"
-        " client work with every model server (Triton, KServe ModelServer, MLServer, ...)."
-        " It sits beside the model server and transcodes between JSON, binary tensors, raw"
-        " bodies and gRPC, adds what the backend lacks (classification, binary tensors) and"
-        " exports Prometheus metrics on /metrics. 'v2proxy serve' runs it (in front of the"
-        " builtin demo models by default); 'v2proxy serve --help' lists every option with its"
-        " default. Every option is also a YAML key of --config FILE and an environment"
-        " variable V2PROXY_<NAME> (command line > environment > file > defaults).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_TOP_HELP,
+        epilog=_TOP_EPILOG,
     )
     top.add_argument("--version", action="version", version=f"v2proxy {__version__}")
-    sub = top.add_subparsers(dest="command", required=True)
+    sub = top.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     _others = ", ".join(sorted(OTHER_VARIABLES - {"V2PROXY_CONFIG"}))
 
     serve = sub.add_parser(
@@ -104,9 +138,21 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _subcommands(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, by name."""
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = vars(parser().parse_args(argv))
+    top = parser()
+    parsed, extra = top.parse_known_args(argv)
+    args = vars(parsed)
     command = args.pop("command")
+    if extra:
+        _unrecognized(_subcommands(top)[command], extra)
     if command == "inject":
         from v2proxy.inject.command import main as inject_main
 
