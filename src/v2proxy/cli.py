@@ -17,18 +17,19 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from v2proxy import __version__
 from v2proxy.inject.command import add_parser as add_inject_parser
-from v2proxy.ops.config import OTHER_VARIABLES, load_settings
+from v2proxy.ops.config import load_settings
 from v2proxy.ops.config_sections import ConfigError
 from v2proxy.ops.config_spec import (
     DEFAULTS,
     REFERENCE_SERVER,
     SETTINGS,
     SettingSpec,
+    grouped,
     reference_server_default,
     serve_options,
     show,
@@ -73,7 +74,7 @@ def option_help(spec: SettingSpec, default: Any) -> str:
     return f"{spec.help} ({units}default: {show(spec, default)})"
 
 
-def _add(p: argparse.ArgumentParser, spec: SettingSpec, default: Any) -> None:
+def _add(p: argparse._ActionsContainer, spec: SettingSpec, default: Any) -> None:
     """``spec``'s option, taken as text (None: not given), parsed later by load_settings."""
     extra: dict[str, Any] = {"nargs": "?", "const": spec.bare} if spec.bare is not None else {}
     p.add_argument(spec.option, metavar=spec.metavar, help=option_help(spec, default), **extra)
@@ -99,6 +100,18 @@ Try it: 'v2proxy serve' serves the builtin demo models on :9000 (REST) and
 http://127.0.0.1:8000', puts the proxy in front of a separate v2 server."""
 
 
+def _add_groups(
+    p: argparse.ArgumentParser,
+    specs: tuple[SettingSpec, ...],
+    default: Callable[[SettingSpec], Any],
+) -> None:
+    """``specs``' options in argument groups (v2proxy.ops.config_spec.OPTION_GROUPS)."""
+    for group, members in grouped(specs):
+        section = p.add_argument_group(group.title, group.about or None)
+        for spec in members:
+            _add(section, spec, default(spec))
+
+
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="v2proxy",
@@ -108,7 +121,6 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"v2proxy {__version__}")
     sub = top.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    _others = ", ".join(sorted(OTHER_VARIABLES - {"V2PROXY_CONFIG"}))
 
     serve = sub.add_parser(
         "serve",
@@ -120,10 +132,9 @@ def parser() -> argparse.ArgumentParser:
         " a number of bytes or a number with a unit: K, M, G, T are powers of 1000, Ki, Mi, Gi,"
         " Ti powers of 1024, B optional (512K, 64Mi, 1GB, 1GiB), in every source. Any other"
         " V2PROXY_* variable stops the start (a misspelt setting), except V2PROXY_CONFIG and"
-        f" those of v2proxy's own tests and benchmarks ({_others}), which are ignored.",
+        " those of v2proxy's own tests and benchmarks (docs/development.md), which are ignored.",
     )
-    for spec in serve_options():
-        _add(serve, spec, spec.default)
+    _add_groups(serve, serve_options(), lambda spec: spec.default)
 
     ref = sub.add_parser(
         "reference-server",
@@ -131,9 +142,8 @@ def parser() -> argparse.ArgumentParser:
         description="Serve the builtin reference models as a standalone v2 server (REST with"
         " binary tensors, gRPC). Environment variables are not read.",
     )
-    for spec in SETTINGS:
-        if not spec.serve_only:
-            _add(ref, spec, reference_server_default(spec))
+    shared = tuple(spec for spec in SETTINGS if not spec.serve_only)
+    _add_groups(ref, shared, reference_server_default)
     add_inject_parser(sub, __version__)
     return top
 

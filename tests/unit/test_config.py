@@ -574,6 +574,13 @@ def test_other_variables_of_the_project_are_ignored() -> None:
     assert load_settings({}, None, env=env).http_port == 9100
 
 
+def test_the_development_page_lists_the_other_variables() -> None:
+    """They left ``serve --help`` for docs/development.md, which names each of them."""
+    page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(V2PROXY_\w+)` \|", page, re.M))
+    assert listed == OTHER_VARIABLES - {"V2PROXY_CONFIG"}
+
+
 def test_every_v2proxy_variable_the_project_names_is_known() -> None:
     """Every V2PROXY_* name in the repository (code, Makefile, chart, docs) is a setting or one
     of OTHER_VARIABLES: a new tool's variable, inherited by the servers its tests start, would
