@@ -259,6 +259,29 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
+#: what each peer's venv holds once complete (its name, the file setup_peers.sh makes last)
+READY_FILES = {
+    "kserve": "bin/python",
+    "mlserver": "bin/python",
+    "triton": "tritonserver/backends/python/triton_python_backend_stub",
+}
+
+
+def check_venv(
+    name: str, venv_name: str, directory: PathLike | None = None, ready_file: str = "bin/python"
+) -> Path:
+    """The peer's venv, complete; else PeerUnavailable naming the command that builds it."""
+    d = Path(directory) if directory is not None else peers_dir()
+    venv = Path(d) / venv_name
+    # setup_peers.sh writes the stamp only after a successful install.
+    if not ((venv / ready_file).exists() and (venv / STAMP_NAME).is_file()):
+        raise PeerUnavailable(
+            f"{name}: no complete venv at {venv}; "
+            f"run: make peers (or bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d})"
+        )
+    return venv
+
+
 @contextlib.contextmanager
 def _peer(
     name: str,
@@ -270,13 +293,7 @@ def _peer(
     die_with_parent: bool = False,
 ) -> Iterator[PeerServer]:
     d = Path(directory) if directory is not None else peers_dir()
-    venv = Path(d) / venv_name
-    # setup_peers.sh writes the stamp only after a successful install.
-    if not ((venv / ready_file).exists() and (venv / STAMP_NAME).is_file()):
-        raise PeerUnavailable(
-            f"{name}: no complete venv at {venv}; "
-            f"run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
-        )
+    venv = check_venv(name, venv_name, d, ready_file)
     if timeout is None:
         timeout = float(os.environ.get("V2PROXY_PEER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
 
@@ -355,7 +372,7 @@ def triton_server(peers_dir: PathLike | None = None, timeout: float | None = Non
         _triton_command,
         peers_dir,
         timeout,
-        ready_file="tritonserver/backends/python/triton_python_backend_stub",
+        ready_file=READY_FILES["triton"],
         die_with_parent=True,
     )
 
