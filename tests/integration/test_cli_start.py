@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +23,11 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+
+from tests.doc_blocks import block
+
+PAGE = "docs/guides/local-backend.md"
+TROUBLESHOOTING = "docs/troubleshooting.md"
 
 DEFAULT_PORTS = (8000, 8001, 9000, 9001)
 
@@ -64,13 +71,15 @@ def v2proxy(
             proc.stderr.close()
 
 
-def wait_ready(port: int, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    """Until GET /v2/health/ready on ``port`` answers 200 (fails if ``proc`` exits first)."""
+def wait_ready(
+    port: int, proc: subprocess.Popen[str], timeout: float = 60.0, what: str = "ready"
+) -> None:
+    """Until GET /v2/health/WHAT on ``port`` answers 200 (fails if ``proc`` exits first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/{what}", timeout=2):
                 return
         except (OSError, urllib.error.URLError):
             time.sleep(0.2)
@@ -92,26 +101,52 @@ def infer_simple(port: int) -> dict[str, object]:
     return result
 
 
+def _documented(name: str) -> list[str]:
+    """The one ``v2proxy ...`` command of the local-backend page's block ``name``, as args."""
+    code = block(PAGE, name).split("#", 1)[0]
+    words = shlex.split(code)
+    assert words[0] == "v2proxy", code
+    return words[1:]
+
+
+def _curl(name: str) -> str:
+    """What the page's curl block ``name`` prints."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", block(PAGE, name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_reference_server_and_serve_with_their_defaults_side_by_side() -> None:
+    """docs/guides/local-backend.md's commands as they are written: ``v2proxy reference-server``
+    and ``v2proxy serve --backend http://127.0.0.1:8000`` (then ``grpc://127.0.0.1:8001``), and
+    the page's curl through them answers what the page shows."""
     taken = [p for p in DEFAULT_PORTS if not _port_free(p)]
     if taken:
         pytest.skip(
             f"ports {taken} are held by another program; this test needs 8000-8001, 9000-9001"
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("V2PROXY_")}
-    with v2proxy("reference-server", env=env) as ref:
+    expected = block(PAGE, "ref-infer", output=True)
+    with v2proxy(*_documented("ref-server"), env=env) as ref:
         wait_ready(8000, ref)
-        with v2proxy("serve", "--backend", "http://127.0.0.1:8000", env=env) as proxy:
-            wait_ready(9000, proxy)
-            answer = infer_simple(9000)
-            outputs = {o["name"]: o["data"] for o in answer["outputs"]}  # type: ignore[attr-defined]
-            assert outputs["OUTPUT0"] == [i + 1 for i in range(16)]
-            assert outputs["OUTPUT1"] == [i - 1 for i in range(16)]
-            with socket.create_connection(("127.0.0.1", 9001), timeout=5):
-                pass  # serve's gRPC port is listening too
-            with socket.create_connection(("127.0.0.1", 8001), timeout=5):
-                pass  # and the reference server's
-        assert proxy.returncode == 0
+        for serve in ("ref-serve", "ref-serve-grpc"):
+            with v2proxy(*_documented(serve), env=env) as proxy:
+                wait_ready(9000, proxy)
+                assert _curl("ref-infer").rstrip("\n") == expected
+                answer = infer_simple(9000)
+                outputs = {o["name"]: o["data"] for o in answer["outputs"]}  # type: ignore[attr-defined]
+                assert outputs["OUTPUT0"] == [i + 1 for i in range(16)]
+                with socket.create_connection(("127.0.0.1", 9001), timeout=5):
+                    pass  # serve's gRPC port is listening too
+            assert proxy.returncode == 0
 
 
 def _free_port() -> int:
@@ -176,6 +211,9 @@ def test_a_taken_port_stops_the_start_with_one_line_naming_its_option(
         f" 127.0.0.1:{taken}: address already in use; another program holds the port: stop it,"
         f" or choose another port with {names}"
     ), lines[0]
+    if (command, option) == ("serve", "--grpc-port"):  # as docs/troubleshooting.md quotes it
+        quoted = block(TROUBLESHOOTING, "msg-port-taken", output=True)
+        assert lines[0].endswith(": " + quoted.replace("0.0.0.0:9001", f"127.0.0.1:{taken}"))
 
 
 _WORKER_FAILS = """
@@ -220,8 +258,11 @@ def test_an_http_backend_url_at_a_grpc_port_is_named_as_such() -> None:
                             raise
                         time.sleep(0.2)
             assert answer.value.code == 502
-            error = json.loads(answer.value.read())["error"]
+            body = answer.value.read().decode()
+            error = json.loads(body)["error"]
             assert error.endswith(f"the server sent HTTP/2 frames: {hint}"), error
+            quoted = block(TROUBLESHOOTING, "msg-grpc-port", output=True)
+            assert f"502 {body}" == quoted.replace("127.0.0.1:8001", f"127.0.0.1:{ref_grpc}")
     lines = log[0].splitlines()
     start_up = [line for line in lines if "backend unreachable at start-up" in line]
     assert len(start_up) == 1 and hint in start_up[0], log
