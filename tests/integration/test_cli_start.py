@@ -48,6 +48,8 @@ def v2proxy(
 ) -> Iterator[subprocess.Popen[str]]:
     """``python -m v2proxy ARGS`` running; stopped with SIGTERM at the end, its stderr then
     added to ``log``."""
+    if env is None:  # none of the caller's settings
+        env = {k: v for k, v in os.environ.items() if not k.startswith("V2PROXY_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "v2proxy", *args],
         stdout=subprocess.DEVNULL,
