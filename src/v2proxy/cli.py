@@ -80,6 +80,18 @@ def _add(p: argparse._ActionsContainer, spec: SettingSpec, default: Any) -> None
     p.add_argument(spec.option, metavar=spec.metavar, help=option_help(spec, default), **extra)
 
 
+class _TopFormatter(argparse.RawDescriptionHelpFormatter):
+    """The top help: the description and epilog as written, each command on one line."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=26, width=100)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        for command in getattr(action, "_choices_actions", ()):  # indented 4 under COMMAND
+            self._action_max_length = max(self._action_max_length, len(command.dest) + 6)
+
+
 _TOP_HELP = """\
 v2proxy: a sidecar that makes every KServe v2 / Open Inference Protocol client
 work with every model server (Triton, KServe ModelServer, MLServer, ...). It
@@ -115,7 +127,7 @@ def _add_groups(
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="v2proxy",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_TopFormatter,
         description=_TOP_HELP,
         epilog=_TOP_EPILOG,
     )
@@ -138,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
 
     ref = sub.add_parser(
         "reference-server",
-        help="serve the builtin reference models as a standalone v2 server",
+        help="the builtin models as a standalone v2 server (HTTP 8000, gRPC 8001)",
         description="Serve the builtin reference models as a standalone v2 server (REST with"
         " binary tensors, gRPC). Environment variables are not read.",
     )
