@@ -1537,6 +1537,15 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
 
+    keys = {k for s in scenarios for _, k in s.systems}
+    need_mls = run_shm or any("mlserver" in k for k in keys)
+    need_triton = run_shm or bool(size_scenarios) or any("triton" in k for k in keys)
+    missing = _missing_peers(need_mls, need_triton)
+    if missing:
+        for line in missing:  # whole, never cut to the terminal's width
+            log(f"cannot run the benchmark: {line}")
+        log("the benchmarks compare v2proxy with MLServer and Triton: build them with `make peers`")
+        return 2
     try:
         tools = procs.ensure_tools(log)
     except RuntimeError as exc:
@@ -1558,9 +1567,6 @@ def main(argv: list[str] | None = None) -> int:
 
         log("starting the systems")
         systems = Systems(workdir, stack, args)
-        keys = {k for s in scenarios for _, k in s.systems}
-        need_mls = run_shm or any("mlserver" in k for k in keys)
-        need_triton = run_shm or bool(size_scenarios) or any("triton" in k for k in keys)
         systems.start_all(tools, need_mls, need_triton, args.start_timeout)
         for key, ep in systems.endpoints.items():
             status = ep.error or f"http {ep.http_port}, grpc {ep.grpc_port}"
@@ -1709,6 +1715,19 @@ def main(argv: list[str] | None = None) -> int:
     ]
     args.output.with_suffix(".md").write_text("\n".join(md))
     return 0
+
+
+def _missing_peers(mlserver: bool, triton: bool) -> list[str]:
+    """Why each peer server the run needs cannot start (its venv is not built), in full."""
+    launch = procs.import_peer_launch()
+    out = []
+    for name, needed in (("mlserver", mlserver), ("triton", triton)):
+        if needed:
+            try:
+                launch.check_venv(name, name, launch.peers_dir(), launch.READY_FILES[name])
+            except launch.PeerUnavailable as exc:
+                out.append(str(exc))
+    return out
 
 
 SIZES_REQUEST = (

@@ -22,6 +22,7 @@ from v2proxy.ops.config_spec import (
     DEFAULTS,
     SETTINGS,
     SettingSpec,
+    grouped,
     reference_server_default,
     serve_options,
     show,
@@ -63,12 +64,21 @@ def default_cell(spec: SettingSpec, value: object) -> str:
     return f"`{text}`"
 
 
-def _options_table() -> list[str]:
+def _options_tables() -> list[str]:
+    """One table per group of ``serve --help`` (config_spec.OPTION_GROUPS), in its order."""
+    lines: list[str] = []
+    for group, members in grouped(serve_options()):
+        about = f"{sentence(group.about)}" if group.about else ""
+        lines += [f"### {group.title.capitalize()}", "", about, "", *_options_table(members), ""]
+    return lines[:-1]
+
+
+def _options_table(specs: list[SettingSpec]) -> list[str]:
     rows = [
         "| option | environment variable | YAML key | default | meaning |",
         "|---|---|---|---|---|",
     ]
-    for spec in serve_options():
+    for spec in specs:
         key = "—" if spec is CONFIG_OPTION else f"`{spec.name}`"
         # a choice's words are in the meaning
         option = f"`{spec.option}`" if "|" in spec.metavar else f"`{spec.option} {spec.metavar}`"
@@ -154,13 +164,15 @@ def render() -> str:
         " expected a size: ...`. An unknown `V2PROXY_*` variable (a misspelt setting, such as"
         " `V2PROXY_BACKEND_TIMOUT`) stops `v2proxy serve` the same way, naming the closest"
         " setting; the only others allowed are `V2PROXY_CONFIG` and those of the project's own"
-        " tests and benchmarks, which `v2proxy serve --help` lists.",
+        " tests and benchmarks, which the [development notes](development.md) list.",
         "",
         *_units(),
         "",
         "## Options of `v2proxy serve`",
         "",
-        *_options_table(),
+        "`v2proxy serve --help` shows them in the same groups.",
+        "",
+        *_options_tables(),
         "",
         *_reference_server(),
         "",

@@ -34,6 +34,7 @@ from v2proxy.frontends.rest import RestFrontend
 from v2proxy.http.server import HttpServer, ServerLimits
 from v2proxy.ops import memory
 from v2proxy.ops.config import Settings
+from v2proxy.ops.listen_check import ListenError, cannot_listen, check_ports
 from v2proxy.ops.metrics_export import (
     AnyMetrics,
     enable_multiprocess,
@@ -128,9 +129,11 @@ async def serve(
     on_ready: Callable[[int, int], None] | None = None,
     reuse_port: bool = False,
     shm_folder: str | None = None,
+    env_names: bool = True,
 ) -> None:
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish.
-    ``shm_folder``: the shared-memory registry all workers share (``--workers N``)."""
+    ``shm_folder``: the shared-memory registry all workers share (``--workers N``);
+    ``env_names``: a failure to listen names the environment variable beside the option."""
     metrics = build_metrics(settings)
     knowledge = BackendKnowledge()  # one picture of the backend, shared, one invalidation
     backend = compose_backend(settings, metrics, knowledge)
@@ -141,19 +144,8 @@ async def serve(
     http_server = build_http_server(settings, rest)
     grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics, gate)
     try:
-        http_port = await http_server.start(
-            settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
-        )
-        address = f"[{settings.host}]" if ":" in settings.host else settings.host
-        grpc_port = (
-            grpc_server.add_insecure_port(f"{address}:{settings.grpc_port}")
-            if settings.tls is None
-            else grpc_server.add_secure_port(
-                f"{address}:{settings.grpc_port}", server_credentials(settings.tls)
-            )
-        )
-        if grpc_port == 0:
-            raise StartError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}")
+        http_port = await _listen_http(settings, http_server, reuse_port, env_names)
+        grpc_port = _listen_grpc(settings, grpc_server, env_names)
         await grpc_server.start()
     except (OSError, RuntimeError, StartError) as exc:
         await http_server.close(0)
@@ -201,6 +193,42 @@ async def serve(
         if isinstance(pipeline.shm, Registry | SharedRegistry):
             pipeline.shm.close()
         metrics.stop()
+        log.info("v2proxy stopped")
+
+
+async def _listen_http(
+    settings: Settings, server: HttpServer, reuse_port: bool, env_names: bool
+) -> int:
+    """Start the HTTP listener; a failure is a StartError naming --http-port."""
+    try:
+        return await server.start(
+            settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
+        )
+    except OSError as exc:
+        line = cannot_listen(
+            "HTTP", settings.host, settings.http_port, "--http-port", exc, env_names
+        )
+        raise StartError(line) from None
+
+
+def _listen_grpc(settings: Settings, server: grpc.aio.Server, env_names: bool) -> int:
+    """Bind the gRPC port; a failure is a StartError naming --grpc-port (grpcio says only that
+    the bind failed: :func:`v2proxy.ops.listen_check.check_ports` found the cause before)."""
+    address = f"[{settings.host}]" if ":" in settings.host else settings.host
+    target = f"{address}:{settings.grpc_port}"
+    try:
+        if settings.tls is None:
+            port = server.add_insecure_port(target)
+        else:
+            port = server.add_secure_port(target, server_credentials(settings.tls))
+    except RuntimeError:  # grpcio >= 1.5x raises where older ones returned 0
+        port = 0
+    if port == 0:
+        line = cannot_listen(
+            "gRPC", settings.host, settings.grpc_port, "--grpc-port", None, env_names
+        )
+        raise StartError(line)
+    return port
 
 
 def _release_memory(settings: Settings, gate: AdmissionGate) -> asyncio.Task[None] | None:
@@ -256,30 +284,44 @@ async def _probe_backend(
     log.warning("backend unreachable at start-up", extra={"request": fields})
 
 
-def _run_one(settings: Settings, reuse_port: bool, shm_folder: str | None = None) -> None:
+def _run_one(
+    settings: Settings, reuse_port: bool, shm_folder: str | None = None, env_names: bool = True
+) -> None:
+    main = serve(settings, reuse_port=reuse_port, shm_folder=shm_folder, env_names=env_names)
     try:
         if settings.event_loop == "uvloop":
             import uvloop
 
-            uvloop.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
+            uvloop.run(main)
         else:
-            asyncio.run(serve(settings, reuse_port=reuse_port, shm_folder=shm_folder))
+            asyncio.run(main)
     except (StartError, TlsFileError) as exc:  # TLS: a file changed since the start-up check
         log.error("%s", exc)
         raise SystemExit(1) from None
 
 
-def run(settings: Settings) -> None:
-    """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
+def run(settings: Settings, env_names: bool = True) -> None:
+    """Run ``serve`` on the configured event loop, in ``settings.workers`` processes. A port that
+    cannot be listened on stops the start first, with one line (exit status 1); so does any
+    worker that cannot start. ``env_names``: those lines name the environment variables too."""
     setup_logging(settings.log_format, settings.log_level, settings.access_log)
     raise_fd_limit()
+    ports = (
+        ("HTTP", "--http-port", settings.http_port),
+        ("gRPC", "--grpc-port", settings.grpc_port),
+    )
+    try:
+        check_ports(settings.host, ports, env_names)
+    except ListenError as exc:
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     if settings.workers == 1:
-        _run_one(settings, reuse_port=False)
+        _run_one(settings, reuse_port=False, env_names=env_names)
     else:
-        _supervise(settings)
+        _supervise(settings, env_names)
 
 
-def _supervise(settings: Settings) -> None:
+def _supervise(settings: Settings, env_names: bool = True) -> None:
     """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let
     them share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on
     SIGTERM/SIGINT. Their metrics meet in a fresh multiprocess folder, and the clients'
@@ -289,19 +331,22 @@ def _supervise(settings: Settings) -> None:
     shm_folder = tempfile.mkdtemp(prefix="v2proxy-shm-")
     enable_multiprocess(folder)
     try:
-        _supervise_workers(settings, folder, shm_folder)
+        _supervise_workers(settings, folder, shm_folder, env_names)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(shm_folder, ignore_errors=True)
 
 
-def _supervise_workers(settings: Settings, folder: str, shm_folder: str) -> None:
+def _supervise_workers(settings: Settings, folder: str, shm_folder: str, env_names: bool) -> None:
+    """Exits with status 1 (after stopping the others) when a worker could not start."""
     ctx = multiprocessing.get_context("fork")
-    stopping = False
+    stopping = failed = False
 
     def start(i: int) -> multiprocessing.process.BaseProcess:
         proc = ctx.Process(
-            target=_run_one, args=(settings, True, shm_folder), name=f"v2proxy-worker-{i}"
+            target=_run_one,
+            args=(settings, True, shm_folder, env_names),
+            name=f"v2proxy-worker-{i}",
         )
         proc.start()
         return proc
@@ -319,7 +364,8 @@ def _supervise_workers(settings: Settings, folder: str, shm_folder: str) -> None
         for i, proc in enumerate(workers):
             if not proc.is_alive() and not stopping:
                 if proc.exitcode == 1:  # could not listen: respawning would not help
-                    stopping = True
+                    log.error("a worker could not start: stopping the others")
+                    stopping = failed = True
                     break
                 log.warning("worker %s exited with %s; starting a new one", proc.pid, proc.exitcode)
                 if proc.pid is not None:
@@ -334,3 +380,5 @@ def _supervise_workers(settings: Settings, folder: str, shm_folder: str) -> None
         if proc.is_alive():
             proc.kill()
             proc.join()
+    if failed:
+        raise SystemExit(1)

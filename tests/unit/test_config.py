@@ -139,6 +139,10 @@ def test_bad_file(tmp_path: Path) -> None:
     cfg.write_text("nonsense_key: 1\n")
     with pytest.raises(ConfigError, match="unknown setting 'nonsense_key'"):
         load_settings({}, str(cfg), env={})
+    cfg.write_text("http_prot: 9000\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, str(cfg), env={})
+    assert str(info.value) == f"{cfg}: unknown setting 'http_prot' (did you mean 'http_port'?)"
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_settings({}, str(tmp_path / "missing.yaml"), env={})
 
@@ -464,6 +468,22 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
             "v2proxy: --log-level=loud: invalid value for 'log_level': must be one of debug,",
         ),
         (["serve", "--no-such-option"], "v2proxy: unrecognized arguments: --no-such-option"),
+        (
+            ["serve", "--port", "9000"],
+            "v2proxy: unrecognized arguments: --port 9000 (did you mean --http-port or"
+            " --grpc-port?) (see v2proxy serve --help)",
+        ),
+        (
+            ["serve", "--port=9000", "--wrkers", "2"],
+            "v2proxy: unrecognized arguments: --port=9000 --wrkers 2 (--port: did you mean"
+            " --http-port or --grpc-port?; --wrkers: did you mean --workers?) (see v2proxy"
+            " serve --help)",
+        ),
+        (
+            ["reference-server", "--http-prot", "8000"],
+            "v2proxy: unrecognized arguments: --http-prot 8000 (did you mean --http-port?) (see"
+            " v2proxy reference-server --help)",
+        ),
         (["serve", "--http-port"], "v2proxy: argument --http-port: expected one argument"),
         (
             ["serve", "--max-shm-regions", "x"],
@@ -478,6 +498,15 @@ def test_a_bad_command_line_is_one_line(args: list[str], line: str) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(line), proc.stderr
+
+
+def test_top_help_lists_the_commands_and_where_their_options_are() -> None:
+    proc = _serve("--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    for command in ("serve", "reference-server", "inject"):
+        assert re.search(rf"\n    {command} +\w", proc.stdout), proc.stdout  # a line each
+        assert f"  v2proxy {command} --help " in proc.stdout
+    assert "docs/settings.md" in proc.stdout
 
 
 def test_help_is_unchanged() -> None:
@@ -543,6 +572,13 @@ def test_other_variables_of_the_project_are_ignored() -> None:
     env = {name: "x" for name in OTHER_VARIABLES - {"V2PROXY_CONFIG"}}
     env |= {"V2PROXY_HTTP_PORT": "9100", "HOME": "/root", "v2proxy_lower": "x"}
     assert load_settings({}, None, env=env).http_port == 9100
+
+
+def test_the_development_page_lists_the_other_variables() -> None:
+    """They left ``serve --help`` for docs/development.md, which names each of them."""
+    page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(V2PROXY_\w+)` \|", page, re.M))
+    assert listed == OTHER_VARIABLES - {"V2PROXY_CONFIG"}
 
 
 def test_every_v2proxy_variable_the_project_names_is_known() -> None:

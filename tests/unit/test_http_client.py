@@ -29,6 +29,7 @@ from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
     ConnectFailed,
     ConnectTimeout,
+    Http2Answer,
     HttpClientError,
     ProtocolError,
     ReadTimeout,
@@ -297,6 +298,33 @@ CASES: dict[str, Case] = {
         headers={b"x-euro": b"\xe2\x82\xac\xff"},
     ),
 }
+
+
+#: what a gRPC server (grpc-core) sends first on a connection: its SETTINGS frame
+HTTP2_SETTINGS = bytes.fromhex("000018040000000000000400400000000500400000000600004000fe0300000001")
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["on-accept", "after-the-request"])
+async def test_an_http2_port_is_named_as_such(serve, first: bool) -> None:  # type: ignore[no-untyped-def]
+    """A gRPC port sends its SETTINGS frame on accept (seen while the connection is idle, then it
+    closes) or, as a test server here, after the request (llhttp: "Expected HTTP/"): either way
+    Http2Answer, which the REST backend turns into "this port speaks gRPC"."""
+
+    async def handler(reader: Any, writer: Any, srv: Server) -> None:
+        if first:
+            writer.write(HTTP2_SETTINGS)
+        await read_request(reader, srv)
+        if not first:
+            writer.write(HTTP2_SETTINGS)
+        await writer.drain()
+
+    srv = await serve(handler)
+    client = HttpClient("127.0.0.1", srv.port)
+    with pytest.raises(Http2Answer) as failed:
+        resp = await client.request("GET", "/v2/health/ready", [])
+        await resp.read()
+    assert str(failed.value) == "invalid HTTP/1.1 answer: the server sent HTTP/2 frames"
+    await client.close()
 
 
 @pytest.mark.parametrize("piece", [0, 1, 7], ids=["whole", "1-byte", "7-byte"])

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from v2proxy.ops.config_spec import OPTION_GROUPS, serve_options
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "settings.md"
 
@@ -53,7 +55,10 @@ def _help_defaults(command: str) -> dict[str, str]:
         env=env,
     )
     options = proc.stdout.split("\noptions:\n", 1)[1]
-    entries = re.split(r"\n(?=  -)", options.strip("\n"))
+    # an option's lines start "  -", its help's next lines deeper; a group's title and its line
+    # about it are dropped
+    kept = [line for line in options.splitlines() if line.startswith(("  -", "    "))]
+    entries = re.split(r"\n(?=  -)", "\n".join(kept))
     found: dict[str, str] = {}
     for entry in entries:
         text = " ".join(entry.split())
@@ -90,6 +95,51 @@ def test_every_option_of_serve_help_is_on_the_page_with_its_default() -> None:
     assert shown["--backend-shm-threshold"] == "64 KiB"
 
 
+def _help_groups(command: str) -> dict[str, list[str]]:
+    """``v2proxy COMMAND --help``'s argument groups -> the options under each."""
+    env = os.environ | {"COLUMNS": "5000"}
+    out = subprocess.run(
+        [sys.executable, "-m", "v2proxy", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    ).stdout
+    groups: dict[str, list[str]] = {}
+    title = ""
+    for line in out.split("\noptions:\n", 1)[1].splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            title = line[:-1]
+            groups[title] = []
+        elif line.startswith("  --") and title:
+            groups[title].append(line.split()[0])
+    return groups
+
+
+def test_every_setting_is_placed_in_a_group() -> None:
+    """A new setting must be put in one of OPTION_GROUPS (its place in --help and on the page)."""
+    names = [spec.name for spec in serve_options()]
+    placed = [n for g in OPTION_GROUPS for n in g.names]
+    assert sorted(placed) == sorted(set(placed)), "a setting is in two groups"
+    assert sorted(set(names) - set(placed)) == [], "place these in config_spec.OPTION_GROUPS"
+    assert sorted(set(placed) - set(names)) == [], "no such settings"
+
+
+def test_serve_help_shows_the_groups_of_the_page() -> None:
+    groups = _help_groups("serve")
+    assert list(groups) == [g.title for g in OPTION_GROUPS]
+    assert groups["listening"][:2] == ["--http-port", "--grpc-port"]
+    assert groups["backend"][0] == "--backend" and "--config" in groups[OPTION_GROUPS[-1].title]
+    page = PAGE.read_text(encoding="utf-8")
+    for group in OPTION_GROUPS:
+        assert f"\n### {group.title.capitalize()}\n" in page
+    assert "other" not in groups
+    reference = _help_groups("reference-server")
+    assert all("--backend" not in options for options in reference.values())
+    assert "listening" in reference
+
+
 def test_reference_server_defaults_are_the_page_s() -> None:
     """Each option of ``reference-server --help`` has serve's default, or is listed under
     reference-server on the page with its own."""
@@ -100,4 +150,4 @@ def test_reference_server_defaults_are_the_page_s() -> None:
         if serve[option] != default:
             differ[option] = default
             assert f"- `{option}`: `{default}`" in page or f"- `{option}`: {default}" in page
-    assert differ == {"--http-port": "8000", "--restricted-api": "none"}
+    assert differ == {"--http-port": "8000", "--grpc-port": "8001", "--restricted-api": "none"}

@@ -4,8 +4,8 @@ structured answers, and the v2 checks of a relayed /infer answer.
 
 - The HTTP client's failures (:func:`failure`, :func:`mapped`), each naming the backend and
   the call: refused or unreachable -> 503, connect or read timeout (or the call's deadline)
-  -> 504, an answer that is not HTTP/1.1 or breaks off -> 502, a header or target that cannot
-  be sent -> 400.
+  -> 504, an answer that is not HTTP/1.1 or breaks off -> 502 (HTTP/2 frames: "this port
+  speaks gRPC: use grpc://..."), a header or target that cannot be sent -> 400.
 - Error answers keep their status and message (the body's ``error``, ``detail`` or
   ``message``, else its text); a 404 about a model is reported with Triton's ``Request for
   unknown model`` text, which clients match on.
@@ -35,7 +35,13 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.model import Buffer
 from v2proxy.core.ports import Headers
-from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError, ReadTimeout
+from v2proxy.http.client_errors import (
+    ConnectFailed,
+    ConnectTimeout,
+    Http2Answer,
+    HttpClientError,
+    ReadTimeout,
+)
 from v2proxy.http.client_response import ClientResponse
 
 __all__ = [
@@ -68,6 +74,12 @@ def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyEr
     if isinstance(exc, ReadTimeout | TimeoutError):
         return GatewayTimeout(
             f"{where} did not answer {what} in time (--backend-timeout {timeout:g} s)"
+        )
+    if isinstance(exc, Http2Answer):
+        scheme, _, rest = base_url.partition("://")
+        grpc = "grpcs" if scheme == "https" else "grpc"
+        return BadGateway(
+            f"{where} failed during {what}: {exc}: this port speaks gRPC: use {grpc}://{rest}"
         )
     if isinstance(exc, HttpClientError):  # ProtocolError, RemoteClosed
         return BadGateway(f"{where} failed during {what}: {exc}")

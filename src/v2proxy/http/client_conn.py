@@ -54,7 +54,13 @@ from collections import deque
 
 import httptools
 
-from v2proxy.http.client_errors import HttpClientError, ProtocolError, ReadTimeout, RemoteClosed
+from v2proxy.http.client_errors import (
+    Http2Answer,
+    HttpClientError,
+    ProtocolError,
+    ReadTimeout,
+    RemoteClosed,
+)
 from v2proxy.http.lazy_timer import LazyTimer
 
 __all__ = ["ClientConnection"]
@@ -75,6 +81,16 @@ _LOW_WATER = 256 * 1024
 _POLL_READ = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
 
 
+def _http2_frames(data: bytes) -> bool:
+    """Whether ``data`` opens with an HTTP/2 SETTINGS frame on stream 0, what an HTTP/2 server
+    (a gRPC port) sends first, before or instead of any answer."""
+    return len(data) >= 9 and data[3] == 4 and data[5:9] == b"\0\0\0\0"
+
+
+def _http2_answer() -> Http2Answer:
+    return Http2Answer("invalid HTTP/1.1 answer: the server sent HTTP/2 frames")
+
+
 class ClientConnection(asyncio.Protocol):
     """One connection: llhttp parses each answer as its bytes arrive; the one coroutine waiting
     for the answer (the request's) is woken through one future at a time."""
@@ -83,6 +99,7 @@ class ClientConnection(asyncio.Protocol):
         "_deadline",
         "_drain",
         "_head_only",
+        "_http2",
         "_idle_limit",
         "_last_read",
         "_loop",
@@ -138,7 +155,7 @@ class ClientConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._stale = False  # the parser was left inside a message: a new one is needed
         self._state = _IDLE
-        self._head_only = False
+        self._head_only = self._http2 = False
         self._seen = self._remaining = 0
         self.reused = self.closed = self.got_answer = self.head_done = self.body_done = False
         self.reusable = self.keep = True
@@ -183,6 +200,7 @@ class ClientConnection(asyncio.Protocol):
             return
         if state == _IDLE:
             self.reusable = False
+            self._http2 = self._http2 or _http2_frames(data)
             return
         if state == _HEAD:
             self.got_answer = True
@@ -197,7 +215,9 @@ class ClientConnection(asyncio.Protocol):
                 self.reusable = False
             else:
                 cause = exc.__context__  # what a callback raised
-                if not isinstance(cause, ProtocolError):
+                if self._http2 or (self._seen == len(data) and _http2_frames(data)):
+                    cause = _http2_answer()
+                elif not isinstance(cause, ProtocolError):
                     cause = ProtocolError(f"invalid HTTP/1.1 answer: {exc}")
                 self._fail(cause)
             return
@@ -344,6 +364,8 @@ class ClientConnection(asyncio.Protocol):
         self._state = _IDLE
         if state == _BODY and self.to_close and exc is None:
             self._complete()
+        elif state == _HEAD and self._http2 and self.error is None:
+            self.error = _http2_answer()
         elif state != _IDLE and self.error is None:
             where = "before the answer's head" if state == _HEAD else "in the answer's body"
             self.error = RemoteClosed(f"the connection ended {where}" + (f": {exc}" * bool(exc)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ConnectFailed",
     "ConnectTimeout",
+    "Http2Answer",
     "HttpClientError",
     "ProtocolError",
     "ReadTimeout",
@@ -31,6 +32,10 @@ class ConnectTimeout(HttpClientError):
 
 class ProtocolError(HttpClientError):
     """The answer is not valid HTTP/1.1 (or over a size limit)."""
+
+
+class Http2Answer(ProtocolError):
+    """The server sent HTTP/2 frames (its SETTINGS frame): an HTTP/2-only port, gRPC most likely."""
 
 
 class RemoteClosed(HttpClientError):

@@ -190,7 +190,10 @@ def load_settings(
             sections["openai"] = parse_openai(openai, config_file, folder)
         for key, value in file_values.items():
             if key not in PARSERS:
-                raise ConfigError(f"{config_file}: unknown setting '{key}'")
+                keys = [*PARSERS, "models", "mindie", "openai"]
+                close = difflib.get_close_matches(key, keys, 1, 0.6)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(f"{config_file}: unknown setting '{key}'{hint}")
             values[key] = value
             origin[key] = f"{config_file}: {key}={{}}"
     for key in PARSERS:

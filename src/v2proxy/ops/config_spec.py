@@ -417,12 +417,103 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in SETTI
 #: it reads no environment, no file, and has no ``serve_only`` option
 REFERENCE_SERVER: Mapping[str, Any] = MappingProxyType(
     {
-        "http_port": 8000,
+        "http_port": 8000,  # Triton's ports, beside serve's 9000/9001
+        "grpc_port": 8001,
         "backend": "builtin",
         "server_name": "v2proxy-reference",
         "restricted_api": "none",  # like Triton
     }
 )
+
+
+@dataclass(frozen=True, slots=True)
+class OptionGroup:
+    """A group of options in ``serve --help`` and docs/settings.md: a title, a line about it and
+    its settings' names, in the order shown."""
+
+    title: str
+    about: str
+    names: tuple[str, ...]
+
+
+#: the groups, in order; each setting (and ``config``) is in exactly one, which
+#: tests/unit/test_settings_doc.py checks: a new setting must be placed here
+OPTION_GROUPS: tuple[OptionGroup, ...] = (
+    OptionGroup(
+        "listening",
+        "where and how v2proxy serves its clients",
+        ("http_port", "grpc_port", "host", "workers", "event_loop", "drain_timeout"),
+    ),
+    OptionGroup(
+        "backend",
+        "the model server behind v2proxy",
+        (
+            "backend",
+            "backend_encoding",
+            "backend_timeout",
+            "backend_connect_timeout",
+            "backend_connections",
+            "backend_resolve_interval",
+        ),
+    ),
+    OptionGroup(
+        "limits",
+        "what one request, connection or process may take",
+        (
+            "max_body_size",
+            "max_input_size",
+            "grpc_max_message_size",
+            "max_tensors",
+            "max_concurrency",
+            "max_stream_in_flight",
+            "max_health_watches",
+            "client_header_timeout",
+            "client_idle_timeout",
+            "client_body_timeout",
+            "reuse_large_buffers",
+        ),
+    ),
+    OptionGroup(
+        "shared memory",
+        "clients' regions, and staging in the backend's own",
+        ("client_shm", "max_shm_regions", "backend_shm", "backend_shm_threshold"),
+    ),
+    OptionGroup(
+        "security",
+        "TLS on both sides and the restricted API groups",
+        (
+            "tls_cert",
+            "tls_key",
+            "tls_client_ca",
+            "backend_ca",
+            "backend_cert",
+            "backend_key",
+            "restricted_api",
+            "restricted_api_header",
+        ),
+    ),
+    OptionGroup(
+        "observability",
+        "logs and Prometheus metrics",
+        ("log_level", "log_format", "access_log", "metrics"),
+    ),
+    OptionGroup(
+        "configuration file and LLM routes",
+        "the YAML file: the keys above, per-model labels (models:), and the MindIE /infer and"
+        " OpenAI /v1 routes (the mindie: and openai: sections)",
+        ("config",),
+    ),
+)
+
+
+def grouped(specs: tuple[SettingSpec, ...]) -> list[tuple[OptionGroup, list[SettingSpec]]]:
+    """``specs`` by group, in the groups' order (groups without any left out); a spec in no
+    group comes last, under ``other``."""
+    by_name = {spec.name: spec for spec in specs}
+    out = [(g, [by_name[n] for n in g.names if n in by_name]) for g in OPTION_GROUPS]
+    placed = {n for g in OPTION_GROUPS for n in g.names}
+    out.append((OptionGroup("other", "", ()), [s for s in specs if s.name not in placed]))
+    return [(g, members) for g, members in out if members]
 
 
 def serve_options() -> tuple[SettingSpec, ...]:

@@ -259,6 +259,29 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
+#: what each peer's venv holds once complete (its name, the file setup_peers.sh makes last)
+READY_FILES = {
+    "kserve": "bin/python",
+    "mlserver": "bin/python",
+    "triton": "tritonserver/backends/python/triton_python_backend_stub",
+}
+
+
+def check_venv(
+    name: str, venv_name: str, directory: PathLike | None = None, ready_file: str = "bin/python"
+) -> Path:
+    """The peer's venv, complete; else PeerUnavailable naming the command that builds it."""
+    d = Path(directory) if directory is not None else peers_dir()
+    venv = Path(d) / venv_name
+    # setup_peers.sh writes the stamp only after a successful install.
+    if not ((venv / ready_file).exists() and (venv / STAMP_NAME).is_file()):
+        raise PeerUnavailable(
+            f"{name}: no complete venv at {venv}; "
+            f"run: make peers (or bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d})"
+        )
+    return venv
+
+
 @contextlib.contextmanager
 def _peer(
     name: str,
@@ -268,15 +291,10 @@ def _peer(
     timeout: float | None,
     ready_file: str = "bin/python",
     die_with_parent: bool = False,
+    ports: tuple[int, int] | None = None,
 ) -> Iterator[PeerServer]:
     d = Path(directory) if directory is not None else peers_dir()
-    venv = Path(d) / venv_name
-    # setup_peers.sh writes the stamp only after a successful install.
-    if not ((venv / ready_file).exists() and (venv / STAMP_NAME).is_file()):
-        raise PeerUnavailable(
-            f"{name}: no complete venv at {venv}; "
-            f"run: bash {SETUP_SCRIPT.relative_to(REPO_ROOT)} {d}"
-        )
+    venv = check_venv(name, venv_name, d, ready_file)
     if timeout is None:
         timeout = float(os.environ.get("V2PROXY_PEER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
 
@@ -288,7 +306,7 @@ def _peer(
     else:
         log_path = work / f"{name}.log"
 
-    http_port, grpc_port = _free_ports(2)
+    http_port, grpc_port = ports or _free_ports(2)
     cmd, extra_env = command(venv, http_port, grpc_port)
     started = time.monotonic()
     with open(log_path, "ab") as log:
@@ -335,17 +353,31 @@ def _peer(
             shutil.rmtree(work, ignore_errors=True)
 
 
-def kserve_server(peers_dir: PathLike | None = None, timeout: float | None = None):
-    """Context manager: a KServe ModelServer with simple, simple_identity, identity_fp32."""
-    return _peer("kserve", "kserve", _script("kserve_server.py"), peers_dir, timeout)
+def kserve_server(
+    peers_dir: PathLike | None = None,
+    timeout: float | None = None,
+    ports: tuple[int, int] | None = None,
+):
+    """Context manager: a KServe ModelServer with simple, simple_identity, identity_fp32
+    (``ports``: HTTP and gRPC, else free ones)."""
+    return _peer("kserve", "kserve", _script("kserve_server.py"), peers_dir, timeout, ports=ports)
 
 
-def mlserver_server(peers_dir: PathLike | None = None, timeout: float | None = None):
+def mlserver_server(
+    peers_dir: PathLike | None = None,
+    timeout: float | None = None,
+    ports: tuple[int, int] | None = None,
+):
     """Context manager: an MLServer with simple, simple_identity, identity_fp32."""
-    return _peer("mlserver", "mlserver", _script("mlserver_server.py"), peers_dir, timeout)
+    script = _script("mlserver_server.py")
+    return _peer("mlserver", "mlserver", script, peers_dir, timeout, ports=ports)
 
 
-def triton_server(peers_dir: PathLike | None = None, timeout: float | None = None):
+def triton_server(
+    peers_dir: PathLike | None = None,
+    timeout: float | None = None,
+    ports: tuple[int, int] | None = None,
+):
     """Context manager: a Triton Inference Server (2.51, python backend) serving triton_models/:
     the builtin reference models simple, simple_string, simple_identity, identity_fp32,
     classifier and the decoupled llm, and the toy LLM ensemble with TensorRT-LLM's tensors."""
@@ -355,8 +387,9 @@ def triton_server(peers_dir: PathLike | None = None, timeout: float | None = Non
         _triton_command,
         peers_dir,
         timeout,
-        ready_file="tritonserver/backends/python/triton_python_backend_stub",
+        ready_file=READY_FILES["triton"],
         die_with_parent=True,
+        ports=ports,
     )
 
 
@@ -391,21 +424,36 @@ SERVERS = {"kserve": kserve_server, "mlserver": mlserver_server, "triton": trito
 
 
 def _main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in SERVERS:
-        print(f"usage: python launch.py {'|'.join(SERVERS)}", file=sys.stderr)
-        return 2
-    cm = SERVERS[argv[0]]
-    with cm(peers_dir()) as peer:
+    """``launch.py NAME [--http-port P --grpc-port G]``: one peer in the foreground (``make
+    backend-NAME`` runs it on 8000/8001) until Ctrl-C."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="launch.py", description=_main.__doc__)
+    ap.add_argument("name", choices=sorted(SERVERS))
+    ap.add_argument("--http-port", type=int, default=0, help="default: a free port")
+    ap.add_argument("--grpc-port", type=int, default=0, help="default: a free port")
+    args = ap.parse_args(argv)
+    free = iter(_free_ports(2))
+    ports = (args.http_port or next(free), args.grpc_port or next(free))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops the peer as Ctrl-C does
+    try:
+        server = SERVERS[args.name](peers_dir(), ports=ports)
+        peer = server.__enter__()
+    except (PeerUnavailable, PeerStartError) as exc:
+        print(f"launch.py: {exc}", file=sys.stderr)
+        return 1
+    try:
         print(
-            f"{peer.name}: http {peer.http_url} grpc {peer.grpc_url} pid {peer.pid} "
-            f"ready in {peer.startup_s:.1f}s, log {peer.log_path} (Ctrl-C stops)",
+            f"{peer.name} ready on http://{peer.http_url} and grpc://{peer.grpc_url}"
+            f" (pid {peer.pid}, {peer.startup_s:.1f} s; log {peer.log_path}); Ctrl-C stops it",
             flush=True,
         )
-        try:
-            while peer.process.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+        while peer.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.__exit__(None, None, None)
     return 0
 
 
