@@ -167,6 +167,8 @@ def _backend(
         resolve_every=settings.backend_resolve_interval,
         cells=cells,
         knowledge=knowledge,
+        max_answer_size=settings.backend_max_answer_size,
+        max_infer_answer=settings.max_body_size,
     )
 
 

@@ -161,6 +161,16 @@ SETTINGS: tuple[SettingSpec, ...] = (
         serve_only=True,
     ),
     SettingSpec(
+        "backend_max_answer_size",
+        1 * MiB,
+        byte_size(),
+        "largest answer read from the backend to a health, metadata, config, statistics,"
+        " repository, trace, logging or shared-memory call; a larger one is a 502 (inference"
+        " answers are bound by --max-body-size)",
+        "SIZE",
+        serve_only=True,
+    ),
+    SettingSpec(
         "backend_resolve_interval",
         30.0,
         non_negative_float,
