@@ -5,6 +5,8 @@ and every answer from the backend read within a bound.
   answers) and one that answers bytes that are not HTTP. After the first failures (each bad
   endpoint's few in a row) every inference is served by the good one, readiness is 200 every
   time, and /metrics shows the two out of rotation with their timeouts and malformed answers.
+- The same over a gRPC backend (``grpc://``): the black hole's DEADLINE_EXCEEDED count against
+  it; grpcio meets the garbage in its handshake (UNAVAILABLE, nothing sent).
 - A backend that answers every call with a 100 MB body (streamed by a small server here): 8
   concurrent readiness checks and a metadata call keep the proxy's RSS within 50 MiB of where
   it was; readiness is read only as far as its status, the metadata is a 502 naming the
@@ -212,3 +214,34 @@ def test_huge_answers_to_health_and_metadata_are_not_read_whole() -> None:
             message = json.loads(body)["error"]
             assert backend in message and "--backend-max-answer-size" in message, message
             assert _get(f"{p.base_url}/v2/health/live")[0] == 200
+
+
+def test_grpc_black_hole_and_garbage_endpoints_are_taken_out() -> None:
+    with (
+        v2proxy("reference-server", name="sick-good-grpc") as good,
+        tcp_server("127.0.0.2", black_hole) as hole_port,
+        tcp_server("127.0.0.3", garbage) as junk_port,
+    ):
+        good_ep = f"127.0.0.1:{good.grpc_port}"
+        hole, junk = f"127.0.0.2:{hole_port}", f"127.0.0.3:{junk_port}"
+        url = f"grpc://{good_ep},{hole},{junk}"
+        with v2proxy("serve", "--backend", url, "--backend-timeout", "1",
+                     name="sick-proxy-grpc") as p:  # fmt: skip
+            infer = f"{p.base_url}/v2/models/simple/infer"
+            assert [_get(f"{p.base_url}/v2/health/ready")[0] for _ in range(6)] == [200] * 6
+            for _ in range(30):
+                up = _series(_metrics(p), "v2proxy_backend_endpoint_up")
+                if up.get((hole,)) == 0.0 and up.get((junk,)) == 0.0:
+                    break
+                _get(infer, SIMPLE)
+            else:
+                raise AssertionError(f"the bad endpoints stay in rotation: {up}")
+            statuses = [_get(infer, SIMPLE)[0] for _ in range(12)]
+            ready = [_get(f"{p.base_url}/v2/health/ready")[0] for _ in range(12)]
+            assert statuses == [200] * 12
+            assert ready == [200] * 12
+            calls = _series(_metrics(p), "v2proxy_backend_endpoint_calls_total")
+            assert calls[(hole, "timeout")] >= 3
+            # grpcio meets the garbage in its handshake: UNAVAILABLE before anything was sent
+            assert calls[(junk, "unreachable")] + calls[(junk, "malformed")] >= 1
+            assert calls[(good_ep, "timeout")] == calls[(good_ep, "malformed")] == 0

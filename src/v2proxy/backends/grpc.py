@@ -6,7 +6,10 @@ picked for it.
 - An endpoint that cannot be reached (UNAVAILABLE while connecting: the request never left) is
   taken out of rotation and the call goes to the next one; a call that fails once it may have
   reached the model is never sent again (it fails, and takes its endpoint out of rotation
-  when the connection was lost).
+  when the connection was lost). DEADLINE_EXCEEDED (or the watchdog's end) and INTERNAL (what
+  grpcio makes of an answer that is not gRPC) count against the endpoint, which is out after
+  a few in a row (:mod:`v2proxy.backends.endpoints`); health and metadata questions go on to
+  the next endpoint after any of these, with the whole deadline again.
 - Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
   with it the call in flight. A unary call is also cancelled :data:`DEADLINE_GRACE_S` after its
   deadline from the event loop: grpcio leaves a call whose request is blocked on a backend that
@@ -44,7 +47,7 @@ from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
-from v2proxy.backends.grpc_deadlines import Watchdog
+from v2proxy.backends.grpc_deadlines import Watch, Watchdog
 from v2proxy.backends.grpc_unary import RawUnary, raw_unary
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
@@ -81,6 +84,14 @@ _ASKED_FOR: ContextVar[str | None] = ContextVar("v2proxy_grpc_asked_for", defaul
 #: the key of the ModelInfer callable that takes and returns bytes (no serializer)
 _RAW_INFER = "ModelInfer bytes"
 
+#: the failures of a call that count against its endpoint (:data:`endpoints.OUTCOMES`); any
+#: other status is an answer. INTERNAL is what grpcio reports for an answer that is not gRPC
+#: (and a server's own internal error, a 500 over REST: it counts as a 5xx does there).
+_OUTCOME = {
+    grpc.StatusCode.UNAVAILABLE: "unreachable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+    grpc.StatusCode.INTERNAL: "malformed",
+}
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
     "FAILED_PRECONDITION": 400,
@@ -246,7 +257,12 @@ class GrpcBackend(DecodedOnly):
         what: str,
         model: str = "",
         metadata: list[tuple[str, str]] | None = None,
+        *,
+        idempotent: bool = False,
     ) -> Any:
+        """One unary call on the endpoint picked for it, sent to the next one when it never
+        left (UNAVAILABLE before connecting) or, ``idempotent``, when it failed in a way that
+        counts against the endpoint (:data:`_OUTCOME`), with the whole deadline again."""
         endpoints = self.endpoints
         tried: list[Endpoint[_Channel]] = []
         last: grpc.aio.AioRpcError | None = None
@@ -273,20 +289,29 @@ class GrpcBackend(DecodedOnly):
                     except asyncio.CancelledError:
                         if not watch.timed_out():
                             raise
+                        endpoints.failed(ep, "timeout")
+                        if idempotent:
+                            tried.append(ep)
+                            deadline, watch = self._again(loop, watchdog, watch)
+                            continue
                         of_model = f"model '{model}', " if model else ""
                         raise GatewayTimeout(
                             f"backend at {self.target} did not take {_ASKED_FOR.get() or what}"
                             f" in time ({of_model}--backend-timeout {self._timeout:g} s)"
                         ) from None
                     except grpc.aio.AioRpcError as exc:
-                        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        outcome = _OUTCOME.get(exc.code())
+                        if outcome is None:
                             endpoints.ok(ep)  # it answered, with an error
                             raise
-                        endpoints.failed(ep)
-                        if not _not_sent(exc):
+                        endpoints.failed(ep, outcome)
+                        unsent = outcome == "unreachable" and _not_sent(exc)
+                        if not (unsent or idempotent):
                             raise
                         tried.append(ep)
                         last = exc
+                        if not unsent:
+                            deadline, watch = self._again(loop, watchdog, watch)
                         continue
                     finally:
                         ep.outstanding -= 1
@@ -295,24 +320,36 @@ class GrpcBackend(DecodedOnly):
         finally:
             watchdog.unwatch(watch)
 
+    def _again(
+        self, loop: asyncio.AbstractEventLoop, watchdog: Watchdog, watch: Watch
+    ) -> tuple[float, Watch]:
+        """A new deadline (and its watch) for an idempotent call asked again."""
+        watchdog.unwatch(watch)
+        deadline = loop.time() + self._timeout
+        return deadline, watchdog.watch(deadline + DEADLINE_GRACE_S)
+
     # ------------------------------------------------------------------ structured calls
 
     async def server_ready(self) -> bool:
         """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
         does; one that cannot be reached passes the question on by itself."""
         for _ in range(len(self.endpoints.all) or 1):
-            resp = await self._call("ServerReady", pb.ServerReadyRequest(), "server readiness")
+            resp = await self._call(
+                "ServerReady", pb.ServerReadyRequest(), "server readiness", idempotent=True
+            )
             if resp.ready:
                 return True
         return False
 
     async def server_metadata(self) -> dict[str, Any]:
-        resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "server metadata")
+        resp = await self._call(
+            "ServerMetadata", pb.ServerMetadataRequest(), "server metadata", idempotent=True
+        )
         return grpcc.message_to_dict(resp) | {"extensions": list(resp.extensions)}
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelMetadataRequest(name=model, version=version)
-        resp = await self._call("ModelMetadata", req, "metadata", model)
+        resp = await self._call("ModelMetadata", req, "metadata", model, idempotent=True)
         out = grpcc.message_to_dict(resp)
         for key in ("inputs", "outputs"):
             for t in out.setdefault(key, []):
@@ -321,7 +358,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelConfigRequest(name=model, version=version)
-        resp = await self._call("ModelConfig", req, "configuration", model)
+        resp = await self._call("ModelConfig", req, "configuration", model, idempotent=True)
         config = grpcc.message_to_dict(resp.config)
         # proto3 does not carry zeros: REST shows max_batch_size 0 (no batching) explicitly.
         config.setdefault("max_batch_size", 0)
@@ -329,7 +366,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_ready(self, model: str, version: str) -> bool:
         req = pb.ModelReadyRequest(name=model, version=version)
-        resp = await self._call("ModelReady", req, "readiness", model)
+        resp = await self._call("ModelReady", req, "readiness", model, idempotent=True)
         return bool(resp.ready)
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
@@ -450,6 +487,9 @@ class GrpcBackend(DecodedOnly):
                         break
         except BackendUnavailable:
             self.endpoints.failed(ep)
+            raise
+        except GatewayTimeout:
+            self.endpoints.failed(ep, "timeout")
             raise
         finally:
             ep.outstanding -= 1
