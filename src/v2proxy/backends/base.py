@@ -20,6 +20,7 @@ from v2proxy.core.model import Buffer, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
+    AnswerTooLarge,
     ConnectFailed,
     ConnectTimeout,
     HttpClientError,
@@ -288,7 +289,5 @@ async def _drain(resp: ClientResponse) -> bytes | bytearray:
         return b""
     try:
         return await resp.read(DRAIN_MAX)
-    except ProtocolError as exc:
-        if "over the limit" not in str(exc):
-            raise
+    except AnswerTooLarge:
         return b""  # read() closed the connection

@@ -69,7 +69,6 @@ from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client import StreamBody
-from v2proxy.http.client_errors import ProtocolError
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.http.headers import forwardable
 
@@ -190,12 +189,6 @@ class RestBackend:
                 status_only=status_only,
             )
         except Exception as exc:
-            if isinstance(exc, ProtocolError) and limit and "over the limit" in str(exc):
-                option = "--max-body-size" if infer else "--backend-max-answer-size"
-                raise BadGateway(
-                    f"backend at {self.base_url} answered {what} with more than {limit} bytes"
-                    f" ({option})"
-                ) from None
             mapped_exc = failure(exc, self.base_url, self._timeout, what)
             if mapped_exc is None:
                 raise

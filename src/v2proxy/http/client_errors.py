@@ -8,6 +8,7 @@ a caller (the REST backend) maps each to its own answer without looking at messa
 from __future__ import annotations
 
 __all__ = [
+    "AnswerTooLarge",
     "ConnectFailed",
     "ConnectTimeout",
     "HttpClientError",
@@ -31,6 +32,16 @@ class ConnectTimeout(HttpClientError):
 
 class ProtocolError(HttpClientError):
     """The answer is not valid HTTP/1.1 (or over a size limit)."""
+
+
+class AnswerTooLarge(ProtocolError):
+    """The answer's body is over the limit it was read with."""
+
+    def __init__(self, limit: int, length: int | None = None) -> None:
+        of = f"of {length} bytes " if length is not None else ""
+        super().__init__(f"answer body {of}over the limit of {limit} bytes")
+        #: the limit it was read with
+        self.limit = limit
 
 
 class RemoteClosed(HttpClientError):
