@@ -121,6 +121,8 @@ def _backend(
             connections=settings.backend_connections,
             tokens=TokenRecorder(metrics, "backend") if isinstance(metrics, Metrics) else None,
             ssl_context=client_context(settings.backend_tls) if target.tls else None,
+            max_answer_size=settings.backend_max_answer_size,
+            max_infer_answer=settings.max_body_size,
         )
     counts = staged = None
     if isinstance(metrics, Metrics):

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.core.errors import BackendError, BadGateway
 
@@ -247,6 +248,26 @@ async def test_an_answer_over_its_bound_is_a_502_naming_the_backend(chunked: boo
             assert url in str(info.value) and "--backend-max-answer-size" in str(info.value)
             assert "4096" in str(info.value)
             # a status-only question reads no more than it needs and answers
+            assert await backend.server_ready() is True
+        finally:
+            await backend.close()
+
+
+async def test_a_mindie_answer_over_its_bound_is_a_502_naming_the_backend() -> None:
+    big = b'{"name":"' + b"x" * 5000 + b'"}'
+
+    async def bloated(request: bytes) -> bytes | None:
+        return _answer("200 OK", big)
+
+    seen: list[bytes] = []
+    async with _server(bloated, seen) as port:
+        backend = MindieBackend(f"127.0.0.1:{port}", max_answer_size=4096)
+        await backend.start()
+        try:
+            with pytest.raises(BadGateway) as info:
+                await backend.server_metadata()
+            assert f"mindie://127.0.0.1:{port}" in str(info.value)
+            assert "--backend-max-answer-size" in str(info.value)
             assert await backend.server_ready() is True
         finally:
             await backend.close()
