@@ -147,6 +147,7 @@ def _backend(
             target.url,
             timeout=settings.backend_timeout,
             max_message_size=settings.grpc_max_message_size,
+            max_answer_size=settings.backend_max_answer_size,
             staging=staging,
             credentials=channel_credentials(settings.backend_tls) if target.tls else None,
             resolve_every=settings.backend_resolve_interval,

@@ -30,6 +30,10 @@ picked for it.
   (``--backend-shm``) might want (one of at least its threshold's size), which go decoded.
 - The side operations (statistics, repository, trace, logging) go through the matching RPCs and
   come back in the canonical REST JSON form; other REST-only paths answer 501.
+- Every RPC but the inferences goes on a second channel per endpoint whose receive limit is
+  ``max_answer_size`` (--backend-max-answer-size; grpcio sets the limit per channel, not per
+  call): a larger answer is a 502 naming the option and counts against the endpoint as
+  malformed. Inference answers are bound by ``max_message_size``.
 """
 
 from __future__ import annotations
@@ -141,8 +145,12 @@ class GrpcBackend(DecodedOnly):
         resolve_every: float = 30.0,
         cells: EndpointCells | None = None,
         knowledge: BackendKnowledge | None = None,
+        max_answer_size: int | None = None,
     ):
         self.target = target
+        #: --backend-max-answer-size: the receive limit of the side channel (None: no side
+        #: channel, every call on the one channel)
+        self._max_answer = max_answer_size if (max_answer_size or 0) < max_message_size else None
         #: what is known of this backend (the composition root's one; standalone: its own):
         #: which models are decoupled is kept there, with its lifetime
         self.knowledge = knowledge or BackendKnowledge(self)
@@ -181,11 +189,16 @@ class GrpcBackend(DecodedOnly):
             options.append(("grpc.default_authority", name.authority))
             if self._credentials is not None:
                 options.append(("grpc.ssl_target_name_override", name.host))
+        side = None
+        if self._max_answer is not None:
+            limit = ("grpc.max_receive_message_length", self._max_answer)
+            side = self._channel(target, [limit if k == limit[0] else (k, v) for k, v in options])
+        return _Channel(self._channel(target, options), side)
+
+    def _channel(self, target: str, options: list[tuple[str, str | int]]) -> grpc.aio.Channel:
         if self._credentials is None:
-            channel = grpc.aio.insecure_channel(target, options=options)
-        else:
-            channel = grpc.aio.secure_channel(target, self._credentials, options=options)
-        return _Channel(channel)
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, self._credentials, options=options)
 
     async def start(self) -> None:
         # kept: asyncio.get_running_loop() makes a getpid system call each time
@@ -230,6 +243,11 @@ class GrpcBackend(DecodedOnly):
         if code == "DEADLINE_EXCEEDED":
             note = f" (model '{model}')" if model else ""
             return GatewayTimeout(f"backend at {self.target} did not answer {what} in time{note}")
+        if _too_large(exc):
+            option = "--grpc-max-message-size" if "infer" in what else "--backend-max-answer-size"
+            return BadGateway(
+                f"backend at {self.target} answered {what} too large ({option}): {details}"
+            )
         # MLServer answers UNKNOWN ("ModelNotFound ... not found") where others say NOT_FOUND.
         if model and (
             code == "NOT_FOUND" or (code == "UNKNOWN" and _NOT_FOUND_TEXT.search(details))
@@ -300,7 +318,9 @@ class GrpcBackend(DecodedOnly):
                             f" in time ({of_model}--backend-timeout {self._timeout:g} s)"
                         ) from None
                     except grpc.aio.AioRpcError as exc:
-                        outcome = _OUTCOME.get(exc.code())
+                        outcome = _OUTCOME.get(exc.code()) or (
+                            "malformed" if _too_large(exc) else None
+                        )
                         if outcome is None:
                             endpoints.ok(ep)  # it answered, with an error
                             raise
@@ -548,15 +568,19 @@ class GrpcBackend(DecodedOnly):
 
 
 class _Channel:
-    """One endpoint's channel and the callables of every RPC on it."""
+    """One endpoint's channel and the callables of every RPC on it: the inferences on
+    ``channel``, every other unary RPC on ``side`` when there is one (a channel whose receive
+    limit is --backend-max-answer-size; grpcio sets the limit per channel, not per call)."""
 
-    __slots__ = ("calls", "channel", "raw")
+    __slots__ = ("calls", "channel", "raw", "side")
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, side: grpc.aio.Channel | None = None) -> None:
         self.channel = channel
+        self.side = side
         self.calls: dict[str, Any] = {}
         for name, (req, resp) in UNARY_RPCS.items():
-            self.calls[name] = channel.unary_unary(
+            on = channel if side is None or name == "ModelInfer" else side
+            self.calls[name] = on.unary_unary(
                 f"/{SERVICE}/{name}",
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
@@ -578,6 +602,15 @@ async def _close(ch: _Channel) -> None:
     if ch.raw is not None:  # its calls are not the channel's to cancel
         ch.raw.cancel_all()
     await ch.channel.close(None)
+    if ch.side is not None:
+        await ch.side.close(None)
+
+
+def _too_large(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the call failed on an answer over the channel's receive limit."""
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
+        exc.details() or ""
+    )
 
 
 def _not_sent(exc: grpc.aio.AioRpcError) -> bool:

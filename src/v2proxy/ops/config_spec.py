@@ -165,8 +165,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
         1 * MiB,
         byte_size(),
         "largest answer read from the backend to a health, metadata, config, statistics,"
-        " repository, trace, logging or shared-memory call; a larger one is a 502 (inference"
-        " answers are bound by --max-body-size)",
+        " repository, trace, logging or shared-memory call, REST, gRPC or MindIE; a larger one"
+        " is a 502 (inference answers are bound by --max-body-size, over gRPC by"
+        " --grpc-max-message-size)",
         "SIZE",
         serve_only=True,
     ),
