@@ -242,9 +242,10 @@ async def test_a_side_answer_over_the_bound_is_a_502_an_inference_is_not_bound_b
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    backend = GrpcBackend(f"127.0.0.1:{port}", timeout=5, max_answer_size=4096)
-    await backend.start()
+    backend: GrpcBackend | None = None
     try:
+        backend = GrpcBackend(f"127.0.0.1:{port}", timeout=5, max_answer_size=4096)
+        await backend.start()
         with pytest.raises(BadGateway) as info:
             await backend.server_metadata()
         message = str(info.value)
@@ -256,5 +257,6 @@ async def test_a_side_answer_over_the_bound_is_a_502_an_inference_is_not_bound_b
         )
         assert len(answer.raw_output_contents[0]) == 4 + len(big)
     finally:
-        await backend.close()
+        if backend is not None:
+            await backend.close()
         await server.stop(0)
