@@ -243,41 +243,47 @@ class BalancedClient:
         answer: tuple[ClientResponse, bytes | bytearray] | None = None
         first = time.monotonic()
         timeout = call_timeout
-        while True:
-            ep = endpoints.pick(tried)
-            if ep is None:
-                if answer is not None:
-                    return answer
-                if last is None:
-                    raise BackendUnavailable("the backend has no endpoint")
-                raise last
-            if tried and not idempotent:  # unreachable only: the next has what is left
-                timeout = max(call_timeout - (time.monotonic() - first), 0.001)
-            ep.outstanding += 1
-            try:
-                resp = await ep.client.request(method, target, headers, body, call_timeout=timeout)
-                if status_only:
-                    content = await _drain(resp)
-                else:
-                    content = await resp.read(limit)
-            except HttpClientError as exc:
-                unsent = isinstance(exc, ConnectFailed | ConnectTimeout)
-                endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
-                if not (unsent or idempotent):
-                    raise
+        try:
+            while True:
+                ep = endpoints.pick(tried)
+                if ep is None:
+                    if answer is not None:
+                        return answer
+                    if last is None:
+                        raise BackendUnavailable("the backend has no endpoint")
+                    raise last
+                if tried and not idempotent:  # unreachable only: the next has what is left
+                    timeout = max(call_timeout - (time.monotonic() - first), 0.001)
+                ep.outstanding += 1
+                try:
+                    resp = await ep.client.request(
+                        method, target, headers, body, call_timeout=timeout
+                    )
+                    if status_only:
+                        content = await _drain(resp)
+                    else:
+                        content = await resp.read(limit)
+                except HttpClientError as exc:
+                    unsent = isinstance(exc, ConnectFailed | ConnectTimeout)
+                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    if not (unsent or idempotent):
+                        raise
+                    tried.append(ep)
+                    last = exc
+                    continue
+                finally:
+                    ep.outstanding -= 1
+                if resp.status < 500:
+                    endpoints.ok(ep)
+                    return resp, content
+                endpoints.failed(ep, "5xx")
+                if not idempotent:
+                    return resp, content
                 tried.append(ep)
-                last = exc
-                continue
-            finally:
-                ep.outstanding -= 1
-            if resp.status < 500:
-                endpoints.ok(ep)
-                return resp, content
-            endpoints.failed(ep, "5xx")
-            if not idempotent:
-                return resp, content
-            tried.append(ep)
-            answer = resp, content
+                answer = resp, content
+
+        finally:
+            last = None  # no cycle: the exception's traceback holds this frame
 
 
 async def _drain(resp: ClientResponse) -> bytes | bytearray:

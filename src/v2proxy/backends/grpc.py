@@ -339,6 +339,7 @@ class GrpcBackend(DecodedOnly):
                     return answer
         finally:
             watchdog.unwatch(watch)
+            last = None  # no cycle: the exception's traceback holds this frame
 
     def _again(
         self, loop: asyncio.AbstractEventLoop, watchdog: Watchdog, watch: Watch
