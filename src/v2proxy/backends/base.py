@@ -232,7 +232,7 @@ class BalancedClient:
         idempotent: bool = False,
         status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call and its whole answer, over ``limit`` bytes a :class:`ProtocolError` (that
+        """One call and its whole answer, over ``limit`` bytes an :class:`AnswerTooLarge` (that
         counts as malformed); ``status_only``: at most :data:`DRAIN_MAX` of it read, the
         connection closed when more remains. ``idempotent``: a call that failed, or answered
         a 5xx, is asked of the next endpoint not yet tried, with the whole ``call_timeout``
@@ -281,7 +281,6 @@ class BalancedClient:
                     return resp, content
                 tried.append(ep)
                 answer = resp, content
-
         finally:
             last = None  # no cycle: the exception's traceback holds this frame
 
