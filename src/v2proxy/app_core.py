@@ -121,6 +121,8 @@ def _backend(
             connections=settings.backend_connections,
             tokens=TokenRecorder(metrics, "backend") if isinstance(metrics, Metrics) else None,
             ssl_context=client_context(settings.backend_tls) if target.tls else None,
+            max_answer_size=settings.backend_max_answer_size,
+            max_infer_answer=settings.max_body_size,
         )
     counts = staged = None
     if isinstance(metrics, Metrics):
@@ -145,6 +147,7 @@ def _backend(
             target.url,
             timeout=settings.backend_timeout,
             max_message_size=settings.grpc_max_message_size,
+            max_answer_size=settings.backend_max_answer_size,
             staging=staging,
             credentials=channel_credentials(settings.backend_tls) if target.tls else None,
             resolve_every=settings.backend_resolve_interval,
@@ -167,6 +170,8 @@ def _backend(
         resolve_every=settings.backend_resolve_interval,
         cells=cells,
         knowledge=knowledge,
+        max_answer_size=settings.backend_max_answer_size,
+        max_infer_answer=settings.max_body_size,
     )
 
 

@@ -1,7 +1,9 @@
 """The REST backend over several endpoints (``http://A,B``), against raw loopback servers:
 readiness while one endpoint is ready, a request that finds one endpoint closed goes to the
 other, and an /infer POST whose connection is lost once sent is a 502, never sent to the other
-endpoint."""
+endpoint. A metadata question that fails on one endpoint (5xx, garbage) goes to the next; an
+inference answered 5xx is not, and 3 in a row take the endpoint out; an answer over
+``max_answer_size`` is a 502 naming the backend."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
-from v2proxy.core.errors import BadGateway
+from v2proxy.core.errors import BackendError, BadGateway
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops
@@ -150,3 +153,121 @@ async def test_a_post_whose_connection_is_lost_is_a_502_and_never_sent_again() -
     assert outcomes.count(502) == len(seen_a) >= 1
     assert outcomes.count(200) == len(seen_b)
     assert len(seen_a) + len(seen_b) == 4
+
+
+META = b'{"name":"srv","version":"1","extensions":[]}'
+
+
+@pytest.mark.parametrize(
+    "sick",
+    [
+        _answer("500 Internal Server Error", b'{"error":"broken"}'),
+        b"SSH-2.0-OpenSSH_9.6\r\nnot HTTP\r\n\r\n",
+    ],
+    ids=["5xx", "garbage"],
+)
+async def test_a_question_that_fails_on_one_endpoint_goes_to_the_next(sick: bytes) -> None:
+    seen_a: list[bytes] = []
+    seen_b: list[bytes] = []
+
+    async def bad(request: bytes) -> bytes | None:
+        return sick
+
+    async def ok(request: bytes) -> bytes | None:
+        return _answer("200 OK", META)
+
+    async with _server(bad, seen_a) as port_a, _server(ok, seen_b) as port_b:
+        backend = RestBackend(f"http://127.0.0.1:{port_a},127.0.0.1:{port_b}")
+        await backend.start()
+        try:
+            for _ in range(4):  # whichever endpoint each question starts with
+                assert (await backend.server_metadata())["name"] == "srv"
+            bad_ep = backend.client.endpoints.all[0]
+            assert bad_ep.failures >= 1 and backend.client.endpoints.all[1].failures == 0
+        finally:
+            await backend.close()
+    assert seen_a and len(seen_b) == 4
+
+
+async def test_an_inference_answered_5xx_is_not_sent_again_and_counts() -> None:
+    seen_a: list[bytes] = []
+    seen_b: list[bytes] = []
+
+    async def broken(request: bytes) -> bytes | None:
+        return _answer("500 Internal Server Error", b'{"error":"broken"}')
+
+    async def ok(request: bytes) -> bytes | None:
+        return _answer("200 OK", INFER)
+
+    async with _server(broken, seen_a) as port_a, _server(ok, seen_b) as port_b:
+        backend = RestBackend(f"http://127.0.0.1:{port_a},127.0.0.1:{port_b}")
+        await backend.start()
+        try:
+            statuses = []
+            for _ in range(8):
+                try:
+                    answer = await backend.relay_infer("m", "", BODY, None, [])
+                    statuses.append(answer.status)
+                except BackendError as exc:
+                    statuses.append(exc.http_status)
+        finally:
+            await backend.close()
+    # each inference went to one endpoint only; A is out after 3 5xx in a row (the cap lets
+    # one of two go)
+    assert len(seen_a) + len(seen_b) == 8
+    assert statuses.count(500) == len(seen_a) == 3
+    assert statuses.count(200) == len(seen_b) == 5
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_answer_over_its_bound_is_a_502_naming_the_backend(chunked: bool) -> None:
+    big = b'{"name":"' + b"x" * 5000 + b'"}'
+
+    async def bloated(request: bytes) -> bytes | None:
+        if not chunked:
+            return _answer("200 OK", big)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        return (
+            head
+            + b"Transfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n"
+            % (
+                len(big),
+                big,
+            )
+        )
+
+    seen: list[bytes] = []
+    async with _server(bloated, seen) as port:
+        url = f"http://127.0.0.1:{port}"
+        backend = RestBackend(url, max_answer_size=4096)
+        await backend.start()
+        try:
+            with pytest.raises(BadGateway) as info:
+                await backend.server_metadata()
+            assert url in str(info.value) and "--backend-max-answer-size" in str(info.value)
+            assert "4096" in str(info.value)
+            # a status-only question reads no more than it needs and answers
+            assert await backend.server_ready() is True
+        finally:
+            await backend.close()
+
+
+async def test_a_mindie_answer_over_its_bound_is_a_502_naming_the_backend() -> None:
+    big = b'{"name":"' + b"x" * 5000 + b'"}'
+
+    async def bloated(request: bytes) -> bytes | None:
+        return _answer("200 OK", big)
+
+    seen: list[bytes] = []
+    async with _server(bloated, seen) as port:
+        backend = MindieBackend(f"127.0.0.1:{port}", max_answer_size=4096)
+        await backend.start()
+        try:
+            with pytest.raises(BadGateway) as info:
+                await backend.server_metadata()
+            assert f"mindie://127.0.0.1:{port}" in str(info.value)
+            assert "--backend-max-answer-size" in str(info.value)
+            assert await backend.server_ready() is True
+        finally:
+            await backend.close()

@@ -203,3 +203,60 @@ async def test_decoupled_is_asked_again_after_a_failure() -> None:
     answers[:] = [Unsupported("no ModelConfig")]
     assert await backend.is_decoupled("other", "") is False
     assert await backend.is_decoupled("other", "") is False and answers == []  # asked once
+
+
+async def test_a_side_answer_over_the_bound_is_a_502_an_inference_is_not_bound_by_it() -> None:
+    """Metadata and the other side calls go on a channel whose receive limit is
+    ``max_answer_size``: a larger answer is a 502 naming the backend and the option (and counts
+    against the endpoint), while an inference answer of the same size comes through."""
+    from v2proxy.backends.grpc import GrpcBackend
+    from v2proxy.core.errors import BadGateway
+
+    big = "x" * 8192
+
+    async def metadata(req: Any, _context: Any) -> Any:
+        return pb.ServerMetadataResponse(name=big, version="1")
+
+    async def ready(req: Any, _context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=True)
+
+    async def infer(req: Any, _context: Any) -> Any:
+        out = pb.ModelInferResponse(model_name="m", model_version="1")
+        out.outputs.add(name="O", datatype="BYTES", shape=[1])
+        out.raw_output_contents.append(len(big).to_bytes(4, "little") + big.encode())
+        return out
+
+    def unary(fn: Any, req: Any, resp: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    server = grpc.aio.server()
+    handlers = {
+        "ServerMetadata": unary(metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+        "ServerReady": unary(ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ModelInfer": unary(infer, pb.ModelInferRequest, pb.ModelInferResponse),
+    }
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers)]
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    backend: GrpcBackend | None = None
+    try:
+        backend = GrpcBackend(f"127.0.0.1:{port}", timeout=5, max_answer_size=4096)
+        await backend.start()
+        with pytest.raises(BadGateway) as info:
+            await backend.server_metadata()
+        message = str(info.value)
+        assert f"127.0.0.1:{port}" in message and "--backend-max-answer-size" in message
+        assert backend.endpoints.all[0].failures == 1
+        assert await backend.server_ready() is True
+        answer = await backend._call(
+            "ModelInfer", pb.ModelInferRequest(model_name="m"), "inference"
+        )
+        assert len(answer.raw_output_contents[0]) == 4 + len(big)
+    finally:
+        if backend is not None:
+            await backend.close()
+        await server.stop(0)

@@ -11,6 +11,9 @@ import pytest
 from v2proxy.backends.endpoints import (
     BACKOFF_MAX_S,
     BACKOFF_S,
+    EJECT_AFTER,
+    EJECT_BACKOFF_MAX_S,
+    EJECT_BACKOFF_S,
     Endpoints,
     HostPort,
     split_hosts,
@@ -235,3 +238,85 @@ async def test_names_are_resolved_again_periodically() -> None:
         await asyncio.sleep(0.01)
     assert [e.address for e in eps.all] == ["10.0.0.1", "10.0.0.2"]
     await eps.close()
+
+
+@pytest.mark.parametrize("outcome", ["timeout", "malformed", "5xx"])
+async def test_failures_in_a_row_take_an_endpoint_out_for_a_growing_backoff(outcome: str) -> None:
+    cells = Cells()
+    eps: Endpoints[str] = Endpoints(
+        [HostPort(f"10.0.0.{i}", 80) for i in (1, 2, 3)],
+        _make,
+        _close,
+        resolve_every=0,
+        cells=cells,
+    )
+    await eps.start()
+    loop = asyncio.get_running_loop()
+    bad = eps.all[0]
+    for _ in range(EJECT_AFTER - 1):
+        eps.failed(bad, outcome)
+    assert bad.down_until == 0.0 and cells.ups["10.0.0.1:80"] == 1.0  # not yet
+    eps.ok(bad)  # an answer clears the record: the count starts again
+    for _ in range(EJECT_AFTER - 1):
+        eps.failed(bad, outcome)
+    assert bad.down_until == 0.0
+    eps.failed(bad, outcome)
+    assert cells.counts[("10.0.0.1:80", outcome)] == 2 * EJECT_AFTER - 1
+    assert cells.ups["10.0.0.1:80"] == 0.0
+    assert bad.down_until == pytest.approx(loop.time() + EJECT_BACKOFF_S, abs=0.05)
+    assert {eps.pick().address for _ in range(6)} == {"10.0.0.2", "10.0.0.3"}  # type: ignore[union-attr]
+    # due back, it is tried; one more failure takes it out again, for twice as long
+    bad.down_until = loop.time() - 1
+    eps.failed(bad, outcome)
+    assert bad.down_until == pytest.approx(loop.time() + 2 * EJECT_BACKOFF_S, abs=0.05)
+    for _ in range(10):
+        bad.down_until = loop.time() - 1
+        eps.failed(bad, outcome)
+    assert bad.down_until == pytest.approx(loop.time() + EJECT_BACKOFF_MAX_S, abs=0.05)
+    assert cells.ups["10.0.0.1:80"] == 0.0
+    eps.ok(bad)
+    assert (bad.failures, bad.ejections, bad.down_until) == (0, 0, 0.0)
+    assert cells.ups["10.0.0.1:80"] == 1.0
+
+
+async def test_at_most_half_the_endpoints_are_out_for_misbehaving_never_the_last() -> None:
+    eps = await _three()
+    for ep in eps.all:
+        for _ in range(EJECT_AFTER):
+            eps.failed(ep, "timeout")
+    out = [ep for ep in eps.all if ep.down_until]
+    # 0 of 3 out, then 1 of 3 (under half): two go out; a third would be over half
+    assert len(out) == 2
+    assert eps.all[2].down_until == 0.0 and eps.all[2].failures == EJECT_AFTER
+    # the third stays in rotation whatever it does
+    for _ in range(5):
+        eps.failed(eps.all[2], "5xx")
+    assert eps.all[2].down_until == 0.0
+    assert {eps.pick().address for _ in range(4)} == {"10.0.0.3"}  # type: ignore[union-attr]
+    # one back in rotation: the next failure of the third may take it out
+    eps.ok(eps.all[0])
+    eps.failed(eps.all[2], "5xx")
+    assert eps.all[2].down_until > 0.0
+
+    two: Endpoints[str] = Endpoints(
+        [HostPort("10.0.0.1", 80), HostPort("10.0.0.2", 80)], _make, _close, resolve_every=0
+    )
+    await two.start()
+    for ep in two.all:
+        for _ in range(EJECT_AFTER):
+            two.failed(ep, "malformed")
+    assert [bool(ep.down_until) for ep in two.all] == [True, False]
+
+    one: Endpoints[str] = Endpoints([HostPort("10.0.0.1", 80)], _make, _close, resolve_every=0)
+    await one.start()
+    for _ in range(EJECT_AFTER * 2):
+        one.failed(one.all[0], "timeout")
+    assert one.all[0].down_until == 0.0  # the last one in rotation is never taken out
+
+
+async def test_an_unreachable_endpoint_is_out_at_once_whatever_the_cap() -> None:
+    eps = await _three()
+    for ep in eps.all:
+        eps.failed(ep)  # refused: nothing was sent, no share is kept in
+    assert all(ep.down_until for ep in eps.all)
+    assert eps.pick() is not None  # the one due back first

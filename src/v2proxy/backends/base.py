@@ -4,7 +4,9 @@ backends that take decoded requests only, and the HTTP client pool the REST and 
 backends open on ``start`` and close on ``close``: one keep-alive pool per backend endpoint
 (:mod:`v2proxy.backends.endpoints`), each call on the endpoint picked for it, and sent to
 another one when the picked one could not be reached (the request never left: refused, or no
-connection within the connect timeout)."""
+connection within the connect timeout) or, for a question asked again safely (health,
+metadata), when it failed in any way. Each call's outcome counts for or against its endpoint;
+an answer read whole is read within a bound (:meth:`BalancedClient.fetch`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,15 @@ from v2proxy.core.errors import BackendUnavailable, InvalidRequest, NotFound, Un
 from v2proxy.core.model import Buffer, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
-from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, RemoteClosed
+from v2proxy.http.client_errors import (
+    AnswerTooLarge,
+    ConnectFailed,
+    ConnectTimeout,
+    HttpClientError,
+    ProtocolError,
+    ReadTimeout,
+    RemoteClosed,
+)
 from v2proxy.http.client_response import ClientResponse
 
 
@@ -138,13 +148,28 @@ async def _close(client: HttpClient) -> None:
     await client.close()
 
 
+#: what a failure of the HTTP client says of the endpoint (:data:`endpoints.OUTCOMES`)
+_OUTCOME: dict[type[HttpClientError], str] = {
+    ConnectFailed: "unreachable",
+    ConnectTimeout: "unreachable",
+    RemoteClosed: "unreachable",
+    ReadTimeout: "timeout",
+    ProtocolError: "malformed",
+}
+#: how much of an answer whose status is all that is needed is read before its connection is
+#: closed instead (a health check answered with a huge body)
+DRAIN_MAX = 64 * 1024
+
+
 class BalancedClient:
     """:meth:`HttpClient.request <v2proxy.http.client.HttpClient.request>` over the endpoints:
     each call on the endpoint :meth:`Endpoints.pick` gives; one that cannot be reached
     (:class:`ConnectFailed`, :class:`ConnectTimeout`: nothing was sent) is taken out of rotation
     and the call goes to the next, within what is left of ``call_timeout``. A connection lost
-    once the request may have gone out (:class:`RemoteClosed`) takes the endpoint out too, and
-    the call fails: an inference is never sent twice."""
+    once the request may have gone out (:class:`RemoteClosed`), a timeout, a malformed answer
+    or a 5xx counts against the endpoint and the call fails: an inference is never sent twice.
+    :meth:`fetch` also reads the body, within a limit, and sends an idempotent call on to the
+    next endpoint whatever the failure."""
 
     __slots__ = ("endpoints",)
 
@@ -184,10 +209,90 @@ class BalancedClient:
                 tried.append(ep)
                 last = exc
                 continue
-            except RemoteClosed:
-                endpoints.failed(ep)
+            except HttpClientError as exc:
+                endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
                 raise
             finally:
                 ep.outstanding -= 1
-            endpoints.ok(ep)
+            if resp.status < 500:
+                endpoints.ok(ep)
+            else:
+                endpoints.failed(ep, "5xx")
             return resp
+
+    async def fetch(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: list[Buffer] | None,
+        *,
+        call_timeout: float,
+        limit: int | None,
+        idempotent: bool = False,
+        status_only: bool = False,
+    ) -> tuple[ClientResponse, bytes | bytearray]:
+        """One call and its whole answer, over ``limit`` bytes an :class:`AnswerTooLarge` (that
+        counts as malformed); ``status_only``: at most :data:`DRAIN_MAX` of it read, the
+        connection closed when more remains. ``idempotent``: a call that failed, or answered
+        a 5xx, is asked of the next endpoint not yet tried, with the whole ``call_timeout``
+        again (the last 5xx answer is returned when no endpoint is left)."""
+        endpoints = self.endpoints
+        tried: list[Endpoint[HttpClient]] = []
+        last: Exception | None = None
+        answer: tuple[ClientResponse, bytes | bytearray] | None = None
+        first = time.monotonic()
+        timeout = call_timeout
+        try:
+            while True:
+                ep = endpoints.pick(tried)
+                if ep is None:
+                    if answer is not None:
+                        return answer
+                    if last is None:
+                        raise BackendUnavailable("the backend has no endpoint")
+                    raise last
+                if tried and not idempotent:  # unreachable only: the next has what is left
+                    timeout = max(call_timeout - (time.monotonic() - first), 0.001)
+                ep.outstanding += 1
+                try:
+                    resp = await ep.client.request(
+                        method, target, headers, body, call_timeout=timeout
+                    )
+                    if status_only:
+                        content = await _drain(resp)
+                    else:
+                        content = await resp.read(limit)
+                except HttpClientError as exc:
+                    unsent = isinstance(exc, ConnectFailed | ConnectTimeout)
+                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    if not (unsent or idempotent):
+                        raise
+                    tried.append(ep)
+                    last = exc
+                    continue
+                finally:
+                    ep.outstanding -= 1
+                if resp.status < 500:
+                    endpoints.ok(ep)
+                    return resp, content
+                endpoints.failed(ep, "5xx")
+                if not idempotent:
+                    return resp, content
+                tried.append(ep)
+                answer = resp, content
+        finally:
+            last = None  # no cycle: the exception's traceback holds this frame
+
+
+async def _drain(resp: ClientResponse) -> bytes | bytearray:
+    """At most :data:`DRAIN_MAX` of the body; a longer one is given up (its connection closed)
+    and reads as empty."""
+    length = resp.content_length
+    if length is not None and length > DRAIN_MAX:
+        resp.close()
+        return b""
+    try:
+        return await resp.read(DRAIN_MAX)
+    except AnswerTooLarge:
+        return b""  # read() closed the connection

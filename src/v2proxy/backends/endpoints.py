@@ -13,18 +13,23 @@ holds one client per address (an HTTP pool, a gRPC channel) in an :class:`Endpoi
 - **picks** an endpoint per call (:meth:`Endpoints.pick`): the one with the fewest calls
   outstanding among those in rotation, ties going round-robin (so an idle proxy still spreads
   its calls evenly);
-- takes out an endpoint that failed to be **reached** (:meth:`Endpoints.failed`: refused, reset
-  before the request went out, a connect timeout, gRPC UNAVAILABLE) for a back-off of
-  :data:`BACKOFF_S` doubling to :data:`BACKOFF_MAX_S`, after which the next call tries it again
-  (passive health: no probes of its own); one answer from it (:meth:`Endpoints.ok`) puts it back.
-  When every endpoint is out, the one due back first is tried anyway: a backend that has come
-  back is found at once.
+- judges each endpoint by what its calls did (:meth:`Endpoints.failed`, passive health: no
+  probes of its own). One that could not be **reached** (refused, reset, a connect timeout,
+  gRPC UNAVAILABLE before sending) is out of rotation at once; one that **misbehaves** (a
+  timeout, a malformed or oversized answer, a 5xx) is out after :data:`EJECT_AFTER` failures in
+  a row (outlier detection, as Envoy's consecutive 5xx), unless that would take out more than
+  :data:`MAX_EJECTED_SHARE` of the endpoints or the last one in rotation. Out means for a
+  back-off that doubles per ejection in a row (from :data:`BACKOFF_S` to :data:`BACKOFF_MAX_S`
+  when unreachable, from :data:`EJECT_BACKOFF_S` to :data:`EJECT_BACKOFF_MAX_S` otherwise),
+  after which the next call tries it again (one more failure takes it out again); one answer
+  from it (:meth:`Endpoints.ok`) puts it back and clears its record. When every endpoint is
+  out, the one due back first is tried anyway: a backend that has come back is found at once.
 
 Whether a failed call may be sent to another endpoint is the backend's decision (never once it
 may have reached the model: an inference is not sent twice); :meth:`Endpoints.pick` takes the
 endpoints already tried to leave out. The endpoint count, addresses in and out of rotation and
-the calls per endpoint are reported to an :class:`EndpointCells` (the
-``backend_endpoint`` metrics), one label value per current address.
+the calls per endpoint and outcome (:data:`OUTCOMES`) are reported to an :class:`EndpointCells`
+(the ``backend_endpoint`` metrics), one label value per current address.
 """
 
 from __future__ import annotations
@@ -44,6 +49,18 @@ log = logging.getLogger(__name__)
 BACKOFF_S = 0.5
 #: the longest back-off (s)
 BACKOFF_MAX_S = 10.0
+#: failures in a row (timeouts, malformed answers, 5xx) that take an endpoint out
+EJECT_AFTER = 3
+#: first back-off of an endpoint taken out for misbehaving (s), doubled per ejection in a row:
+#: longer than :data:`BACKOFF_S`, since the call that tries it again may cost a whole timeout
+EJECT_BACKOFF_S = 5.0
+#: the longest back-off of an endpoint taken out for misbehaving (s)
+EJECT_BACKOFF_MAX_S = 60.0
+#: the largest share of the endpoints out of rotation for misbehaving (Envoy's
+#: max_ejection_percent): a further ejection waits while this many are out
+MAX_EJECTED_SHARE = 0.5
+#: how a call to an endpoint ended: answered, or one of the failures that count against it
+OUTCOMES = ("ok", "unreachable", "timeout", "malformed", "5xx")
 
 C = TypeVar("C")
 
@@ -86,7 +103,7 @@ class EndpointCells(Protocol):
     """Where the endpoints report (``--metrics``): the cells of one endpoint label."""
 
     def calls(self, endpoint: str, outcome: str) -> _Cell:
-        """``outcome``: ok (answered) or unreachable."""
+        """``outcome``: one of :data:`OUTCOMES`."""
         ...
 
     def up(self, endpoint: str, value: float) -> None: ...
@@ -98,18 +115,19 @@ class Endpoint(Generic[C]):
     """One address of the backend and its client."""
 
     __slots__ = (
+        "_cells",
         "_ok",
-        "_unreachable",
         "address",
         "client",
         "down_until",
+        "ejections",
         "failures",
         "label",
         "name",
         "outstanding",
     )
 
-    def __init__(self, name: HostPort, address: str, client: C, ok: _Cell, bad: _Cell) -> None:
+    def __init__(self, name: HostPort, address: str, client: C, cells: dict[str, _Cell]) -> None:
         #: the URL's host:port this address is of (its name: Host header, TLS server name)
         self.name = name
         #: the address connected to (an IP literal, or the name when it did not resolve)
@@ -117,11 +135,14 @@ class Endpoint(Generic[C]):
         self.label = HostPort(address, name.port).authority
         self.client = client
         self.outstanding = 0
+        #: failures in a row (any outcome but ok)
         self.failures = 0
+        #: times taken out since its last answer (the back-off doubles with each)
+        self.ejections = 0
         #: loop time before which it is out of rotation (0.0: in)
         self.down_until = 0.0
-        self._ok = ok
-        self._unreachable = bad
+        self._cells = cells
+        self._ok = cells["ok"]
 
 
 class Endpoints(Generic[C]):
@@ -221,14 +242,12 @@ class Endpoints(Generic[C]):
         client = self._make(name, address)
         label = HostPort(address, name.port).authority
         cells = self._cells
-        ok: _Cell
-        bad: _Cell
         if cells is None:
-            ok = bad = _NULL
+            mine: dict[str, _Cell] = dict.fromkeys(OUTCOMES, _NULL)
         else:
-            ok, bad = cells.calls(label, "ok"), cells.calls(label, "unreachable")
+            mine = {outcome: cells.calls(label, outcome) for outcome in OUTCOMES}
             cells.up(label, 1.0)
-        return Endpoint(name, address, client, ok, bad)
+        return Endpoint(name, address, client, mine)
 
     def _forget(self, ep: Endpoint[C]) -> None:
         if self._cells is not None:
@@ -261,26 +280,53 @@ class Endpoints(Generic[C]):
         return best if best is not None else due
 
     def ok(self, ep: Endpoint[C]) -> None:
-        """The endpoint answered (whatever the answer): in rotation."""
+        """The endpoint answered (whatever the answer, but a 5xx): in rotation, record cleared."""
         ep._ok.inc()
         if ep.failures:
-            ep.failures = 0
-            ep.down_until = 0.0
-            log.info("backend endpoint %s answers again", ep.label)
-            if self._cells is not None:
-                self._cells.up(ep.label, 1.0)
+            ep.failures = ep.ejections = 0
+            if ep.down_until:
+                ep.down_until = 0.0
+                log.info("backend endpoint %s answers again", ep.label)
+                if self._cells is not None:
+                    self._cells.up(ep.label, 1.0)
 
-    def failed(self, ep: Endpoint[C]) -> None:
-        """The endpoint could not be reached: out of rotation for its back-off."""
-        ep._unreachable.inc()
+    def failed(self, ep: Endpoint[C], outcome: str = "unreachable") -> None:
+        """A call to the endpoint failed (``outcome``, one of :data:`OUTCOMES` but ok): out of
+        rotation for its back-off when unreachable, or after :data:`EJECT_AFTER` failures in a
+        row within the ejection cap."""
+        ep._cells[outcome].inc()
         ep.failures += 1
-        backoff = min(BACKOFF_S * 2 ** (ep.failures - 1), BACKOFF_MAX_S)
+        if outcome != "unreachable" and (ep.failures < EJECT_AFTER or not self._may_eject(ep)):
+            return
+        ep.ejections += 1
+        if outcome == "unreachable":
+            backoff = min(BACKOFF_S * 2 ** (ep.ejections - 1), BACKOFF_MAX_S)
+        else:
+            backoff = min(EJECT_BACKOFF_S * 2 ** (ep.ejections - 1), EJECT_BACKOFF_MAX_S)
         loop = self._loop
+        first = not ep.down_until
         ep.down_until = (loop.time() if loop is not None else 0.0) + backoff
-        if ep.failures == 1:
-            log.warning("backend endpoint %s cannot be reached: out of rotation", ep.label)
+        if first:
+            log.warning(
+                "backend endpoint %s out of rotation for %g s (%d failures in a row, the last: %s)",
+                ep.label,
+                backoff,
+                ep.failures,
+                outcome,
+            )
             if self._cells is not None:
                 self._cells.up(ep.label, 0.0)
+
+    def _may_eject(self, ep: Endpoint[C]) -> bool:
+        """Whether one more endpoint may go out for misbehaving: fewer than
+        :data:`MAX_EJECTED_SHARE` of them are out, and another one stays in rotation."""
+        loop = self._loop
+        now = loop.time() if loop is not None else 0.0
+        eps = self.all
+        out = sum(1 for e in eps if e is not ep and e.down_until > now)
+        if ep.down_until > now:  # already out (a call that was in flight): stays out
+            return True
+        return out < len(eps) - 1 and out < MAX_EJECTED_SHARE * len(eps)
 
 
 def _loopback(address: str) -> bool:

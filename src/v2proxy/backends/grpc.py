@@ -6,7 +6,10 @@ picked for it.
 - An endpoint that cannot be reached (UNAVAILABLE while connecting: the request never left) is
   taken out of rotation and the call goes to the next one; a call that fails once it may have
   reached the model is never sent again (it fails, and takes its endpoint out of rotation
-  when the connection was lost).
+  when the connection was lost). DEADLINE_EXCEEDED (or the watchdog's end) and INTERNAL (what
+  grpcio makes of an answer that is not gRPC) count against the endpoint, which is out after
+  a few in a row (:mod:`v2proxy.backends.endpoints`); health and metadata questions go on to
+  the next endpoint after any of these, with the whole deadline again.
 - Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
   with it the call in flight. A unary call is also cancelled :data:`DEADLINE_GRACE_S` after its
   deadline from the event loop: grpcio leaves a call whose request is blocked on a backend that
@@ -27,6 +30,10 @@ picked for it.
   (``--backend-shm``) might want (one of at least its threshold's size), which go decoded.
 - The side operations (statistics, repository, trace, logging) go through the matching RPCs and
   come back in the canonical REST JSON form; other REST-only paths answer 501.
+- Every RPC but the inferences goes on a second channel per endpoint whose receive limit is
+  ``max_answer_size`` (--backend-max-answer-size; grpcio sets the limit per channel, not per
+  call): a larger answer is a 502 naming the option and counts against the endpoint as
+  malformed. Inference answers are bound by ``max_message_size``.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
 from v2proxy.backends.base import DecodedOnly, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
-from v2proxy.backends.grpc_deadlines import Watchdog
+from v2proxy.backends.grpc_deadlines import Watch, Watchdog
 from v2proxy.backends.grpc_unary import RawUnary, raw_unary
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
@@ -81,6 +88,14 @@ _ASKED_FOR: ContextVar[str | None] = ContextVar("v2proxy_grpc_asked_for", defaul
 #: the key of the ModelInfer callable that takes and returns bytes (no serializer)
 _RAW_INFER = "ModelInfer bytes"
 
+#: the failures of a call that count against its endpoint (:data:`endpoints.OUTCOMES`); any
+#: other status is an answer. INTERNAL is what grpcio reports for an answer that is not gRPC
+#: (and a server's own internal error, a 500 over REST: it counts as a 5xx does there).
+_OUTCOME = {
+    grpc.StatusCode.UNAVAILABLE: "unreachable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+    grpc.StatusCode.INTERNAL: "malformed",
+}
 _HTTP_BY_CODE = {
     "INVALID_ARGUMENT": 400,
     "FAILED_PRECONDITION": 400,
@@ -130,8 +145,12 @@ class GrpcBackend(DecodedOnly):
         resolve_every: float = 30.0,
         cells: EndpointCells | None = None,
         knowledge: BackendKnowledge | None = None,
+        max_answer_size: int | None = None,
     ):
         self.target = target
+        #: --backend-max-answer-size: the receive limit of the side channel (None: no side
+        #: channel, every call on the one channel)
+        self._max_answer = max_answer_size if (max_answer_size or 0) < max_message_size else None
         #: what is known of this backend (the composition root's one; standalone: its own):
         #: which models are decoupled is kept there, with its lifetime
         self.knowledge = knowledge or BackendKnowledge(self)
@@ -170,11 +189,16 @@ class GrpcBackend(DecodedOnly):
             options.append(("grpc.default_authority", name.authority))
             if self._credentials is not None:
                 options.append(("grpc.ssl_target_name_override", name.host))
+        side = None
+        if self._max_answer is not None:
+            limit = ("grpc.max_receive_message_length", self._max_answer)
+            side = self._channel(target, [limit if k == limit[0] else (k, v) for k, v in options])
+        return _Channel(self._channel(target, options), side)
+
+    def _channel(self, target: str, options: list[tuple[str, str | int]]) -> grpc.aio.Channel:
         if self._credentials is None:
-            channel = grpc.aio.insecure_channel(target, options=options)
-        else:
-            channel = grpc.aio.secure_channel(target, self._credentials, options=options)
-        return _Channel(channel)
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, self._credentials, options=options)
 
     async def start(self) -> None:
         # kept: asyncio.get_running_loop() makes a getpid system call each time
@@ -219,6 +243,11 @@ class GrpcBackend(DecodedOnly):
         if code == "DEADLINE_EXCEEDED":
             note = f" (model '{model}')" if model else ""
             return GatewayTimeout(f"backend at {self.target} did not answer {what} in time{note}")
+        if _too_large(exc):
+            option = "--grpc-max-message-size" if "infer" in what else "--backend-max-answer-size"
+            return BadGateway(
+                f"backend at {self.target} answered {what} too large ({option}): {details}"
+            )
         # MLServer answers UNKNOWN ("ModelNotFound ... not found") where others say NOT_FOUND.
         if model and (
             code == "NOT_FOUND" or (code == "UNKNOWN" and _NOT_FOUND_TEXT.search(details))
@@ -246,7 +275,12 @@ class GrpcBackend(DecodedOnly):
         what: str,
         model: str = "",
         metadata: list[tuple[str, str]] | None = None,
+        *,
+        idempotent: bool = False,
     ) -> Any:
+        """One unary call on the endpoint picked for it, sent to the next one when it never
+        left (UNAVAILABLE before connecting) or, ``idempotent``, when it failed in a way that
+        counts against the endpoint (:data:`_OUTCOME`), with the whole deadline again."""
         endpoints = self.endpoints
         tried: list[Endpoint[_Channel]] = []
         last: grpc.aio.AioRpcError | None = None
@@ -273,20 +307,31 @@ class GrpcBackend(DecodedOnly):
                     except asyncio.CancelledError:
                         if not watch.timed_out():
                             raise
+                        endpoints.failed(ep, "timeout")
+                        if idempotent:
+                            tried.append(ep)
+                            deadline, watch = self._again(loop, watchdog, watch)
+                            continue
                         of_model = f"model '{model}', " if model else ""
                         raise GatewayTimeout(
                             f"backend at {self.target} did not take {_ASKED_FOR.get() or what}"
                             f" in time ({of_model}--backend-timeout {self._timeout:g} s)"
                         ) from None
                     except grpc.aio.AioRpcError as exc:
-                        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        outcome = _OUTCOME.get(exc.code()) or (
+                            "malformed" if _too_large(exc) else None
+                        )
+                        if outcome is None:
                             endpoints.ok(ep)  # it answered, with an error
                             raise
-                        endpoints.failed(ep)
-                        if not _not_sent(exc):
+                        endpoints.failed(ep, outcome)
+                        unsent = outcome == "unreachable" and _not_sent(exc)
+                        if not (unsent or idempotent):
                             raise
                         tried.append(ep)
                         last = exc
+                        if not unsent:
+                            deadline, watch = self._again(loop, watchdog, watch)
                         continue
                     finally:
                         ep.outstanding -= 1
@@ -294,6 +339,15 @@ class GrpcBackend(DecodedOnly):
                     return answer
         finally:
             watchdog.unwatch(watch)
+            last = None  # no cycle: the exception's traceback holds this frame
+
+    def _again(
+        self, loop: asyncio.AbstractEventLoop, watchdog: Watchdog, watch: Watch
+    ) -> tuple[float, Watch]:
+        """A new deadline (and its watch) for an idempotent call asked again."""
+        watchdog.unwatch(watch)
+        deadline = loop.time() + self._timeout
+        return deadline, watchdog.watch(deadline + DEADLINE_GRACE_S)
 
     # ------------------------------------------------------------------ structured calls
 
@@ -301,18 +355,22 @@ class GrpcBackend(DecodedOnly):
         """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
         does; one that cannot be reached passes the question on by itself."""
         for _ in range(len(self.endpoints.all) or 1):
-            resp = await self._call("ServerReady", pb.ServerReadyRequest(), "server readiness")
+            resp = await self._call(
+                "ServerReady", pb.ServerReadyRequest(), "server readiness", idempotent=True
+            )
             if resp.ready:
                 return True
         return False
 
     async def server_metadata(self) -> dict[str, Any]:
-        resp = await self._call("ServerMetadata", pb.ServerMetadataRequest(), "server metadata")
+        resp = await self._call(
+            "ServerMetadata", pb.ServerMetadataRequest(), "server metadata", idempotent=True
+        )
         return grpcc.message_to_dict(resp) | {"extensions": list(resp.extensions)}
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelMetadataRequest(name=model, version=version)
-        resp = await self._call("ModelMetadata", req, "metadata", model)
+        resp = await self._call("ModelMetadata", req, "metadata", model, idempotent=True)
         out = grpcc.message_to_dict(resp)
         for key in ("inputs", "outputs"):
             for t in out.setdefault(key, []):
@@ -321,7 +379,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_config(self, model: str, version: str) -> dict[str, Any]:
         req = pb.ModelConfigRequest(name=model, version=version)
-        resp = await self._call("ModelConfig", req, "configuration", model)
+        resp = await self._call("ModelConfig", req, "configuration", model, idempotent=True)
         config = grpcc.message_to_dict(resp.config)
         # proto3 does not carry zeros: REST shows max_batch_size 0 (no batching) explicitly.
         config.setdefault("max_batch_size", 0)
@@ -329,7 +387,7 @@ class GrpcBackend(DecodedOnly):
 
     async def model_ready(self, model: str, version: str) -> bool:
         req = pb.ModelReadyRequest(name=model, version=version)
-        resp = await self._call("ModelReady", req, "readiness", model)
+        resp = await self._call("ModelReady", req, "readiness", model, idempotent=True)
         return bool(resp.ready)
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
@@ -451,6 +509,9 @@ class GrpcBackend(DecodedOnly):
         except BackendUnavailable:
             self.endpoints.failed(ep)
             raise
+        except GatewayTimeout:
+            self.endpoints.failed(ep, "timeout")
+            raise
         finally:
             ep.outstanding -= 1
             call.cancel()
@@ -508,15 +569,19 @@ class GrpcBackend(DecodedOnly):
 
 
 class _Channel:
-    """One endpoint's channel and the callables of every RPC on it."""
+    """One endpoint's channel and the callables of every RPC on it: the inferences on
+    ``channel``, every other unary RPC on ``side`` when there is one (a channel whose receive
+    limit is --backend-max-answer-size; grpcio sets the limit per channel, not per call)."""
 
-    __slots__ = ("calls", "channel", "raw")
+    __slots__ = ("calls", "channel", "raw", "side")
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, side: grpc.aio.Channel | None = None) -> None:
         self.channel = channel
+        self.side = side
         self.calls: dict[str, Any] = {}
         for name, (req, resp) in UNARY_RPCS.items():
-            self.calls[name] = channel.unary_unary(
+            on = channel if side is None or name == "ModelInfer" else side
+            self.calls[name] = on.unary_unary(
                 f"/{SERVICE}/{name}",
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
@@ -538,6 +603,15 @@ async def _close(ch: _Channel) -> None:
     if ch.raw is not None:  # its calls are not the channel's to cancel
         ch.raw.cancel_all()
     await ch.channel.close(None)
+    if ch.side is not None:
+        await ch.side.close(None)
+
+
+def _too_large(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the call failed on an answer over the channel's receive limit."""
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (
+        exc.details() or ""
+    )
 
 
 def _not_sent(exc: grpc.aio.AioRpcError) -> bool:

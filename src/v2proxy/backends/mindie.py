@@ -7,8 +7,10 @@ v2 infer and gRPC ``ModelInfer``/``ModelStreamInfer`` (one response per token) w
 
 - Every call goes through v2proxy's own HTTP client pool to MindIE's service port (plain HTTP).
   A non-stream /infer is bounded as a whole by ``--backend-timeout``; a stream by it between
-  its events. A v2 client that goes away (its stream cancelled) closes the connection to MindIE,
-  which drops the request.
+  its events. Answers read whole are bound as the REST backend's are (an inference's by
+  --max-body-size, metadata and error answers by --backend-max-answer-size, health read only
+  as far as its status). A v2 client that goes away (its stream cancelled) closes the
+  connection to MindIE, which drops the request.
 - Health follows MindIE's: ready when its ``GET /v2/health/ready`` answers 200 (it answers a
   bare 503 while unhealthy); the model is ready when the server is. Server metadata is MindIE's
   ``GET /v2`` (``{"name": "mindie"}`` where it has none).
@@ -95,7 +97,13 @@ class MindieBackend(DecodedOnly):
         connections: int = 100,
         tokens: TokenSink | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        *,
+        max_answer_size: int = 1 << 20,
+        max_infer_answer: int | None = None,
     ) -> None:
+        #: --backend-max-answer-size (metadata, an error answer), --max-body-size (an answer)
+        self._max_answer = max_answer_size
+        self._max_infer = max_infer_answer
         # mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
         self._pool = HttpPool(
             "MindIE", split_hosts(address), ssl_context, connect_timeout, connections
@@ -126,18 +134,28 @@ class MindieBackend(DecodedOnly):
             raise unknown_model(model, version)
 
     async def _call(
-        self, method: str, target: str, body: list[Buffer] | None, what: str
+        self,
+        method: str,
+        target: str,
+        body: list[Buffer] | None,
+        what: str,
+        *,
+        infer: bool = False,
+        status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call read whole within --backend-timeout."""
+        """One call read whole within --backend-timeout and its bound (``infer``:
+        --max-body-size, else --backend-max-answer-size; ``status_only``: a little of it)."""
         try:
-            resp = await self.client.request(
+            return await self.client.fetch(
                 method,
                 target,
                 _JSON if body is not None else (),
                 body,
                 call_timeout=self._timeout,
+                limit=self._max_infer if infer else self._max_answer,
+                idempotent=method == "GET",
+                status_only=status_only,
             )
-            return resp, await resp.read()
         except Exception as exc:
             mapped_exc = failure(exc, self.base_url, self._timeout, what)
             if mapped_exc is None:
@@ -147,7 +165,9 @@ class MindieBackend(DecodedOnly):
     # ------------------------------------------------------------------ health and metadata
 
     async def server_ready(self) -> bool:
-        resp, _ = await self._call("GET", "/v2/health/ready", None, "health/ready")
+        resp, _ = await self._call(
+            "GET", "/v2/health/ready", None, "health/ready", status_only=True
+        )
         return resp.status == 200
 
     async def server_metadata(self) -> dict[str, Any]:
@@ -193,7 +213,7 @@ class MindieBackend(DecodedOnly):
         call = mb.infer_body(inputs, request.parameters)
         payload: list[Buffer] = [dumps(call.body)]
         if not call.stream:
-            resp, body = await self._call("POST", "/infer", payload, "inference")
+            resp, body = await self._call("POST", "/infer", payload, "inference", infer=True)
             if resp.status != 200:
                 raise mb.error_for(resp.status, body)
             response = mb.non_stream_response(self.model, request.id or None, bytes(body))
@@ -217,8 +237,8 @@ class MindieBackend(DecodedOnly):
             )
         try:
             if resp.status != 200:
-                with mapped(self.base_url, self._timeout, "inference"):
-                    body = await resp.read()
+                with mapped(self.base_url, self._timeout, "inference's error answer"):
+                    body = await resp.read(self._max_answer)
                 raise mb.error_for(resp.status, body)
             parser = mb.SseParser()
             mapper = mb.StreamMapper(self.model, request.id or None)

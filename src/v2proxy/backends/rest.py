@@ -25,6 +25,12 @@ pass-through (``relay_infer``, ``forward``).
 - A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
   Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
   the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
+- Every answer read whole is read within a bound: inference answers within --max-body-size,
+  every other call's within --backend-max-answer-size (a larger answer is a 502 that counts
+  against its endpoint as malformed); an answer whose status is all that is needed (health,
+  model readiness) is read to at most :data:`~v2proxy.backends.base.DRAIN_MAX`, its connection
+  closed when more remains. Health and metadata questions go on to the next endpoint when one
+  fails (:meth:`BalancedClient.fetch`); inferences never do.
 - What the backend answers is checked and mapped to the error tree in
   :mod:`v2proxy.backends.rest_answers` (the client's failures, error answers with their status
   and message, Triton's ``Request for unknown model`` for a 404 about a model).
@@ -95,8 +101,14 @@ class RestBackend:
         resolve_every: float = 30.0,
         cells: EndpointCells | None = None,
         knowledge: BackendKnowledge | None = None,
+        max_answer_size: int = 1 << 20,
+        max_infer_answer: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: --backend-max-answer-size: every answer read whole but an inference's
+        self._max_answer = max_answer_size
+        #: --max-body-size: an inference's answer read whole
+        self._max_infer = max_infer_answer
         #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge.server)
@@ -157,13 +169,25 @@ class RestBackend:
         headers: Sequence[tuple[bytes, bytes]],
         body: list[Buffer] | None,
         what: str,
+        *,
+        infer: bool = False,
+        idempotent: bool = False,
+        status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call whose answer is read whole, all of it within --backend-timeout."""
+        """One call whose answer is read whole, all of it within --backend-timeout and within
+        its bound (``infer``: --max-body-size, else --backend-max-answer-size)."""
+        limit = self._max_infer if infer else self._max_answer
         try:
-            resp = await self.client.request(
-                method, self._prefix + target, headers, body, call_timeout=self._timeout
+            return await self.client.fetch(
+                method,
+                self._prefix + target,
+                headers,
+                body,
+                call_timeout=self._timeout,
+                limit=limit,
+                idempotent=idempotent,
+                status_only=status_only,
             )
-            return resp, await resp.read()
         except Exception as exc:
             mapped_exc = failure(exc, self.base_url, self._timeout, what)
             if mapped_exc is None:
@@ -171,19 +195,21 @@ class RestBackend:
             raise mapped_exc from None
 
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
-        resp, body = await self._call("GET", path, (), None, what)
+        resp, body = await self._call("GET", path, (), None, what, idempotent=True)
         if resp.status != 200:
             return resp.status, error_message(body, resp.status)
         return 200, json_answer(body, what, "backend response")
 
     async def _status(self, path: str, what: str) -> int:
-        return (await self._call("GET", path, (), None, what))[0].status
+        call = await self._call("GET", path, (), None, what, idempotent=True, status_only=True)
+        return call[0].status
 
     # ------------------------------------------------------------------ structured calls
 
     async def server_ready(self) -> bool:
         """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
-        does; one that cannot be reached passes the question on by itself."""
+        does; one that fails in any way passes the question on by itself (:meth:`fetch
+        <v2proxy.backends.base.BalancedClient.fetch>`)."""
         for _ in range(len(self._pool.endpoints.all) or 1):
             if await self._status("/v2/health/ready", "health/ready") == 200:
                 return True
@@ -243,7 +269,7 @@ class RestBackend:
             ) from None
         path = self._paths(request.model_name, request.model_version) + "/infer"
         resp, body = await self._call(
-            "POST", path, infer_headers(headers, ihcl), chunks, "inference"
+            "POST", path, infer_headers(headers, ihcl), chunks, "inference", infer=True
         )
         raise_for_status(resp.status, body, request.model_name)
         resp_ihcl = resp.header(IHCL)
@@ -296,7 +322,7 @@ class RestBackend:
                 )
                 length = resp.content_length
                 whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
-                content = await resp.read() if whole else None
+                content = await resp.read(self._max_infer) if whole else None
             except Exception as exc:
                 mapped_exc = failure(exc, self.base_url, timeout, "inference")
                 if mapped_exc is None:
@@ -332,7 +358,7 @@ class RestBackend:
                 )
                 length = resp.content_length
                 whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
-                content = await resp.read() if whole else None
+                content = await resp.read(self._max_infer) if whole else None
         due = deadline.when()
         if due is None:  # answered before the whole body was sent (waiting on the client)
             due = self._now() + self._timeout
@@ -380,7 +406,9 @@ class RestBackend:
         if body is not None:
             out.append((b"Content-Type", b"application/json"))
         payload: list[Buffer] | None = None if body is None else [dumps(body)]
-        resp, raw = await self._call(method, path, out, payload, f"{method} {path}")
+        resp, raw = await self._call(
+            method, path, out, payload, f"{method} {path}", idempotent=method == "GET"
+        )
         raise_for_status(resp.status, raw, None)
         return json_answer(raw, path, "backend answer")
 

@@ -5,7 +5,9 @@ structured answers, and the v2 checks of a relayed /infer answer.
 - The HTTP client's failures (:func:`failure`, :func:`mapped`), each naming the backend and
   the call: refused or unreachable -> 503, connect or read timeout (or the call's deadline)
   -> 504, an answer that is not HTTP/1.1 or breaks off -> 502 (HTTP/2 frames: "this port
-  speaks gRPC: use grpc://..."), a header or target that cannot be sent -> 400.
+  speaks gRPC: use grpc://..."), an answer over the limit it was read with -> 502 naming
+  the option (``--max-body-size`` for an inference, else ``--backend-max-answer-size``), a
+  header or target that cannot be sent -> 400.
 - Error answers keep their status and message (the body's ``error``, ``detail`` or
   ``message``, else its text); a 404 about a model is reported with Triton's ``Request for
   unknown model`` text, which clients match on.
@@ -36,6 +38,7 @@ from v2proxy.core.errors import (
 from v2proxy.core.model import Buffer
 from v2proxy.core.ports import Headers
 from v2proxy.http.client_errors import (
+    AnswerTooLarge,
     ConnectFailed,
     ConnectTimeout,
     Http2Answer,
@@ -67,6 +70,9 @@ def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyEr
     if isinstance(exc, ProxyError):
         return None
     where = f"backend at {base_url}"
+    if isinstance(exc, AnswerTooLarge):
+        option = "--max-body-size" if what == "inference" else "--backend-max-answer-size"
+        return BadGateway(f"{where} answered {what} with more than {exc.limit} bytes ({option})")
     if isinstance(exc, ConnectFailed):
         return BackendUnavailable(f"{where} is unavailable for {what}: {exc}")
     if isinstance(exc, ConnectTimeout):

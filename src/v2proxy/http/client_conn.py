@@ -43,7 +43,7 @@ The answer's flow:
 - The body is kept as the pieces the transport delivered (``pieces``, ``buffered`` bytes). A
   streamed body pauses reading from the socket above 1 MiB unconsumed and resumes below
   256 KiB; one read whole (:meth:`ClientConnection.read_whole`) is never paused and fails with
-  :class:`ProtocolError` past its ``limit``.
+  :class:`AnswerTooLarge` past its ``limit``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from collections import deque
 import httptools
 
 from v2proxy.http.client_errors import (
+    AnswerTooLarge,
     Http2Answer,
     HttpClientError,
     ProtocolError,
@@ -432,7 +433,7 @@ class ClientConnection(asyncio.Protocol):
         self.buffered += len(piece)
         if self.whole:
             if self.limit is not None and self.buffered > self.limit:
-                self._fail(ProtocolError(f"answer body over the limit of {self.limit} bytes"))
+                self._fail(AnswerTooLarge(self.limit))
         else:
             if self.buffered > _HIGH_WATER and not self._reading_paused:
                 self._reading_paused = True
@@ -494,7 +495,7 @@ class ClientConnection(asyncio.Protocol):
         self.whole = True
         self.limit = limit
         if limit is not None and self.buffered > limit:
-            self._fail(ProtocolError(f"answer body over the limit of {limit} bytes"))
+            self._fail(AnswerTooLarge(limit))
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()

@@ -8,6 +8,7 @@ a caller (the REST backend) maps each to its own answer without looking at messa
 from __future__ import annotations
 
 __all__ = [
+    "AnswerTooLarge",
     "ConnectFailed",
     "ConnectTimeout",
     "Http2Answer",
@@ -36,6 +37,16 @@ class ProtocolError(HttpClientError):
 
 class Http2Answer(ProtocolError):
     """The server sent HTTP/2 frames (its SETTINGS frame): an HTTP/2-only port, gRPC most likely."""
+
+
+class AnswerTooLarge(ProtocolError):
+    """The answer's body is over the limit it was read with."""
+
+    def __init__(self, limit: int, length: int | None = None) -> None:
+        of = f"of {length} bytes " if length is not None else ""
+        super().__init__(f"answer body {of}over the limit of {limit} bytes")
+        #: the limit it was read with
+        self.limit = limit
 
 
 class RemoteClosed(HttpClientError):

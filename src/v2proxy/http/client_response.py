@@ -6,8 +6,8 @@ Contract:
 
 - :meth:`ClientResponse.iter_chunks` hands pieces out as the transport delivered them (no copy
   of a Content-Length body past its first buffer); reading pauses above 1 MiB unconsumed and
-  resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body (a
-  :class:`ProtocolError` over its ``limit``).
+  resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body (an
+  :class:`AnswerTooLarge` over its ``limit``).
 - Every wait for the next bytes of the body fails with :class:`ReadTimeout` after the
   request's ``read_timeout`` without one; the request's ``call_timeout`` (its deadline) goes on
   covering the body until it is read or given up, or until :meth:`ClientResponse.stream` lifts
@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from v2proxy.http.client_conn import ClientConnection
-from v2proxy.http.client_errors import ProtocolError
+from v2proxy.http.client_errors import AnswerTooLarge
 
 __all__ = ["ClientResponse", "Pool"]
 
@@ -97,17 +97,17 @@ class ClientResponse:
             self._conn.set_deadline(None)
 
     async def read(self, limit: int | None = None) -> bytes | bytearray:
-        """The whole body (ProtocolError when it is over ``limit`` bytes)."""
+        """The whole body (:class:`AnswerTooLarge` when it is over ``limit`` bytes)."""
         conn = self._conn
         if conn is None:
             body, self._body = self._body or b"", None
             if limit is not None and len(body) > limit:
-                raise ProtocolError(f"answer body over the limit of {limit} bytes")
+                raise AnswerTooLarge(limit, len(body))
             return body
         try:
             length = self.content_length
             if limit is not None and length is not None and length > limit:
-                raise ProtocolError(f"answer body of {length} bytes over the limit of {limit}")
+                raise AnswerTooLarge(limit, length)
             conn.read_whole(limit)
             while not conn.body_done:
                 if conn.error is not None:

@@ -99,6 +99,7 @@ class Settings:
     backend_timeout: float = DEFAULTS["backend_timeout"]
     backend_connect_timeout: float = DEFAULTS["backend_connect_timeout"]
     backend_connections: int = DEFAULTS["backend_connections"]
+    backend_max_answer_size: int = DEFAULTS["backend_max_answer_size"]
     backend_resolve_interval: float = DEFAULTS["backend_resolve_interval"]
     client_header_timeout: float = DEFAULTS["client_header_timeout"]
     client_idle_timeout: float = DEFAULTS["client_idle_timeout"]

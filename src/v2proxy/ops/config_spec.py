@@ -161,6 +161,17 @@ SETTINGS: tuple[SettingSpec, ...] = (
         serve_only=True,
     ),
     SettingSpec(
+        "backend_max_answer_size",
+        1 * MiB,
+        byte_size(),
+        "largest answer read from the backend to a health, metadata, config, statistics,"
+        " repository, trace, logging or shared-memory call, REST, gRPC or MindIE; a larger one"
+        " is a 502 (inference answers are bound by --max-body-size, over gRPC by"
+        " --grpc-max-message-size)",
+        "SIZE",
+        serve_only=True,
+    ),
+    SettingSpec(
         "backend_resolve_interval",
         30.0,
         non_negative_float,
@@ -454,6 +465,7 @@ OPTION_GROUPS: tuple[OptionGroup, ...] = (
             "backend_connect_timeout",
             "backend_connections",
             "backend_resolve_interval",
+            "backend_max_answer_size",
         ),
     ),
     OptionGroup(

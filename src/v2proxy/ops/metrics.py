@@ -124,15 +124,16 @@ BACKEND_RETRIES = Family(
 BACKEND_ENDPOINT_CALLS = Family(
     "v2proxy_backend_endpoint_calls_total",
     "counter",
-    "Backend calls per endpoint (address:port of the backend URL): answered (ok), or not"
-    " reached (unreachable: refused, connect timeout, connection lost).",
+    "Backend calls per endpoint (address:port of the backend URL) by outcome: ok (answered),"
+    " unreachable (refused, connect timeout, connection lost), timeout (no answer within"
+    " --backend-timeout), malformed (not HTTP or gRPC, or over its size bound), 5xx.",
     ("backend_endpoint", "outcome"),
 )
 BACKEND_ENDPOINT_UP = Family(
     "v2proxy_backend_endpoint_up",
     "gauge",
-    "1 while the backend endpoint is in rotation, 0 while it is out after failing to be"
-    " reached (tried again after a back-off).",
+    "1 while the backend endpoint is in rotation, 0 while it is out: unreachable, or 3"
+    " failures in a row (timeout, malformed, 5xx); tried again after a back-off.",
     ("backend_endpoint",),
     multiprocess_mode="livemax",
 )
