@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from v2proxy.codecs import openai_answer as answer
-from v2proxy.codecs.openai import parse_chat, parse_completion
+from v2proxy.codecs.openai import RequestLimits, messages_over, parse_chat, parse_completion
 from v2proxy.codecs.openai_answer import Chunks, StopScanner, finish_reason
 from v2proxy.core.errors import InvalidField
 
@@ -137,6 +137,8 @@ COMPLETION_ERRORS: list[tuple[bytes, str, str]] = [
     (completion(seed=2**63), "seed", "integer between 0"),
     (completion(stop=5), "stop", "string or a list"),
     (completion(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (completion(stop="x" * 1025), "stop", "--max-stop-length"),
+    (completion(stop=["a", "x" * 1025]), "stop[1]", "--max-stop-length"),
     (completion(stop=["a", ""]), "stop[1]", "non-empty string"),
     (completion(stop=""), "stop", "non-empty string"),
     (completion(n=2), "n", "must be 1"),
@@ -194,6 +196,50 @@ CHAT_ERRORS: list[tuple[bytes, str, str]] = [
     (chat(logprobs=True), "logprobs", "log probabilities"),
     (chat(top_logprobs=3), "top_logprobs", "log probabilities"),
 ]
+
+
+def test_limits_are_the_deployments() -> None:
+    limits = RequestLimits(max_chat_messages=2, max_stops=1, max_stop_length=3)
+    assert parse_completion(completion(stop="abc"), LIMIT, limits).stop == ("abc",)
+    for raw, fragment in [
+        (completion(stop=["a", "b"]), "at most 1 sequences (--max-stops)"),
+        (completion(stop="abcd"), "4 characters long, over the limit of 3 (--max-stop-length)"),
+    ]:
+        with pytest.raises(InvalidField) as info:
+            parse_completion(raw, LIMIT, limits)
+        assert info.value.field == "stop" and fragment in info.value.message
+    two = [{"role": "user", "content": "x"}] * 2
+    assert len(parse_chat(chat(messages=two), LIMIT, limits).messages) == 2
+    with pytest.raises(InvalidField) as info:
+        parse_chat(chat(messages=[*two, {"role": "user", "content": "y"}]), LIMIT, limits)
+    assert info.value.field == "messages" and "at most 2 messages" in info.value.message
+
+
+MESSAGE = {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "limit", "over"),
+    [
+        ({"model": "m", "messages": [MESSAGE] * 3}, 2, True),
+        ({"model": "m", "messages": [MESSAGE] * 2}, 2, False),
+        ({"messages": [MESSAGE] * 3, "model": "m"}, 3, False),
+        # braces elsewhere (strings, other fields) are not messages
+        ({"model": "m", "user": "{{{{,,", "messages": [MESSAGE] * 2, "x": [{}] * 9}, 2, False),
+        ({"model": "m", "x": {"messages": [MESSAGE] * 5}, "messages": [MESSAGE]}, 2, False),
+        ({"model": "messages", "y": [[{}, {}, {}]], "messages": [MESSAGE] * 3}, 2, True),
+        # items of any kind count: the parse refuses what is not a message
+        ({"model": "m", "messages": [{}, 1, "a", [{}]]}, 1, True),
+        ({"model": "m", "messages": [{"content": [{"type": "text", "text": "a"}] * 5}]}, 1, False),
+    ],
+)
+def test_messages_over_counts_the_top_level_array(
+    doc: dict[str, Any], limit: int, over: bool
+) -> None:
+    raw = json.dumps(doc).encode()
+    for compact in (raw, json.dumps(doc, separators=(",", ":")).encode()):
+        assert messages_over(compact, limit) is over
+        assert messages_over(memoryview(compact), limit) is over
 
 
 @pytest.mark.parametrize(("raw", "param", "fragment"), CHAT_ERRORS)
