@@ -301,6 +301,81 @@ def test_stop_scanner_cuts_at_the_first_stop_however_the_text_is_split(
     assert _scan(pieces, tuple(stops)) == _expected(text, tuple(stops))
 
 
+class _Quadratic:
+    """The scanner as it was (each position sliced again): the reference of what each piece
+    sends, for small texts."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops, self.held, self.stopped = stops, "", False
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def _first(self, text: str) -> int:
+        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return piece
+        text = self.held + piece
+        cut = self._first(text)
+        if cut >= 0:
+            for at in range(max(0, len(text) - self.hold), cut):
+                tail = text[at:]
+                if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                    self.held = tail
+                    return text[:at]
+            self.stopped, self.held = True, ""
+            return text[:cut]
+        keep = min(self.hold, len(text))
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        cut = self._first(held)
+        if cut >= 0:
+            self.stopped = True
+            return held[:cut]
+        return held
+
+
+@given(
+    st.text(alphabet="ab", max_size=80),
+    st.lists(st.integers(0, 80), max_size=12),
+    st.lists(st.text(alphabet="ab", min_size=1, max_size=12), max_size=4),
+)
+def test_stop_scanner_sends_what_the_quadratic_one_sent(
+    text: str, cuts: list[int], stops: list[str]
+) -> None:
+    """Piece by piece, the linear scanner sends what the quadratic one sent (short pieces go
+    through the automata, long ones through one search)."""
+    points = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[i:j] for i, j in zip([0, *points], [*points, len(text)], strict=True)]
+    new, old = StopScanner(tuple(stops)), _Quadratic(tuple(stops))
+    for piece in pieces:
+        assert new.feed(piece) == old.feed(piece)
+        assert new.stopped == old.stopped
+        if new.stopped:
+            break
+    assert new.flush() == old.flush()
+    assert new.stopped == old.stopped
+
+
+def test_stop_scanner_work_follows_the_piece_not_the_stop() -> None:
+    """A 1,000,000-character stop sequence that the text carries on for 300,000 characters, then
+    breaks off, then a short one: the text is sent as before (was quadratic, then seconds per
+    million characters)."""
+    long = "ab" * 500_000
+    scanner = StopScanner((long, "STOP"))
+    sent = [scanner.feed("ab") for _ in range(150_000)]
+    assert "".join(sent) == ""  # all of it may begin the long stop sequence
+    assert scanner.feed("x") == ""
+    sent = [scanner.feed(w) for w in (" one", " two", " STOP", " three")]
+    assert "".join(sent) == "ab" * 150_000 + "x one two "
+    assert scanner.stopped
+
+
 def test_stop_scanner_never_sends_part_of_a_stop_sequence() -> None:
     scanner = StopScanner(("STOP",))
     assert scanner.feed("go ST") == "go"  # "ST" could begin STOP: held back
