@@ -22,6 +22,7 @@ from collections.abc import Callable
 import grpc
 
 from v2proxy.app_core import build_metrics, build_pipeline, compose_backend, raise_fd_limit
+from v2proxy.codecs.openai import RequestLimits
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.knowledge import BackendKnowledge
@@ -71,6 +72,9 @@ def build_rest(
         mindie=settings.mindie,
         gate=gate or AdmissionGate(settings.max_concurrency),
         openai=settings.openai,
+        openai_limits=RequestLimits(
+            settings.max_chat_messages, settings.max_stops, settings.max_stop_length
+        ),
     )
 
 

@@ -94,11 +94,16 @@ def listener() -> Iterator[tuple[int, list[socket.socket]]]:
             c.close()
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
+
+
+def hwm_kib(pid: int) -> int:
+    """The peak RSS since the last reset (``/proc/PID/clear_refs``)."""
+    return rss_kib(pid, "VmHWM")
 
 
 @pytest.mark.parametrize(
@@ -355,3 +360,136 @@ def test_restricted_apis_open_with_the_configured_header() -> None:
         assert http.get_log_settings(headers={"x-admin-key": "s3cret"})["log_info"] is True
         # statistics are not restricted by default
         assert http.get_inference_statistics("simple")["model_stats"][0]["name"] == "simple"
+
+
+# ------------------------------------------------------------ --max-input-size on every route
+
+#: a 16 MiB field the routes ignore, against --max-input-size 4Mi
+PAD = "x" * (16 << 20)
+#: route -> (a small valid body, the shape of its error answer)
+LLM_ROUTES = {
+    "/v1/completions": ({"model": "llm", "prompt": "hi", "max_tokens": 2}, "openai"),
+    "/v1/chat/completions": (
+        {"model": "llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "openai",
+    ),
+    "/v2/models/llm/generate": ({"text_input": "hi", "max_tokens": 2}, "v2"),
+    "/v2/models/llm/generate_stream": ({"text_input": "hi", "max_tokens": 2}, "v2"),
+    "/infer": ({"inputs": "hi", "parameters": {"max_new_tokens": 2}}, "mindie"),
+}
+
+
+@pytest.fixture(scope="module")
+def small_input() -> Iterator[Proc]:
+    with v2proxy("serve", "--max-input-size", "4Mi", name="small-input") as p:
+        yield p
+
+
+def post_whole(proxy: Proc, path: str, body: bytes, chunked: bool) -> tuple[int, bytes]:
+    """POST ``body`` from a thread (a refused send is ignored) and read the answer: its status
+    and body (the proxy closes the connection after a 413)."""
+    s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if chunked:
+        step = 1 << 20
+        frames = b"".join(
+            b"%x\r\n%s\r\n" % (len(body[i : i + step]), body[i : i + step])
+            for i in range(0, len(body), step)
+        )
+        raw = head.encode() + b"Transfer-Encoding: chunked\r\n\r\n" + frames + b"0\r\n\r\n"
+    else:
+        raw = head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            s.sendall(raw)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(65536)
+            assert chunk, f"no answer: {got!r}"
+            got += chunk
+        head_bytes, rest = got.split(b"\r\n\r\n", 1)
+        length = int(head_bytes.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        while len(rest) < length:
+            chunk = s.recv(65536)
+            assert chunk, f"answer cut short: {got!r}"
+            rest += chunk
+        return int(head_bytes.split(b" ", 2)[1]), rest[:length]
+    finally:
+        s.close()
+        sender.join(10)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+@pytest.mark.parametrize("path", list(LLM_ROUTES))
+def test_max_input_size_bounds_every_llm_route(small_input: Proc, path: str, chunked: bool) -> None:
+    """A 16 MiB field with --max-input-size 4Mi: 413 from every LLM route, refused while the
+    body is read, in the route's error shape; was 200 (only --max-body-size bounded them)."""
+    body, shape = LLM_ROUTES[path]
+    before = rss_kib(small_input.pid)
+    status, raw = post_whole(small_input, path, json.dumps({**body, "user": PAD}).encode(), chunked)
+    assert status == 413, raw[:300]
+    doc = json.loads(raw)
+    limit = "maximum input size of 4194304 bytes (--max-input-size)"
+    if shape == "openai":
+        assert doc["error"]["type"] == "invalid_request_error", doc
+        assert limit in doc["error"]["message"], doc
+    elif shape == "mindie":
+        assert limit in doc["error"] and doc["error_type"], doc
+    else:
+        assert limit in doc["error"], doc
+    grown_mib = (rss_kib(small_input.pid) - before) / 1024
+    assert grown_mib < 32, f"RSS grew by {grown_mib:.0f} MiB"
+    # the same request, small, is served
+    req = urllib.request.Request(
+        f"{small_input.base_url}{path}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        resp.read()
+    still_serves(small_input)
+
+
+def test_a_million_chat_messages_refused_from_the_bytes(proxy: Proc) -> None:
+    """1,000,000 chat messages (35 MB, within --max-input-size): 400 naming ``messages``
+    (--max-chat-messages, 1024), told from the body's bytes; parsed whole, the body peaked the
+    proxy's RSS at 668 MiB before its 400."""
+    one = {"role": "user", "content": "hi"}
+    body = json.dumps({"model": "llm", "messages": [one] * 1_000_000}).encode()
+    pid = proxy.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
+    before = rss_kib(pid)
+    status, raw = post_whole(proxy, "/v1/chat/completions", body, chunked=False)
+    assert status == 400, raw[:300]
+    error = json.loads(raw)["error"]
+    assert error["param"] == "messages" and "--max-chat-messages" in error["message"], error
+    peak_mib = (hwm_kib(pid) - before) / 1024
+    assert peak_mib < 128, f"RSS peaked {peak_mib:.0f} MiB above where it was"
+    # within the limit, the same messages are served
+    small = json.dumps({"model": "llm", "messages": [one] * 1024, "max_tokens": 2}).encode()
+    assert post_whole(proxy, "/v1/chat/completions", small, chunked=False)[0] == 200
+    still_serves(proxy)
+
+
+@pytest.mark.parametrize(
+    ("stop", "param", "option"),
+    [
+        ("x" * 1025, "stop", "--max-stop-length"),
+        (["a", "x" * 1025], "stop[1]", "--max-stop-length"),
+        (["a", "b", "c", "d", "e"], "stop", "--max-stops"),
+    ],
+)
+def test_stop_sequences_are_bounded(proxy: Proc, stop: object, param: str, option: str) -> None:
+    """Too long a stop sequence (--max-stop-length, 1024 characters) or too many (--max-stops,
+    4): 400 naming ``stop``, before any backend is called; an 800,000-character one was taken
+    and held the event loop for seconds."""
+    body = {"model": "llm", "prompt": "hi", "max_tokens": 2, "stop": stop}
+    status, raw = post_whole(proxy, "/v1/completions", json.dumps(body).encode(), chunked=False)
+    assert status == 400, raw[:300]
+    error = json.loads(raw)["error"]
+    assert error["param"] == param and option in error["message"], error
+    still_serves(proxy)

@@ -413,7 +413,8 @@ ERRORS: list[tuple[str, Any, int, str | None, str]] = [
     ("/v1/completions", {"model": "llm", "prompt": [1, 2]}, 400, "prompt", "token ids"),
     ("/v1/completions", {"model": "llm", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", ""),
     ("/v1/completions", {"model": "llm", "prompt": "x", "temperature": 9}, 400, "temperature", ""),
-    ("/v1/completions", {"model": "llm", "prompt": "x" * 300}, 400, "prompt", "--max-input-size"),
+    # the body itself is over --max-input-size (256): refused as it is read
+    ("/v1/completions", {"model": "llm", "prompt": "x" * 300}, 413, None, "--max-input-size"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, None, "does not exist"),
     ("/v1/chat/completions", {"model": "llm", "messages": []}, 400, "messages", "non-empty"),
     (
@@ -433,9 +434,16 @@ ERRORS: list[tuple[str, Any, int, str | None, str]] = [
     (
         "/v1/chat/completions",
         {"model": "llm", "messages": [{"role": "user", "content": "x" * 300}]},
-        400,
-        "messages",
+        413,
+        None,
         "--max-input-size",
+    ),
+    (
+        "/v1/completions",
+        {"model": "llm", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]},
+        400,
+        "stop",
+        "--max-stops",
     ),
 ]
 

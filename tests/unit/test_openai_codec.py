@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from v2proxy.codecs import openai_answer as answer
-from v2proxy.codecs.openai import parse_chat, parse_completion
+from v2proxy.codecs.openai import RequestLimits, messages_over, parse_chat, parse_completion
 from v2proxy.codecs.openai_answer import Chunks, StopScanner, finish_reason
 from v2proxy.core.errors import InvalidField
 
@@ -137,6 +137,8 @@ COMPLETION_ERRORS: list[tuple[bytes, str, str]] = [
     (completion(seed=2**63), "seed", "integer between 0"),
     (completion(stop=5), "stop", "string or a list"),
     (completion(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4"),
+    (completion(stop="x" * 1025), "stop", "--max-stop-length"),
+    (completion(stop=["a", "x" * 1025]), "stop[1]", "--max-stop-length"),
     (completion(stop=["a", ""]), "stop[1]", "non-empty string"),
     (completion(stop=""), "stop", "non-empty string"),
     (completion(n=2), "n", "must be 1"),
@@ -196,6 +198,50 @@ CHAT_ERRORS: list[tuple[bytes, str, str]] = [
 ]
 
 
+def test_limits_are_the_deployments() -> None:
+    limits = RequestLimits(max_chat_messages=2, max_stops=1, max_stop_length=3)
+    assert parse_completion(completion(stop="abc"), LIMIT, limits).stop == ("abc",)
+    for raw, fragment in [
+        (completion(stop=["a", "b"]), "at most 1 sequences (--max-stops)"),
+        (completion(stop="abcd"), "4 characters long, over the limit of 3 (--max-stop-length)"),
+    ]:
+        with pytest.raises(InvalidField) as info:
+            parse_completion(raw, LIMIT, limits)
+        assert info.value.field == "stop" and fragment in info.value.message
+    two = [{"role": "user", "content": "x"}] * 2
+    assert len(parse_chat(chat(messages=two), LIMIT, limits).messages) == 2
+    with pytest.raises(InvalidField) as info:
+        parse_chat(chat(messages=[*two, {"role": "user", "content": "y"}]), LIMIT, limits)
+    assert info.value.field == "messages" and "at most 2 messages" in info.value.message
+
+
+MESSAGE = {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "limit", "over"),
+    [
+        ({"model": "m", "messages": [MESSAGE] * 3}, 2, True),
+        ({"model": "m", "messages": [MESSAGE] * 2}, 2, False),
+        ({"messages": [MESSAGE] * 3, "model": "m"}, 3, False),
+        # braces elsewhere (strings, other fields) are not messages
+        ({"model": "m", "user": "{{{{,,", "messages": [MESSAGE] * 2, "x": [{}] * 9}, 2, False),
+        ({"model": "m", "x": {"messages": [MESSAGE] * 5}, "messages": [MESSAGE]}, 2, False),
+        ({"model": "messages", "y": [[{}, {}, {}]], "messages": [MESSAGE] * 3}, 2, True),
+        # items of any kind count: the parse refuses what is not a message
+        ({"model": "m", "messages": [{}, 1, "a", [{}]]}, 1, True),
+        ({"model": "m", "messages": [{"content": [{"type": "text", "text": "a"}] * 5}]}, 1, False),
+    ],
+)
+def test_messages_over_counts_the_top_level_array(
+    doc: dict[str, Any], limit: int, over: bool
+) -> None:
+    raw = json.dumps(doc).encode()
+    for compact in (raw, json.dumps(doc, separators=(",", ":")).encode()):
+        assert messages_over(compact, limit) is over
+        assert messages_over(memoryview(compact), limit) is over
+
+
 @pytest.mark.parametrize(("raw", "param", "fragment"), CHAT_ERRORS)
 def test_chat_errors_name_the_param(raw: bytes, param: str, fragment: str) -> None:
     with pytest.raises(InvalidField) as info:
@@ -253,6 +299,81 @@ def test_stop_scanner_cuts_at_the_first_stop_however_the_text_is_split(
     points = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[i:j] for i, j in zip([0, *points], [*points, len(text)], strict=True)]
     assert _scan(pieces, tuple(stops)) == _expected(text, tuple(stops))
+
+
+class _Quadratic:
+    """The scanner as it was (each position sliced again): the reference of what each piece
+    sends, for small texts."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops, self.held, self.stopped = stops, "", False
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def _first(self, text: str) -> int:
+        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return piece
+        text = self.held + piece
+        cut = self._first(text)
+        if cut >= 0:
+            for at in range(max(0, len(text) - self.hold), cut):
+                tail = text[at:]
+                if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
+                    self.held = tail
+                    return text[:at]
+            self.stopped, self.held = True, ""
+            return text[:cut]
+        keep = min(self.hold, len(text))
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        cut = self._first(held)
+        if cut >= 0:
+            self.stopped = True
+            return held[:cut]
+        return held
+
+
+@given(
+    st.text(alphabet="ab", max_size=80),
+    st.lists(st.integers(0, 80), max_size=12),
+    st.lists(st.text(alphabet="ab", min_size=1, max_size=12), max_size=4),
+)
+def test_stop_scanner_sends_what_the_quadratic_one_sent(
+    text: str, cuts: list[int], stops: list[str]
+) -> None:
+    """Piece by piece, the linear scanner sends what the quadratic one sent (short pieces go
+    through the automata, long ones through one search)."""
+    points = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[i:j] for i, j in zip([0, *points], [*points, len(text)], strict=True)]
+    new, old = StopScanner(tuple(stops)), _Quadratic(tuple(stops))
+    for piece in pieces:
+        assert new.feed(piece) == old.feed(piece)
+        assert new.stopped == old.stopped
+        if new.stopped:
+            break
+    assert new.flush() == old.flush()
+    assert new.stopped == old.stopped
+
+
+def test_stop_scanner_work_follows_the_piece_not_the_stop() -> None:
+    """A 1,000,000-character stop sequence that the text carries on for 300,000 characters, then
+    breaks off, then a short one: the text is sent as before (was quadratic, then seconds per
+    million characters)."""
+    long = "ab" * 500_000
+    scanner = StopScanner((long, "STOP"))
+    sent = [scanner.feed("ab") for _ in range(150_000)]
+    assert "".join(sent) == ""  # all of it may begin the long stop sequence
+    assert scanner.feed("x") == ""
+    sent = [scanner.feed(w) for w in (" one", " two", " STOP", " three")]
+    assert "".join(sent) == "ab" * 150_000 + "x one two "
+    assert scanner.stopped
 
 
 def test_stop_scanner_never_sends_part_of_a_stop_sequence() -> None:

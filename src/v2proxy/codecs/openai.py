@@ -19,7 +19,8 @@ What is taken (JSON ``null`` is the same as absent; keys not listed are ignored)
 - ``max_tokens`` (integer >= 1; chat's ``max_completion_tokens`` first when both are given);
 - ``temperature`` (number in [0, 2]; 0 is greedy decoding), ``top_p`` (number in [0, 1]),
   ``seed`` (integer in [0, 2**63 - 1]);
-- ``stop``: a string or a list of at most :data:`MAX_STOP` non-empty strings;
+- ``stop``: a string or a list of at most ``max_stops`` non-empty strings (default
+  :data:`MAX_STOP`, OpenAI's limit), each at most ``max_stop_length`` characters;
 - ``n``: only 1.
 
 Features v2proxy does not provide are refused when asked for (a non-default value), rather than
@@ -29,7 +30,10 @@ silently ignored: ``logprobs``, ``top_logprobs``, ``echo``, ``best_of`` > 1, ``s
 ``{"type": "text"}``.
 
 The prompt's size is bounded by ``max_input_size`` (``--max-input-size``, UTF-8 bytes of the
-prompt or of the messages' contents).
+prompt or of the messages' contents); the whole body is bounded by it too, as it is read (the
+REST frontend). The other bounds are :class:`RequestLimits` (``--max-chat-messages``,
+``--max-stops``, ``--max-stop-length``). A chat body with more messages than allowed is refused
+from its bytes (:func:`messages_over`), before it is parsed into a million objects.
 
 Pure: no I/O.
 """
@@ -37,6 +41,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,9 +50,22 @@ from v2proxy.core.errors import CodecError, InvalidField, InvalidText
 
 #: the roles a chat message may have
 ROLES = ("system", "developer", "user", "assistant", "tool")
-#: the most stop sequences a request may give (OpenAI's limit)
+#: the most stop sequences a request may give (OpenAI's limit), by default
 MAX_STOP = 4
 SEED_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What the deployment bounds in a request beside its size (the settings of the same
+    names)."""
+
+    max_chat_messages: int = 1024
+    max_stops: int = MAX_STOP
+    max_stop_length: int = 1024
+
+
+LIMITS = RequestLimits()
 
 
 @dataclass(slots=True)
@@ -135,7 +153,7 @@ def _seed(doc: dict[str, Any]) -> int | None:
     return int(value)
 
 
-def _stop(doc: dict[str, Any]) -> tuple[str, ...]:
+def _stop(doc: dict[str, Any], limits: RequestLimits) -> tuple[str, ...]:
     value = doc.get("stop")
     if value is None:
         return ()
@@ -144,14 +162,22 @@ def _stop(doc: dict[str, Any]) -> tuple[str, ...]:
         raise InvalidField(
             f"'stop' must be a string or a list of strings, got {_literal(value)}", "stop"
         )
-    if len(items) > MAX_STOP:
+    if len(items) > limits.max_stops:
+        most = limits.max_stops
         raise InvalidField(
-            f"'stop' may hold at most {MAX_STOP} sequences, got {len(items)}", "stop"
+            f"'stop' may hold at most {most} sequences (--max-stops), got {len(items)}", "stop"
         )
+    longest = limits.max_stop_length
     for i, item in enumerate(items):
+        where = "stop" if isinstance(value, str) else f"stop[{i}]"
         if not isinstance(item, str) or not item:
-            where = "stop" if isinstance(value, str) else f"stop[{i}]"
             raise InvalidField(f"'{where}' must be a non-empty string, got {_literal(item)}", where)
+        if len(item) > longest:
+            raise InvalidField(
+                f"'{where}' is {len(item)} characters long, over the limit of {longest}"
+                " (--max-stop-length)",
+                where,
+            )
     return tuple(items)
 
 
@@ -215,7 +241,7 @@ def _body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     return doc
 
 
-def _common(doc: dict[str, Any], chat: bool) -> OpenAIRequest:
+def _common(doc: dict[str, Any], chat: bool, limits: RequestLimits) -> OpenAIRequest:
     model = doc.get("model")
     if model is None:
         raise InvalidField("'model' is required", "model")
@@ -238,7 +264,7 @@ def _common(doc: dict[str, Any], chat: bool) -> OpenAIRequest:
     req.temperature = _number(doc, "temperature", 0.0, 2.0)
     req.top_p = _number(doc, "top_p", 0.0, 1.0)
     req.seed = _seed(doc)
-    req.stop = _stop(doc)
+    req.stop = _stop(doc, limits)
     _refuse_features(doc)
     return req
 
@@ -250,7 +276,9 @@ def too_large(what: str, size: int, limit: int) -> InvalidField:
     )
 
 
-def parse_completion(body: bytes | bytearray | memoryview, max_input_size: int) -> OpenAIRequest:
+def parse_completion(
+    body: bytes | bytearray | memoryview, max_input_size: int, limits: RequestLimits = LIMITS
+) -> OpenAIRequest:
     """A validated ``/v1/completions`` body, or InvalidField naming the field at fault."""
     doc = _body(body)
     prompt = doc.get("prompt")
@@ -267,7 +295,7 @@ def parse_completion(body: bytes | bytearray | memoryview, max_input_size: int) 
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidField(f"'prompt' must be a string, got {_literal(prompt)}", "prompt")
-    req = _common(doc, chat=False)
+    req = _common(doc, False, limits)
     size = len(prompt.encode())
     if size > max_input_size:
         raise too_large("prompt", size, max_input_size)
@@ -301,11 +329,20 @@ def _content(value: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def _messages(value: Any, max_input_size: int) -> list[dict[str, Any]]:
+def _too_many(limit: int, got: str) -> InvalidField:
+    return InvalidField(
+        f"'messages' may hold at most {limit} messages, got {got} (--max-chat-messages)",
+        "messages",
+    )
+
+
+def _messages(value: Any, max_input_size: int, limit: int) -> list[dict[str, Any]]:
     if value is None:
         raise InvalidField("'messages' is required", "messages")
     if not isinstance(value, list) or not value:
         raise InvalidField("'messages' must be a non-empty list of messages", "messages")
+    if len(value) > limit:
+        raise _too_many(limit, str(len(value)))
     out: list[dict[str, Any]] = []
     size = 0
     for i, message in enumerate(value):
@@ -334,10 +371,58 @@ def _messages(value: Any, max_input_size: int) -> list[dict[str, Any]]:
     return out
 
 
-def parse_chat(body: bytes | bytearray | memoryview, max_input_size: int) -> OpenAIRequest:
+def parse_chat(
+    body: bytes | bytearray | memoryview, max_input_size: int, limits: RequestLimits = LIMITS
+) -> OpenAIRequest:
     """A validated ``/v1/chat/completions`` body, or InvalidField naming the field at fault."""
+    limit = limits.max_chat_messages
+    if messages_over(body, limit):
+        raise _too_many(limit, "more")
     doc = _body(body)
-    messages = _messages(doc.get("messages"), max_input_size)
-    req = _common(doc, chat=True)
+    messages = _messages(doc.get("messages"), max_input_size, limit)
+    req = _common(doc, True, limits)
     req.messages = messages
     return req
+
+
+#: JSON's tokens, as far as :func:`messages_over` needs them: a string, a bracket, a separator,
+#: anything else (literals, numbers, white space)
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]|[^\[\]{}:,"]+')
+#: tokens :func:`messages_over` reads per allowed message before it gives up (the parse decides)
+_TOKENS_PER_MESSAGE = 32
+
+
+def messages_over(body: bytes | bytearray | memoryview, limit: int) -> bool:
+    """Whether the body's top-level ``messages`` array holds more than ``limit`` items, told from
+    its bytes without parsing them into objects. False when it can't tell (not JSON, or too many
+    tokens before the answer): the parse and :func:`parse_chat`'s own count decide then."""
+    data = body.tobytes() if isinstance(body, memoryview) else body
+    if data.count(b"{") <= limit:  # every message is an object
+        return False
+    depth, key, items, inside = 0, b"", 0, False
+    budget = _TOKENS_PER_MESSAGE * (limit + 1) + 1024
+    for n, m in enumerate(_TOKENS.finditer(data)):
+        if n > budget:
+            return False
+        tok = m.group()
+        first = tok[0]
+        if first in b"[{":
+            depth += 1
+            if depth == 2 and key == b'"messages"' and first == 91:  # "["
+                inside, items = True, 0
+            elif inside and depth == 3 and items == 0:
+                items = 1
+        elif first in b"]}":
+            if inside and depth == 2:
+                inside = False
+            depth -= 1
+        elif inside and depth == 2:
+            if tok == b",":
+                items += 1
+                if items > limit:
+                    return True
+            elif items == 0 and not tok.isspace():
+                items = 1
+        elif depth == 1 and first == 34:  # '"': a key (or a value; the next key replaces it)
+            key = tok
+    return False

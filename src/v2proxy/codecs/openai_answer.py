@@ -10,13 +10,17 @@ the scanner holds back as many characters as a stop sequence could still need (i
 length less one), so that no part of a stop sequence is ever sent. The first occurrence is the
 one that begins first, however the text arrives: a stop sequence found while a longer one that
 begins before it may still be completing (``b`` in ``ab`` with the stops ``abc`` and ``b``) ends
-nothing until the text that follows decides.
+nothing until the text that follows decides. The work per piece follows the piece (amortized
+over the text; a piece at least as long as a stop sequence is searched with the sequence's
+length of text before it), however long the sequences are: one automaton per sequence, and the
+text held back kept in pieces, never copied whole.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from v2proxy.codecs.json import dumps
@@ -35,17 +39,104 @@ _REASONS = {
 }
 
 
+class _Matcher:
+    """One stop sequence's matching state (Knuth-Morris-Pratt): ``q``, the length of its longest
+    proper prefix that ends the text so far; the failure table is built only as far as ``q`` has
+    gone, so the work per piece follows the piece, not the sequence's length."""
+
+    __slots__ = ("fail", "q", "stop")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.q = 0
+        #: fail[i]: the length of the longest proper prefix of stop[: i + 1] that ends it
+        self.fail = [0]
+
+    def _grow(self, upto: int) -> None:
+        """The failure table up to index ``upto`` (excluded)."""
+        s, fail = self.stop, self.fail
+        k = fail[-1]
+        for i in range(len(fail), min(upto, len(s))):
+            c = s[i]
+            while k and s[k] != c:
+                k = fail[k - 1]
+            if s[k] == c:
+                k += 1
+            fail.append(k)
+
+    def feed(self, piece: str, tail: str) -> int | None:
+        """Where the first occurrence that ends in ``piece`` begins, from the piece's start
+        (negative: in the text before it), or None. ``tail``: the text before the piece that
+        such an occurrence may begin in, read only for a piece at least as long as the sequence
+        less one (then one search at C speed, and the state from the piece's end alone)."""
+        s, n = self.stop, len(self.stop)
+        if len(piece) < n - 1:
+            q = self.q
+            if q + len(piece) < n and s.startswith(piece, q):  # it carries a match on
+                self.q = q + len(piece)
+                self._grow(self.q)
+                return None
+            return self._step(piece, 0)
+        window = tail + piece
+        at = window.find(s)
+        if at >= 0:
+            return at - len(tail)
+        self.q = 0
+        self._step(window, len(window) - (n - 1))
+        return None
+
+    def _step(self, text: str, i: int) -> int | None:
+        """The automaton run over ``text[i:]``: where an occurrence ends it begins (from the
+        start of ``text``), or None."""
+        s, n, fail = self.stop, len(self.stop), self.fail
+        q, end = self.q, len(text)
+        while i < end:
+            if q == 0:
+                i = text.find(s[0], i)  # nothing under way: on to where one may begin
+                if i < 0:
+                    break
+            c = text[i]
+            while q and s[q] != c:
+                q = fail[q - 1]
+            if s[q] == c:
+                q += 1
+                if q == n:
+                    self.q = 0
+                    return i + 1 - n
+                if len(fail) < q:
+                    self._grow(q)
+            i += 1
+        self.q = q
+        return None
+
+
 class StopScanner:
     """Cuts generated text at the first stop sequence, fed piece by piece (:meth:`feed`); what it
     holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it
-    holds)."""
+    holds).
 
-    __slots__ = ("held", "hold", "stopped", "stops")
+    The work per piece is bounded by the piece, however long the stop sequences: each is matched
+    by an automaton fed the piece alone (:class:`_Matcher`), and the text held back stays in
+    pieces, never copied whole."""
+
+    __slots__ = (
+        "first", "held", "hold", "live", "pos", "sent", "shortest", "skip", "stopped", "stops",
+    )  # fmt: skip
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
-        self.held = ""
+        self.shortest = min((len(s) for s in stops), default=1) - 1
+        #: the text not sent yet: from ``skip`` in the first piece, from ``sent`` in the text
+        self.held: deque[str] = deque()
+        self.skip = 0
+        self.sent = 0
+        #: the length of the text so far
+        self.pos = 0
+        #: a matcher of each stop sequence not found yet
+        self.live = [_Matcher(s) for s in stops]
+        #: where the first stop sequence found begins (-1: none yet)
+        self.first = -1
         self.stopped = False
 
     def feed(self, piece: str) -> str:
@@ -55,47 +146,73 @@ class StopScanner:
             return ""
         if not self.stops:
             return piece
-        text = self.held + piece
-        cut = self._first(text)
-        if cut >= 0:
-            # a longer stop sequence that begins before this one may still be under way
-            # ("abc" when "b" is found in "ab"): wait for the text that decides
-            under_way = self._under_way(text, cut)
-            if under_way < 0:
-                self.stopped = True
-                self.held = ""
-                return text[:cut]
-            self.held = text[under_way:]
-            return text[:under_way]
-        keep = min(self.hold, len(text))
-        if keep:
-            self.held = text[-keep:]
-            return text[:-keep]
-        self.held = ""
-        return text
+        size = len(piece)
+        tail = ""
+        if size >= self.shortest:  # a piece as long as a sequence less one: its search needs
+            need = max((k for m in self.live if size >= (k := len(m.stop) - 1)), default=0)
+            tail = self._last(need)
+        for m in list(self.live):
+            k = len(m.stop) - 1
+            at = m.feed(piece, tail[max(0, len(tail) - k) :] if k and size >= k else "")
+            if at is not None:
+                self.live.remove(m)
+                if self.first < 0 or self.pos + at < self.first:
+                    self.first = self.pos + at
+        self.pos += size
+        self.held.append(piece)
+        if self.first < 0:
+            return self._take(self.pos - self.hold)
+        # a longer stop sequence that begins before this one may still be under way ("abc" when
+        # "b" is found in "ab"): send what comes before it, and wait for the text that decides
+        under_way = min(
+            (b for m in self.live if m.q and (b := self.pos - m.q) < self.first), default=-1
+        )
+        if under_way < 0:
+            self.stopped = True
+            return self._take(self.first)
+        return self._take(under_way)
 
     def flush(self) -> str:
         """What was held back, once the generation has ended, up to a stop sequence it holds
         (then :attr:`stopped` is set)."""
-        held, self.held = self.held, ""
-        cut = self._first(held)
-        if cut >= 0:
+        if self.first >= 0:
             self.stopped = True
-            return held[:cut]
-        return held
+            return self._take(self.first)
+        return self._take(self.pos)
 
-    def _first(self, text: str) -> int:
-        """Where the first occurrence of any stop sequence in ``text`` begins, or -1."""
-        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+    def _take(self, upto: int) -> str:
+        """The held text up to position ``upto`` of the text, no longer held."""
+        n = upto - self.sent
+        if n <= 0:
+            return ""
+        self.sent = upto
+        held, out = self.held, []
+        while n:
+            part, skip = held[0], self.skip
+            left = len(part) - skip
+            if left > n:
+                out.append(part[skip : skip + n])
+                self.skip += n
+                break
+            out.append(part[skip:] if skip else part)
+            held.popleft()
+            self.skip = 0
+            n -= left
+        return "".join(out)
 
-    def _under_way(self, text: str, before: int) -> int:
-        """The first position before ``before`` from which the rest of ``text`` is the start
-        of a longer stop sequence (one that more text may complete), or -1."""
-        for at in range(max(0, len(text) - self.hold), before):
-            tail = text[at:]
-            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stops):
-                return at
-        return -1
+    def _last(self, n: int) -> str:
+        """The last ``n`` characters held (all of them when fewer are held)."""
+        if n <= 0 or not self.held:
+            return ""
+        out: list[str] = []
+        last = len(self.held) - 1
+        for j, part in enumerate(reversed(self.held)):
+            text = part[self.skip :] if j == last and self.skip else part
+            out.append(text[-n:] if len(text) > n else text)
+            n -= len(out[-1])
+            if n <= 0:
+                break
+        return "".join(reversed(out))
 
 
 def finish_reason(reported: str | None, stopped: bool, tokens: int, max_tokens: int) -> str:

@@ -46,7 +46,14 @@ from dataclasses import dataclass
 from v2proxy.codecs import mindie_answer, openai_answer
 from v2proxy.codecs.json import dumps
 from v2proxy.codecs.mindie import MindieRequest
-from v2proxy.codecs.openai import OpenAIRequest, parse_chat, parse_completion, too_large
+from v2proxy.codecs.openai import (
+    LIMITS,
+    OpenAIRequest,
+    RequestLimits,
+    parse_chat,
+    parse_completion,
+    too_large,
+)
 from v2proxy.codecs.openai_answer import Chunks, StopScanner
 from v2proxy.core.errors import (
     BodyTooLarge,
@@ -182,8 +189,11 @@ class OpenAIFrontend:
         max_input_size: int,
         metrics: AnyMetrics | None = None,
         rng: random.Random | None = None,
+        limits: RequestLimits = LIMITS,
     ) -> None:
         self.max_input_size = max_input_size
+        #: --max-chat-messages, --max-stops, --max-stop-length
+        self.limits = limits
         self.models: dict[str, _Served] = {
             m.id: _Served(
                 m,
@@ -223,9 +233,9 @@ class OpenAIFrontend:
         :meth:`generate` needs, before any backend is called. Errors are raised, for the REST
         frontend's envelope to record and answer in OpenAI's shape (:func:`error_answer`)."""
         if not chat:
-            req = parse_completion(body, self.max_input_size)
+            req = parse_completion(body, self.max_input_size, self.limits)
             return self._served(req), req, req.prompt
-        req = parse_chat(body, self.max_input_size)
+        req = parse_chat(body, self.max_input_size, self.limits)
         served = self._served(req)
         prompt = served.settings.template.render(req.messages)
         size = len(prompt.encode())

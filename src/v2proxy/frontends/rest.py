@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from v2proxy.codecs import compression, side
+from v2proxy.codecs.openai import LIMITS, RequestLimits
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import (
     InvalidRequest,
@@ -103,6 +104,7 @@ class RestFrontend:
         mindie: MindieSettings | None = None,
         gate: AdmissionGate | None = None,
         openai: OpenAISettings | None = None,
+        openai_limits: RequestLimits = LIMITS,
     ) -> None:
         self.pipeline = pipeline
         #: --max-concurrency, shared with the gRPC frontend (default: no limit)
@@ -120,15 +122,19 @@ class RestFrontend:
             rest_record.describe,
             rest_record.GONE,
         )
-        #: request bodies, whole and bounded by --max-body-size (chunked ones' sizes kept for
-        #: the record, taken by dispatch)
-        self.body = BodyReader(max_body_size)
+        #: request bodies, whole and bounded by --max-body-size (and --max-input-size where
+        #: the body is the input; chunked ones' sizes kept for the record, taken by dispatch)
+        self.body = BodyReader(max_body_size, max_input_size)
         self.read_body = self.body.read
         #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
         self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
         #: OpenAI's /v1 routes (the openai: settings; default: the model /infer serves)
         self.openai = OpenAIFrontend(
-            pipeline, openai or default_openai(mindie), max_input_size, self.metrics
+            pipeline,
+            openai or default_openai(mindie),
+            max_input_size,
+            self.metrics,
+            limits=openai_limits,
         )
         #: request (its id) -> the model of a route whose path names none (MindIE's /infer, the
         #: OpenAI routes), for its record: set by the handler once known
@@ -325,7 +331,7 @@ class RestFrontend:
 
     async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
         """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`)."""
-        body = await self.read_body(r)
+        body = await self.body.read_input(r)
         self._models[id(r)] = self.mindie.settings.model  # the one model /infer serves
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
@@ -361,8 +367,8 @@ class RestFrontend:
 
     async def _openai_body(self, r: HttpRequest) -> Buffer:
         """An OpenAI body, whole, its ``Content-Encoding`` (gzip, deflate) removed as for
-        ``/infer``, within ``--max-input-size``."""
-        body = await self.read_body(r)
+        ``/infer``, within ``--max-input-size`` (the body, as read, and decompressed)."""
+        body = await self.body.read_input(r)
         encoding = r.header(b"content-encoding")
         if encoding is None:
             return body

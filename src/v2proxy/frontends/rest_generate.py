@@ -15,6 +15,8 @@ While the answer waits for the backend's next piece, it also waits on the client
 (:meth:`HttpRequest.gone`): a client that goes away ends the wait at once, and the backend's
 stream (or passed-through answer) is closed, which cancels it.
 
+The body is read within ``--max-input-size`` (413 beyond it, before it is parsed).
+
 The two handlers are the methods of :class:`GenerateEndpoint`, which the REST frontend builds
 once from what it uses (the pipeline and the body reader) and whose methods its route table
 binds.
@@ -49,7 +51,8 @@ class GenerateEndpoint:
 
     def __init__(self, pipeline: Pipeline, body: BodyReader) -> None:
         self.pipeline = pipeline
-        self.read_body = body.read
+        #: the body is the generation's input: within --max-input-size
+        self.read_body = body.read_input
 
     async def generate(self, r: HttpRequest, m: Any) -> Answer:
         return await self._generate(r, m, stream=False)

@@ -1,11 +1,14 @@
 """What the REST frontend's handlers read of a request: its body, whole and bounded by
-``--max-body-size`` (:class:`BodyReader`), its end-to-end headers as the client sent them
+``--max-body-size``, or by ``--max-input-size`` too for a route whose body is its input
+(:class:`BodyReader`), its end-to-end headers as the client sent them
 (:func:`headers_of`) and the client's address (:func:`peer_of`).
 
 Contract:
 
 - :meth:`BodyReader.read` returns the whole body (dechunked, not decompressed); one over
   ``--max-body-size`` is :class:`~v2proxy.core.errors.BodyTooLarge` (413) naming the limit.
+  :meth:`BodyReader.read_input` is the same within ``--max-input-size`` as well (generate, MindIE
+  ``/infer``, the OpenAI routes: their body is their input, never parsed past the bound).
 - The size of a chunked body is not in its head: the reader keeps it from the read until the
   frontend takes it for the request's record (:meth:`BodyReader.taken`; 0 when never read).
 - :func:`headers_of` keeps the header bytes as sent, hop-by-hop headers (and the ones asked)
@@ -34,24 +37,36 @@ def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> He
 
 
 class BodyReader:
-    """Reads request bodies whole, bounded by ``--max-body-size``, and keeps the size of each
-    chunked one until the frontend takes it."""
+    """Reads request bodies whole, bounded by ``--max-body-size`` (or ``--max-input-size``), and
+    keeps the size of each chunked one until the frontend takes it."""
 
-    __slots__ = ("_chunked_sizes", "max_body_size")
+    __slots__ = ("_chunked_sizes", "max_body_size", "max_input_size")
 
-    def __init__(self, max_body_size: int) -> None:
+    def __init__(self, max_body_size: int, max_input_size: int | None = None) -> None:
         self.max_body_size = max_body_size
+        #: the bound of :meth:`read_input` (None: --max-body-size alone)
+        self.max_input_size = max_body_size if max_input_size is None else max_input_size
         #: body sizes of chunked requests, read by read, taken by taken
         self._chunked_sizes: dict[HttpRequest, int] = {}
 
     async def read(self, request: HttpRequest) -> bytearray:
         """The whole request body, bounded by --max-body-size."""
+        return await self._read(request, self.max_body_size, "body size", "--max-body-size")
+
+    async def read_input(self, request: HttpRequest) -> bytearray:
+        """The whole request body, bounded by --max-input-size (and --max-body-size): refused
+        as it arrives, before any of it is parsed."""
+        if self.max_input_size >= self.max_body_size:
+            return await self.read(request)
+        limit = self.max_input_size
+        return await self._read(request, limit, "input size", "--max-input-size")
+
+    async def _read(self, request: HttpRequest, limit: int, what: str, option: str) -> bytearray:
         try:
-            body = await request.read(self.max_body_size)
+            body = await request.read(limit)
         except http.BodyTooLarge:
             raise BodyTooLarge(
-                f"request body exceeds the maximum body size of {self.max_body_size} bytes"
-                " (--max-body-size)"
+                f"request body exceeds the maximum {what} of {limit} bytes ({option})"
             ) from None
         if request.chunked:
             self._chunked_sizes[request] = len(body)

@@ -215,7 +215,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
         64 * MiB,
         byte_size(),
         "largest JSON header, JSON-decoded input, raw body or decompressed body, like Triton's"
-        " --http-max-input-size",
+        " --http-max-input-size; also the largest body of generate, MindIE /infer and the"
+        " OpenAI routes (413 beyond it, refused while it is read)",
         "SIZE",
     ),
     SettingSpec(
@@ -232,6 +233,28 @@ SETTINGS: tuple[SettingSpec, ...] = (
         positive_int,
         "most inputs, and most requested outputs, one inference request may name (400, gRPC"
         " INVALID_ARGUMENT beyond it)",
+        "N",
+    ),
+    SettingSpec(
+        "max_chat_messages",
+        1024,
+        positive_int,
+        "most messages one OpenAI chat request may hold (400 naming 'messages' beyond it)",
+        "N",
+    ),
+    SettingSpec(
+        "max_stops",
+        4,
+        positive_int,
+        "most stop sequences one OpenAI request may give (400 naming 'stop' beyond it)",
+        "N",
+    ),
+    SettingSpec(
+        "max_stop_length",
+        1024,
+        positive_int,
+        "longest stop sequence, in characters, an OpenAI request may give (400 naming 'stop'"
+        " beyond it)",
         "N",
     ),
     SettingSpec(
@@ -512,8 +535,9 @@ OPTION_GROUPS: tuple[OptionGroup, ...] = (
     OptionGroup(
         "configuration file and LLM routes",
         "the YAML file: the keys above, per-model labels (models:), and the MindIE /infer and"
-        " OpenAI /v1 routes (the mindie: and openai: sections)",
-        ("config",),
+        " OpenAI /v1 routes (the mindie: and openai: sections), and the limits of the OpenAI"
+        " requests",
+        ("config", "max_chat_messages", "max_stops", "max_stop_length"),
     ),
 )
 
