@@ -46,7 +46,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.core.ports import ForwardResponse
+from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.frontends import openapi, rest_record, routes
 from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
@@ -58,6 +58,7 @@ from v2proxy.frontends.rest_answer import (
     Answer,
     Handler,
     error_fields,
+    forwarded_headers,
     json_answer,
     write_forwarded,
 )
@@ -183,7 +184,11 @@ class RestFrontend:
         env = self.envelope if route.frontend == "rest" else self.openai_envelope
         t0 = env.open()
         op = route.operation
-        model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
+        model = (m.group("model") or "") if route.names_model else ""
+        if op == "infer":
+            rid, wire_in = rest_record.infer_facts(request)
+        else:
+            rid, wire_in = request.header(REQUEST_ID), "json"
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
         held = False
         try:
@@ -201,12 +206,16 @@ class RestFrontend:
                 # each API answers errors in its own shape (the route's errors column)
                 answer = _ERROR_ANSWERS[route.errors](exc)
                 _, error, cause = env.failure(exc)
-            rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
                 status = answer.status
                 if op == "infer" and status == 200:
                     wire_out = rest_record.wire_out(answer.headers)
-                n_out = await write_forwarded(request, response, answer, rid)
+                content = answer.content
+                if content is not None and answer.release is no_release:  # read whole
+                    await response.send(status, forwarded_headers(answer, rid), content)
+                    n_out = len(content)
+                else:
+                    n_out = await write_forwarded(request, response, answer, rid)
             else:
                 status, headers, body = answer
                 if op == "infer" and status == 200:
@@ -228,7 +237,6 @@ class RestFrontend:
             n_in = self.body.taken(request) if request.chunked else request.content_length or 0
             if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
                 error = rest_record.answer_error(op, status)
-            wire_in = rest_record.wire_in(request) if op == "infer" else "json"
             if route.frontend == "openai" or op == "mindie":
                 model = self._models.pop(id(request), model)
             env.done(
