@@ -173,6 +173,13 @@ class RestFrontend:
         #: what serves a known path with another method (405), and a path no row matches
         self.method_not_allowed: Handler = self.not_allowed
         self.passed_through: Handler = self.passthrough
+        self._passthrough_found: _Found = (
+            _AnyMethod(self.passed_through),
+            None,
+            routes.PASSTHROUGH,
+        )
+        #: path -> its route (:meth:`_route`): a client mostly asks for the same few paths
+        self._found: dict[str, _Found] = {}
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
@@ -180,7 +187,11 @@ class RestFrontend:
         if request.path == "/metrics":
             await self.scrape(request, response)
             return
-        handler, m, route = self.find(request)
+        found = self._found.get(request.path)
+        if found is None:
+            found = self._route(request.path)
+        methods, m, route = found
+        handler = methods.get(request.method, self.method_not_allowed)
         env = self.envelope if route.frontend == "rest" else self.openai_envelope
         t0 = env.open()
         op = route.operation
@@ -246,12 +257,21 @@ class RestFrontend:
 
     def find(self, request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
         """The handler of a request, its path match (None: passed through) and its route."""
-        path = request.path
+        methods, m, route = self._found.get(request.path) or self._route(request.path)
+        return methods.get(request.method, self.method_not_allowed), m, route
+
+    def _route(self, path: str) -> _Found:
+        """The route of ``path`` (its handlers by method, its match, its row); a row's path is
+        remembered for the next request of it (at most :data:`ROUTES_KEPT` paths of at most
+        :data:`ROUTE_KEPT_MAX` characters: a bounded memory whatever clients ask)."""
         for fullmatch, methods, route in self.routing:
             m = fullmatch(path)
             if m is not None:
-                return methods.get(request.method, self.method_not_allowed), m, route
-        return self.passed_through, None, routes.PASSTHROUGH
+                found = (methods, m, route)
+                if len(self._found) < ROUTES_KEPT and len(path) <= ROUTE_KEPT_MAX:
+                    self._found[path] = found
+                return found
+        return self._passthrough_found
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
@@ -397,6 +417,29 @@ def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
     seed = m.seed_input if m.profile == "trtllm" else "seed"
     return OpenAISettings((OpenAIModel(m.model, m.model, m.profile, seed),))
 
+
+#: the paths whose routes a frontend remembers, and their longest (beyond them, each request is
+#: matched afresh)
+ROUTES_KEPT = 1024
+ROUTE_KEPT_MAX = 512
+
+
+class _AnyMethod(dict[str, Handler]):
+    """The handlers of a path no row matches: the pass-through, whatever the method."""
+
+    def __init__(self, handler: Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def __missing__(self, method: str) -> Handler:
+        return self.handler
+
+    def get(self, method: str, default: Any = None) -> Handler:
+        return self.handler
+
+
+#: a path's route: its handlers by method, its match (None: passed through), its row
+_Found = tuple[dict[str, Handler], Any, routes.Route]
 
 #: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
