@@ -288,8 +288,11 @@ class Connection(asyncio.Protocol):
                         return
                     if resp is None:
                         resp = HttpResponse(self, req)
-                    else:
-                        resp.renew(req)  # one per connection, renewed per request
+                    else:  # one per connection, renewed per request (renew, written out)
+                        resp._req = req
+                        resp.started = resp._ended = resp._chunked = False
+                        resp._remaining = -1
+                        resp._head_only = req.method == "HEAD"
                     self.answer = resp
                     try:
                         await self.handler(req, resp)
