@@ -257,7 +257,7 @@ class Pipeline:
             if relayed is not None:
                 return relayed
             body, relayable = whole, False  # declined after its header: not offered again
-        sent = body if relayable and isinstance(body, bytes | bytearray) else None
+        sent = body if relayable and isinstance(body, (bytes, bytearray)) else None
         if (
             sent is not None
             and ihcl is None

@@ -589,8 +589,10 @@ class Connection(asyncio.Protocol):
                 self._set_timer(HEAD, self.limits.header_timeout)
         elif self.parsing is not None and not self.parsing._expect:
             self._set_timer(BODY, self.limits.body_timeout)
-        elif not self.serving and not self.queue:
-            self._set_timer(IDLE, self.limits.keepalive_timeout)
+        elif not self.serving and not self.queue:  # idle (_set_timer, written out)
+            self.timer_kind = IDLE
+            self.deadline = when = self.loop.time() + self.limits.keepalive_timeout
+            self.timer.at(when)
         else:
             self.timer_kind = NONE
 
