@@ -373,6 +373,9 @@ class FakeHttpRequest:
     def header(self, name: bytes) -> bytes | None:
         return next((v for n, v in self.headers if n == name), None)
 
+    def whole(self, limit: int) -> bytes | None:
+        return self._body if len(self._body) <= limit else None
+
     async def read(self, limit: int | None = None) -> bytearray:
         return bytearray(self._body)
 

@@ -265,6 +265,10 @@ class FakeRequest:
         if self.checked_before_read is None and self._access is not None:
             self.checked_before_read = list(self._access.groups)
 
+    def whole(self, limit: int) -> bytes | None:
+        self._reading()
+        return self._body if len(self._body) <= limit else None
+
     async def read(self, limit: int | None = None) -> bytearray:
         self._reading()
         return bytearray(self._body)

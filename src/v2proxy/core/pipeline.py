@@ -85,9 +85,10 @@ from v2proxy.core.stages.shm import SharedMemoryStage
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
 
 
-#: the frontend's decoder of a REST /infer body (whole, its JSON header's length): the checked
-#: request (raw binary bodies get their shape from :meth:`Pipeline.decode_raw`)
-Decode = Callable[[Buffer, int | None], Awaitable[InferRequest]]
+#: the frontend's decoder of a REST /infer body (whole, its JSON header's length, the model and
+#: version): the checked request (raw binary bodies get their shape from
+#: :meth:`Pipeline.decode_raw`)
+Decode = Callable[[Buffer, int | None, str, str], Awaitable[InferRequest]]
 
 
 class Answered(NamedTuple):
@@ -256,7 +257,7 @@ class Pipeline:
             if relayed is not None:
                 return relayed
             body, relayable = whole, False  # declined after its header: not offered again
-        sent = body if relayable and isinstance(body, bytes | bytearray) else None
+        sent = body if relayable and isinstance(body, (bytes, bytearray)) else None
         if (
             sent is not None
             and ihcl is None
@@ -267,7 +268,7 @@ class Pipeline:
             if relayed is not None:
                 return relayed
             sent = None  # the backend does not take it unchanged
-        request = await decode(body, ihcl)
+        request = await decode(body, ihcl, model, version)
         if sent is not None and ihcl != 0:
             relayed = await self._relay.relay(request, sent, ihcl, headers)
             if relayed is not None:

@@ -47,7 +47,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.core.ports import ForwardResponse
+from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.frontends import openapi, rest_record, routes
 from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
@@ -59,6 +59,7 @@ from v2proxy.frontends.rest_answer import (
     Answer,
     Handler,
     error_fields,
+    forwarded_headers,
     json_answer,
     write_forwarded,
 )
@@ -178,6 +179,13 @@ class RestFrontend:
         #: what serves a known path with another method (405), and a path no row matches
         self.method_not_allowed: Handler = self.not_allowed
         self.passed_through: Handler = self.passthrough
+        self._passthrough_found: _Found = (
+            _AnyMethod(self.passed_through),
+            None,
+            routes.PASSTHROUGH,
+        )
+        #: path -> its route (:meth:`_route`): a client mostly asks for the same few paths
+        self._found: dict[str, _Found] = {}
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
@@ -185,11 +193,19 @@ class RestFrontend:
         if request.path == "/metrics":
             await self.scrape(request, response)
             return
-        handler, m, route = self.find(request)
+        found = self._found.get(request.path)
+        if found is None:
+            found = self._route(request.path)
+        methods, m, route = found
+        handler = methods.get(request.method, self.method_not_allowed)
         env = self.envelope if route.frontend == "rest" else self.openai_envelope
         t0 = env.open()
         op = route.operation
-        model = (m.group("model") or "") if m is not None and "model" in m.re.groupindex else ""
+        model = (m.group("model") or "") if route.names_model else ""
+        if op == "infer":
+            rid, wire_in = rest_record.infer_facts(request)
+        else:
+            rid, wire_in = request.header(REQUEST_ID), "json"
         status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
         held = False
         try:
@@ -207,12 +223,16 @@ class RestFrontend:
                 # each API answers errors in its own shape (the route's errors column)
                 answer = _ERROR_ANSWERS[route.errors](exc)
                 _, error, cause = env.failure(exc)
-            rid = request.header(REQUEST_ID)
             if isinstance(answer, ForwardResponse):
                 status = answer.status
                 if op == "infer" and status == 200:
                     wire_out = rest_record.wire_out(answer.headers)
-                n_out = await write_forwarded(request, response, answer, rid)
+                content = answer.content
+                if content is not None and answer.release is no_release:  # read whole
+                    await response.send(status, forwarded_headers(answer, rid), content)
+                    n_out = len(content)
+                else:
+                    n_out = await write_forwarded(request, response, answer, rid)
             else:
                 status, headers, body = answer
                 if op == "infer" and status == 200:
@@ -234,7 +254,6 @@ class RestFrontend:
             n_in = self.body.taken(request) if request.chunked else request.content_length or 0
             if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
                 error = rest_record.answer_error(op, status)
-            wire_in = rest_record.wire_in(request) if op == "infer" else "json"
             if route.frontend == "openai" or op == "mindie":
                 model = self._models.pop(id(request), model)
             env.done(
@@ -244,12 +263,21 @@ class RestFrontend:
 
     def find(self, request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
         """The handler of a request, its path match (None: passed through) and its route."""
-        path = request.path
+        methods, m, route = self._found.get(request.path) or self._route(request.path)
+        return methods.get(request.method, self.method_not_allowed), m, route
+
+    def _route(self, path: str) -> _Found:
+        """The route of ``path`` (its handlers by method, its match, its row); a row's path is
+        remembered for the next request of it (at most :data:`ROUTES_KEPT` paths of at most
+        :data:`ROUTE_KEPT_MAX` characters: a bounded memory whatever clients ask)."""
         for fullmatch, methods, route in self.routing:
             m = fullmatch(path)
             if m is not None:
-                return methods.get(request.method, self.method_not_allowed), m, route
-        return self.passed_through, None, routes.PASSTHROUGH
+                found = (methods, m, route)
+                if len(self._found) < ROUTES_KEPT and len(path) <= ROUTE_KEPT_MAX:
+                    self._found[path] = found
+                return found
+        return self._passthrough_found
 
     async def scrape(self, request: HttpRequest, response: HttpResponse) -> None:
         """``GET /metrics``: the proxy's own metrics, never the backend's (404 when off)."""
@@ -395,6 +423,29 @@ def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
     seed = m.seed_input if m.profile == "trtllm" else "seed"
     return OpenAISettings((OpenAIModel(m.model, m.model, m.profile, seed),))
 
+
+#: the paths whose routes a frontend remembers, and their longest (beyond them, each request is
+#: matched afresh)
+ROUTES_KEPT = 1024
+ROUTE_KEPT_MAX = 512
+
+
+class _AnyMethod(dict[str, Handler]):
+    """The handlers of a path no row matches: the pass-through, whatever the method."""
+
+    def __init__(self, handler: Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def __missing__(self, method: str) -> Handler:
+        return self.handler
+
+    def get(self, method: str, default: Any = None) -> Handler:
+        return self.handler
+
+
+#: a path's route: its handlers by method, its match (None: passed through), its row
+_Found = tuple[dict[str, Handler], Any, routes.Route]
 
 #: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}

@@ -55,14 +55,20 @@ def error_fields(exc: ProxyError) -> list[tuple[bytes, bytes]]:
     return []
 
 
+def forwarded_headers(answer: ForwardResponse, rid: bytes | None) -> list[tuple[bytes, bytes]]:
+    """The headers of a passed-through answer, with ``x-request-id`` added unless it has one."""
+    headers = answer.headers
+    if rid is not None and all(k != b"x-request-id" for k, _ in headers):
+        return [*headers, (b"x-request-id", rid)]
+    return headers
+
+
 async def write_forwarded(
     request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
 ) -> int:
     """Write a backend's answer through: in one piece when it was read whole, else streamed as
     it comes (with its Content-Length when it has one). Returns the body bytes written."""
-    headers = answer.headers
-    if rid is not None and all(k != b"x-request-id" for k, _ in headers):
-        headers = [*headers, (b"x-request-id", rid)]
+    headers = forwarded_headers(answer, rid)
     try:
         if answer.content is not None:
             await response.send(answer.status, headers, answer.content)

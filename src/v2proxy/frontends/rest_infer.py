@@ -23,16 +23,17 @@ through is written by :func:`v2proxy.frontends.rest_answer.write_forwarded`.
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from typing import Any
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.pipeline import Answered, Pipeline
+from v2proxy.core.pipeline import Answered, Decode, Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
 from v2proxy.frontends.rest_answer import Answer
-from v2proxy.frontends.rest_request import BodyReader, peer_of
+from v2proxy.frontends.rest_request import BodyReader
 from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.http.request import HttpRequest
 from v2proxy.ops.recorders import FrontendRecorder
@@ -93,11 +94,15 @@ class InferEndpoint:
 
     async def infer(self, r: HttpRequest, m: Any) -> Answer:
         """The handler of the route (``m``: its path match, naming the model and version)."""
-        model, version = m.group("model") or "", m.group("version") or ""
+        model, version = m.group("model", "version")
+        model = model or ""
+        version = version or ""
         accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
-        encoding = compression.choose_encoding(accept)
+        encoding = None if accept is None else compression.choose_encoding(accept)
+        client = r.client
+        peer = None if client is None else str(client[0])
+        decode: Decode = self.decode
         length = r.content_length
-        decoder = _Decoder(self, model, version)
         if (
             length is not None
             and STREAM_RELAY_MIN <= length <= self.max_body_size
@@ -112,19 +117,43 @@ class InferEndpoint:
                     StreamedBody(length, r.chunks()),
                     ihcl,
                     True,
-                    decoder,
+                    decode,
                     forwarded,
-                    peer_of(r),
+                    peer,
                 )
                 return self._answer(answer, encoding)
-        body = await self.read_body(r)
-        decoder.t0 = perf_counter()  # (decompression counts as decoding)
-        data: Buffer = compression.decompress(body, content_encoding, self.max_input_size)
-        ihcl = binc.parse_ihcl(ihcl_value, len(data))
+        body: Buffer | None = r.whole(self.max_body_size)  # the usual small body: here whole
+        if body is None:
+            body = await self.read_body(r)
+        if content_encoding is not None:
+            # decompression counts as decoding
+            decode = partial(self.decode, t0=perf_counter())
+            body = compression.decompress(body, content_encoding, self.max_input_size)
+        ihcl = None if ihcl_value is None else binc.parse_ihcl(ihcl_value, len(body))
         answer = await self.pipeline.infer_body(
-            model, version, data, ihcl, encoding is None, decoder, forwarded, peer_of(r)
+            model, version, body, ihcl, encoding is None, decode, forwarded, peer
         )
+        if type(answer) is ForwardResponse:
+            return answer
         return self._answer(answer, encoding)
+
+    async def decode(
+        self, data: Buffer, ihcl: int | None, model: str, version: str, t0: float | None = None
+    ) -> InferRequest:
+        """The request of an /infer body (:data:`~v2proxy.core.pipeline.Decode`), called by the
+        pipeline only when it needs it (a body relayed untouched is never decoded); its decode
+        time is recorded per wire form (from ``t0`` when given: decompression counts)."""
+        if t0 is None:
+            t0 = perf_counter()
+        if ihcl == 0:  # raw: the model's shape, from the pipeline's metadata cache, counts too
+            request = await self.pipeline.decode_raw(data, model, version)
+        else:
+            request = binc.decode_request(
+                data, ihcl, model, version, self.max_input_size, self.pipeline.max_tensors
+            )
+        wire = "json" if ihcl is None else "raw" if ihcl == 0 else "binary"
+        self.recorder.decode[wire].observe(perf_counter() - t0)
+        return request
 
     def _answer(self, answer: ForwardResponse | Answered, encoding: str | None) -> Answer:
         """The pipeline's answer: passed through, or the stages' response in the client's wire
@@ -153,30 +182,3 @@ class InferEndpoint:
             perf_counter() - t0
         )
         return 200, headers, chunks
-
-
-class _Decoder:
-    """The REST frontend's decoder of an /infer body (:data:`~v2proxy.core.pipeline.Decode`),
-    called by the pipeline only when it needs the request (a body relayed untouched is never
-    decoded); its decode time is recorded per wire form (from ``t0``: decompression counts)."""
-
-    __slots__ = ("endpoint", "model", "t0", "version")
-
-    def __init__(self, endpoint: InferEndpoint, model: str, version: str) -> None:
-        self.endpoint = endpoint
-        self.model = model
-        self.version = version
-        self.t0: float | None = None
-
-    async def __call__(self, data: Buffer, ihcl: int | None) -> InferRequest:
-        ep = self.endpoint
-        t0 = perf_counter() if self.t0 is None else self.t0
-        if ihcl == 0:  # raw: the model's shape, from the pipeline's metadata cache, counts too
-            request = await ep.pipeline.decode_raw(data, self.model, self.version)
-        else:
-            request = binc.decode_request(
-                data, ihcl, self.model, self.version, ep.max_input_size, ep.pipeline.max_tensors
-            )
-        wire = "json" if ihcl is None else "raw" if ihcl == 0 else "binary"
-        ep.recorder.decode[wire].observe(perf_counter() - t0)
-        return request

@@ -44,6 +44,21 @@ def wire_in(request: HttpRequest) -> str:
     return "raw" if ihcl.strip() == b"0" else "binary"
 
 
+def infer_facts(request: HttpRequest) -> tuple[bytes | None, str]:
+    """The ``x-request-id`` of an /infer request (its first value) and its wire form
+    (:func:`wire_in`), in one pass over its headers."""
+    rid = ihcl = None
+    for name, value in request.headers:
+        if name == REQUEST_ID:
+            if rid is None:
+                rid = value
+        elif name == _IHCL and ihcl is None:
+            ihcl = value
+    if ihcl is None:
+        return rid, "json"
+    return rid, "raw" if ihcl.strip() == b"0" else "binary"
+
+
 def wire_out(headers: list[tuple[bytes, bytes]]) -> str:
     """The wire form of a 200 /infer answer, from its headers."""
     for name, _ in headers:

@@ -115,11 +115,14 @@ class Route:
     allow: bytes = field(init=False, repr=False)
     #: the group the frontend checks before the handler reads the body (None: no such check)
     check_first: str | None = field(init=False, repr=False)
+    #: whether the template names a model (the ``model`` label of its requests)
+    names_model: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", compile_template(self.template))
         object.__setattr__(self, "allow", ", ".join(self.methods).encode())
         object.__setattr__(self, "check_first", self.group if self.body_first else None)
+        object.__setattr__(self, "names_model", "model" in self.pattern.groupindex)
 
 
 _M = "/v2/models/{model}[/versions/{version}]"

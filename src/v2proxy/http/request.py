@@ -178,6 +178,27 @@ class HttpRequest:
         as gone here, as uvicorn takes it; ordinary handlers still answer it."""
         return self._conn.watch_gone()
 
+    def whole(self, limit: int) -> bytes | None:
+        """The whole body when it is all here in one piece within ``limit`` bytes and not
+        chunked (the usual small one: taken without awaiting), else None (then :meth:`read`
+        it)."""
+        chunks = self._chunks
+        if (
+            self._complete
+            and len(chunks) == 1
+            and not self.chunked
+            and len(chunks[0]) <= limit
+            and len(chunks[0]) <= self._conn.limits.max_body_size
+        ):
+            self._consuming = True
+            self._expect = False  # all here: no 100 Continue is due
+            self._buffered = 0
+            piece = chunks.popleft()
+            if self._conn.body_paused:
+                self._conn.body_drained(self)
+            return piece
+        return None
+
     async def read(self, limit: int | None = None) -> bytearray:
         """The whole body. :class:`BodyTooLarge` beyond ``limit`` or ``max_body_size``."""
         cap = self._conn.limits.max_body_size

@@ -88,6 +88,30 @@ class HttpResponse:
         conn = self._conn
         if conn.lost:
             raise ClientDisconnected("client went away")
+        if type(body) is bytes or type(body) is bytearray:
+            size = len(body)
+            if (
+                headers
+                and size <= JOIN_MAX
+                and status >= 200
+                and status not in _NO_BODY
+                and not self.started
+                and not self._head_only
+            ):
+                # the usual answer (_head, written out): its head and body in one write
+                line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+                fields = b"\r\n".join(map(b": ".join, headers))
+                n = len(headers) - 1
+                if fields.count(b"\n") != n or fields.count(b"\r") != n:
+                    raise ValueError("CR or LF in a response header")
+                self.started = self._ended = True
+                framing = b"\r\nContent-Length: %d\r\n" % size
+                conn.transport.write(
+                    b"".join((line, fields, framing, conn.connection_header(self._req), body))
+                )
+                if conn.writing_paused:
+                    await conn.drain()
+                return
         if status in _NO_BODY:
             out = self._head(status, headers, b"")
             parts: list[Buffer] = []

@@ -288,8 +288,11 @@ class Connection(asyncio.Protocol):
                         return
                     if resp is None:
                         resp = HttpResponse(self, req)
-                    else:
-                        resp.renew(req)  # one per connection, renewed per request
+                    else:  # one per connection, renewed per request (renew, written out)
+                        resp._req = req
+                        resp.started = resp._ended = resp._chunked = False
+                        resp._remaining = -1
+                        resp._head_only = req.method == "HEAD"
                     self.answer = resp
                     try:
                         await self.handler(req, resp)
@@ -586,8 +589,10 @@ class Connection(asyncio.Protocol):
                 self._set_timer(HEAD, self.limits.header_timeout)
         elif self.parsing is not None and not self.parsing._expect:
             self._set_timer(BODY, self.limits.body_timeout)
-        elif not self.serving and not self.queue:
-            self._set_timer(IDLE, self.limits.keepalive_timeout)
+        elif not self.serving and not self.queue:  # idle (_set_timer, written out)
+            self.timer_kind = IDLE
+            self.deadline = when = self.loop.time() + self.limits.keepalive_timeout
+            self.timer.at(when)
         else:
             self.timer_kind = NONE
 

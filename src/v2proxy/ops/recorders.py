@@ -10,6 +10,7 @@ and :meth:`FrontendRecorder.done` returns at once.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from v2proxy.ops.metrics import (
@@ -38,13 +39,24 @@ from v2proxy.ops.metrics_export import AnyMetrics, Metrics
 from v2proxy.ops.request_log import RequestLog
 
 
-class _Call:
-    __slots__ = ("count", "duration", "error")
+class _Cells:
+    """The cells one outcome of a request adds to (its label set's, bound once)."""
 
-    def __init__(self, count: Counter, duration: Histogram, error: Counter | None) -> None:
+    __slots__ = ("count", "duration", "error", "received", "sent")
+
+    def __init__(
+        self,
+        count: Counter,
+        duration: Histogram,
+        error: Counter | None,
+        received: Counter,
+        sent: Counter,
+    ) -> None:
         self.count = count
         self.duration = duration
         self.error = error
+        self.received = received
+        self.sent = sent
 
 
 class FrontendRecorder:
@@ -58,12 +70,14 @@ class FrontendRecorder:
         self.backend = metrics.backend
         self.access_log = access_log
         self.log = RequestLog(frontend, self.backend, access_log).write
-        self._calls: dict[tuple[str, str, int, str | None], _Call] = {}
-        self._bytes: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
+        #: (op, model label, status, error, wire in, wire out) -> the cells of that outcome
+        self._cells: dict[tuple[str, str, int, str | None, str, str], _Cells] = {}
         if isinstance(metrics, Metrics):
             self.enabled = True
             self._metrics = metrics
             self._models = metrics.models
+            #: model name -> its label, once it has one (ModelLabels.label's fast path)
+            self._known = metrics.models.known
             self.inflight: Any = metrics.store(IN_FLIGHT).child(frontend)
             #: requests refused by the admission gate (--max-concurrency)
             self.rejected: Any = metrics.store(REJECTED).child(frontend, "max_concurrency")
@@ -92,32 +106,32 @@ class FrontendRecorder:
         """A request answered with ``status`` (``error``: its cause's kind when it failed)."""
         if not self.enabled:
             return
-        label = self._models.label(model, status < 400)
-        call = self._calls.get((op, label, status, error))
-        if call is None:
-            call = self._bind_call(op, label, status, error)
-        call.count.value += 1
-        call.duration.observe(duration)
-        if call.error is not None:
-            call.error.value += 1
-        pair = self._bytes.get((label, wire_in, wire_out))
-        if pair is None:
-            pair = self._bytes[(label, wire_in, wire_out)] = (
-                self._metrics.store(REQUEST_BYTES).child(label, self.frontend, wire_in),
-                self._metrics.store(RESPONSE_BYTES).child(label, self.frontend, wire_out),
-            )
-        pair[0].value += n_in
-        pair[1].value += n_out
+        label = self._known.get(model)
+        if label is None:
+            label = self._models.label(model, status < 400)
+        key = (op, label, status, error, wire_in, wire_out)
+        cells = self._cells.get(key)
+        if cells is None:
+            cells = self._cells[key] = self._bind(key)
+        cells.count.value += 1
+        hist = cells.duration  # Histogram.observe, written out
+        hist.counts[bisect_left(hist.bounds, duration)] += 1
+        hist.sum += duration
+        if cells.error is not None:
+            cells.error.value += 1
+        cells.received.value += n_in
+        cells.sent.value += n_out
 
-    def _bind_call(self, op: str, label: str, status: int, error: str | None) -> _Call:
+    def _bind(self, key: tuple[str, str, int, str | None, str, str]) -> _Cells:
+        op, label, status, error, wire_in, wire_out = key
         m, fe, be = self._metrics, self.frontend, self.backend
-        call = _Call(
+        return _Cells(
             m.store(REQUESTS).child(label, op, fe, be, code_class(status)),
             m.store(DURATION).child(label, op, fe, be),
             None if error is None else m.store(ERRORS).child(label, op, fe, be, error),
+            m.store(REQUEST_BYTES).child(label, fe, wire_in),
+            m.store(RESPONSE_BYTES).child(label, fe, wire_out),
         )
-        self._calls[(op, label, status, error)] = call
-        return call
 
 
 #: connection-level failures of a backend call -> the ``error`` label of BACKEND_ERRORS
@@ -134,17 +148,21 @@ class BackendRecorder:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._models = metrics.models
+        self._known = metrics.models.known
         self.backend = metrics.backend
         self._durations: dict[tuple[str, str], Histogram] = {}
 
     def done(self, op: str, model: str, duration: float, exc: BaseException | None) -> None:
-        label = self._models.label(model, exc is None)
+        label = self._known.get(model)
+        if label is None:
+            label = self._models.label(model, exc is None)
         hist = self._durations.get((op, label))
         if hist is None:
             hist = self._durations[(op, label)] = self._metrics.store(BACKEND_DURATION).child(
                 label, op, self.backend
             )
-        hist.observe(duration)
+        hist.counts[bisect_left(hist.bounds, duration)] += 1  # Histogram.observe, written out
+        hist.sum += duration
         if exc is not None:
             kind = _CONNECTION_ERRORS.get(type(exc).__name__)
             if kind is None:
