@@ -172,9 +172,6 @@ class BuiltinBackend(DecodedOnly):
         self._trace: dict[str, Any] = {"trace_level": ["OFF"], "trace_rate": "1000"}
         self._log: dict[str, Any] = {"log_info": True, "log_warning": True, "log_error": True}
 
-    def invalidate(self) -> None:
-        return None  # the models are in-process: nothing is cached
-
     async def start(self) -> None:
         return None
 

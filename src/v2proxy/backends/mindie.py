@@ -120,9 +120,6 @@ class MindieBackend(DecodedOnly):
     async def close(self) -> None:
         await self._pool.close()
 
-    def invalidate(self) -> None:
-        return None  # nothing of the model is cached here
-
     @property
     def client(self) -> BalancedClient:
         return self._pool.client

@@ -443,15 +443,9 @@ class Pipeline:
 
     def invalidate(self) -> None:
         """Forget everything known of the backend (after a repository load or unload): the
-        one :attr:`knowledge`, with what the backends and frontends registered with it
-        (:meth:`on_invalidate`: what a backend learnt by trying, MindIE's discovered target),
-        and whatever a backend still keeps on its own (:meth:`Backend.invalidate`)."""
+        one :attr:`knowledge`, where the backends and frontends keep what they learn too
+        (binary tensors learnt by trying, the MindIE/OpenAI targets)."""
         self.knowledge.invalidate()
-        self.backend.invalidate()
-
-    def on_invalidate(self, forget: Callable[[], None]) -> None:
-        """Have ``forget`` called whenever the knowledge of the backend is dropped."""
-        self.knowledge.on_invalidate(forget)
 
     # ------------------------------------------------------------------ shared memory
 

@@ -105,7 +105,7 @@ class MindieFrontend:
         """Look the model up now (at start-up): the line saying what serves ``/infer``, or a
         warning; a failed look-up is tried again on the first request."""
         with contextlib.suppress(ProxyError):
-            await self.backend_side.target([])
+            await self.backend_side.target()
 
     def _draw_seed(self) -> int:
         return self._rng.getrandbits(63)
@@ -115,7 +115,7 @@ class MindieFrontend:
         envelope to record (their kind) and to answer in MindIE's shape
         (:func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
-        target = await self.backend_side.target(headers)
+        target = await self.backend_side.target()
         if req.stream:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)

@@ -212,7 +212,7 @@ class OpenAIFrontend:
         """Look each model up now (at start-up): BackendSide logs what serves it, or a warning."""
         for served in self.models.values():
             with contextlib.suppress(ProxyError):
-                await served.side.target([])
+                await served.side.target()
 
     # ------------------------------------------------------------------ models
 
@@ -273,7 +273,7 @@ class OpenAIFrontend:
         """The answer to a request :meth:`prepare` made ready: one JSON object, or a stream."""
         served, req, prompt = prepared
         gen = self._generation_request(served, req, prompt)
-        target = await served.side.target(headers)
+        target = await served.side.target()
         acc = _Generation(req, gen, target)
         chunks = served.side.chunks(target, gen, headers)
         rid = ("chatcmpl-" if req.chat else "cmpl-") + secrets.token_hex(12)
