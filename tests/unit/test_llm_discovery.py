@@ -1,5 +1,5 @@
 """The MindIE/OpenAI target is discovered from the backend's one knowledge, as the proxy's own
-questions (``v2proxy.frontends.mindie_call``): never through the client-facing API with the
+questions (``v2proxy.frontends.llm_call``): never through the client-facing API with the
 client's headers, so a restricted ``metadata`` or ``model-config`` group changes nothing; the
 target is kept in the knowledge, with its lifetime, and its log line is not said again when it
 is rediscovered unchanged."""
@@ -16,7 +16,7 @@ from v2proxy.core.errors import Forbidden
 from v2proxy.core.knowledge import KNOWLEDGE_TTL_S, BackendKnowledge
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
-from v2proxy.frontends.mindie_call import BackendSide
+from v2proxy.frontends.llm_call import LlmBackendSide
 from v2proxy.frontends.openai import OpenAIFrontend
 from v2proxy.ops.config_sections import OpenAIModel, OpenAISettings
 
@@ -56,7 +56,7 @@ async def test_discovery_ignores_the_clients_restricted_groups(groups: tuple[str
     pipeline = Pipeline(BuiltinBackend(), 1 << 20, access=Restricting(*groups))
     with pytest.raises(Forbidden):  # the client-facing API is still restricted
         await pipeline.model_config("llm", "", [])
-    target = await BackendSide(pipeline, "llm", "trtllm", "seed").target()
+    target = await LlmBackendSide(pipeline, "llm", "trtllm", "seed").target()
     assert target.view.decoupled is True and target.view.has("text_input")
     assert target.transport == "builtin backend's stream_infer"
 
@@ -81,7 +81,7 @@ async def test_the_target_lives_in_the_knowledge(caplog: pytest.LogCaptureFixtur
     now = [1000.0]
     backend = Counting()
     pipeline = Pipeline(backend, 1 << 20, knowledge=BackendKnowledge(clock=lambda: now[0]))
-    side = BackendSide(pipeline, "llm", "trtllm", "seed")
+    side = LlmBackendSide(pipeline, "llm", "trtllm", "seed")
     with caplog.at_level(logging.INFO, logger="v2proxy.mindie"):
         target = await side.target()
         assert await side.target() is target

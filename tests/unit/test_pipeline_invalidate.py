@@ -12,7 +12,7 @@ from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.staging import Stager
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.frontends.mindie_call import BackendSide
+from v2proxy.frontends.llm_call import LlmBackendSide
 
 
 class Counting(BuiltinBackend):
@@ -29,7 +29,7 @@ class Counting(BuiltinBackend):
 async def test_a_repository_load_or_unload_forgets_everything(load: bool) -> None:
     backend = Counting()
     pipeline = Pipeline(backend, max_input_size=1 << 20)
-    side = BackendSide(pipeline, "llm", "trtllm", "seed")
+    side = LlmBackendSide(pipeline, "llm", "trtllm", "seed")
     await pipeline.knowledge.shape_info("simple", "")
     await pipeline.knowledge.shape_info("simple", "")
     target = await side.target()

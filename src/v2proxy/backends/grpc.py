@@ -49,7 +49,7 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.base import NonRestBackend, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
 from v2proxy.backends.grpc_deadlines import Watch, Watchdog
 from v2proxy.backends.grpc_unary import RawUnary, raw_unary
@@ -124,7 +124,7 @@ def _metadata(headers: Headers) -> list[tuple[str, str]]:
     return out
 
 
-class GrpcBackend(DecodedOnly):
+class GrpcBackend(NonRestBackend):
     """Talks to a v2 gRPC model server at ``target`` (host:port)."""
 
     name = "grpc"

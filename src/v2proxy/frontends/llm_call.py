@@ -1,16 +1,17 @@
-"""The backend side of MindIE's ``/infer``: which v2 model serves it, seen how, and over which
-transport (docs/protocol.md, MindIE; docs/guides/mindie.md, profiles and transport).
+"""The backend side of the LLM routes (MindIE's ``/infer``, OpenAI's ``/v1``): which v2 model
+serves a route, seen how, and over which transport (docs/protocol.md, MindIE;
+docs/guides/mindie.md, profiles and transport).
 
-:class:`BackendSide` looks the model (``mindie.model``) up in the backend's one
-:class:`~v2proxy.core.knowledge.BackendKnowledge` (the proxy's own questions, never the
-client-facing API: no restricted group applies) — its metadata and config give a
+:class:`LlmBackendSide` looks the model (``mindie.model``, an ``openai:`` model's) up in the
+backend's one :class:`~v2proxy.core.knowledge.BackendKnowledge` (the proxy's own questions,
+never the client-facing API: no restricted group applies) — its metadata and config give a
 :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the configured profile against it (the
 seed input is taken under the name the model has, ``seed`` or ``random_seed``) and logs one
 clear line (a WARNING when the profile cannot serve the model; said again only when it
 changes). The :class:`Target` is kept in the knowledge, with its lifetime and invalidation; a
 failed look-up is tried again on the next request.
 
-:meth:`BackendSide.chunks` sends one validated request (a decoupled model is always asked to
+:meth:`LlmBackendSide.chunks` sends one validated request (a decoupled model is always asked to
 stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
 :class:`~v2proxy.core.pipeline.Pipeline`:
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs import mindie_map as mapping
-from v2proxy.codecs.mindie import MindieRequest
+from v2proxy.codecs.mindie import LlmRequest
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
@@ -62,7 +63,7 @@ class Target:
         return "HTTP generate/generate_stream" if self.http else self.stream_call
 
 
-class BackendSide:
+class LlmBackendSide:
     """The backend side of ``/infer``: its target, discovered on first use and kept
     (:meth:`target`), and the calls to it (:meth:`chunks`)."""
 
@@ -147,7 +148,7 @@ class BackendSide:
             self.log.info("%s: model '%s' has no input %s: not sent", self.serves, self.model, new)
 
     async def chunks(
-        self, target: Target, req: MindieRequest, headers: Headers
+        self, target: Target, req: LlmRequest, headers: Headers
     ) -> AsyncIterator[tuple[answer.Chunk, float]]:
         """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
         view = target.view
