@@ -61,20 +61,25 @@ async def test_discovery_ignores_the_clients_restricted_groups(groups: tuple[str
     assert target.transport == "builtin backend's stream_infer"
 
 
-async def test_openai_counts_a_decoupled_models_tokens_under_a_restricted_model_config() -> None:
-    """Through the OpenAI frontend: the decoupled ``llm``'s responses are counted as its tokens
-    (as without restrictions), the inference group being open."""
+@pytest.mark.parametrize("groups", [(), ("model-config",), ("metadata", "model-config")])
+async def test_openai_sees_the_decoupled_model_whatever_the_restricted_groups(
+    groups: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through the OpenAI frontend's start-up check and a completion (the inference group
+    open): the line says the decoupled ``llm`` serves it, and the answer counts its tokens."""
     settings = OpenAISettings((OpenAIModel("llm", "llm"),))
-    answers = []
-    for access in (None, Restricting("model-config", "metadata")):
-        fe = OpenAIFrontend(Pipeline(BuiltinBackend(), 1 << 20, access=access), settings, 4096)
-        raw = b'{"model": "llm", "prompt": "one two three", "max_tokens": 5}'
-        status, _headers, body = await fe.generate(fe.prepare(False, raw), [])
-        assert status == 200
-        obj = json.loads(body)
-        answers.append((obj["choices"], obj["usage"]))
-    assert answers[0][1]["completion_tokens"] == 5
-    assert answers[1] == answers[0]
+    fe = OpenAIFrontend(
+        Pipeline(BuiltinBackend(), 1 << 20, access=Restricting(*groups)), settings, 4096
+    )
+    with caplog.at_level(logging.INFO, logger="v2proxy.openai"):
+        await fe.check()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("served by model 'llm' (profile trtllm, decoupled," in line for line in lines)
+    assert not any("not found" in line for line in lines)
+    raw = b'{"model": "llm", "prompt": "one two three", "max_tokens": 5}'
+    status, _headers, body = await fe.generate(fe.prepare(False, raw), [])
+    assert status == 200
+    assert json.loads(body)["usage"]["completion_tokens"] == 5
 
 
 async def test_the_target_lives_in_the_knowledge(caplog: pytest.LogCaptureFixture) -> None:
