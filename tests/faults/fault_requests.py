@@ -31,7 +31,7 @@ import numpy as np
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE
-from v2proxy.reference.models import llm_tokens
+from v2proxy.reference.models import iter_llm_tokens
 
 #: --backend-timeout of the proxies under test (seconds), per backend transport: the large
 #: request alone takes up to 1 s over REST and 1-3 s over gRPC (grpcio's copies) on a loaded
@@ -163,7 +163,7 @@ def large(port: int) -> Outcome:
     return Outcome("ok", "200", 0.0)
 
 
-EXPECTED_TOKENS = llm_tokens(PROMPT, MAX_TOKENS)
+EXPECTED_TOKENS = list(iter_llm_tokens(PROMPT, MAX_TOKENS))
 
 
 def stream_sse(port: int) -> Outcome:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from v2proxy.backends.rest_requests import infer_body
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.compression import choose_encoding, compress, decompress
 from v2proxy.codecs.dtypes import count_bytes_elements, deserialize_bytes
@@ -48,7 +49,7 @@ def _join(chunks: list[Buffer]) -> bytes:
 
 def _reencode_request(req: InferRequest) -> None:
     for binary in (True, False):
-        survives(binc.encode_request, req, binary=binary)
+        survives(infer_body, req, binary)
     survives(binc.encode_response, InferResponse("M", req.inputs, "1"), lambda _t: False)
 
 

@@ -177,17 +177,22 @@ async def test_grpc_stream_deadline_is_per_response(
         await server.stop(0)
 
 
-async def test_decoupled_is_asked_again_after_a_failure() -> None:
-    """A ModelConfig failure of the moment (INTERNAL) is not kept as 'not decoupled': the next
-    request asks again; a backend without ModelConfig (UNIMPLEMENTED) is never asked again."""
+async def test_decoupled_is_the_stores_config_asked_once_per_lifetime() -> None:
+    """Whether a model is decoupled is the knowledge's configuration fact: a ModelConfig
+    that fails with an answer (INTERNAL, UNIMPLEMENTED) counts as no config, kept for the
+    store's lifetime like any answer (not asked again on every request); a backend that could
+    not be asked (UNAVAILABLE) is asked again next time; the lifetime's end asks again."""
     from v2proxy.backends.grpc import GrpcBackend
-    from v2proxy.core.errors import BackendError, Unsupported
+    from v2proxy.core.errors import BackendError, BackendUnavailable, Unsupported
+    from v2proxy.core.knowledge import KNOWLEDGE_TTL_S, BackendKnowledge
 
+    now = [1000.0]
     answers: list[Any] = [
         BackendError("busy", 500, "INTERNAL"),
         {"model_transaction_policy": {"decoupled": True}},
     ]
     backend = GrpcBackend("127.0.0.1:1")
+    backend.knowledge = BackendKnowledge(backend, clock=lambda: now[0])
 
     async def model_config(_model: str, _version: str) -> dict[str, Any]:
         answer = answers.pop(0)
@@ -196,13 +201,22 @@ async def test_decoupled_is_asked_again_after_a_failure() -> None:
         return dict(answer)
 
     backend.model_config = model_config  # type: ignore[method-assign]
-    assert await backend.is_decoupled("llm", "") is False
+    for _ in range(3):  # asked once, whatever the number of requests
+        assert await backend.is_decoupled("llm", "") is False
+    assert len(answers) == 1
+    now[0] += KNOWLEDGE_TTL_S  # the store's lifetime is over: asked again
     assert await backend.is_decoupled("llm", "") is True
     assert await backend.is_decoupled("llm", "") is True and answers == []  # kept
+    assert (await backend.knowledge.config("llm", "")).decoupled is True  # the one store
 
     answers[:] = [Unsupported("no ModelConfig")]
     assert await backend.is_decoupled("other", "") is False
     assert await backend.is_decoupled("other", "") is False and answers == []  # asked once
+
+    answers[:] = [BackendUnavailable("down"), {}]
+    with pytest.raises(BackendUnavailable):
+        await backend.is_decoupled("third", "")
+    assert await backend.is_decoupled("third", "") is False and answers == []  # asked again
 
 
 async def test_a_side_answer_over_the_bound_is_a_502_an_inference_is_not_bound_by_it() -> None:

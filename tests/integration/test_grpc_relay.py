@@ -263,7 +263,11 @@ async def test_decoupled_model_is_not_relayed() -> None:
     from v2proxy.backends.grpc import GrpcBackend
 
     proxied = GrpcBackend("127.0.0.1:1")
-    proxied.knowledge.learn(("decoupled", "llm", ""), True)
+
+    async def model_config(_model: str, _version: str) -> dict[str, Any]:
+        return {"model_transaction_policy": {"decoupled": True}}
+
+    proxied.model_config = model_config  # type: ignore[method-assign]
     assert await proxied.relay_message("llm", "", b"\x0a\x03llm", []) is None
 
 

@@ -1,4 +1,4 @@
-"""``Pipeline.generate_objects`` (core.stages.generate.GenerateStage.objects), the generate call the
+"""``Pipeline.generate_objects`` (core.generate.GenerateExtension.objects), the generate call the
 MindIE frontend's ``generate`` profile may reuse: a generate body as a JSON object in, the
 answers as JSON objects out, whether the backend has the extension (a real Triton over REST:
 passed through, SSE parsed) or not (builtin models in process, Triton over gRPC: mapped), and

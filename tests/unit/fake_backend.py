@@ -148,9 +148,6 @@ class FakeBackend:
     async def close(self) -> None:
         self._record("close")
 
-    def invalidate(self) -> None:
-        self._record("invalidate")
-
     async def server_ready(self) -> bool:
         self._record("server_ready")
         return True

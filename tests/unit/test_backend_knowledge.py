@@ -80,11 +80,11 @@ async def test_one_lifetime_for_every_fact() -> None:
 async def test_one_invalidation_forgets_everything() -> None:
     source = Source()
     k = BackendKnowledge(source)
-    forgotten: list[int] = []
-    k.on_invalidate(lambda: forgotten.append(1))
     await _everything(k)
+    assert k.known_server() is not None and k.known_config("m", "") is not None
     k.invalidate()
-    assert forgotten == [1] and k.recall(("learnt",)) is None
+    assert k.recall(("learnt",)) is None
+    assert k.known_server() is None and k.known_config("m", "") is None
     await _everything(k)
     assert source.asked == ["server", "metadata m", "config m"] * 2
 
@@ -141,3 +141,27 @@ async def test_a_rest_backend_shares_one_knowledge_and_forgets_what_it_learnt() 
     assert await encoding.binary() is True and answers == []
     assert encoding.relays_known(True, 100) is True
     assert encoding.try_unlisted(fp16) is True  # what was learnt by trying is forgotten too
+
+
+async def test_the_rest_encoding_answers_expire_with_the_stores_lifetime() -> None:
+    """``--backend-encoding auto``: the server's binary-tensor answer and what was learnt by
+    trying are the knowledge's, so they end with its lifetime (they were kept for ever)."""
+    clock = Clock()
+    knowledge = BackendKnowledge(clock=clock)
+    backend = RestBackend("http://127.0.0.1:1", knowledge=knowledge)
+    knowledge.bind(backend)
+    answers = [{"name": "kserve", "extensions": []}, {"name": "kserve", "extensions": []}]
+
+    async def server_metadata() -> dict[str, Any]:
+        return answers.pop(0)
+
+    backend.server_metadata = server_metadata  # type: ignore[method-assign]
+    encoding = backend.encoding
+    fp16 = InferRequest("m", [Tensor("I", Datatype.FP16, [1], b"\0\0")])
+    assert await encoding.binary() is False and encoding.relays_known(True, 100) is False
+    encoding.unlisted(False, "refused binary tensors")
+    assert encoding.try_unlisted(fp16) is False
+    clock.now += KNOWLEDGE_TTL_S
+    assert encoding.relays_known(True, 100) is None  # to be asked again
+    assert encoding.try_unlisted(fp16) is True  # tried again
+    assert await encoding.binary() is False and answers == []

@@ -17,8 +17,8 @@ from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.codecs.dtypes import deserialize_bytes, serialize_bytes
 from v2proxy.codecs.mindie_answer import TextParts
 from v2proxy.core.errors import InvalidRequest
+from v2proxy.core.generate import single
 from v2proxy.core.model import Datatype, InferRequest, InferResponse, Tensor
-from v2proxy.core.stages.generate import single
 from v2proxy.reference import models
 from v2proxy.reference.models import LLM_MAX_TOKENS, LLM_SLICE_TOKENS, iter_llm_tokens
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from v2proxy.backends.rest_requests import infer_body
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import as_numpy, from_numpy
 from v2proxy.codecs.raw import decode_raw_request
@@ -515,7 +516,7 @@ def test_decode_response_binary_is_a_view() -> None:
     assert as_numpy(t).tolist() == [1, -1]
 
 
-# --------------------------------------------------------------------------- encode_request
+# --------------------------------------------------------------- the REST backend's /infer body
 
 
 def _sample_request() -> InferRequest:
@@ -535,13 +536,14 @@ def _sample_request() -> InferRequest:
 
 
 @pytest.mark.parametrize("binary", [True, False])
-def test_encode_request_round_trips(binary: bool) -> None:
+def test_infer_body_round_trips(binary: bool) -> None:
     req = _sample_request()
-    chunks, ihcl = binc.encode_request(req, binary=binary)
+    chunks, ihcl = infer_body(req, binary)
     assert (ihcl is not None) == binary
     back = binc.decode_request(_join(chunks), ihcl, "M")
     assert back.id == "x"
-    assert back.parameters == {"k": 2}
+    # a binary body asks every output binary both ways, the request's flag too
+    assert back.parameters == ({"k": 2, "binary_data_output": True} if binary else {"k": 2})
     assert back.outputs == [RequestedOutput("O", {"binary_data": binary})]
     for t, want in zip(back.inputs, req.inputs, strict=True):
         assert (t.name, t.datatype, t.shape) == (want.name, want.datatype, want.shape)
@@ -551,9 +553,9 @@ def test_encode_request_round_trips(binary: bool) -> None:
             assert bytes(t.data) == bytes(want.data)
 
 
-def test_encode_request_binary_layout() -> None:
+def test_infer_body_binary_layout() -> None:
     req = _sample_request()
-    chunks, ihcl = binc.encode_request(req, binary=True)
+    chunks, ihcl = infer_body(req, True)
     body = _join(chunks)
     assert ihcl is not None
     header = json.loads(body[:ihcl])
@@ -563,12 +565,12 @@ def test_encode_request_binary_layout() -> None:
     assert body[ihcl:] == b"".join(bytes(t.data) for t in req.inputs)
     # Requests without listed outputs ask for binary outputs.
     req.outputs = None
-    chunks, ihcl = binc.encode_request(req, binary=True)
+    chunks, ihcl = infer_body(req, True)
     assert json.loads(_join(chunks)[:ihcl])["parameters"] == {"k": 2, "binary_data_output": True}
 
 
 def test_tritonclient_decodes_our_binary_request_the_same() -> None:
-    # A body built by tritonclient and one built by encode_request decode to the same tensors.
+    # A body built by tritonclient and one built by infer_body decode to the same tensors.
     arrays = [
         ("I", np.array([[1, -2], [3, 4]], np.int64), "INT64"),
         ("B", np.array([True]), "BOOL"),
@@ -581,7 +583,7 @@ def test_tritonclient_decodes_our_binary_request_the_same() -> None:
         [from_numpy(n, Datatype(d), a) for n, a, d in arrays],
         parameters={"binary_data_output": True},
     )
-    chunks, ihcl = binc.encode_request(ours, binary=True)
+    chunks, ihcl = infer_body(ours, True)
     a = binc.decode_request(tc_body, tc_size, "M")
     b = binc.decode_request(_join(chunks), ihcl, "M")
     assert [(t.name, t.datatype, t.shape, bytes(t.data)) for t in a.inputs] == [

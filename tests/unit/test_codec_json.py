@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from v2proxy.backends.rest_requests import infer_body
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import from_numpy
 from v2proxy.codecs.json import is_object, loads
@@ -332,7 +333,7 @@ def test_fixed_size_tensor_with_wrong_byte_count_cannot_become_json() -> None:
     body = _request_body([_input(datatype="FP32", parameters={"binary_data_size": 3})])
     req = binc.decode_request(body + b"abc", len(body), "M")
     with pytest.raises(CodecError) as info:
-        binc.encode_request(req, binary=False)
+        infer_body(req, False)
     assert "'X'" in info.value.message
     assert "Expected 4, got 3" in info.value.message
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.strategies import FLOATS, JSON_TEXT, tensors
+from v2proxy.backends.rest_requests import infer_body
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.core.model import (
@@ -81,7 +82,7 @@ def test_every_datatype_through_json(data: st.DataObject) -> None:
 def test_every_datatype_through_binary_framing(data: st.DataObject) -> None:
     for datatype in Datatype:
         t = data.draw(tensors(datatype, json_safe=False), label=datatype.value)
-        chunks, ihcl = binc.encode_request(InferRequest("M", [t]), binary=True)
+        chunks, ihcl = infer_body(InferRequest("M", [t]), True)
         assert ihcl is not None
         (back,) = binc.decode_request(_join(chunks), ihcl, "M").inputs
         _assert_identical(back, t)
@@ -90,7 +91,7 @@ def test_every_datatype_through_binary_framing(data: st.DataObject) -> None:
 @SETTINGS
 @given(req=requests(json_safe=True), binary=st.booleans())
 def test_requests_round_trip(req: InferRequest, binary: bool) -> None:
-    chunks, ihcl = binc.encode_request(req, binary=binary)
+    chunks, ihcl = infer_body(req, binary)
     back = binc.decode_request(_join(chunks), ihcl, "M")
     assert back.id == (req.id or None)
     assert [o.name for o in back.outputs or []] == [o.name for o in req.outputs or []]

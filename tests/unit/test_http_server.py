@@ -750,9 +750,7 @@ async def test_max_connections(h: Harness) -> None:
         w.close()
 
 
-async def test_ipv6_and_start_on(h: Harness) -> None:
-    import socket
-
+async def test_ipv6(h: Harness) -> None:
     server = HttpServer(echo)
     try:
         port = await server.start("::1", 0)
@@ -762,14 +760,6 @@ async def test_ipv6_and_start_on(h: Harness) -> None:
     assert await still_open(reader, writer)
     writer.close()
     await server.close(grace=1.0)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    other = HttpServer(echo)
-    await other.start_on(sock)
-    reader, writer = await asyncio.open_connection("127.0.0.1", other.port)
-    assert await still_open(reader, writer)
-    writer.close()
-    await other.close(grace=1.0)
 
 
 async def test_unread_body_still_arriving_discarded(h: Harness) -> None:

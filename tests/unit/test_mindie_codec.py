@@ -13,14 +13,14 @@ import pytest
 from v2proxy.codecs import mindie_answer as ans
 from v2proxy.codecs import mindie_map as mp
 from v2proxy.codecs.dtypes import as_numpy, serialize_bytes
-from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request, utf16_length
+from v2proxy.codecs.mindie import Limits, LlmRequest, parse_request, utf16_length
 from v2proxy.core.errors import BackendError, BadGateway, CodecError
 from v2proxy.core.model import Datatype, InferResponse, Tensor
 
 LIMITS = Limits(max_input_chars=16, max_new_tokens=20, timeout=600)
 
 
-def parse(doc: Any, limits: Limits = LIMITS) -> MindieRequest:
+def parse(doc: Any, limits: Limits = LIMITS) -> LlmRequest:
     body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     return parse_request(body, limits, lambda: 846930886)
 
@@ -200,7 +200,7 @@ def test_invalid_request_gets_mindie_message(body: Any, message: str) -> None:
 
 def test_defaults_null_and_unknown_keys() -> None:
     req = parse({"inputs": "hi", "parameters": {"seed": None, "top_k": None, "foo": 1}, "x": 2})
-    assert req == MindieRequest("hi", seed=846930886, max_new_tokens=20, timeout=600)
+    assert req == LlmRequest("hi", seed=846930886, max_new_tokens=20, timeout=600)
     assert (req.stream, req.priority, req.details, req.temperature) == (False, 5, False, None)
     limits = Limits(16, max_new_tokens=7, timeout=30)
     req = parse_request(b'{"inputs": "hi", "stream": null}', limits, lambda: 5)
@@ -229,7 +229,7 @@ def test_every_knob_read() -> None:
         },
         Limits(100),
     )
-    assert req == MindieRequest(
+    assert req == LlmRequest(
         "My name is Olivier and I",
         stream=True,
         max_new_tokens=20,

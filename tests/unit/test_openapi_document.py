@@ -24,7 +24,7 @@ from v2proxy.core.pipeline import Pipeline
 from v2proxy.frontends import routes
 from v2proxy.frontends.openapi import document, document_json
 from v2proxy.frontends.rest import RestFrontend
-from v2proxy.reference.models import LLM_MAX_OUTPUT_CHARS, LLM_MAX_TOKENS, llm_tokens
+from v2proxy.reference.models import LLM_MAX_OUTPUT_CHARS, LLM_MAX_TOKENS, iter_llm_tokens
 
 #: a value for each path parameter when a documented path is turned into a request path
 SAMPLES = {"model": "simple", "version": "1", "name": "region0", "id": "llm"}
@@ -182,10 +182,10 @@ def test_binary_tensor_extension_described() -> None:
 def test_llm_generation_is_bounded() -> None:
     # max_tokens came unchecked from MindIE's /infer (up to INT32_MAX): the toy model built a
     # list of that many strings on the event loop, and the proxy stopped answering
-    assert len(llm_tokens("a b", LLM_MAX_TOKENS)) == LLM_MAX_TOKENS
+    assert len(list(iter_llm_tokens("a b", LLM_MAX_TOKENS))) == LLM_MAX_TOKENS
     word = "w" * (LLM_MAX_OUTPUT_CHARS // 8)
     with pytest.raises(InvalidRequest, match="would generate"):
-        llm_tokens(word, 16)
+        list(iter_llm_tokens(word, 16))
 
 
 async def test_builtin_llm_refuses_too_many_tokens() -> None:

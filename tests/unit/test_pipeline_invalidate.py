@@ -1,6 +1,6 @@
 """One invalidation reaches everything known of the backend: a repository load or unload
 through the pipeline drops the one knowledge (metadata, a gRPC backend's decoupled models, the
-staging output sizes), what the backend keeps itself and MindIE's discovered target."""
+staging output sizes, MindIE's discovered target), where everything is kept."""
 
 from __future__ import annotations
 
@@ -12,16 +12,13 @@ from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.backends.grpc import GrpcBackend
 from v2proxy.backends.staging import Stager
 from v2proxy.core.pipeline import Pipeline
+from v2proxy.frontends.llm_call import LlmBackendSide
 
 
 class Counting(BuiltinBackend):
     def __init__(self) -> None:
         super().__init__()
-        self.invalidated = 0
         self.metadata_calls = 0
-
-    def invalidate(self) -> None:
-        self.invalidated += 1
 
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         self.metadata_calls += 1
@@ -32,18 +29,18 @@ class Counting(BuiltinBackend):
 async def test_a_repository_load_or_unload_forgets_everything(load: bool) -> None:
     backend = Counting()
     pipeline = Pipeline(backend, max_input_size=1 << 20)
-    forgotten = []
-    pipeline.on_invalidate(lambda: forgotten.append(1))
+    side = LlmBackendSide(pipeline, "llm", "trtllm", "seed")
     await pipeline.knowledge.shape_info("simple", "")
     await pipeline.knowledge.shape_info("simple", "")
-    assert backend.metadata_calls == 1  # cached
+    target = await side.target()
+    assert await side.target() is target
+    assert backend.metadata_calls == 2  # cached
     await pipeline.repository_load("simple", load, {}, [])
-    assert (backend.invalidated, forgotten) == (1, [1])
     if not load:  # back again, to be asked
         await pipeline.repository_load("simple", True, {}, [])
-        assert (backend.invalidated, forgotten) == (2, [1, 1])
     await pipeline.knowledge.shape_info("simple", "")
-    assert backend.metadata_calls == 2  # asked again
+    assert backend.metadata_calls == 3  # asked again
+    assert await side.target() is not target and backend.metadata_calls == 4  # discovered again
 
 
 async def test_the_grpc_backend_forgets_decoupled_models_and_staged_sizes() -> None:

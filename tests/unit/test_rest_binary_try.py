@@ -15,11 +15,29 @@ import pytest
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
 from v2proxy.backends.rest_requests import infer_body
-from v2proxy.codecs.backend_meta import ServerCaps, server_caps
 from v2proxy.core.errors import BackendUnavailable
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
 
 X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
+
+
+class _Server:
+    """A backend's metadata calls: ``GET /v2`` answers ``answer`` (an exception is raised)."""
+
+    def __init__(self, answer: dict[str, Any] | Exception) -> None:
+        self.answer = answer
+
+    async def server_metadata(self) -> dict[str, Any]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
+        raise AssertionError("not asked")
+
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
+        raise AssertionError("not asked")
 
 
 def _request(outputs: list[RequestedOutput] | None, **params: Any) -> InferRequest:
@@ -131,10 +149,7 @@ def test_errors_that_are_no_refusal_of_binary_tensors(status: int, body: bytes) 
     ],
 )
 async def test_mlserver_is_never_tried_binary(metadata: dict[str, Any], tried: bool) -> None:
-    async def fetch() -> ServerCaps:
-        return server_caps(metadata)
-
-    encoding = Encoding("auto", "http://b", fetch)
+    encoding = Encoding("auto", "http://b", BackendKnowledge(_Server(metadata)))
     assert await encoding.binary() is False
     assert encoding.try_unlisted(_request(None)) is tried
 
@@ -149,12 +164,12 @@ async def test_relays_known_agrees_with_relays(
     """The backend's relay decision without an await (``relays_known``) is ``relays``' own
     whenever it gives one, and it gives one for the small JSON body whatever the setting."""
 
-    async def fetch() -> ServerCaps:
-        if listed is None:
-            raise BackendUnavailable("no answer")
-        return server_caps({"extensions": ["binary_tensor_data"] if listed else []})
-
-    encoding = Encoding(setting, "http://b", fetch)
+    answer: dict[str, Any] | Exception = (
+        BackendUnavailable("no answer")
+        if listed is None
+        else {"extensions": ["binary_tensor_data"] if listed else []}
+    )
+    encoding = Encoding(setting, "http://b", BackendKnowledge(_Server(answer)))
     known = encoding.relays_known(binary, size)
     if not binary and size < AUTO_BINARY_MIN:
         assert known is (setting != "binary")

@@ -10,11 +10,34 @@ from v2proxy.core.errors import Forbidden, ProxyError
 from v2proxy.core.restricted import (
     DEFAULT_GROUPS,
     GROUPS,
-    GRPC_GROUPS,
     RestrictedPolicy,
     parse_groups,
     parse_header,
 )
+
+#: which group each RPC belongs to in Triton (grpc_server.cc): every group has an RPC
+TRITON_GRPC_GROUPS = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
 
 
 @pytest.mark.parametrize(
@@ -90,7 +113,7 @@ def test_defaults_and_tables() -> None:
     )
     assert not policy.restricts("shared-memory")  # --client-shm local gates it
     assert policy.header is None
-    assert set(GRPC_GROUPS.values()) == GROUPS
+    assert set(TRITON_GRPC_GROUPS.values()) == GROUPS
     assert RestrictedPolicy.parse("none", "") == RestrictedPolicy(frozenset(), None)
     assert policy.restricts("logging") and not policy.restricts("inference")
 

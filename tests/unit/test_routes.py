@@ -251,7 +251,6 @@ class FakeRequest:
         self.chunked = False
         self.keep_alive = True
         self.client = None
-        self.disconnected = False
         self._body = body
         self._gone: asyncio.Future[None] | None = None
         self._access = access

@@ -1,6 +1,6 @@
 """Helpers shared by the backends (the interface itself, :class:`v2proxy.core.ports.Backend`,
 belongs to the core that calls it): a unary answer from a decoupled model, the mixin of
-backends that take decoded requests only, and the HTTP client pool the REST and MindIE
+backends that do not speak v2 REST, and the HTTP client pool the REST and MindIE
 backends open on ``start`` and close on ``close``: one keep-alive pool per backend endpoint
 (:mod:`v2proxy.backends.endpoints`), each call on the endpoint picked for it, and sent to
 another one when the picked one could not be reached (the request never left: refused, or no
@@ -54,9 +54,10 @@ async def single_response(model: str, responses: AsyncIterator[InferResponse]) -
     return first
 
 
-class DecodedOnly:
-    """For backends that take decoded requests only: nothing is relayed as bytes, and REST
-    requests that are not v2 operations have nowhere to go."""
+class NonRestBackend:
+    """For backends that do not speak v2 REST: no REST body is relayed as bytes, REST requests
+    that are not v2 operations have nowhere to go, and a gRPC message is not relayed either
+    unless the backend overrides :meth:`relay_message` (the gRPC backend does)."""
 
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound

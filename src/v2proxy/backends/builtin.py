@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from v2proxy import __version__
-from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.base import NonRestBackend, single_response
 from v2proxy.codecs import settings
 from v2proxy.codecs.dtypes import check_tensor_size
 from v2proxy.core.errors import CodecError, InvalidRequest, NotFound, ProxyError
@@ -160,7 +160,7 @@ async def _next(spec: ModelSpec, request: InferRequest, produced: Produced) -> l
         await asyncio.sleep(0)
 
 
-class BuiltinBackend(DecodedOnly):
+class BuiltinBackend(NonRestBackend):
     """Serves the reference models in-process."""
 
     name = "builtin"
@@ -171,9 +171,6 @@ class BuiltinBackend(DecodedOnly):
         self._unloaded: set[str] = set()
         self._trace: dict[str, Any] = {"trace_level": ["OFF"], "trace_rate": "1000"}
         self._log: dict[str, Any] = {"log_info": True, "log_warning": True, "log_error": True}
-
-    def invalidate(self) -> None:
-        return None  # the models are in-process: nothing is cached
 
     async def start(self) -> None:
         return None

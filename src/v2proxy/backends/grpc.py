@@ -49,14 +49,13 @@ import grpc
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy._proto.service import SERVICE, UNARY_RPCS
-from v2proxy.backends.base import DecodedOnly, single_response
+from v2proxy.backends.base import NonRestBackend, single_response
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort, split_hosts
 from v2proxy.backends.grpc_deadlines import Watch, Watchdog
 from v2proxy.backends.grpc_unary import RawUnary, raw_unary
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import grpc as grpcc
 from v2proxy.codecs import grpc_side
-from v2proxy.codecs.backend_meta import config_facts
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -125,7 +124,7 @@ def _metadata(headers: Headers) -> list[tuple[str, str]]:
     return out
 
 
-class GrpcBackend(DecodedOnly):
+class GrpcBackend(NonRestBackend):
     """Talks to a v2 gRPC model server at ``target`` (host:port)."""
 
     name = "grpc"
@@ -152,7 +151,7 @@ class GrpcBackend(DecodedOnly):
         #: channel, every call on the one channel)
         self._max_answer = max_answer_size if (max_answer_size or 0) < max_message_size else None
         #: what is known of this backend (the composition root's one; standalone: its own):
-        #: which models are decoupled is kept there, with its lifetime
+        #: which models are decoupled is read from its configuration facts, with its lifetime
         self.knowledge = knowledge or BackendKnowledge(self)
         #: grpcs://: TLS to the backend (None: a plain channel)
         self._credentials = credentials
@@ -213,9 +212,6 @@ class GrpcBackend(DecodedOnly):
         if self._started:
             self._started = False
             await self.endpoints.close()
-
-    def invalidate(self) -> None:
-        """Nothing of its own: what it knows is in :attr:`knowledge`."""
 
     def _staging(self) -> Stager | None:
         """--backend-shm, unless the endpoints are several servers (a region registered with
@@ -441,25 +437,19 @@ class GrpcBackend(DecodedOnly):
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
     async def is_decoupled(self, model: str, version: str, asked_for: str = "inference") -> bool:
-        """Whether the model's config says decoupled (asked once per model and lifetime of
-        the :attr:`knowledge`; servers without ModelConfig, such as KServe and MLServer, have
-        no decoupled models). A failure names ``asked_for``, the client's operation, rather
-        than the ModelConfig asked for it."""
-        key = ("decoupled", model, version)
-        decoupled: bool | None = self.knowledge.recall(key)
-        if decoupled is None:
-            token = _ASKED_FOR.set(asked_for)
-            try:
-                config = await self.model_config(model, version)
-            except Unsupported:
-                config = {}  # no ModelConfig at all: never decoupled
-            except BackendError:
-                return False  # a failure of the moment: asked again next time
-            finally:
-                _ASKED_FOR.reset(token)
-            decoupled = config_facts(config).decoupled
-            self.knowledge.learn(key, decoupled)
-        return decoupled
+        """Whether the model's config says decoupled: the facts of its configuration in the
+        :attr:`knowledge`, asked once per model and lifetime (an error answer, such as a
+        server without ModelConfig, counts as no config: not decoupled, for the lifetime too).
+        A backend that could not be asked raises, naming ``asked_for``, the client's
+        operation, rather than the ModelConfig asked for it."""
+        known = self.knowledge.known_config(model, version)
+        if known is not None:
+            return known.decoupled
+        token = _ASKED_FOR.set(asked_for)
+        try:
+            return (await self.knowledge.config(model, version)).decoupled
+        finally:
+            _ASKED_FOR.reset(token)
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers

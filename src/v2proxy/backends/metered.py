@@ -39,17 +39,11 @@ class MeteredBackend:
         self.stream_call = inner.stream_call
         self._rec = recorder
 
-    def __getattr__(self, name: str) -> Any:  # anything a backend has beyond the port
-        return getattr(self.inner, name)
-
     async def start(self) -> None:
         await self.inner.start()
 
     async def close(self) -> None:
         await self.inner.close()
-
-    def invalidate(self) -> None:
-        self.inner.invalidate()
 
     # ------------------------------------------------------------------ inference
 

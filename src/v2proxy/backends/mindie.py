@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any, Protocol
 
-from v2proxy.backends.base import BalancedClient, DecodedOnly, HttpPool, single_response
+from v2proxy.backends.base import BalancedClient, HttpPool, NonRestBackend, single_response
 from v2proxy.backends.builtin import unknown_model, validate_inputs
 from v2proxy.backends.endpoints import split_hosts
 from v2proxy.backends.rest_answers import failure, json_answer, mapped
@@ -83,7 +83,7 @@ class TokenSink(Protocol):
     def generated(self, model: str, tokens: int) -> None: ...
 
 
-class MindieBackend(DecodedOnly):
+class MindieBackend(NonRestBackend):
     """Serves MindIE at ``address`` (host:port) as the v2 model ``model``."""
 
     name = "mindie"
@@ -119,9 +119,6 @@ class MindieBackend(DecodedOnly):
 
     async def close(self) -> None:
         await self._pool.close()
-
-    def invalidate(self) -> None:
-        return None  # nothing of the model is cached here
 
     @property
     def client(self) -> BalancedClient:

@@ -4,8 +4,8 @@ pass-through (``relay_infer``, ``forward``).
 
 - Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
   capabilities (its ``GET /v2``, through the backend's one
-  :class:`~v2proxy.core.knowledge.BackendKnowledge`) for the ``binary_tensor_data`` extension on
-  first use (and again after a failure, or once the knowledge was invalidated),
+  :class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime) for the
+  ``binary_tensor_data`` extension,
   and tries binary tensors for FP16/BF16 on a backend that does not list them
   (:mod:`v2proxy.backends.rest_encoding`). A binary request asks every output binary
   (:func:`rest_requests.infer_body`); the client gets its answer in the form it asked for.
@@ -111,8 +111,7 @@ class RestBackend:
         self._max_infer = max_infer_answer
         #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
-        self.encoding = Encoding(encoding, self.base_url, self.knowledge.server)
-        self.knowledge.on_invalidate(self.encoding.forget)
+        self.encoding = Encoding(encoding, self.base_url, self.knowledge)
         self._paths = ModelPaths()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
@@ -154,9 +153,6 @@ class RestBackend:
         if self.staging is not None and self._pool.started:
             await self.staging.close(self)
         await self._pool.close()
-
-    def invalidate(self) -> None:
-        """Nothing of its own: what it knows is in :attr:`knowledge`."""
 
     @property
     def client(self) -> BalancedClient:

@@ -2,31 +2,32 @@
 
 - ``json`` / ``binary``: fixed.
 - ``auto``: binary tensors when the backend lists ``binary_tensor_data`` in ``GET /v2`` (its
-  :class:`~v2proxy.codecs.backend_meta.ServerCaps`, asked on first use, and again after the
-  backend's knowledge was invalidated: :meth:`Encoding.forget`). Then a JSON client body is relayed
-  untouched while it is small, and sent as binary tensors (outputs asked binary, the client answered
-  in the form it asked for) from :data:`AUTO_BINARY_MIN` bytes on, where the backend parsing JSON
-  costs more than v2proxy's transcoding. A backend that does not list the extension may take binary
-  tensors all the same (KServe 0.21 does, and refuses FP16 in JSON): for requests JSON cannot carry
-  (FP16, BF16 inputs) v2proxy tries binary; an answer is kept once it says which: a 200 (taken), or
-  a refusal that is about the binary body itself (:func:`refuses_binary`; that request then goes as
-  JSON). Any other error (the model's, an unknown output, KServe's "... for output X" when its model
-  writes FP16 outputs as JSON whatever was asked) is the client's answer and leaves the question
-  open. A server whose capabilities say it never takes them
+  :class:`~v2proxy.codecs.backend_meta.ServerCaps` in the backend's knowledge). Then a JSON
+  client body is relayed untouched while it is small, and sent as binary tensors (outputs asked
+  binary, the client answered in the form it asked for) from :data:`AUTO_BINARY_MIN` bytes on,
+  where the backend parsing JSON costs more than v2proxy's transcoding. A backend that does not
+  list the extension may take binary tensors all the same (KServe 0.21 does, and refuses FP16 in
+  JSON): for requests JSON cannot carry (FP16, BF16 inputs) v2proxy tries binary; an answer is
+  kept once it says which: a 200 (taken), or a refusal that is about the binary body itself
+  (:func:`refuses_binary`; that request then goes as JSON). Any other error (the model's, an
+  unknown output, KServe's "... for output X" when its model writes FP16 outputs as JSON
+  whatever was asked) is the client's answer and leaves the question open. A server whose
+  capabilities say it never takes them
   (:attr:`~v2proxy.codecs.backend_meta.ServerCaps.binary_unlisted` False: MLServer) is never
-  tried. What was learnt by trying is forgotten with the rest of the backend's knowledge.
+  tried.
 
-Asks the backend nothing itself: the REST backend hands it a way to have the server's
-capabilities (:meth:`v2proxy.core.knowledge.BackendKnowledge.server`).
+Everything ``auto`` knows, asked or learnt by trying, is kept in the backend's one
+:class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime and its invalidation: once
+the lifetime is over, the capabilities are asked again and binary tensors tried again. Nothing
+is kept here but the log lines already written (each said once, again only when it changes).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
-from v2proxy.codecs.backend_meta import ServerCaps
 from v2proxy.core.errors import ProxyError
+from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Datatype, InferRequest
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 #: (1.7 x), 1.3 MB (7 x) and 21 MB (4 x)
 AUTO_BINARY_MIN = 16 * 1024
 _NOT_IN_JSON = (Datatype.FP16, Datatype.BF16)
+#: the knowledge's key of whether the backend takes binary tensors it does not list
+_UNLISTED = ("binary tensors unlisted",)
 
 #: texts of a 422 from a FastAPI (pydantic) server that read the binary-framed body as JSON:
 #: MLServer 1.7 ("JSON decode error", type json_invalid; or "Input should be a valid dictionary
@@ -73,39 +76,45 @@ def refuses_binary(status: int, message: str) -> bool:
 class Encoding:
     """The wire form of one backend's /infer requests."""
 
-    __slots__ = ("_binary", "_caps", "_name", "_unlisted", "setting")
+    __slots__ = ("_fixed", "_knowledge", "_name", "_said", "setting")
 
-    def __init__(self, setting: str, name: str, caps: Callable[[], Awaitable[ServerCaps]]) -> None:
+    def __init__(self, setting: str, name: str, knowledge: BackendKnowledge) -> None:
         self.setting = setting
         self._name = name
-        self._caps = caps
-        self._binary: bool | None = {"json": False, "binary": True}.get(setting)
-        #: with ``auto``, whether a backend that does not list binary tensors takes them all
-        #: the same (None: not known yet)
-        self._unlisted: bool | None = None if setting == "auto" else False
+        self._knowledge = knowledge
+        #: json or binary; None: ``auto``, the knowledge's answer
+        self._fixed: bool | None = {"json": False, "binary": True}.get(setting)
+        #: the last value of each log line written (said once, again when it changes)
+        self._said: dict[str, bool] = {}
+
+    def _say(self, key: str, value: bool, text: str) -> None:
+        if self._said.get(key) is not value:
+            self._said[key] = value
+            log.info("backend %s %s", self._name, text)
 
     async def binary(self) -> bool:
-        """Whether requests go binary: fixed by configuration, or asked of the backend once."""
-        if self._binary is None:
-            caps = await self._caps()
-            self._binary = caps.binary_tensors
-            log.info("backend %s binary tensors: %s", self._name, self._binary)
-            if not self._binary and caps.binary_unlisted is False:
-                self.unlisted(False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
-        return self._binary
-
-    def forget(self) -> None:
-        """Forget what ``auto`` asked or learnt of the backend (its knowledge was
-        invalidated): asked again on next use."""
-        if self.setting == "auto":
-            self._binary = None
-            self._unlisted = None
+        """Whether requests go binary: fixed by configuration, or the backend's capabilities."""
+        if self._fixed is not None:
+            return self._fixed
+        caps = await self._knowledge.server()
+        binary = caps.binary_tensors
+        self._say("binary", binary, f"binary tensors: {binary}")
+        if not binary and caps.binary_unlisted is False:
+            self._say("unlisted", False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
+        return binary
 
     def relays_known(self, binary: bool, size: int) -> bool | None:
         """:meth:`relays`' answer when it needs nothing asked of the backend (the usual small
-        JSON body, or whatever came once the backend has said); None otherwise."""
+        JSON body, or whatever came while the backend's capabilities are known); None
+        otherwise."""
         if binary or (self.setting == "auto" and size >= AUTO_BINARY_MIN):
-            return None if self._binary is None else (self._binary if binary else not self._binary)
+            known = self._fixed
+            if known is None:
+                caps = self._knowledge.known_server()
+                if caps is None:
+                    return None
+                known = caps.binary_tensors
+            return known if binary else not known
         return self.setting != "binary"
 
     async def relays(self, binary: bool, size: int) -> bool:
@@ -123,14 +132,18 @@ class Encoding:
 
     def try_unlisted(self, request: InferRequest) -> bool:
         """Whether to send this request binary to a backend that does not list binary tensors
-        (it holds tensors JSON cannot carry, and the backend has not refused binary yet)."""
-        return self._unlisted is not False and any(
-            t.datatype in _NOT_IN_JSON for t in request.inputs
-        )
+        (it holds tensors JSON cannot carry, and the backend has not refused binary within
+        the knowledge's lifetime)."""
+        if self.setting != "auto":
+            return False
+        taken: bool | None = self._knowledge.recall(_UNLISTED)
+        if taken is None:
+            caps = self._knowledge.known_server()
+            taken = None if caps is None else caps.binary_unlisted
+        return taken is not False and any(t.datatype in _NOT_IN_JSON for t in request.inputs)
 
     def unlisted(self, taken: bool, why: str = "") -> None:
         """What the backend did with binary tensors it does not list (``why``: the log's words
-        when it refused them)."""
-        if self._unlisted is None:
-            log.info("backend %s %s", self._name, "takes binary tensors unlisted" if taken else why)
-        self._unlisted = taken
+        when it refused them), kept in the knowledge for its lifetime."""
+        self._say("unlisted", taken, "takes binary tensors unlisted" if taken else why)
+        self._knowledge.learn(_UNLISTED, taken)

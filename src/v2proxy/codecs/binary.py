@@ -18,7 +18,6 @@ from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
 from v2proxy.codecs.json_v2 import (
     dumps_tree,
     request_from_obj,
-    request_to_obj,
     response_from_obj,
     response_to_obj,
 )
@@ -110,17 +109,6 @@ def _request(
     return request_from_obj(
         obj, model_name, model_version, reader, max_input_size, max_tensors=max_tensors
     )
-
-
-def encode_request(req: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
-    """A request body for a backend: all tensors binary, or all JSON (and outputs likewise)."""
-    obj = request_to_obj(req, binary_inputs=binary, binary_outputs=binary)
-    head = dumps_tree(obj)
-    if not binary:
-        return [head], None
-    chunks: list[Buffer] = [head]
-    chunks.extend(t.data for t in req.inputs if memoryview(t.data).nbytes)
-    return chunks, len(head)
 
 
 def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:

@@ -1,7 +1,7 @@
 """MindIE's native ``POST /infer`` request, validated as MindIE validates it
 (docs/protocol.md, MindIE clients).
 
-:func:`parse_request` turns the body into a :class:`MindieRequest` or raises
+:func:`parse_request` turns the body into a :class:`LlmRequest` or raises
 :class:`~v2proxy.core.errors.CodecError` with MindIE's message; the MindIE frontend answers it as
 422 ``{"error": <message>, "error_type": "Input Validation Error"}``. The checks run in MindIE's
 order: the body is a JSON object; ``inputs``/``input_id`` present and not both; ``inputs``' type
@@ -52,8 +52,9 @@ class MediaItem:
 
 
 @dataclass(slots=True)
-class MindieRequest:
-    """A validated ``/infer`` request. Sampling knobs are None when the client gave none."""
+class LlmRequest:
+    """A validated generation request: MindIE's ``/infer`` parsed here, or an OpenAI request
+    put so by the OpenAI frontend. Sampling knobs are None when the client gave none."""
 
     text: str
     stream: bool = False
@@ -240,7 +241,7 @@ def _text_error(exc: InvalidText) -> CodecError:
 
 def parse_request(
     body: bytes | bytearray | memoryview, limits: Limits, draw_seed: Callable[[], int]
-) -> MindieRequest:
+) -> LlmRequest:
     """The validated request, or CodecError with MindIE's message (the first rule broken)."""
     try:
         doc = loads(body)
@@ -268,7 +269,7 @@ def parse_request(
         text, media = _parse_list(inputs, limit)
     else:
         raise invalid("inputs must be string or list type.")
-    req = MindieRequest(text, media=media)
+    req = LlmRequest(text, media=media)
     req.max_new_tokens = limits.max_new_tokens
     req.timeout = limits.timeout
     stream = doc.get("stream")

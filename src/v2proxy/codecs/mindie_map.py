@@ -37,7 +37,7 @@ import numpy as np
 from v2proxy.codecs.backend_meta import ConfigFacts, ModelMeta, config_facts, model_meta
 from v2proxy.codecs.dtypes import NUMPY_DTYPE, from_numpy, serialize_bytes
 from v2proxy.codecs.json import dumps
-from v2proxy.codecs.mindie import MindieRequest, invalid
+from v2proxy.codecs.mindie import LlmRequest, invalid
 from v2proxy.core.errors import CodecError
 from v2proxy.core.model import Datatype, InferRequest, RequestedOutput, Tensor
 
@@ -128,7 +128,7 @@ def profile_problems(profile: str, view: ModelView) -> list[str]:
     return problems
 
 
-def _media_values(req: MindieRequest, view: ModelView, profile: str) -> dict[str, Any]:
+def _media_values(req: LlmRequest, view: ModelView, profile: str) -> dict[str, Any]:
     if not req.media:
         return {}
     urls = [m.url for m in req.media if m.kind == "image_url"]
@@ -150,7 +150,7 @@ def _media_values(req: MindieRequest, view: ModelView, profile: str) -> dict[str
     raise invalid(f"model '{view.name}' takes no image inputs.")
 
 
-def _sampling(req: MindieRequest) -> dict[str, Any]:
+def _sampling(req: LlmRequest) -> dict[str, Any]:
     """The sampling knobs under their v2 names (None: not given)."""
     greedy = req.do_sample is False
     return {
@@ -162,7 +162,7 @@ def _sampling(req: MindieRequest) -> dict[str, Any]:
 
 
 def candidate_values(
-    req: MindieRequest,
+    req: LlmRequest,
     profile: str,
     view: ModelView,
     seed_input: str = "seed",
@@ -198,7 +198,7 @@ def select(values: dict[str, Any], view: ModelView) -> tuple[dict[str, Any], lis
 
 
 def generate_body(
-    req: MindieRequest, profile: str, view: ModelView, seed_input: str, stream: bool
+    req: LlmRequest, profile: str, view: ModelView, seed_input: str, stream: bool
 ) -> tuple[dict[str, Any], list[str]]:
     """The generate-extension body for ``/generate[_stream]`` and the knobs left out."""
     if profile != "generate":

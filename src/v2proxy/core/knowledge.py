@@ -7,15 +7,17 @@
 - :meth:`~BackendKnowledge.server`: the server's capabilities (``GET /v2``). Errors are raised,
   never kept.
 - :meth:`~BackendKnowledge.model`: a model's metadata, typed (errors raised, never kept);
-  :meth:`~BackendKnowledge.config`: the facts of its configuration (a configuration that
-  cannot be had is kept as none: :data:`~v2proxy.codecs.backend_meta.NO_CONFIG`).
-- :meth:`~BackendKnowledge.recall` / :meth:`~BackendKnowledge.learn`: what a backend learns on
-  its own terms (a gRPC backend's decoupled models, asked with its own errors), kept under the
-  same lifetime.
-- :meth:`~BackendKnowledge.invalidate` (after a repository load or unload) forgets all of it,
-  and calls whatever was registered with :meth:`~BackendKnowledge.on_invalidate`: what the
-  backends learn by *trying* and keep on their own hot paths (whether a REST backend takes
-  binary tensors, unlisted ones too), and MindIE's discovered target.
+  :meth:`~BackendKnowledge.config`: the facts of its configuration, decoupled included (an
+  answer that is no configuration, the backend's error too, is kept as none:
+  :data:`~v2proxy.codecs.backend_meta.NO_CONFIG`; a backend that could not be asked,
+  unreachable or silent, raises and is asked again next time).
+- :meth:`~BackendKnowledge.known_server` / :meth:`~BackendKnowledge.known_config`: the same
+  facts when they are known, without asking (for the hot paths, which must not await).
+- :meth:`~BackendKnowledge.recall` / :meth:`~BackendKnowledge.learn`: what the backends and
+  frontends learn on their own terms, kept under the same lifetime: whether a REST backend
+  takes binary tensors it does not list (learnt by trying), the generate extension's
+  presence, the MindIE/OpenAI target discovered from a model's metadata and config.
+- :meth:`~BackendKnowledge.invalidate` (after a repository load or unload) forgets all of it.
 
 The composition root makes one, binds it to the backend it builds (undecorated: its probes are
 the proxy's own, not the clients' calls the metrics time) and hands it to that backend and to
@@ -38,7 +40,7 @@ from v2proxy.codecs.backend_meta import (
     model_meta,
     server_caps,
 )
-from v2proxy.core.errors import ProxyError
+from v2proxy.core.errors import BackendUnavailable, GatewayTimeout, ProxyError
 
 #: how long anything learnt of the backend is kept (s)
 KNOWLEDGE_TTL_S = 30.0
@@ -72,7 +74,6 @@ class BackendKnowledge:
         self.ttl = ttl
         self._clock = clock
         self._facts: dict[Hashable, tuple[float, Any]] = {}
-        self._forgetters: list[Callable[[], None]] = []
 
     def bind(self, source: MetadataSource) -> None:
         """Ask ``source`` from now on."""
@@ -102,14 +103,8 @@ class BackendKnowledge:
         self._facts[key] = (self._clock(), value)
 
     def invalidate(self) -> None:
-        """Forget everything, here and wherever :meth:`on_invalidate` registered."""
+        """Forget everything."""
         self._facts.clear()
-        for forget in self._forgetters:
-            forget()
-
-    def on_invalidate(self, forget: Callable[[], None]) -> None:
-        """Have ``forget`` called whenever the knowledge is dropped."""
-        self._forgetters.append(forget)
 
     # ------------------------------------------------------------------ typed facts
 
@@ -131,15 +126,29 @@ class BackendKnowledge:
         return meta
 
     async def config(self, model: str, version: str) -> ConfigFacts:
-        """The facts of a model's configuration; one that cannot be had counts as none."""
+        """The facts of a model's configuration; an error answer counts as none, kept for the
+        lifetime (servers without one, a ModelConfig refused); a backend that could not be
+        asked (BackendUnavailable, GatewayTimeout) raises, and is asked again next time."""
         key = ("config", model, version)
         facts: ConfigFacts | None = self.recall(key)
         if facts is None:
             try:
                 facts = config_facts(await self._source().model_config(model, version))
+            except (BackendUnavailable, GatewayTimeout):
+                raise
             except ProxyError:
                 facts = NO_CONFIG
             self.learn(key, facts)
+        return facts
+
+    def known_server(self) -> ServerCaps | None:
+        """The server's capabilities when known within the lifetime (nothing is asked)."""
+        caps: ServerCaps | None = self.recall(_SERVER)
+        return caps
+
+    def known_config(self, model: str, version: str) -> ConfigFacts | None:
+        """A model's configuration facts when known within the lifetime (nothing is asked)."""
+        facts: ConfigFacts | None = self.recall(("config", model, version))
         return facts
 
     # ------------------------------------------------------------------ what the stages ask

@@ -70,6 +70,7 @@ from v2proxy.codecs.raw import decode_raw_request
 from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core import restricted
 from v2proxy.core.errors import NotFound, Unsupported
+from v2proxy.core.generate import GenerateExtension, Mapped
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
@@ -78,7 +79,6 @@ from v2proxy.core.relay import Relay
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
-from v2proxy.core.stages.generate import GenerateStage, Mapped
 from v2proxy.core.stages.shm import SharedMemoryStage
 
 #: The extensions v2proxy provides to clients whatever the backend has.
@@ -161,7 +161,9 @@ class Pipeline:
             )
         )
         self._relay = Relay(backend, self.stages, max_input_size, max_tensors)
-        self.generation = GenerateStage(backend, self.knowledge, self.stream_infer, max_input_size)
+        self.generation = GenerateExtension(
+            backend, self.knowledge, self.stream_infer, max_input_size
+        )
 
     def _allow(self, group: str, headers: Headers) -> None:
         self.access.check(group, headers)
@@ -430,7 +432,7 @@ class Pipeline:
     ) -> ForwardResponse | Mapped:
         """A REST ``generate``/``generate_stream`` request: passed through to a backend that
         has the extension, else mapped onto :meth:`stream_infer`
-        (:mod:`v2proxy.core.stages.generate`)."""
+        (:mod:`v2proxy.core.generate`)."""
         self._allow("inference", headers)
         return await self.generation.run(model, version, target, body, headers, stream)
 
@@ -438,21 +440,15 @@ class Pipeline:
         self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
         """A generate body (a JSON object) sent through whichever way the backend takes it;
-        the answers as generate JSON objects (:meth:`GenerateStage.objects`)."""
+        the answers as generate JSON objects (:meth:`GenerateExtension.objects`)."""
         self._allow("inference", headers)
         return self.generation.objects(model, version, obj, headers, stream)
 
     def invalidate(self) -> None:
         """Forget everything known of the backend (after a repository load or unload): the
-        one :attr:`knowledge`, with what the backends and frontends registered with it
-        (:meth:`on_invalidate`: what a backend learnt by trying, MindIE's discovered target),
-        and whatever a backend still keeps on its own (:meth:`Backend.invalidate`)."""
+        one :attr:`knowledge`, where the backends and frontends keep what they learn too
+        (binary tensors learnt by trying, the MindIE/OpenAI targets)."""
         self.knowledge.invalidate()
-        self.backend.invalidate()
-
-    def on_invalidate(self, forget: Callable[[], None]) -> None:
-        """Have ``forget`` called whenever the knowledge of the backend is dropped."""
-        self.knowledge.on_invalidate(forget)
 
     # ------------------------------------------------------------------ shared memory
 

@@ -12,8 +12,8 @@ Contract:
 - The groups are Triton's names (:data:`GROUPS`). The group of each REST route is a column of
   the REST frontend's route table (``v2proxy.frontends.routes``; MindIE's ``/infer`` is
   ``inference``); :func:`passthrough_group` gives that of a REST request no route matches
-  (passed through), and :data:`GRPC_GROUPS` that of each RPC. The pipeline checks each
-  operation's group by name.
+  (passed through); each RPC has the group of the pipeline operation it calls (as Triton's
+  grpc_server.cc groups them). The pipeline checks each operation's group by name.
 - :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
   PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
   header with exactly the configured value. Header names match case-insensitively; the value is
@@ -49,30 +49,6 @@ GROUPS = frozenset(
 #: shared memory is not among them: ``--client-shm local`` (the default) already keeps it to
 #: clients on loopback or a unix socket, the pod's boundary; an operator can still add it.
 DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace"})
-
-# Which group each RPC belongs to (as in Triton's grpc_server.cc).
-GRPC_GROUPS = {
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelInfer": "inference",
-    "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config",
-    "ModelStatistics": "statistics",
-    "RepositoryIndex": "model-repository",
-    "RepositoryModelLoad": "model-repository",
-    "RepositoryModelUnload": "model-repository",
-    "SystemSharedMemoryStatus": "shared-memory",
-    "SystemSharedMemoryRegister": "shared-memory",
-    "SystemSharedMemoryUnregister": "shared-memory",
-    "CudaSharedMemoryStatus": "shared-memory",
-    "CudaSharedMemoryRegister": "shared-memory",
-    "CudaSharedMemoryUnregister": "shared-memory",
-    "TraceSetting": "trace",
-    "LogSettings": "logging",
-}
 
 # RFC 9110 token; gRPC metadata keys are a subset (lowercase letters, digits, "-_.").
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

@@ -5,7 +5,7 @@ MindIE; docs/architecture.md, the product contract): one more frontend of the on
 
 - The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without
   ``parameters.seed`` gets one drawn here, sent to the backend and echoed in ``details``.
-- The backend call (:mod:`v2proxy.frontends.mindie_call`) runs under the request's
+- The backend call (:mod:`v2proxy.frontends.llm_call`) runs under the request's
   ``timeout`` (seconds), the proxy's own deadline.
 - Non-stream: ``{"generated_text", "details"?}``.
 - Stream: ``text/event-stream`` with MindIE's framing, one event per backend response, held
@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from v2proxy.codecs import mindie_answer as answer
-from v2proxy.codecs.mindie import Limits, MindieRequest, parse_request
+from v2proxy.codecs.mindie import Limits, LlmRequest, parse_request
 from v2proxy.core.errors import (
     BackendError,
     BackendUnavailable,
@@ -47,7 +47,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers
-from v2proxy.frontends.mindie_call import BackendSide, Target
+from v2proxy.frontends.llm_call import LlmBackendSide, Target
 from v2proxy.ops.config_sections import MindieSettings
 from v2proxy.ops.metrics_export import AnyMetrics
 from v2proxy.ops.recorders import TokenRecorder
@@ -97,7 +97,7 @@ class MindieFrontend:
         s = settings or DEFAULT
         self.settings = s
         self.limits = Limits(s.max_input_chars, s.max_new_tokens, s.timeout)
-        self.backend_side = BackendSide(pipeline, s.model, s.profile, s.seed_input)
+        self.backend_side = LlmBackendSide(pipeline, s.model, s.profile, s.seed_input)
         self.tokens = TokenRecorder(metrics, "frontend") if metrics is not None else None
         self._rng = rng or random.SystemRandom()
 
@@ -105,7 +105,7 @@ class MindieFrontend:
         """Look the model up now (at start-up): the line saying what serves ``/infer``, or a
         warning; a failed look-up is tried again on the first request."""
         with contextlib.suppress(ProxyError):
-            await self.backend_side.target([])
+            await self.backend_side.target()
 
     def _draw_seed(self) -> int:
         return self._rng.getrandbits(63)
@@ -115,14 +115,14 @@ class MindieFrontend:
         envelope to record (their kind) and to answer in MindIE's shape
         (:func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
-        target = await self.backend_side.target(headers)
+        target = await self.backend_side.target()
         if req.stream:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)
 
     # ------------------------------------------------------------------ non-stream
 
-    async def _text(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
+    async def _text(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         parts = answer.TextParts()
         reported: int | None = None
         reason: str | None = None
@@ -158,7 +158,7 @@ class MindieFrontend:
 
     # ------------------------------------------------------------------ stream
 
-    async def _stream(self, target: Target, req: MindieRequest, headers: Headers) -> Answer:
+    async def _stream(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.timeout
         t0 = time.perf_counter()
@@ -236,7 +236,7 @@ class _Token:
 class _StreamState:
     """The running account of a stream: texts, token counts, finish reason, arrival times."""
 
-    def __init__(self, t0: float, req: MindieRequest) -> None:
+    def __init__(self, t0: float, req: LlmRequest) -> None:
         self.t0 = t0
         self.req = req
         self.prev: float | None = None

@@ -8,7 +8,7 @@ frontend of the one :class:`~v2proxy.core.pipeline.Pipeline`, served from the v2
   messages are rendered into one prompt by the model's chat template
   (:mod:`v2proxy.codecs.chat_template`).
 - The backend is reached exactly as MindIE's ``/infer`` reaches it
-  (:class:`~v2proxy.frontends.mindie_call.BackendSide`: the ``trtllm``, ``vllm`` and
+  (:class:`~v2proxy.frontends.llm_call.LlmBackendSide`: the ``trtllm``, ``vllm`` and
   ``generate`` profiles, over REST, gRPC, the builtin models or a MindIE server), with the
   request's ``max_tokens`` (else the model's default), ``temperature`` (0: greedy),
   ``top_p`` and ``seed`` (drawn here when absent), under the model's ``timeout``.
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from v2proxy.codecs import mindie_answer, openai_answer
 from v2proxy.codecs.json import dumps
-from v2proxy.codecs.mindie import MindieRequest
+from v2proxy.codecs.mindie import LlmRequest
 from v2proxy.codecs.openai import (
     LIMITS,
     OpenAIRequest,
@@ -68,7 +68,7 @@ from v2proxy.core.errors import (
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers
-from v2proxy.frontends.mindie_call import BackendSide, Target
+from v2proxy.frontends.llm_call import LlmBackendSide, Target
 from v2proxy.frontends.rest_answer import error_fields
 from v2proxy.ops.config_sections import OpenAIModel, OpenAISettings
 from v2proxy.ops.metrics_export import AnyMetrics
@@ -115,7 +115,7 @@ class _Served:
     """One model id: its settings and the backend side that reaches its v2 model."""
 
     settings: OpenAIModel
-    side: BackendSide
+    side: LlmBackendSide
 
 
 class _Generation:
@@ -125,7 +125,7 @@ class _Generation:
 
     __slots__ = ("count", "echo", "gen", "parts", "reason", "reported", "req", "scanner", "target")
 
-    def __init__(self, req: OpenAIRequest, gen: MindieRequest, target: Target) -> None:
+    def __init__(self, req: OpenAIRequest, gen: LlmRequest, target: Target) -> None:
         self.req = req
         self.gen = gen
         self.target = target
@@ -197,7 +197,7 @@ class OpenAIFrontend:
         self.models: dict[str, _Served] = {
             m.id: _Served(
                 m,
-                BackendSide(
+                LlmBackendSide(
                     pipeline, m.model, m.profile, m.seed_input, f"OpenAI model '{m.id}'", log
                 ),
             )
@@ -209,10 +209,11 @@ class OpenAIFrontend:
         self._rng = rng or random.SystemRandom()
 
     async def check(self) -> None:
-        """Look each model up now (at start-up): BackendSide logs what serves it, or a warning."""
+        """Look each model up now (at start-up): its LlmBackendSide logs what serves it, or a
+        warning."""
         for served in self.models.values():
             with contextlib.suppress(ProxyError):
-                await served.side.target([])
+                await served.side.target()
 
     # ------------------------------------------------------------------ models
 
@@ -253,11 +254,9 @@ class OpenAIFrontend:
             raise NotFound(f"The model '{model_id}' does not exist")
         return served
 
-    def _generation_request(
-        self, served: _Served, req: OpenAIRequest, prompt: str
-    ) -> MindieRequest:
+    def _generation_request(self, served: _Served, req: OpenAIRequest, prompt: str) -> LlmRequest:
         s = served.settings
-        gen = MindieRequest(prompt, stream=req.stream, timeout=s.timeout)
+        gen = LlmRequest(prompt, stream=req.stream, timeout=s.timeout)
         gen.max_new_tokens = req.max_tokens or s.max_tokens
         if req.temperature == 0.0:
             gen.do_sample = False  # greedy
@@ -273,7 +272,7 @@ class OpenAIFrontend:
         """The answer to a request :meth:`prepare` made ready: one JSON object, or a stream."""
         served, req, prompt = prepared
         gen = self._generation_request(served, req, prompt)
-        target = await served.side.target(headers)
+        target = await served.side.target()
         acc = _Generation(req, gen, target)
         chunks = served.side.chunks(target, gen, headers)
         rid = ("chatcmpl-" if req.chat else "cmpl-") + secrets.token_hex(12)
@@ -281,7 +280,7 @@ class OpenAIFrontend:
             return await self._stream(acc, chunks, rid)
         return await self._whole(acc, chunks, rid)
 
-    def _timeout(self, gen: MindieRequest) -> GatewayTimeout:
+    def _timeout(self, gen: LlmRequest) -> GatewayTimeout:
         return GatewayTimeout(f"the generation took longer than {gen.timeout} s (openai timeout)")
 
     async def _whole(self, acc: _Generation, chunks: _Chunks, rid: str) -> Answer:

@@ -1,6 +1,6 @@
 """``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` of the REST
 frontend: Triton's generate extension (docs/protocol.md, generate extension), whatever the
-backend (:mod:`v2proxy.core.stages.generate` decides between passing through and mapping).
+backend (:mod:`v2proxy.core.generate` decides between passing through and mapping).
 
 - A passed-through answer is written as the backend sends it, server-sent events one by one.
 - A mapped ``generate`` answers one JSON object (:mod:`v2proxy.codecs.generate`); a model that
@@ -31,10 +31,10 @@ from typing import Any
 
 from v2proxy.codecs import generate as gc
 from v2proxy.core.errors import ProxyError
+from v2proxy.core.generate import single
 from v2proxy.core.model import InferResponse
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
-from v2proxy.core.stages.generate import single
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.http.request import ClientDisconnected, HttpRequest

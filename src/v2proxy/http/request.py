@@ -166,11 +166,6 @@ class HttpRequest:
                 return v
         return None
 
-    @property
-    def disconnected(self) -> bool:
-        """The client has gone away."""
-        return self._conn.lost
-
     def gone(self) -> asyncio.Future[None]:
         """A future done when the client goes away or closes its sending side (at once if it
         has): a handler doing long work without reading or writing waits on it beside that

@@ -112,11 +112,6 @@ class HttpServer:
         )
         return self.port
 
-    async def start_on(self, sock: socket.socket) -> None:
-        """Serves on an already bound (and possibly listening) socket."""
-        loop = self._loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._factory, sock=sock, **self._tls())
-
     def _tls(self) -> dict[str, Any]:
         if self.ssl_context is None:
             return {}

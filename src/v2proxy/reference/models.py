@@ -195,11 +195,6 @@ def _cycle(words: list[str], n: int) -> Iterator[str]:
         yield spaced[i % len(words)] if i else words[0]
 
 
-def llm_tokens(prompt: str, max_tokens: int) -> list[str]:
-    """:func:`iter_llm_tokens` as a list (for tests and small counts)."""
-    return list(iter_llm_tokens(prompt, max_tokens))
-
-
 def _llm(inputs: dict[str, Tensor]) -> Produced:
     raw = _scalar(inputs, "text_input", b"")
     prompt = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzzlib import instrumented, main, survives, take
 
 with instrumented(__name__ == "__main__"):
-    from v2proxy.codecs import binary as binc
+    from v2proxy.backends.rest_requests import infer_body
     from v2proxy.codecs import generate as gc
     from v2proxy.codecs import grpc as grpcc
     from v2proxy.core.model import InferResponse
@@ -55,7 +55,7 @@ def test_one_input(data: bytes) -> None:
     if req is None:
         return
     for binary in (False, True):
-        survives(binc.encode_request, req, binary)
+        survives(infer_body, req, binary)
     survives(grpcc.request_to_proto, req)
     resp = InferResponse(req.model_name, req.inputs, "1", req.id, dict(req.parameters))
     answer = survives(gc.response_to_generate, resp)

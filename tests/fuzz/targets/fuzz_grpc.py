@@ -27,7 +27,7 @@ with instrumented(__name__ == "__main__"):
     from google.protobuf.message import DecodeError
 
     from v2proxy._proto import grpc_service_pb2 as pb
-    from v2proxy.codecs import binary as binc
+    from v2proxy.backends.rest_requests import infer_body
     from v2proxy.codecs import grpc as grpcc
     from v2proxy.core.model import InferResponse
 
@@ -50,7 +50,7 @@ def _request(body: bytes) -> None:
         return
     survives(grpcc.request_to_proto, req)
     for binary in (False, True):
-        survives(binc.encode_request, req, binary)
+        survives(infer_body, req, binary)
     survives(grpcc.response_to_proto, InferResponse(req.model_name, req.inputs))
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzzlib import expect, instrumented, main, survives, take
 
 with instrumented(__name__ == "__main__"):
-    from v2proxy.codecs import binary as binc
+    from v2proxy.backends.rest_requests import infer_body
     from v2proxy.codecs.dtypes import ITEM_SIZE, deserialize_bytes
     from v2proxy.codecs.json import loads
     from v2proxy.codecs.raw import decode_raw_request
@@ -73,7 +73,7 @@ def test_one_input(data: bytes) -> None:
     else:
         size = element_count(tensor.shape) * ITEM_SIZE[tensor.datatype]
         expect(size == len(body), f"shape {tensor.shape} does not hold {len(body)} bytes")
-    binc.encode_request(req, True)
+    infer_body(req, True)
 
 
 if __name__ == "__main__":

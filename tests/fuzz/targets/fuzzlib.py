@@ -107,12 +107,13 @@ def sizes_valid(req: InferRequest) -> bool:
 def request_reencodes(req: InferRequest, version: str) -> None:
     """A decoded request encodes for a backend (JSON, then binary) and that body decodes again
     (as model "m", ``version``) to the same tensors, bytes included for the binary form."""
+    from v2proxy.backends.rest_requests import infer_body
     from v2proxy.codecs import binary as binc
 
     for binary in (False, True):
         # BYTES elements of a binary input are checked where they are read (a JSON
         # backend's encoding, the builtin models): that CodecError is a fine answer
-        encoded = survives(binc.encode_request, req, binary)
+        encoded = survives(infer_body, req, binary)
         if encoded is None:
             continue
         chunks, ihcl = encoded

@@ -1,5 +1,4 @@
-"""The pipeline's stages behind one interface (client shared memory, classification) and the
-generate extension's mapping.
+"""The pipeline's stages behind one interface (client shared memory, classification).
 
 Each is pure, and the order they run in is in :mod:`v2proxy.core.pipeline`'s docstring.
 
@@ -12,7 +11,7 @@ Each is pure, and the order they run in is in :mod:`v2proxy.core.pipeline`'s doc
   :mod:`~v2proxy.core.stages.classification`, composed in this order by the pipeline's
   constructor.
 
-The generate extension (:mod:`~v2proxy.core.stages.generate`) and MindIE's ``/infer``
+The generate extension (:mod:`~v2proxy.core.generate`) and MindIE's ``/infer``
 (``frontends/mindie*.py``, ``codecs/mindie_map.py``) are request *mappings*, not stages, and
 stay outside the loop: they turn a request of another protocol (a generate body, a MindIE
 request; JSON objects, not an :class:`~v2proxy.core.model.InferRequest`) into an inference and

@@ -21,7 +21,7 @@ answers 404/405 with no error of its own (``{"detail": "Not Found"}``, ``{"error
 body that is no JSON: the route does not exist) is mapped from then on. A backend whose metadata
 cannot be had gets the request forwarded (and asked again).
 
-:meth:`GenerateStage.objects` is the same choice for a caller that holds a generate body as a
+:meth:`GenerateExtension.objects` is the same choice for a caller that holds a generate body as a
 JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
 frontend's ``generate`` profile).
 
@@ -142,7 +142,7 @@ def _error_of(body: bytes, status: int) -> str:
     return str(obj)[:1000]
 
 
-class GenerateStage:
+class GenerateExtension:
     """Serves generate requests through one backend (module docstring); one per pipeline."""
 
     def __init__(

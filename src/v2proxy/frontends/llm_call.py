@@ -1,13 +1,17 @@
-"""The backend side of MindIE's ``/infer``: which v2 model serves it, seen how, and over which
-transport (docs/protocol.md, MindIE; docs/guides/mindie.md, profiles and transport).
+"""The backend side of the LLM routes (MindIE's ``/infer``, OpenAI's ``/v1``): which v2 model
+serves a route, seen how, and over which transport (docs/protocol.md, MindIE;
+docs/guides/mindie.md, profiles and transport).
 
-:class:`BackendSide` looks the model (``mindie.model``) up once through the pipeline — its
-metadata and config give a :class:`~v2proxy.codecs.mindie_map.ModelView` — checks the
-configured profile against it (the seed input is taken under the name the model has, ``seed`` or
-``random_seed``) and logs one clear line (a WARNING when the profile cannot
-serve the model; a failed look-up is tried again on the next request).
+:class:`LlmBackendSide` looks the model (``mindie.model``, an ``openai:`` model's) up in the
+backend's one :class:`~v2proxy.core.knowledge.BackendKnowledge` (the proxy's own questions,
+never the client-facing API: no restricted group applies) — its metadata and config give a
+:class:`~v2proxy.codecs.mindie_map.ModelView` — checks the configured profile against it (the
+seed input is taken under the name the model has, ``seed`` or ``random_seed``) and logs one
+clear line (a WARNING when the profile cannot serve the model; said again only when it
+changes). The :class:`Target` is kept in the knowledge, with its lifetime and invalidation; a
+failed look-up is tried again on the next request.
 
-:meth:`BackendSide.chunks` sends one validated request (a decoupled model is always asked to
+:meth:`LlmBackendSide.chunks` sends one validated request (a decoupled model is always asked to
 stream, whatever the client asked) and yields each backend response as a
 :class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
 :class:`~v2proxy.core.pipeline.Pipeline`:
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 from v2proxy.codecs import mindie_answer as answer
 from v2proxy.codecs import mindie_map as mapping
-from v2proxy.codecs.mindie import MindieRequest
+from v2proxy.codecs.mindie import LlmRequest
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
@@ -59,7 +63,7 @@ class Target:
         return "HTTP generate/generate_stream" if self.http else self.stream_call
 
 
-class BackendSide:
+class LlmBackendSide:
     """The backend side of ``/infer``: its target, discovered on first use and kept
     (:meth:`target`), and the calls to it (:meth:`chunks`)."""
 
@@ -79,22 +83,22 @@ class BackendSide:
         self.model = model
         self.profile = profile
         self.seed_input = seed_input
-        self._target: Target | None = None
+        #: the knowledge's key of this side's target
+        self._key = ("llm target", serves, model, profile, seed_input)
         self._failed_at = 0.0
+        self._said = ""
         self._dropped: set[str] = set()
-        pipeline.on_invalidate(self.forget)
 
-    def forget(self) -> None:
-        """Discover the model again on next use (a repository load or unload may have
-        changed it)."""
-        self._target = None
-
-    async def target(self, headers: Headers) -> Target:
-        if self._target is not None:
-            return self._target
-        p = self.pipeline
+    async def target(self) -> Target:
+        """The model and how it is reached: kept in the backend's knowledge, discovered
+        there when it is not (its metadata and config, asked as the proxy's own questions)."""
+        knowledge = self.pipeline.knowledge
+        target: Target | None = knowledge.recall(self._key)
+        if target is not None:
+            return target
         try:
-            metadata = await p.model_metadata(self.model, "", headers)
+            meta = await knowledge.model(self.model, "")
+            config = await knowledge.config(self.model, "")
         except ProxyError as exc:
             now = time.monotonic()
             if now - self._failed_at > RETRY_S:
@@ -103,11 +107,13 @@ class BackendSide:
                 )
                 self._failed_at = now
             raise
-        try:
-            config = await p.model_config(self.model, "", headers)
-        except ProxyError:
-            config = {}
-        view = mapping.model_view(self.model, metadata, config)
+        target = self._discovered(mapping.view_of(self.model, meta, config))
+        knowledge.learn(self._key, target)
+        return target
+
+    def _discovered(self, view: mapping.ModelView) -> Target:
+        """The target of a model seen so, its line logged when it is new."""
+        p = self.pipeline
         decoupled = view.decoupled
         # through the generate extension when the backend takes REST requests as they are
         http = p.backend.speaks_rest and (decoupled or self.profile == "generate")
@@ -122,15 +128,16 @@ class BackendSide:
             f"{self.serves} served by model '{self.model}' (profile {self.profile},"
             f" {'decoupled' if decoupled else 'not decoupled'}, {target.transport})"
         )
+        level = logging.WARNING
         if problems:
-            self.log.warning(
-                "%s: %s; its inputs suggest profile %s", line, "; ".join(problems), guess
-            )
+            line = f"{line}: {'; '.join(problems)}; its inputs suggest profile {guess}"
         elif self.profile not in (guess, "generate"):
-            self.log.warning("%s; its inputs suggest profile %s", line, guess)
+            line = f"{line}; its inputs suggest profile {guess}"
         else:
-            self.log.info("%s", line)
-        self._target = target
+            level = logging.INFO
+        if line != self._said:  # not again when rediscovered after the knowledge's lifetime
+            self._said = line
+            self.log.log(level, "%s", line)
         return target
 
     def dropped(self, names: list[str]) -> None:
@@ -141,7 +148,7 @@ class BackendSide:
             self.log.info("%s: model '%s' has no input %s: not sent", self.serves, self.model, new)
 
     async def chunks(
-        self, target: Target, req: MindieRequest, headers: Headers
+        self, target: Target, req: LlmRequest, headers: Headers
     ) -> AsyncIterator[tuple[answer.Chunk, float]]:
         """Each backend response to ``req`` as a chunk, with its arrival time (perf_counter)."""
         view = target.view
