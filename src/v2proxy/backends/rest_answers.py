@@ -190,6 +190,10 @@ def relayed_headers(
         elif k == IHCL:
             ihcl_value = v if ihcl_value is None else ihcl_value + b", " + v
             relayed.append((k, v))
+    if ihcl_value is None and ctype == b"application/json":  # the usual answer, as below
+        if content is not None:
+            _json_object(content, base_url)
+        return relayed
     media = (ctype or b"").split(b";", 1)[0].strip().lower()
     is_json = media == b"application/json" or media.endswith(b"+json")
     if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
