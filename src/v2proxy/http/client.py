@@ -269,11 +269,16 @@ class HttpClient:
         head = self._head("POST", target, headers, length)
         idle = self._idle
         slots = self._slots
-        if idle and slots._value > 0 and not slots._waiters:
+        loop = self._loop
+        if idle and slots._value > 0 and not slots._waiters and loop is not None:
             slots._value -= 1  # a free slot, taken as try_acquire() does
-            conn = self._reuse()
-            if conn is None:
-                conn = await self._open(deadline)
+            conn = idle.pop()  # the last one used, as _reuse() looks at first
+            if loop.time() - conn.idle_since < self._idle_timeout and conn.alive():
+                conn.reused = True
+            else:
+                conn.close()
+                reused = self._reuse()
+                conn = reused if reused is not None else await self._open(deadline)
         else:
             conn = await self._acquire(deadline)
         try:
