@@ -316,7 +316,20 @@ class HttpClient:
                 raise
         content = conn.take_all()
         headers_in = conn.headers
-        self._release(conn, conn.keep)
+        if (
+            conn.keep
+            and conn.reusable
+            and loop is not None
+            and not self._closed
+            and not slots._waiters
+        ):
+            conn.idle_since = loop.time()  # back in the pool, as _release() puts it
+            idle.append(conn)
+            if self._sweeper is None:
+                self._sweeper = loop.call_at(conn.idle_since + self._idle_timeout, self._sweep)
+            slots._value += 1
+        else:
+            self._release(conn, conn.keep)
         if limit is not None and len(content) > limit:
             too_large = AnswerTooLarge(limit, len(content))
             too_large.answered = status
