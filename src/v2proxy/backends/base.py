@@ -221,6 +221,57 @@ class BalancedClient:
                 endpoints.failed(ep, "5xx")
             return resp
 
+    async def post(
+        self,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: Buffer,
+        *,
+        deadline: float,
+        read_timeout: float,
+        whole: int,
+        limit: int | None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | ClientResponse:
+        """:meth:`request` of a POST and the read of its answer when small, in one call
+        (:meth:`HttpClient.post <v2proxy.http.client.HttpClient.post>`), by ``deadline``
+        wherever it goes: the endpoint's outcome as :meth:`request` counts it, by the head (a
+        failure once the head is in counts as that head: ok, or a 5xx)."""
+        endpoints = self.endpoints
+        tried: list[Endpoint[HttpClient]] = []
+        last: Exception | None = None
+        while True:
+            ep = endpoints.pick(tried)
+            if ep is None:
+                if last is None:
+                    raise BackendUnavailable("the backend has no endpoint")
+                raise last
+            ep.outstanding += 1
+            try:
+                got = await ep.client.post(
+                    target, headers, body, deadline, read_timeout, whole, limit
+                )
+            except (ConnectFailed, ConnectTimeout) as exc:
+                endpoints.failed(ep)
+                tried.append(ep)
+                last = exc
+                continue
+            except HttpClientError as exc:
+                status = exc.answered
+                if not status:
+                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                elif status < 500:
+                    endpoints.ok(ep)
+                else:
+                    endpoints.failed(ep, "5xx")
+                raise
+            finally:
+                ep.outstanding -= 1
+            if (got[0] if isinstance(got, tuple) else got.status) < 500:
+                endpoints.ok(ep)
+            else:
+                endpoints.failed(ep, "5xx")
+            return got
+
     async def fetch(
         self,
         method: str,

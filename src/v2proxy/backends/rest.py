@@ -308,26 +308,31 @@ class RestBackend:
             # The client's own deadline bounds the whole answer (no asyncio.timeout per call).
             due = self._now() + timeout
             try:
-                resp = await self.client.request(
-                    "POST",
+                got = await self.client.post(
                     target,
                     infer_headers(headers, ihcl),
-                    [body],
+                    body,
+                    deadline=due,
                     read_timeout=timeout,
-                    call_timeout=timeout,
+                    whole=READ_WHOLE,
+                    limit=self._max_infer,
                 )
-                length = resp.content_length
-                whole = resp.status != 200 or (length is not None and length <= READ_WHOLE)
-                content = await resp.read(self._max_infer) if whole else None
             except Exception as exc:
                 mapped_exc = failure(exc, self.base_url, timeout, "inference")
                 if mapped_exc is None:
                     raise
                 raise mapped_exc from None
+            if isinstance(got, tuple):
+                status, answer_headers, content = got
+                raise_for_status(status, content, model)
+                length = len(content)
+                relayed = relayed_headers(answer_headers, length, content, self.base_url)
+                return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
+            resp, length, content = got, got.content_length, None
         if content is not None:
             raise_for_status(resp.status, content, model)
         try:
-            relayed = relayed_headers(resp, content, self.base_url)
+            relayed = relayed_headers(resp.headers, length, content, self.base_url)
         except ProxyError:
             resp.close()
             raise

@@ -45,7 +45,6 @@ from v2proxy.http.client_errors import (
     HttpClientError,
     ReadTimeout,
 )
-from v2proxy.http.client_response import ClientResponse
 
 __all__ = [
     "IHCL",
@@ -174,22 +173,29 @@ def _json_object(buf: Buffer, base_url: str) -> None:
 
 
 def relayed_headers(
-    resp: ClientResponse, content: bytes | bytearray | None, base_url: str
+    headers: list[tuple[bytes, bytes]],
+    length: int | None,
+    content: bytes | bytearray | None,
+    base_url: str,
 ) -> Headers:
-    """The headers passed on with a 200 /infer answer, once it is seen to be v2: JSON, or
-    binary-framed with its JSON header within the body; what was read, parsed."""
+    """The headers passed on with a 200 /infer answer (``headers``, of a body of ``length``
+    bytes), once it is seen to be v2: JSON, or binary-framed with its JSON header within the
+    body; what was read (``content``), parsed."""
     ctype = ihcl_value = None
     relayed = []
-    for k, v in resp.headers:  # one pass: several values of one name are joined, as header()
+    for k, v in headers:  # one pass: several values of one name are joined, as header()
         if k == b"content-type":
             ctype = v if ctype is None else ctype + b", " + v
             relayed.append((k, v))
         elif k == IHCL:
             ihcl_value = v if ihcl_value is None else ihcl_value + b", " + v
             relayed.append((k, v))
+    if ihcl_value is None and ctype == b"application/json":  # the usual answer, as below
+        if content is not None:
+            _json_object(content, base_url)
+        return relayed
     media = (ctype or b"").split(b";", 1)[0].strip().lower()
     is_json = media == b"application/json" or media.endswith(b"+json")
-    length = resp.content_length if content is None else len(content)
     if ihcl_value is not None and (is_json or media == b"application/octet-stream"):
         text = ihcl_value.strip()
         n = int(text) if text.isdigit() else 0

@@ -22,6 +22,9 @@ __all__ = [
 class HttpClientError(Exception):
     """Base of every failure of a request."""
 
+    #: the status of the answer whose body failed (0: no answer's head came)
+    answered = 0
+
 
 class ConnectFailed(HttpClientError):
     """The connection could not be made (refused, unreachable, name not resolved, TLS)."""
