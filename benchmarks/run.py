@@ -1673,8 +1673,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu_title = (
         "CPU per request in front of Triton (proxy process group, /proc utime+stime over the"
         " run / requests completed), req/s and p50: medians of the rounds (a-triton and"
-        f" b-triton: {triton_rounds}, the systems taking turns); x nginx: median / nginx's"
-        " median; per round: the range of the ratios to nginx's in the same round:"
+        f" b-triton: {triton_rounds}, c-triton: {durations.rounds}; the systems taking turns);"
+        " x nginx: median / nginx's median; per round: the range of the ratios to nginx's in"
+        " the same round:"
     )
     text = [
         "",
