@@ -38,6 +38,8 @@ class Measurement:
     round_rps: list[float] = field(default_factory=list)
     #: the proxy's CPU µs per request of each round (None: that round gave none)
     round_proxy_us: list[float | None] = field(default_factory=list)
+    #: the p50 of each round, in milliseconds
+    round_p50_ms: list[float | None] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -68,6 +70,7 @@ def median_of(runs: list[Measurement]) -> Measurement:
         cpu_us_per_req=med_dict([m.cpu_us_per_req for m in runs]),
         round_rps=[round(m.rps, 1) for m in runs],
         round_proxy_us=[m.cpu_us_per_req.get("proxy") for m in runs],
+        round_p50_ms=[m.p50_ms for m in runs],
     )
 
 

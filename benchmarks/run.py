@@ -133,6 +133,10 @@ BACKEND_OF_PLACEHOLDER = {
     "triton_http": "direct-triton",
     "triton_grpc": "direct-triton",
 }
+#: the floors of a Python proxy, each started in front of the reference server (key) and Triton
+#: (key-triton): bytes relayed with no HTTP work (pyrelay.py), and the least an HTTP-aware relay
+#: on uvloop + httptools does (floorrelay.py)
+RELAYS = {"py-relay": "pyrelay.py", "floor-relay": "floorrelay.py"}
 V2PROXY_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 REFERENCE_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 
@@ -162,6 +166,8 @@ class Scenario:
     #: measured in ``Durations.many_rounds`` rounds instead of ``rounds`` (a small difference
     #: between two systems on a noisy machine)
     many_rounds: bool = False
+    #: at least this many rounds, quick runs included (a summary given as medians of rounds)
+    min_rounds: int = 0
 
 
 SMALL = (FIXED, 1)
@@ -174,6 +180,7 @@ SCENARIOS = [
             ("direct", "direct"),
             ("nginx", "nginx"),
             ("py-relay", "py-relay"),
+            ("floor-relay", "floor-relay"),
             ("v2proxy-json", "v2proxy-json"),
         ],
         SMALL,
@@ -238,7 +245,8 @@ SCENARIOS = [
         anchor="a",
     ),
     # in front of a real Triton (2.51, python backend, the interop peers' `simple`): CPU per
-    # request of each proxy (cpu_summary.py)
+    # request of each proxy (cpu_summary.py); a-triton's summary is the medians of at least 3
+    # rounds, quick runs included
     Scenario(
         "a-triton",
         "Triton: small JSON relayed (JSON -> JSON)",
@@ -247,9 +255,11 @@ SCENARIOS = [
             ("direct", "direct-triton"),
             ("nginx", "nginx-triton"),
             ("py-relay", "py-relay-triton"),
+            ("floor-relay", "floor-relay-triton"),
             ("v2proxy-json", "v2proxy-triton-json"),
         ],
         SMALL,
+        min_rounds=3,
     ),
     Scenario(
         "b-triton",
@@ -268,6 +278,7 @@ SCENARIOS = [
             ("direct", "direct-triton"),
             ("nginx", "nginx-triton"),
             ("py-relay", "py-relay-triton"),
+            ("floor-relay", "floor-relay-triton"),
             ("v2proxy-binary", "v2proxy-triton-binary"),
         ],
         SMALL,
@@ -675,8 +686,9 @@ class Systems:
             proxies.append((ep, server))
 
         self._start_nginx(direct, mls, triton, timeout)
-        self._start_pyrelay("py-relay", direct, timeout)
-        self._start_pyrelay("py-relay-triton", triton, timeout)
+        for kind, script in RELAYS.items():
+            self._start_relay(kind, script, direct, timeout)
+            self._start_relay(f"{kind}-triton", script, triton, timeout)
 
         for ep, server in proxies:
             if not server.wait_ready(timeout):
@@ -771,10 +783,10 @@ class Systems:
                 backend.error and f"error: no backend: {_bare(backend.error)}"
             )
 
-    def _start_pyrelay(self, key: str, backend: Endpoint, timeout: float) -> None:
-        """The floor of a Python proxy (``pyrelay.py``: bytes relayed, no HTTP work)."""
+    def _start_relay(self, key: str, script: str, backend: Endpoint, timeout: float) -> None:
+        """One of the floors of a Python proxy (RELAYS) in front of ``backend``."""
         (port,) = procs.free_ports(1)
-        cmd = [sys.executable, str(HERE / "pyrelay.py"), "--port", str(port)]
+        cmd = [sys.executable, str(HERE / script), "--port", str(port)]
         cmd += ["--backend", f"{HOST}:{backend.http_port}"]
         server = Server(key, cmd, self.workdir / f"{key}.log", ready_ports=[port])
         ep = Endpoint(key, port, None, server, cmd)
@@ -893,7 +905,10 @@ class Runner:
         runs: dict[int, list[loadgen.Measurement]] = {
             id(r): [] for _, _, _, rows in live for r in rows
         }
-        rounds = max(self.d.many_rounds if sc.many_rounds else self.d.rounds for sc in group)
+        rounds = max(
+            max(self.d.many_rounds if sc.many_rounds else self.d.rounds, sc.min_rounds)
+            for sc in group
+        )
         for n in range(rounds):
             shift = n % len(live)
             for sc, label, ep, rows in live[shift:] + live[:shift]:
@@ -1654,9 +1669,13 @@ def main(argv: list[str] | None = None) -> int:
         f" requests per system in {durations.rounds} rounds taking turns; CPU per request"
         " from /proc over the same requests:"
     )
+    triton_rounds = max(durations.rounds, _min_rounds("a-triton"))
     cpu_title = (
         "CPU per request in front of Triton (proxy process group, /proc utime+stime over the"
-        " run / requests completed; medians of the rounds):"
+        " run / requests completed), req/s and p50: medians of the rounds (a-triton and"
+        f" b-triton: {triton_rounds}, c-triton: {durations.rounds}; the systems taking turns);"
+        " x nginx: median / nginx's median; per round: the range of the ratios to nginx's in"
+        " the same round:"
     )
     text = [
         "",
@@ -1698,7 +1717,8 @@ def main(argv: list[str] | None = None) -> int:
         + f"; wrk -t{WRK_THREADS} -c{args.concurrency}, h2load"
         f" {'x'.join(map(str, grpc_shape(args.concurrency)))} (connections x streams),"
         f" every row the median of {durations.rounds} rounds (metrics-triton:"
-        f" {durations.many_rounds}) of {durations.small:g} s (small bodies) or"
+        f" {durations.many_rounds}; a-triton and b-triton: {triton_rounds}) of"
+        f" {durations.small:g} s (small bodies) or"
         f" {durations.big:g} s (large ones), the systems of a scenario taking turns.",
         "",
         md_table(legend_header, legend),
@@ -1735,6 +1755,10 @@ SIZES_REQUEST = (
     + ", ".join(label for label, _ in sizes_mod.SIZES)
     + " (4 KiB-64 MiB), OUTPUT0 requested"
 )
+
+
+def _min_rounds(scenario: str) -> int:
+    return next(s.min_rounds for s in SCENARIOS if s.id == scenario)
 
 
 def _bare(error: str) -> str:
