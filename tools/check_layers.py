@@ -55,8 +55,14 @@ EDGES = {
 }
 #: further folders and what they may not import: the operations serve the edges, never the
 #: reverse; the dependency runs from the core's stages to the port the shm adapters implement,
-#: never from an adapter to a stage
-RULES = {"ops": EDGES, "shm": {"v2proxy.core.stages"}}
+#: never from an adapter to a stage; the HTTP transport imports nothing of the project outside
+#: itself
+RULES = {
+    "ops": EDGES,
+    "shm": {"v2proxy.core.stages"},
+    # transport: knows nothing of the core, the codecs or the other edges
+    "http": (EDGES - {"v2proxy.http"}) | {"v2proxy.core", "v2proxy.codecs", "v2proxy.ops"},
+}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

@@ -1,7 +1,7 @@
 """The one shared core every frontend calls (in the manner of MLServer's DataPlane).
 
-``app.py`` builds exactly one :class:`Pipeline`; the REST and gRPC frontends (and the MindIE
-frontend to come) go through it for every operation: inference, streamed inference, health,
+``app.py`` builds exactly one :class:`Pipeline`; the REST, gRPC, MindIE and OpenAI frontends
+go through it for every operation: inference, streamed inference, health,
 metadata, config, statistics, repository, trace and log settings, and REST pass-through. It
 owns the port to the model server (:class:`~v2proxy.core.ports.Backend`). Frontends only decode wire
 bytes into the internal model and encode the answer back; backends only encode for their model

@@ -30,7 +30,7 @@ from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.http.request import HttpRequest
 from v2proxy.http.response import HttpResponse
 
-log = logging.getLogger("v2proxy.frontends.rest_infer")  # where these lines were written
+log = logging.getLogger(__name__)
 
 #: a complete answer: status, headers, body; or one passed through
 Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse

@@ -1,6 +1,6 @@
 """A keep-alive HTTP/1.1 client pool for one origin (RFC 9112), on httptools (llhttp).
 
-Transport only: it knows nothing of v2, pipelines or codecs (it imports only ``Buffer``). Each
+Transport only: it knows nothing of v2, pipelines or codecs. Each
 connection is a bare :class:`asyncio.Protocol` (:mod:`v2proxy.http.client_conn`: parsing,
 framing, keep-alive, flow control), because aiohttp's client costs about three times the CPU
 of asyncio streams per small request, and streams cost more than a protocol that is handed
@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from v2proxy.core.model import Buffer
+from v2proxy.http import Buffer
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import (
     AnswerTooLarge,

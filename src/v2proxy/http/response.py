@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from v2proxy.core.model import Buffer
+from v2proxy.http import Buffer
 from v2proxy.http.request import ClientDisconnected, ConnectionSide, HttpRequest
 
 #: answers with a body up to this size are joined with their head into one write
