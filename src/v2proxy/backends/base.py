@@ -215,10 +215,7 @@ class BalancedClient:
                 raise
             finally:
                 ep.outstanding -= 1
-            if resp.status < 500:
-                endpoints.ok(ep)
-            else:
-                endpoints.failed(ep, "5xx")
+            endpoints.answered(ep, resp.status)
             return resp
 
     async def post(
@@ -256,20 +253,14 @@ class BalancedClient:
                 last = exc
                 continue
             except HttpClientError as exc:
-                status = exc.answered
-                if not status:
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
-                elif status < 500:
-                    endpoints.ok(ep)
+                if exc.answered:
+                    endpoints.answered(ep, exc.answered)
                 else:
-                    endpoints.failed(ep, "5xx")
+                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
                 raise
             finally:
                 ep.outstanding -= 1
-            if (got[0] if isinstance(got, tuple) else got.status) < 500:
-                endpoints.ok(ep)
-            else:
-                endpoints.failed(ep, "5xx")
+            endpoints.answered(ep, got[0] if isinstance(got, tuple) else got.status)
             return got
 
     async def fetch(

@@ -290,6 +290,13 @@ class Endpoints(Generic[C]):
                 if self._cells is not None:
                     self._cells.up(ep.label, 1.0)
 
+    def answered(self, ep: Endpoint[C], status: int) -> None:
+        """The endpoint answered with ``status``: :meth:`ok`, or a 5xx :meth:`failed`."""
+        if status < 500:
+            self.ok(ep)
+        else:
+            self.failed(ep, "5xx")
+
     def failed(self, ep: Endpoint[C], outcome: str = "unreachable") -> None:
         """A call to the endpoint failed (``outcome``, one of :data:`OUTCOMES` but ok): out of
         rotation for its back-off when unreachable, or after :data:`EJECT_AFTER` failures in a
