@@ -88,7 +88,7 @@ def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
         max_body_size=settings.max_body_size,
     )
     tls = server_context(settings.tls) if settings.tls is not None else None
-    return HttpServer(frontend.dispatch, limits, ssl_context=tls)
+    return HttpServer(frontend.dispatch, limits, ssl_context=tls, quick=frontend.quick)
 
 
 def build_grpc_server(

@@ -15,7 +15,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort
-from v2proxy.core.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
+from v2proxy.core.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+    Unsupported,
+)
 from v2proxy.core.model import Buffer, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
@@ -71,6 +77,16 @@ class NonRestBackend:
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:
         return None  # decoded requests only
+
+    def relay_now(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Callable[[ForwardResponse | ProxyError], None],
+    ) -> bool:
+        return False  # decoded requests only
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
@@ -150,7 +166,7 @@ async def _close(client: HttpClient) -> None:
 
 
 #: what a failure of the HTTP client says of the endpoint (:data:`endpoints.OUTCOMES`)
-_OUTCOME: dict[type[HttpClientError], str] = {
+OUTCOME: dict[type[HttpClientError], str] = {
     ConnectFailed: "unreachable",
     ConnectTimeout: "unreachable",
     RemoteClosed: "unreachable",
@@ -211,57 +227,12 @@ class BalancedClient:
                 last = exc
                 continue
             except HttpClientError as exc:
-                endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                 raise
             finally:
                 ep.outstanding -= 1
             endpoints.answered(ep, resp.status)
             return resp
-
-    async def post(
-        self,
-        target: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: Buffer,
-        *,
-        deadline: float,
-        read_timeout: float,
-        whole: int,
-        limit: int | None,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | ClientResponse:
-        """:meth:`request` of a POST and the read of its answer when small, in one call
-        (:meth:`HttpClient.post <v2proxy.http.client.HttpClient.post>`), by ``deadline``
-        wherever it goes: the endpoint's outcome as :meth:`request` counts it, by the head (a
-        failure once the head is in counts as that head: ok, or a 5xx)."""
-        endpoints = self.endpoints
-        tried: list[Endpoint[HttpClient]] = []
-        last: Exception | None = None
-        while True:
-            ep = endpoints.pick(tried)
-            if ep is None:
-                if last is None:
-                    raise BackendUnavailable("the backend has no endpoint")
-                raise last
-            ep.outstanding += 1
-            try:
-                got = await ep.client.post(
-                    target, headers, body, deadline, read_timeout, whole, limit
-                )
-            except (ConnectFailed, ConnectTimeout) as exc:
-                endpoints.failed(ep)
-                tried.append(ep)
-                last = exc
-                continue
-            except HttpClientError as exc:
-                if exc.answered:
-                    endpoints.answered(ep, exc.answered)
-                else:
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
-                raise
-            finally:
-                ep.outstanding -= 1
-            endpoints.answered(ep, got[0] if isinstance(got, tuple) else got.status)
-            return got
 
     async def fetch(
         self,
@@ -308,7 +279,7 @@ class BalancedClient:
                         content = await resp.read(limit)
                 except HttpClientError as exc:
                     unsent = isinstance(exc, ConnectFailed | ConnectTimeout)
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                     if not (unsent or idempotent):
                         raise
                     tried.append(ep)

@@ -67,7 +67,6 @@ from v2proxy.codecs import settings, side
 from v2proxy.codecs.backend_meta import server_caps
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core import restricted
 from v2proxy.core.errors import NotFound, Unsupported
 from v2proxy.core.generate import GenerateExtension, Mapped
@@ -75,7 +74,7 @@ from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
-from v2proxy.core.relay import Relay
+from v2proxy.core.relay import Relay, relays_as_sent
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
@@ -263,7 +262,7 @@ class Pipeline:
         if (
             sent is not None
             and ihcl is None
-            and plain_json_request(sent, self.max_input_size, self.max_tensors)
+            and relays_as_sent(sent, self.max_input_size, self.max_tensors)
         ):
             # checked without decoding: the full decoder accepts it and no stage applies
             relayed = await self.backend.relay_infer(model, version, sent, None, headers)

@@ -15,7 +15,8 @@ Routing is the one route table of :mod:`v2proxy.frontends.routes` (path, methods
 label, API group, body-first flag per row), whose handler names the frontend binds to its
 endpoints' methods and its own (:attr:`RestFrontend.handlers`, matched by
 :meth:`RestFrontend.find`); a known path with the wrong method is 405. Every ProxyError becomes
-``{"error": message}`` with its status in exactly one place (:func:`error_answer`); nothing a
+``{"error": message}`` with its status in exactly one place
+(:func:`~v2proxy.frontends.rest_answer.error_answer`); nothing a
 client sends yields a traceback or a 500. Headers reach the backend as the bytes the client
 sent; ``x-request-id`` is echoed on every answer.
 
@@ -58,13 +59,14 @@ from v2proxy.frontends.rest_answer import (
     JSON,
     Answer,
     Handler,
-    error_fields,
+    error_answer,
     forwarded_headers,
     json_answer,
     write_forwarded,
 )
 from v2proxy.frontends.rest_generate import GenerateEndpoint
 from v2proxy.frontends.rest_infer import InferEndpoint
+from v2proxy.frontends.rest_quick import QuickLane
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
 from v2proxy.http import request as http
@@ -78,13 +80,6 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID = rest_record.REQUEST_ID
 _METRICS_TYPE = CONTENT_TYPE.encode()
-
-
-def error_answer(exc: ProxyError) -> Answer:
-    """The one translator from the error tree to HTTP."""
-    status, headers, body = json_answer(exc.http_status, {"error": exc.message})  # type: ignore[misc]
-    headers += error_fields(exc)
-    return status, headers, body
 
 
 def _model(m: re.Match[str]) -> tuple[str, str]:
@@ -186,6 +181,9 @@ class RestFrontend:
         )
         #: path -> its route (:meth:`_route`): a client mostly asks for the same few paths
         self._found: dict[str, _Found] = {}
+        #: the small relayed /infer taken from the HTTP server's callbacks (the server's
+        #: ``quick`` handler: :meth:`QuickLane.take <v2proxy.frontends.rest_quick.QuickLane.take>`)
+        self.quick = QuickLane(self)
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
