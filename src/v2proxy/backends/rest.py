@@ -343,7 +343,8 @@ class RestBackend:
         loop = self._loop
         if loop is None or not self.encoding.relays_known(False, len(body)):
             return False
-        ep = self._pool.endpoints.pick()
+        endpoints = self._pool.endpoints
+        ep = endpoints.pick()
         if ep is None:
             return False
         client = ep.client
@@ -351,10 +352,11 @@ class RestBackend:
             head = client.head(
                 "POST", self._infer_target(model, version), infer_headers(headers, None), len(body)
             )
+            conn = client.idle_now()
         except ValueError:
-            return False  # (relay_infer says why)
-        conn = client.idle_now()
+            conn = None  # (relay_infer says why)
         if conn is None:
+            endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
             return False
         RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout).send(
             head, body
