@@ -101,12 +101,16 @@ _HALF = (Datatype.FP16, Datatype.BF16)
 def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
     """The decision for a whole JSON /infer body, made once, before any decoding: whether it may
     go to the backend as the client sent it, no stage applying to it and the full decoder
-    accepting it (:func:`~v2proxy.codecs.relay_check.plain_json_request`, which never says True
-    of a body it cannot rule on: one holding parameters of any kind, escapes in a key, half
-    floats or BYTES takes the decoded path). The pipeline (:meth:`Pipeline.infer_body
-    <v2proxy.core.pipeline.Pipeline.infer_body>`) and the REST frontend's quick lane
-    (:mod:`v2proxy.frontends.rest_quick`) both ask it; whether the backend takes the body so is
-    the backend's to say (``relay_infer``/``relay_now``, from what the knowledge store holds)."""
+    accepting it, limits included (:func:`~v2proxy.codecs.relay_check.plain_json_request`: a
+    parse and one look at each field, no tensor built). It never says True of a body it cannot
+    rule on: one holding parameters of any kind (where every stage's marker lives, however its
+    key is spelled), half floats or BYTES takes the decoded path, which names the field at
+    fault of a malformed one: bad input never reaches the backend.
+
+    The pipeline (:meth:`Pipeline.infer_body <v2proxy.core.pipeline.Pipeline.infer_body>`) and
+    the REST frontend's quick lane (:mod:`v2proxy.frontends.rest_quick`) both ask it; whether
+    the backend takes the body so is the backend's to say (``relay_infer``/``relay_now``, from
+    what the knowledge store holds)."""
     return plain_json_request(body, max_input_size, max_tensors)
 
 
