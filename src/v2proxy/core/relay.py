@@ -19,8 +19,8 @@ come back in the form the client's body asks for).
   the answer is the backend's serialized ModelInferResponse, unchanged when it is what the
   full path would answer, else decoded and finished.
 
-The request was checked before any relay (decoded, or by
-:func:`~v2proxy.codecs.relay_check.plain_json_request`); what is sent is the client's bytes.
+The request was checked before any relay (decoded, or by :func:`relays_as_sent`, the one
+decision for a whole JSON body); what is sent is the client's bytes.
 Pure: it awaits the backend but imports no I/O library.
 """
 

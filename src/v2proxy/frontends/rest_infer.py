@@ -4,7 +4,10 @@
 frontend's recorder, the body reader, the size limits) and whose :meth:`InferEndpoint.infer`
 its route table binds.
 
-Every body is checked before anything of it reaches the backend. In this order:
+The usual small JSON body that needs nothing is taken before it gets here, by the frontend's
+quick lane (:mod:`v2proxy.frontends.rest_quick`), with the same decision and headers
+(:func:`infer_headers`). Every body is checked before anything of it reaches the backend. In
+this order:
 
 - a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, no compression
   either way) is relayed while it arrives once its JSON header is checked;
@@ -12,7 +15,8 @@ Every body is checked before anything of it reaches the backend. In this order:
   (:meth:`Pipeline.relay_json`);
 - a smaller body is read whole and decompressed, and the pipeline decides
   (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the backend takes its
-  wire form (a plain JSON body checked without being decoded: ``codecs/relay_check.py``), else
+  wire form (a plain JSON body checked without being decoded:
+  :func:`~v2proxy.core.relay.relays_as_sent`), else
   decoded here when the pipeline asks for it, and put through the stages; their answer is encoded
   as the client asked (JSON, binary outputs, compression).
 
