@@ -11,6 +11,7 @@ import logging
 import socket
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -299,3 +300,31 @@ async def test_pipelined_requests_are_answered_in_order(
     assert ids == [0, 1, 2]
     assert got.count(b"HTTP/1.1 200 OK") == 3
     assert taken(proxy) == 1  # the first: the others came while it was served
+
+
+async def test_a_failure_in_the_lane_loses_one_connection_not_the_proxy(
+    make_client: Factory,
+    recorded: tuple[ProxyClient, list[Seen]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend, _ = recorded
+    proxy = await lane_proxy(make_client, url_of(backend))  # type: ignore[arg-type]
+    await warm(proxy)
+    from v2proxy.http.response import HttpResponse
+
+    real = HttpResponse.send_now
+
+    def broken(self: HttpResponse, *args: Any) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(HttpResponse, "send_now", broken)
+    with pytest.raises(aiohttp.ClientError):
+        await post(proxy, simple_json())
+    assert taken(proxy) == 1
+    assert "the quick lane failed" in caplog.text
+    monkeypatch.setattr(HttpResponse, "send_now", real)
+    assert (await post(proxy, simple_json())).status == 200
+    _, m = await scrape(proxy)
+    assert value(m, "v2proxy_requests_total", operation="infer", code_class="5xx") == 1
+    assert value(m, "v2proxy_inflight_requests") == 0

@@ -31,6 +31,7 @@ writer.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from v2proxy.codecs import compression
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from v2proxy.frontends.rest import RestFrontend
 
 _OP = "infer"
+log = logging.getLogger(__name__)
 
 
 class QuickLane:
@@ -160,7 +162,18 @@ class _Exchange:
         self.n_in = n_in
 
     def answered(self, outcome: ForwardResponse | ProxyError) -> None:
-        """The backend's outcome: the answer written (or handed to a task), then recorded."""
+        """The backend's outcome: the answer written (or handed to a task), then recorded.
+        Called from the backend connection's callback: it never raises (a bug is logged, the
+        client's connection aborted, the request recorded as a 500)."""
+        try:
+            self._answer(outcome)
+        except Exception as exc:
+            log.exception("the quick lane failed on %s", self.request.path)
+            self.response.abort()
+            status, error, cause = self.lane.envelope.failure(exc)
+            self._done(status, error, cause, "json", 0)
+
+    def _answer(self, outcome: ForwardResponse | ProxyError) -> None:
         env = self.lane.envelope
         error = cause = None
         if isinstance(outcome, ForwardResponse):
