@@ -131,7 +131,7 @@ class QuickLane:
         if not self.backend.relay_now(model, version, body, forwarded, exchange.answered):
             env.undo(held)
             return False
-        request.whole(self.max_body_size)  # taken
+        request.taken()
         self.taken += 1
         return True
 

@@ -190,14 +190,19 @@ class HttpRequest:
         ):
             if not take:
                 return chunks[0]
-            self._consuming = True
-            self._expect = False  # all here: no 100 Continue is due
-            self._buffered = 0
-            piece = chunks.popleft()
-            if self._conn.body_paused:
-                self._conn.body_drained(self)
+            piece = chunks[0]
+            self.taken()
             return piece
         return None
+
+    def taken(self) -> None:
+        """The whole body that :meth:`whole` gave (``take=False``) is taken after all."""
+        self._consuming = True
+        self._expect = False  # all here: no 100 Continue is due
+        self._buffered = 0
+        self._chunks.clear()
+        if self._conn.body_paused:
+            self._conn.body_drained(self)
 
     async def read(self, limit: int | None = None) -> bytearray:
         """The whole body. :class:`BodyTooLarge` beyond ``limit`` or ``max_body_size``."""
