@@ -48,7 +48,6 @@ from v2proxy.core.errors import CodecError, Overloaded, ProxyError, Unsupported
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
 from v2proxy.frontends.grpc_call import (
-    HEALTH_SERVICE,
     CallEnvelope,
     Context,
     answerable,
@@ -59,6 +58,7 @@ from v2proxy.frontends.grpc_call import (
     status_code,
 )
 from v2proxy.frontends.grpc_health import Health
+from v2proxy.frontends.grpc_routes import HEALTH_SERVICE, RPCS
 from v2proxy.frontends.grpc_shm import SharedMemoryRpcs, peer_of
 from v2proxy.ops.config_spec import DEFAULTS
 from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
@@ -68,9 +68,9 @@ log = logging.getLogger(__name__)
 #: answers of one ModelStreamInfer call serialized ahead of the client at most
 _STREAM_QUEUE = 16
 
-_STREAM_RPC = "ModelStreamInfer"
+_STREAM_RPC = RPCS["ModelStreamInfer"]
 #: the ``operation`` label of a stream's messages (and its admission)
-_STREAM = "stream_infer"
+_STREAM = _STREAM_RPC.operation
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -100,7 +100,7 @@ class GrpcFrontend:
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
         #: --max-concurrency, shared with the REST frontend (default: no limit)
         self.gate = gate or AdmissionGate()
-        self._stream_envelope = CallEnvelope(self.recorder, self.gate, f"/{SERVICE}/{_STREAM_RPC}")
+        self._stream_envelope = CallEnvelope(self.recorder, self.gate, _STREAM_RPC.path)
         #: --max-tensors, --max-input-size (the request decoder's limits)
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
         #: the shared-memory RPCs (registered with this frontend's own)
@@ -119,7 +119,7 @@ class GrpcFrontend:
             )
             for name, (req, _resp) in UNARY_RPCS.items()
         }
-        unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
+        unary[_STREAM_RPC.name] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
                 guard(self.health.Check, health_pb2.HealthCheckRequest, "Check", rec, gate)
@@ -236,7 +236,7 @@ class GrpcFrontend:
             t0 = env.open()
             model, n_in, n_out = "", len(msg), 0
             try:
-                r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
+                r = parse(pb.ModelInferRequest, msg, _STREAM_RPC.name)
                 model = r.model_name
                 async for data in self._stream_one(r, msg, headers, peer):
                     n_out += len(data)

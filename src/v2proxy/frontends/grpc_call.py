@@ -21,17 +21,16 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from v2proxy._proto.service import SERVICE
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
 from v2proxy.core.ports import Headers
 from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
+from v2proxy.frontends.grpc_routes import RPCS
 from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
 
-HEALTH_SERVICE = "grpc.health.v1.Health"
 #: request metadata that is about this gRPC hop and never forwarded
 _HOP_METADATA = frozenset(
     {
@@ -132,30 +131,6 @@ def parse(message_type: Any, data: bytes, rpc: str) -> Any:
         raise CodecError(f"malformed {rpc} request: {exc}") from None
 
 
-#: RPC -> the ``operation`` label of its metrics (others: "side")
-_OPERATIONS = {
-    "ModelInfer": "infer",
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "Check": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelConfig": "metadata",
-}
-#: RPC -> the request field that names the model
-_MODEL_FIELDS = {
-    "ModelInfer": "model_name",
-    "ModelReady": "name",
-    "ModelMetadata": "name",
-    "ModelConfig": "name",
-    "ModelStatistics": "name",
-    "RepositoryModelLoad": "model_name",
-    "RepositoryModelUnload": "model_name",
-    "TraceSetting": "model_name",
-}
-
-
 def guard(
     fn: Callable[[Any, Context], Awaitable[Any]],
     message_type: Any,
@@ -166,13 +141,13 @@ def guard(
 ) -> Callable[[bytes, Context], Any]:
     """The one translator from the error tree to gRPC status; it also serializes the answer
     (one already serialized, bytes, is answered as it is), all inside the call's exchange
-    envelope (admission, in flight, the record). ``with_bytes``: ``fn`` is given the message
-    and its bytes, ``(message, data)``, to pass them on unchanged."""
-    op = _OPERATIONS.get(rpc, "side")
-    field = _MODEL_FIELDS.get(rpc)
-    env = CallEnvelope(
-        rec, gate or AdmissionGate(), f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
-    )
+    envelope (admission, in flight, the record), built from the RPC's row of
+    :data:`~v2proxy.frontends.grpc_routes.RPCS` (its operation label, the field naming its
+    model, its path). ``with_bytes``: ``fn`` is given the message and its bytes,
+    ``(message, data)``, to pass them on unchanged."""
+    row = RPCS[rpc]
+    op, field = row.operation, row.model_field
+    env = CallEnvelope(rec, gate or AdmissionGate(), row.path)
 
     async def handler(data: bytes, context: Context) -> Any:
         t0 = env.open()
