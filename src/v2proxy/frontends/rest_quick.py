@@ -60,6 +60,7 @@ class QuickLane:
         "backend",
         "envelope",
         "found",
+        "group",
         "max_body_size",
         "max_input_size",
         "max_tensors",
@@ -75,7 +76,7 @@ class QuickLane:
         self.backend = pipeline.backend
         #: only a backend that speaks v2 REST relays a body as sent
         self.speaks_rest = self.backend.speaks_rest
-        self.access = pipeline.access
+        self.access = frontend.access
         self.envelope: Envelope = frontend.envelope
         self.max_body_size = frontend.max_body_size
         self.max_input_size = frontend.max_input_size
@@ -84,6 +85,9 @@ class QuickLane:
         self.found = frontend._found
         self.route = frontend._route
         self.row = frontend.routing[0][2]
+        #: the row's API group: the lane takes a request only when the policy does not restrict
+        #: it (a restricted one goes to the general path, which checks it once)
+        self.group = self.row.check_first or ""
         #: requests taken since the start
         self.taken = 0
         #: the tasks that finish an answer the lane could not write at once
@@ -96,7 +100,7 @@ class QuickLane:
             request.method == "POST"
             and self.speaks_rest
             and (self.found.get(request.path) or self.route(request.path))[2] is self.row
-            and not self.access.restricts("inference")
+            and not self.access.restricts(self.group)
         )
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
@@ -115,7 +119,7 @@ class QuickLane:
             or ihcl is not None
             or (accept is not None and compression.choose_encoding(accept) is not None)
             or not relays_as_sent(body, self.max_input_size, self.max_tensors)
-            or self.access.restricts("inference")
+            or self.access.restricts(self.group)
         ):
             return False
         env = self.envelope
