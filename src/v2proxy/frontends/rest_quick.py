@@ -242,6 +242,7 @@ class _Exchange:
         if self.over:
             return
         self.over = True
+        self.cancel = self.task = None  # (each holds this exchange: no cycle left behind)
         if error is None and status >= 400:
             error = rest_record.answer_error(_OP, status)
         self.lane.envelope.done(
