@@ -123,7 +123,7 @@ def test_the_quick_lane_leaves_no_cycle(loop: str) -> None:
     body = (
         b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":[1,1,1,1,1,1,1,1,'
         b'1,1,1,1,1,1,1,1]},{"name":"INPUT1","datatype":"INT32","shape":[1,16],"data":[1,1,1,1,1,'
-        b'1,1,1,1,1,1,1,1,1,1,1]}]}'
+        b"1,1,1,1,1,1,1,1,1,1,1]}]}"
     )
     request = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s"
 
