@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from v2proxy.codecs.json import parse_header
 from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
+from v2proxy.codecs.json_plain import plain_request
 from v2proxy.codecs.json_v2 import (
     dumps_tree,
     request_from_obj,
@@ -70,9 +71,15 @@ def decode_request(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
+    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0).
+    A small JSON body of the common shape is decoded in one lean pass
+    (:func:`~v2proxy.codecs.json_plain.plain_request`), to the same request."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
+    if ihcl is None and isinstance(body, (bytes, bytearray)):
+        request = plain_request(body, model_name, model_version, max_input_size, max_tensors)
+        if request is not None:
+            return request
     header, section = _split(body, ihcl, max_input_size)
     reader = None if section is None else BinaryReader(section)
     return _request(header, reader, model_name, model_version, max_input_size, max_tensors)
