@@ -63,6 +63,7 @@ from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_bod
 from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
+from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import BackendError, BadGateway, CodecError, ProxyError
 from v2proxy.core.knowledge import BackendKnowledge
@@ -113,6 +114,8 @@ class RestBackend:
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge)
         self._paths = ModelPaths()
+        #: the JSON headers of its binary-framed answers, each decoded once
+        self._answer_heads = AnswerHeads()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
         https = parts.scheme == "https"
@@ -270,7 +273,9 @@ class RestBackend:
         raise_for_status(resp.status, body, request.model_name)
         resp_ihcl = resp.header(IHCL)
         try:
-            return binc.decode_response(body, int(resp_ihcl) if resp_ihcl is not None else None)
+            return binc.decode_response(
+                body, int(resp_ihcl) if resp_ihcl is not None else None, self._answer_heads
+            )
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import parse_header
 from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
 from v2proxy.codecs.json_plain import plain_request
@@ -118,18 +119,30 @@ def _request(
     )
 
 
-def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
-    """Decode a backend's JSON or binary-framed response body."""
+def decode_response(
+    body: Buffer, ihcl: int | None, heads: AnswerHeads | None = None
+) -> InferResponse:
+    """Decode a backend's JSON or binary-framed response body; ``heads``: the backend's
+    binary-framed answer headers decoded before (:mod:`v2proxy.codecs.answer_heads`), asked
+    first and told of a new one."""
     mv = memoryview(body).cast("B")
     if ihcl is not None and not 0 < ihcl <= len(mv):
         raise CodecError(
             f"invalid response from backend: Inference-Header-Content-Length {ihcl} is not"
             f" within the body of {len(mv)} bytes"
         )
-    header = mv if ihcl is None else mv[:ihcl]
+    if ihcl is None:
+        return response_from_obj(parse_header(mv, what="response"), None)
+    if heads is not None:
+        known = heads.decode(body, ihcl)
+        if known is not None:
+            return known
+    header = mv[:ihcl]
     obj = parse_header(header, what="response")
-    reader = None if ihcl is None else BinaryReader(mv[ihcl:])
-    return response_from_obj(obj, reader)
+    response = response_from_obj(obj, BinaryReader(mv[ihcl:]))
+    if heads is not None:
+        heads.learn(header, obj, response)
+    return response
 
 
 def encode_response(
