@@ -7,8 +7,9 @@ arrays, tensor layout).
   the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are accepted as
   JSON numbers and rounded to nearest (Triton refuses them; docs/compatibility.md). BYTES elements
   are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
-- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (numpy arrays are
-  serialized by orjson directly; FP32 is widened to double like Triton's writer). Non-finite
+- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (a list of numbers for
+  a small tensor of integers, FP32 or FP64; else a numpy array, which orjson serializes
+  directly; either way FP32 is widened to double like Triton's writer, to the same text). Non-finite
   floats come as :class:`FloatLiterals`, which the header writer splices in verbatim.
 - ``BUFFER_TYPES`` and ``INT_RANGES`` are shared with :mod:`v2proxy.codecs.json_stream`, which
   checks number arrays in pieces by the same rules.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -322,9 +324,20 @@ def tensor_data_json(tensor: Tensor) -> Any:
                 ) from None
         return out
     npdt = NUMPY_DTYPE[tensor.datatype]
-    nbytes, expected = memoryview(tensor.data).nbytes, element_count(tensor.shape) * npdt.itemsize
+    view = memoryview(tensor.data)
+    count = element_count(tensor.shape)
+    nbytes, expected = view.nbytes, count * npdt.itemsize
     if nbytes != expected:
         raise CodecError(f"input byte size mismatch for {where}. Expected {expected}, got {nbytes}")
+    code = _LIST_CODES.get(tensor.datatype)
+    if code is not None and count <= SMALL_ARRAY:
+        # small: the numbers as a list (numpy's calls cost more than the elements), the very
+        # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
+        # infinity among them, or finite values that add up past the largest double) takes
+        # the numpy path, which writes the literals
+        values = view.cast("B").cast(code).tolist()  # type: ignore[call-overload]
+        if code not in "fd" or math.isfinite(sum(values)):
+            return values
     arr = np.frombuffer(tensor.data, dtype=npdt)
     if tensor.datatype in _FLOAT_TYPES:
         # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
@@ -334,6 +347,19 @@ def tensor_data_json(tensor: Tensor) -> Any:
         if not np.isfinite(arr).all():
             return FloatLiterals([_float_literal(float(v)) for v in arr])
     return arr
+
+
+#: memoryview formats of the datatypes a small tensor's elements (up to SMALL_ARRAY) are
+#: listed in: native byte order, so only where it is the wire's little-endian
+_LIST_CODES: dict[Datatype, str] = (
+    {
+        dt: STRUCT_CODES[dt]
+        for dt in (*_INT_TYPES, Datatype.FP32, Datatype.FP64)
+        if struct.calcsize(STRUCT_CODES[dt]) == ITEM_SIZE[dt]
+    }
+    if sys.byteorder == "little"
+    else {}
+)
 
 
 class FloatLiterals(list[str]):
