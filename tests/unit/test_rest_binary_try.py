@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
 from v2proxy.backends.rest_requests import infer_body
@@ -183,3 +184,28 @@ async def test_relays_known_agrees_with_relays(
     assert encoding.relays_known(binary, size) in (asked, None)
     if listed is not None:  # asked once: known from then on
         assert encoding.relays_known(binary, size) is asked
+
+
+@pytest.mark.parametrize(
+    ("setting", "size", "listed", "takes"),
+    [
+        ("json", AUTO_BINARY_MIN, True, True),
+        ("binary", 100, None, False),
+        ("auto", 100, True, True),
+        ("auto", AUTO_BINARY_MIN, None, True),  # not known yet: relay_infer asks
+        ("auto", AUTO_BINARY_MIN, True, False),
+        ("auto", AUTO_BINARY_MIN, False, True),
+    ],
+)
+async def test_takes_json_is_false_only_when_known_to_decline(
+    setting: str, size: int, listed: bool | None, takes: bool
+) -> None:
+    """The REST backend's ``takes_json``: False only when its relay decision is known without
+    asking to send a JSON body of that size transcoded (the pipeline then decodes it straight
+    away)."""
+    answer = {"extensions": ["binary_tensor_data"] if listed else []}
+    knowledge = BackendKnowledge(_Server(answer))
+    if listed is not None:
+        await knowledge.server()
+    backend = RestBackend("http://127.0.0.1:1", setting, knowledge=knowledge)
+    assert backend.takes_json(size) is takes

@@ -67,6 +67,9 @@ class NonRestBackend:
     def stream_call(self, decoupled: bool) -> str:
         return f"{self.name} backend's stream_infer"
 
+    def takes_json(self, size: int) -> bool:
+        return False  # decoded requests only
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:

@@ -292,6 +292,12 @@ class RestBackend:
     ) -> bytes | None:
         return None  # a gRPC message is decoded and sent as REST
 
+    def takes_json(self, size: int) -> bool:
+        """False when JSON bodies of this size are known to go as binary tensors
+        (``--backend-encoding binary``, or ``auto`` once the capabilities say so for a large
+        one)."""
+        return self.encoding.relays_known(False, size) is not False
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:
