@@ -15,7 +15,7 @@ import pytest
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
-from v2proxy.backends.rest_requests import infer_body
+from v2proxy.backends.rest_requests import BinaryHeads, infer_body
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
@@ -209,3 +209,58 @@ async def test_takes_json_is_false_only_when_known_to_decline(
         await knowledge.server()
     backend = RestBackend("http://127.0.0.1:1", setting, knowledge=knowledge)
     assert backend.takes_json(size) is takes
+
+
+def _plain(
+    outputs: list[RequestedOutput] | None = None, size: int = 3, **params: Any
+) -> InferRequest:
+    tensor = Tensor("INPUT0", Datatype.FP16, (size,), np.zeros(size, np.float16).tobytes())
+    return InferRequest("m", [tensor], outputs, parameters=dict(params))
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _plain(),
+        _plain(binary_data_output=False),
+        _plain([RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1", {"binary_data": False})]),
+        _plain([]),
+        _plain(size=4),
+        _plain(sequence_id=3),
+        _plain([RequestedOutput("OUTPUT0", {"classification": 2})]),
+        _plain([RequestedOutput("OUTPUT0", {"shared_memory_region": "r"})]),
+        InferRequest("m", _plain().inputs, id="r1"),
+        InferRequest("m", [Tensor("I", Datatype.INT8, (1,), b"\x01", {"p": 1})]),
+    ],
+    ids=[
+        "plain",
+        "binary_data_output",
+        "outputs listed",
+        "no outputs",
+        "another size",
+        "other parameters",
+        "output parameters",
+        "shm output",
+        "id",
+        "input parameters",
+    ],
+)
+def test_binary_heads_are_the_headers_made_each_time(request_: InferRequest) -> None:
+    """Whatever the request, the header a backend's :class:`BinaryHeads` gives (made once
+    for a request of the plain kind, then reused) is the one made for it alone."""
+    heads = BinaryHeads()
+    alone = infer_body(request_, True)
+    for _ in range(2):
+        assert infer_body(request_, True, heads) == alone
+    for other in (_plain(), _plain(size=5), _plain([RequestedOutput("X")])):
+        assert infer_body(other, True, heads) == infer_body(other, True)
+
+
+def test_binary_heads_keep_the_plain_kind_only_and_at_most_kept() -> None:
+    heads = BinaryHeads()
+    first = heads.head(_plain())
+    assert heads.head(_plain()) is first  # made once
+    assert heads.head(_plain(sequence_id=3)) is not heads.head(_plain(sequence_id=3))
+    for size in range(heads.KEPT):
+        heads.head(_plain(size=size + 10))
+    assert heads.head(_plain()) is not first  # the oldest, forgotten

@@ -59,7 +59,14 @@ from v2proxy.backends.rest_answers import (
     unknown_model,
 )
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
-from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_body, infer_headers
+from v2proxy.backends.rest_requests import (
+    NO_CHUNKS,
+    OWN,
+    BinaryHeads,
+    ModelPaths,
+    infer_body,
+    infer_headers,
+)
 from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
@@ -116,6 +123,8 @@ class RestBackend:
         self._paths = ModelPaths()
         #: the JSON headers of its binary-framed answers, each decoded once
         self._answer_heads = AnswerHeads()
+        #: the JSON headers of its binary requests, each made once
+        self._binary_heads = BinaryHeads()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
         https = parts.scheme == "https"
@@ -260,7 +269,7 @@ class RestBackend:
         self, request: InferRequest, headers: Headers, binary: bool
     ) -> InferResponse:
         try:
-            chunks, ihcl = infer_body(request, binary)
+            chunks, ihcl = infer_body(request, binary, self._binary_heads)
         except CodecError as exc:
             # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
             raise CodecError(
