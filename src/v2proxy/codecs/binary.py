@@ -150,9 +150,8 @@ def encode_response(
 ) -> tuple[list[Buffer], int | None]:
     """A response body for a client. IHCL (second item) is set only when at least one binary output
     has bytes, as Triton does (docs/protocol.md, binary tensors: content type of answers)."""
-    obj = response_to_obj(resp, is_binary)
-    head = dumps_tree(obj)
-    blobs = [t.data for t in resp.outputs if is_binary(t) and memoryview(t.data).nbytes]
+    blobs: list[Buffer] = []
+    head = dumps_tree(response_to_obj(resp, is_binary, blobs))
     if not blobs:
         return [head], None
     return [head, *blobs], len(head)

@@ -311,8 +311,9 @@ def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
 
 def tensor_data_json(tensor: Tensor) -> Any:
     """The flat JSON ``data`` value of a tensor (a numpy array or a list for orjson)."""
-    where = f"tensor '{tensor.name}'"
-    if tensor.datatype is Datatype.BYTES:
+    datatype = tensor.datatype
+    if datatype is Datatype.BYTES:
+        where = f"tensor '{tensor.name}'"
         out: list[str] = []
         for e in deserialize_bytes(tensor.data, where):
             try:
@@ -323,13 +324,16 @@ def tensor_data_json(tensor: Tensor) -> Any:
                     " use binary data ('binary_data': true)"
                 ) from None
         return out
-    npdt = NUMPY_DTYPE[tensor.datatype]
+    npdt = NUMPY_DTYPE[datatype]
     view = memoryview(tensor.data)
     count = element_count(tensor.shape)
     nbytes, expected = view.nbytes, count * npdt.itemsize
     if nbytes != expected:
-        raise CodecError(f"input byte size mismatch for {where}. Expected {expected}, got {nbytes}")
-    code = _LIST_CODES.get(tensor.datatype)
+        raise CodecError(
+            f"input byte size mismatch for tensor '{tensor.name}'. Expected {expected}, got"
+            f" {nbytes}"
+        )
+    code = _LIST_CODES.get(datatype)
     if code is not None and count <= SMALL_ARRAY:
         # small: the numbers as a list (numpy's calls cost more than the elements), the very
         # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
@@ -339,7 +343,7 @@ def tensor_data_json(tensor: Tensor) -> Any:
         if code not in "fd" or math.isfinite(sum(values)):
             return values
     arr = np.frombuffer(tensor.data, dtype=npdt)
-    if tensor.datatype in _FLOAT_TYPES:
+    if datatype in _FLOAT_TYPES:
         # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
         # (numpy would warn about it) and is written as the NaN literal below.
         with np.errstate(invalid="ignore"):

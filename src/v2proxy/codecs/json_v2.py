@@ -35,6 +35,7 @@ from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
 from v2proxy.codecs.sections import BinaryReader
 from v2proxy.core.errors import CodecError
 from v2proxy.core.model import (
+    Buffer,
     Datatype,
     InferRequest,
     InferResponse,
@@ -108,6 +109,8 @@ def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tupl
 
 
 _SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
+#: each datatype's name as written (a look-up, where the enum's ``value`` is a property call)
+_NAMES = {dt: dt.value for dt in Datatype}
 _DATA_ONLY = ["data"]  # read only
 
 
@@ -261,7 +264,7 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
         obj["parameters"] = params
     inputs = []
     for t in req.inputs:
-        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        entry: dict[str, Any] = {"name": t.name, "datatype": _NAMES[t.datatype], "shape": t.shape}
         tparams = dict(t.parameters)
         if "shared_memory_region" in tparams:  # staged in the backend's shared memory
             pass
@@ -332,9 +335,12 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
     )
 
 
-def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) -> dict[str, Any]:
+def response_to_obj(
+    resp: InferResponse, is_binary: Callable[[Tensor], bool], blobs: list[Buffer] | None = None
+) -> dict[str, Any]:
     """The JSON header of a response, in Triton's key order. Outputs for which ``is_binary`` is
-    true get ``binary_data_size`` (the caller appends their bytes in the same order)."""
+    true get ``binary_data_size`` (the caller appends their bytes in the same order: those of
+    at least one byte are appended to ``blobs`` when given)."""
     obj: dict[str, Any] = {}
     if resp.id:
         obj["id"] = resp.id
@@ -344,13 +350,16 @@ def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) ->
         obj["parameters"] = resp.parameters
     outputs = []
     for t in resp.outputs:
-        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        entry: dict[str, Any] = {"name": t.name, "datatype": _NAMES[t.datatype], "shape": t.shape}
         # written into the client's shared memory: no data, no parameters (docs/protocol.md,
         # using regions in inference)
         if t.in_shm:
             pass
         elif is_binary(t):
-            entry["parameters"] = {**t.parameters, "binary_data_size": memoryview(t.data).nbytes}
+            size = memoryview(t.data).nbytes
+            entry["parameters"] = {**t.parameters, "binary_data_size": size}
+            if blobs is not None and size:
+                blobs.append(t.data)
         else:
             if t.parameters:
                 entry["parameters"] = t.parameters
