@@ -15,7 +15,7 @@ import pytest
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
-from v2proxy.backends.rest_requests import BinaryHeads, infer_body
+from v2proxy.backends.rest_requests import BinaryHeads, infer_body, infer_headers
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
@@ -264,3 +264,18 @@ def test_binary_heads_keep_the_plain_kind_only_and_at_most_kept() -> None:
     for size in range(heads.KEPT):
         heads.head(_plain(size=size + 10))
     assert heads.head(_plain()) is not first  # the oldest, forgotten
+
+
+def test_binary_request_headers_are_one_tuple_per_length() -> None:
+    """A binary request that forwards no header has its headers as one tuple per JSON length
+    (the HTTP client then remembers the head it makes), the same headers as with one."""
+    first = infer_headers([], 231)
+    assert isinstance(first, tuple)
+    assert infer_headers([], 231) is first
+    assert list(first) == [
+        (b"Accept-Encoding", b"identity"),
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Inference-Header-Content-Length", b"231"),
+    ]
+    forwarded = infer_headers([(b"x-a", b"1")], 231)
+    assert list(forwarded) == [(b"x-a", b"1"), *first]

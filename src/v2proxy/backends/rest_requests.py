@@ -15,6 +15,7 @@ a binary body is made once per kind of request of the plain kind and reused
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from urllib.parse import quote
 
 from v2proxy.backends.rest_answers import IHCL
@@ -135,8 +136,8 @@ _JSON_ONLY = ((b"Accept-Encoding", b"identity"), (b"Content-Type", b"application
 def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, bytes]]:
     """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
     requests without one), and an uncompressed answer asked for (it is read or relayed)."""
-    if not headers and ihcl is None:
-        return _JSON_ONLY  # the usual small JSON request, which forwards no header
+    if not headers:  # the usual request, which forwards no header
+        return _JSON_ONLY if ihcl is None else _binary_only(ihcl)
     out = forwardable(headers, OWN)
     out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
@@ -145,6 +146,17 @@ def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, b
         out.append((b"Content-Type", b"application/octet-stream"))
         out.append((b"Inference-Header-Content-Length", b"%d" % ihcl))
     return out
+
+
+@lru_cache(maxsize=256)
+def _binary_only(ihcl: int) -> tuple[tuple[bytes, bytes], ...]:
+    """What infer_headers adds to a binary request (a tuple, the same one for each ``ihcl``:
+    the HTTP client remembers the head it makes)."""
+    return (
+        (b"Accept-Encoding", b"identity"),
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Inference-Header-Content-Length", b"%d" % ihcl),
+    )
 
 
 class ModelPaths:
