@@ -15,7 +15,7 @@ import pytest
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
-from v2proxy.backends.rest_requests import BinaryHeads, infer_body, infer_headers
+from v2proxy.backends.rest_requests import JOIN_MAX, BinaryHeads, infer_body, infer_headers
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
@@ -54,8 +54,8 @@ def test_binary_body_asks_listed_outputs_binary_both_ways() -> None:
     req = _request([RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1", {"binary_data": False})])
     chunks, ihcl = infer_body(req, binary=True)
     head = _head(chunks, ihcl)
-    assert ihcl == len(chunks[0])
-    assert b"".join(bytes(c) for c in chunks[1:]) == X.tobytes()
+    assert len(chunks) == 1  # a small body: one buffer
+    assert bytes(chunks[0])[ihcl:] == X.tobytes()
     assert head["inputs"][0]["parameters"] == {"binary_data_size": X.nbytes}
     assert [o["parameters"]["binary_data"] for o in head["outputs"]] == [True, True]
     assert head["parameters"] == {"binary_data_output": True}
@@ -279,3 +279,15 @@ def test_binary_request_headers_are_one_tuple_per_length() -> None:
     ]
     forwarded = infer_headers([(b"x-a", b"1")], 231)
     assert list(forwarded) == [(b"x-a", b"1"), *first]
+
+
+def test_a_large_binary_body_comes_in_pieces() -> None:
+    """A binary body over JOIN_MAX is its header, then each tensor's own buffer (not copied
+    into one); a smaller one is one buffer."""
+    big = np.zeros(JOIN_MAX, np.uint8).tobytes()
+    req = InferRequest("m", [Tensor("A", Datatype.UINT8, (JOIN_MAX,), big)])
+    chunks, ihcl = infer_body(req, True)
+    assert len(chunks) == 2 and ihcl == len(chunks[0]) and chunks[1] is big
+    small = InferRequest("m", [Tensor("A", Datatype.UINT8, (4,), big[:4])])
+    chunks, ihcl = infer_body(small, True)
+    assert len(chunks) == 1 and bytes(chunks[0])[ihcl:] == big[:4]

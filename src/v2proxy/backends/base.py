@@ -6,7 +6,8 @@ backends open on ``start`` and close on ``close``: one keep-alive pool per backe
 another one when the picked one could not be reached (the request never left: refused, or no
 connection within the connect timeout) or, for a question asked again safely (health,
 metadata), when it failed in any way. Each call's outcome counts for or against its endpoint;
-an answer read whole is read within a bound (:meth:`BalancedClient.fetch`)."""
+an answer read whole is read within a bound (:meth:`BalancedClient.fetch`, and
+:meth:`BalancedClient.post_whole` for a POST of one buffer, counted alike)."""
 
 from __future__ import annotations
 
@@ -160,6 +161,8 @@ _OUTCOME: dict[type[HttpClientError], str] = {
     ReadTimeout: "timeout",
     ProtocolError: "malformed",
 }
+#: an answer read whole by :meth:`BalancedClient.post_whole` whatever its Content-Length
+_ANY_LENGTH = 1 << 62
 #: how much of an answer whose status is all that is needed is read before its connection is
 #: closed instead (a health check answered with a huge body)
 DRAIN_MAX = 64 * 1024
@@ -265,6 +268,58 @@ class BalancedClient:
                 ep.outstanding -= 1
             endpoints.answered(ep, got[0] if isinstance(got, tuple) else got.status)
             return got
+
+    async def post_whole(
+        self,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: Buffer,
+        *,
+        deadline: float,
+        read_timeout: float,
+        limit: int | None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
+        """:meth:`fetch` of a POST whose body is one buffer, in one call of the HTTP client
+        (:meth:`HttpClient.post <v2proxy.http.client.HttpClient.post>`): (status, headers,
+        body) of the whole answer, whatever its length or framing, over ``limit`` bytes an
+        :class:`AnswerTooLarge`, all of it by ``deadline`` (``loop.time()``; ``read_timeout``
+        as :meth:`post`'s); the outcomes
+        counted as :meth:`fetch` counts those of a call that is not idempotent (one that could
+        not be sent goes to the next endpoint, with what is left of the deadline; a failure
+        before the whole answer is in counts against its endpoint, the head or not)."""
+        endpoints = self.endpoints
+        tried: list[Endpoint[HttpClient]] = []
+        last: Exception | None = None
+        try:
+            while True:
+                ep = endpoints.pick(tried)
+                if ep is None:
+                    if last is None:
+                        raise BackendUnavailable("the backend has no endpoint")
+                    raise last
+                ep.outstanding += 1
+                got: tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]
+                try:
+                    answer = await ep.client.post(
+                        target, headers, body, deadline, read_timeout, _ANY_LENGTH, limit
+                    )
+                    if isinstance(answer, tuple):
+                        got = answer
+                    else:  # no Content-Length: read on, by the deadline
+                        got = answer.status, answer.headers, await answer.read(limit)
+                except HttpClientError as exc:
+                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    if not isinstance(exc, ConnectFailed | ConnectTimeout):
+                        raise
+                    tried.append(ep)  # never sent: the next endpoint
+                    last = exc
+                    continue
+                finally:
+                    ep.outstanding -= 1
+                endpoints.answered(ep, got[0])
+                return got
+        finally:
+            last = None  # no cycle: the exception's traceback holds this frame
 
     async def fetch(
         self,

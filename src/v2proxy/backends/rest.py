@@ -86,6 +86,16 @@ log = logging.getLogger(__name__)
 READ_WHOLE = 256 * 1024
 
 
+def _header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The value of header ``name`` (lowercase) in an answer's ``headers`` (names lowercase);
+    several are joined with ``, `` (as :meth:`ClientResponse.header` joins them)."""
+    found = None
+    for k, v in headers:
+        if k == name:
+            found = v if found is None else found + b", " + v
+    return found
+
+
 class RestBackend:
     """Talks to a v2 REST model server at ``base_url`` (``http://`` or ``https://``)."""
 
@@ -202,6 +212,27 @@ class RestBackend:
                 raise
             raise mapped_exc from None
 
+    async def _post_whole(
+        self, target: str, headers: Sequence[tuple[bytes, bytes]], body: Buffer
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
+        """:meth:`_call` of an inference POST whose body is one buffer, in one call of the
+        HTTP client (:meth:`BalancedClient.post_whole`): the same deadline, bound and failures."""
+        timeout = self._timeout
+        try:
+            return await self.client.post_whole(
+                self._prefix + target,
+                headers,
+                body,
+                deadline=self._now() + timeout,
+                read_timeout=timeout,
+                limit=self._max_infer,
+            )
+        except Exception as exc:
+            mapped_exc = failure(exc, self.base_url, timeout, "inference")
+            if mapped_exc is None:
+                raise
+            raise mapped_exc from None
+
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
         resp, body = await self._call("GET", path, (), None, what, idempotent=True)
         if resp.status != 200:
@@ -276,11 +307,14 @@ class RestBackend:
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
         path = self._paths(request.model_name, request.model_version) + "/infer"
-        resp, body = await self._call(
-            "POST", path, infer_headers(headers, ihcl), chunks, "inference", infer=True
-        )
-        raise_for_status(resp.status, body, request.model_name)
-        resp_ihcl = resp.header(IHCL)
+        sent = infer_headers(headers, ihcl)
+        if len(chunks) == 1:  # one buffer: sent, and its answer read whole, in one call
+            status, answer_headers, body = await self._post_whole(path, sent, chunks[0])
+        else:
+            resp, body = await self._call("POST", path, sent, chunks, "inference", infer=True)
+            status, answer_headers = resp.status, resp.headers
+        raise_for_status(status, body, request.model_name)
+        resp_ihcl = _header_value(answer_headers, IHCL)
         try:
             return binc.decode_response(
                 body, int(resp_ihcl) if resp_ihcl is not None else None, self._answer_heads

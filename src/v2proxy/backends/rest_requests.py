@@ -43,19 +43,30 @@ class _NoChunks:
 NO_CHUNKS = _NoChunks()
 
 
+#: a binary /infer body up to this size comes as one buffer (else its header and each tensor)
+JOIN_MAX = 64 * 1024
+
+
 def infer_body(
     request: InferRequest, binary: bool, heads: BinaryHeads | None = None
 ) -> tuple[list[Buffer], int | None]:
     """The /infer body for ``request`` and its Inference-Header-Content-Length (None: JSON).
     CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES). ``heads``: the
-    binary headers made before, for a binary body (:class:`BinaryHeads`)."""
+    binary headers made before, for a binary body (:class:`BinaryHeads`). A JSON body, or a
+    binary one of at most :data:`JOIN_MAX` bytes, is one buffer; a larger binary body its
+    header and then each tensor's bytes."""
     if not binary:
         return [dumps_tree(request_to_obj(request, False, False))], None
     head = _binary_head(request) if heads is None else heads.head(request)
     chunks: list[Buffer] = [head]
+    size = len(head)
     for t in request.inputs:
-        if memoryview(t.data).nbytes:
+        nbytes = memoryview(t.data).nbytes
+        if nbytes:
             chunks.append(t.data)
+            size += nbytes
+    if size <= JOIN_MAX:
+        return [b"".join(chunks)], len(head)
     return chunks, len(head)
 
 
