@@ -212,27 +212,6 @@ class RestBackend:
                 raise
             raise mapped_exc from None
 
-    async def _post_whole(
-        self, target: str, headers: Sequence[tuple[bytes, bytes]], body: Buffer
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
-        """:meth:`_call` of an inference POST whose body is one buffer, in one call of the
-        HTTP client (:meth:`BalancedClient.post_whole`): the same deadline, bound and failures."""
-        timeout = self._timeout
-        try:
-            return await self.client.post_whole(
-                self._prefix + target,
-                headers,
-                body,
-                deadline=self._now() + timeout,
-                read_timeout=timeout,
-                limit=self._max_infer,
-            )
-        except Exception as exc:
-            mapped_exc = failure(exc, self.base_url, timeout, "inference")
-            if mapped_exc is None:
-                raise
-            raise mapped_exc from None
-
     async def _get_json(self, path: str, what: str) -> tuple[int, Any]:
         resp, body = await self._call("GET", path, (), None, what, idempotent=True)
         if resp.status != 200:
@@ -278,6 +257,9 @@ class RestBackend:
         staging = self.staging
         if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
             return await staging.infer(self, request, lambda r: self._infer(r, headers))
+        binary = self.encoding.fixed
+        if binary is not None:  # json or binary: nothing to ask, nothing to try (_infer's own)
+            return await self._infer_as(request, headers, binary)
         return await self._infer(request, headers)
 
     async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
@@ -309,7 +291,21 @@ class RestBackend:
         path = self._paths(request.model_name, request.model_version) + "/infer"
         sent = infer_headers(headers, ihcl)
         if len(chunks) == 1:  # one buffer: sent, and its answer read whole, in one call
-            status, answer_headers, body = await self._post_whole(path, sent, chunks[0])
+            timeout = self._timeout
+            try:
+                status, answer_headers, body = await self.client.post_whole(
+                    self._prefix + path,
+                    sent,
+                    chunks[0],
+                    deadline=self._now() + timeout,
+                    read_timeout=timeout,
+                    limit=self._max_infer,
+                )
+            except Exception as exc:  # as _call maps them
+                mapped_exc = failure(exc, self.base_url, timeout, "inference")
+                if mapped_exc is None:
+                    raise
+                raise mapped_exc from None
         else:
             resp, body = await self._call("POST", path, sent, chunks, "inference", infer=True)
             status, answer_headers = resp.status, resp.headers
