@@ -9,7 +9,7 @@ JSON bodies).
   marked binary are left for the binary codec to append.
 - ``request_from_obj(..., checked=...)`` takes inputs whose numbers were checked already by
   :mod:`v2proxy.codecs.json_stream` (which relays large bodies while they arrive).
-- ``dumps_tree`` serializes a header, writing NaN/Infinity literals like Triton.
+- ``dumps_tree`` serializes a header; NaN/Infinity literals are written like Triton's.
 - Requests are held to :mod:`v2proxy.codecs.limits`: at most ``max_tensors`` inputs and
   requested outputs, at most ``max_input_size`` bytes decoded from all ``data`` arrays together.
 
@@ -271,7 +271,7 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
         elif binary_inputs:
             tparams["binary_data_size"] = memoryview(t.data).nbytes
         else:
-            entry["data"] = tensor_data_json(t)
+            entry["data"] = _data_json(t)
         if tparams:
             entry["parameters"] = tparams
         inputs.append(entry)
@@ -363,18 +363,23 @@ def response_to_obj(
         else:
             if t.parameters:
                 entry["parameters"] = t.parameters
-            entry["data"] = tensor_data_json(t)
+            entry["data"] = _data_json(t)
         outputs.append(entry)
     obj["outputs"] = outputs
     return obj
 
 
+def _data_json(t: Tensor) -> Any:
+    """A tensor's ``data`` for the header: :func:`tensor_data_json`'s value, with NaN/Infinity
+    literals written like Triton (orjson cannot write them: the finished text is spliced in
+    verbatim)."""
+    data = tensor_data_json(t)
+    if type(data) is FloatLiterals:
+        return orjson.Fragment(("[" + ",".join(data) + "]").encode())
+    return data
+
+
 def dumps_tree(obj: dict[str, Any]) -> bytes:
-    """Serialize a request/response header, writing NaN/Infinity literals like Triton."""
-    for key in ("inputs", "outputs"):
-        for o in obj.get(key, ()):
-            data = o.get("data")
-            if isinstance(data, FloatLiterals):
-                # orjson cannot write these literals: splice the finished text in verbatim.
-                o["data"] = orjson.Fragment(("[" + ",".join(data) + "]").encode())
+    """Serialize a request/response header of :func:`request_to_obj` or
+    :func:`response_to_obj` (their NaN/Infinity literals are written already)."""
     return dumps(obj)
