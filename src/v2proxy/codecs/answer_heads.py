@@ -31,8 +31,8 @@ MAX_HEAD = 4096
 class _Known(NamedTuple):
     model_name: str
     model_version: str
-    #: (name, datatype, shape, size in the binary section) of every output, in order
-    outputs: tuple[tuple[str, Datatype, tuple[int, ...], int], ...]
+    #: (name, datatype, shape, start, end in the body) of every output, in order
+    outputs: tuple[tuple[str, Datatype, tuple[int, ...], int, int], ...]
     #: the binary section's length the header declares
     section: int
 
@@ -60,12 +60,9 @@ class AnswerHeads:
         mv = memoryview(body)
         if len(mv) - ihcl != known.section:
             return None
-        pos = ihcl
         outputs = []
-        for name, datatype, shape, size in known.outputs:
-            end = pos + size
-            outputs.append(Tensor(name, datatype, shape, mv[pos:end], {}))
-            pos = end
+        for name, datatype, shape, start, end in known.outputs:
+            outputs.append(Tensor(name, datatype, shape, mv[start:end], {}))
         return InferResponse(known.model_name, outputs, known.model_version, None, {})
 
     def learn(self, header: Buffer, obj: Any, response: InferResponse) -> None:
@@ -77,15 +74,16 @@ class AnswerHeads:
         if type(raw) is not list or len(raw) != len(response.outputs):
             return
         outputs = []
-        section = 0
+        start = len(header)
         for item, t in zip(raw, response.outputs, strict=True):
             params = item.get("parameters")
             # in the binary section: declared so, and nothing else among its parameters
             if t.parameters or type(params) is not dict or params.get("binary_data_size") is None:
                 return
-            size = memoryview(t.data).nbytes
-            outputs.append((t.name, t.datatype, t.shape, size))
-            section += size
+            end = start + memoryview(t.data).nbytes
+            outputs.append((t.name, t.datatype, t.shape, start, end))
+            start = end
+        section = start - len(header)
         known = self._known
         if len(known) >= self.KEPT:
             del known[next(iter(known))]
