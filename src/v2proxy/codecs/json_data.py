@@ -23,6 +23,7 @@ import math
 import struct
 import sys
 from collections.abc import Callable
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -312,6 +313,19 @@ def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
 def tensor_data_json(tensor: Tensor) -> Any:
     """The flat JSON ``data`` value of a tensor (a numpy array or a list for orjson)."""
     datatype = tensor.datatype
+    listed = _LISTED.get(datatype)
+    if listed is not None:
+        # small: the numbers as a list (numpy's calls cost more than the elements), the very
+        # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
+        # infinity among them, or finite values that add up past the largest double) takes
+        # the numpy path, which writes the literals; so does a size that does not match
+        code, itemsize, floats = listed
+        view = memoryview(tensor.data)
+        count = prod(tensor.shape)
+        if count <= SMALL_ARRAY and view.nbytes == count * itemsize:
+            values = view.cast("B").cast(code).tolist()
+            if not floats or math.isfinite(sum(values)):
+                return values
     if datatype is Datatype.BYTES:
         where = f"tensor '{tensor.name}'"
         out: list[str] = []
@@ -325,23 +339,13 @@ def tensor_data_json(tensor: Tensor) -> Any:
                 ) from None
         return out
     npdt = NUMPY_DTYPE[datatype]
-    view = memoryview(tensor.data)
-    count = element_count(tensor.shape)
-    nbytes, expected = view.nbytes, count * npdt.itemsize
+    nbytes = memoryview(tensor.data).nbytes
+    expected = element_count(tensor.shape) * npdt.itemsize
     if nbytes != expected:
         raise CodecError(
             f"input byte size mismatch for tensor '{tensor.name}'. Expected {expected}, got"
             f" {nbytes}"
         )
-    code = _LIST_CODES.get(datatype)
-    if code is not None and count <= SMALL_ARRAY:
-        # small: the numbers as a list (numpy's calls cost more than the elements), the very
-        # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
-        # infinity among them, or finite values that add up past the largest double) takes
-        # the numpy path, which writes the literals
-        values = view.cast("B").cast(code).tolist()  # type: ignore[call-overload]
-        if code not in "fd" or math.isfinite(sum(values)):
-            return values
     arr = np.frombuffer(tensor.data, dtype=npdt)
     if datatype in _FLOAT_TYPES:
         # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
@@ -353,11 +357,12 @@ def tensor_data_json(tensor: Tensor) -> Any:
     return arr
 
 
-#: memoryview formats of the datatypes a small tensor's elements (up to SMALL_ARRAY) are
-#: listed in: native byte order, so only where it is the wire's little-endian
-_LIST_CODES: dict[Datatype, str] = (
+#: the datatypes whose small tensors (up to SMALL_ARRAY elements) are listed: the memoryview
+#: format (native byte order, so only where it is the wire's little-endian), the item size,
+#: whether they are floats
+_LISTED: dict[Datatype, tuple[Any, int, bool]] = (
     {
-        dt: STRUCT_CODES[dt]
+        dt: (STRUCT_CODES[dt], ITEM_SIZE[dt], dt in _FLOAT_TYPES)
         for dt in (*_INT_TYPES, Datatype.FP32, Datatype.FP64)
         if struct.calcsize(STRUCT_CODES[dt]) == ITEM_SIZE[dt]
     }
