@@ -71,8 +71,8 @@ class Answers:
     outputs: list[Tensor] = field(default_factory=list)
     #: whether ``relay_infer`` takes a body unchanged, per wire form: {binary?: answer}
     relay: Mapping[bool, bool] = field(default_factory=lambda: {False: True, True: True})
-    #: whether it is known without asking that ``relay_infer`` declines a JSON body
-    #: (``takes_json`` False), else ``relay_infer`` says
+    #: whether every JSON body goes transcoded (``transcodes_json``: the pipeline does not
+    #: offer it to ``relay_infer``), else ``relay_infer`` says
     declines_json: bool = False
     #: ``extensions`` of the server metadata
     extensions: tuple[str, ...] = ("binary_tensor_data",)
@@ -100,8 +100,9 @@ class FakeBackend:
     name = "fake"
     speaks_rest = False
 
-    def takes_json(self, size: int) -> bool:
-        return not self.answers.declines_json
+    @property
+    def transcodes_json(self) -> bool:
+        return self.answers.declines_json
 
     def stream_call(self, decoupled: bool) -> str:
         return "fake backend's stream_infer"

@@ -58,8 +58,8 @@ What the table shows today (at ce01b69, "REST /infer: one pipeline call, one acc
   (before, ``can_relay`` was asked first: two asks). When the backend declines (``norelay``
   rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
   request that a stage applies to never offers a relay: ``nothing_to_do`` decides first. A
-  JSON body that the backend is known to decline (``norelay-known``: ``takes_json`` says so
-  without asking, ``--backend-encoding binary``) is not offered at all: ``infer`` only.
+  JSON body to a backend that takes every JSON body transcoded (``norelay-known``:
+  ``transcodes_json``, ``--backend-encoding binary``) is not offered at all: ``infer`` only.
 - Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
   :mod:`v2proxy.core.knowledge`) whenever no labels are configured here, and ``model_metadata``
   plus ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
@@ -222,7 +222,7 @@ class Row:
     region_holds: int | None = None
     #: a stream message whose client asked for the final-response flag (not relayable)
     final_flag: bool = False
-    #: the backend is known to decline a JSON body without being asked (``takes_json``)
+    #: the backend takes every JSON body transcoded (``transcodes_json``)
     known: bool = False
 
     @property

@@ -187,28 +187,12 @@ async def test_relays_known_agrees_with_relays(
 
 
 @pytest.mark.parametrize(
-    ("setting", "size", "listed", "takes"),
-    [
-        ("json", AUTO_BINARY_MIN, True, True),
-        ("binary", 100, None, False),
-        ("auto", 100, True, True),
-        ("auto", AUTO_BINARY_MIN, None, True),  # not known yet: relay_infer asks
-        ("auto", AUTO_BINARY_MIN, True, False),
-        ("auto", AUTO_BINARY_MIN, False, True),
-    ],
+    ("setting", "transcodes"), [("json", False), ("auto", False), ("binary", True)]
 )
-async def test_takes_json_is_false_only_when_known_to_decline(
-    setting: str, size: int, listed: bool | None, takes: bool
-) -> None:
-    """The REST backend's ``takes_json``: False only when its relay decision is known without
-    asking to send a JSON body of that size transcoded (the pipeline then decodes it straight
-    away)."""
-    answer = {"extensions": ["binary_tensor_data"] if listed else []}
-    knowledge = BackendKnowledge(_Server(answer))
-    if listed is not None:
-        await knowledge.server()
-    backend = RestBackend("http://127.0.0.1:1", setting, knowledge=knowledge)
-    assert backend.takes_json(size) is takes
+def test_only_binary_transcodes_every_json_body(setting: str, transcodes: bool) -> None:
+    """The REST backend takes every JSON body transcoded with ``--backend-encoding binary``
+    only (``auto`` relays a small one, and asks for a large one)."""
+    assert RestBackend("http://127.0.0.1:1", setting).transcodes_json is transcodes
 
 
 def _plain(

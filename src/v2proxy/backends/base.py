@@ -63,13 +63,11 @@ class NonRestBackend:
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
     speaks_rest = False
+    transcodes_json = True  # decoded requests only
     name = ""
 
     def stream_call(self, decoupled: bool) -> str:
         return f"{self.name} backend's stream_infer"
-
-    def takes_json(self, size: int) -> bool:
-        return False  # decoded requests only
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers

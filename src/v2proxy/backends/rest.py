@@ -130,6 +130,9 @@ class RestBackend:
         #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge)
+        #: ``--backend-encoding binary``: every JSON body goes as binary tensors (``auto``
+        #: relays a small one and decides for a large one by the capabilities, asked)
+        self.transcodes_json = self.encoding.fixed is True
         self._paths = ModelPaths()
         #: the JSON headers of its binary-framed answers, each decoded once
         self._answer_heads = AnswerHeads()
@@ -330,12 +333,6 @@ class RestBackend:
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:
         return None  # a gRPC message is decoded and sent as REST
-
-    def takes_json(self, size: int) -> bool:
-        """False when JSON bodies of this size are known to go as binary tensors
-        (``--backend-encoding binary``, or ``auto`` once the capabilities say so for a large
-        one)."""
-        return self.encoding.relays_known(False, size) is not False
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers

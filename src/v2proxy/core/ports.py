@@ -118,11 +118,10 @@ class Backend(Protocol):
     ) -> dict[str, Any]: ...
 
     # the REST↔REST pass-through fast path
-    def takes_json(self, size: int) -> bool:
-        """Whether :meth:`relay_infer` may take a whole JSON /infer body of ``size`` bytes
-        unchanged: False only when it is known, without asking the model server, to decline
-        it (the pipeline then decodes such a body without first checking it for the relay)."""
-        ...
+    #: whether every JSON /infer body goes to the model server transcoded, whatever its size
+    #: (:meth:`relay_infer` declines each): the pipeline then decodes such a body without first
+    #: checking it for the relay
+    transcodes_json: bool
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
