@@ -75,6 +75,7 @@ def build_rest(
         openai_limits=RequestLimits(
             settings.max_chat_messages, settings.max_stops, settings.max_stop_length
         ),
+        access=settings.restricted,
     )
 
 
@@ -88,7 +89,7 @@ def build_http_server(settings: Settings, frontend: RestFrontend) -> HttpServer:
         max_body_size=settings.max_body_size,
     )
     tls = server_context(settings.tls) if settings.tls is not None else None
-    return HttpServer(frontend.dispatch, limits, ssl_context=tls)
+    return HttpServer(frontend.dispatch, limits, ssl_context=tls, quick=frontend.quick)
 
 
 def build_grpc_server(
@@ -119,6 +120,7 @@ def build_grpc_server(
         gate,
         stream_in_flight=settings.max_stream_in_flight,
         health_watches=settings.max_health_watches,
+        access=settings.restricted,
     )
     server.add_generic_rpc_handlers(frontend.handlers())
     return server

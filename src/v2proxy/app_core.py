@@ -217,7 +217,6 @@ def build_pipeline(
     return Pipeline(
         backend,
         settings.max_input_size,
-        settings.restricted,
         settings.models,
         shm=shm,
         client_shm=settings.client_shm,

@@ -39,7 +39,8 @@ class ProxyClient:
             # looked up per request, so that a test may wrap ``frontend.dispatch``
             await frontend.dispatch(request, response)
 
-        self.server = HttpServer(handler, limits or ServerLimits())
+        # the quick lane, as ``v2proxy serve`` has it (app.build_http_server)
+        self.server = HttpServer(handler, limits or ServerLimits(), quick=frontend.quick)
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:

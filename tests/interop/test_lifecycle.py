@@ -186,10 +186,10 @@ async def test_readiness_is_false_while_draining() -> None:
             )
             serving = health_pb2.HealthCheckResponse.SERVING
             assert (await check(health_pb2.HealthCheckRequest())).status == serving
-            assert await pipeline.server_ready([]) is True
+            assert await pipeline.server_ready() is True
             pipeline.draining = True
-            assert await pipeline.server_ready([]) is False
+            assert await pipeline.server_ready() is False
             assert (await check(health_pb2.HealthCheckRequest())).status != serving
-            assert await pipeline.server_live([]) is True  # liveness stays the proxy's own
+            assert await pipeline.server_live() is True  # liveness stays the proxy's own
     finally:
         await server.stop(None)

@@ -108,7 +108,7 @@ async def test_the_builtin_server_and_v2proxy_in_front_of_it() -> None:
         False,
         False,
     )
-    front = server_caps(await Pipeline(BuiltinBackend(), 1 << 20).server_metadata([]))
+    front = server_caps(await Pipeline(BuiltinBackend(), 1 << 20).server_metadata())
     assert front.binary_tensors and front.classification and front.generate
     assert front.system_shared_memory and front.binary_unlisted is True
 

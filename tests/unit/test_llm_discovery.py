@@ -1,6 +1,7 @@
 """The MindIE/OpenAI target is discovered from the backend's one knowledge, as the proxy's own
 questions (``v2proxy.frontends.llm_call``): never through the client-facing API with the
-client's headers, so a restricted ``metadata`` or ``model-config`` group changes nothing; the
+client's headers, so a restricted ``metadata`` or ``model-config`` group (refused to the client
+by the REST frontend) changes nothing; the
 target is kept in the knowledge, with its lifetime, and its log line is not said again when it
 is rediscovered unchanged."""
 
@@ -11,13 +12,14 @@ import logging
 
 import pytest
 
+from tests.unit.test_routes import FakeRequest, FakeResponse
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.core.errors import Forbidden
 from v2proxy.core.knowledge import KNOWLEDGE_TTL_S, BackendKnowledge
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
 from v2proxy.frontends.llm_call import LlmBackendSide
-from v2proxy.frontends.openai import OpenAIFrontend
+from v2proxy.frontends.rest import RestFrontend
 from v2proxy.ops.config_sections import OpenAIModel, OpenAISettings
 
 
@@ -49,14 +51,26 @@ class Counting(BuiltinBackend):
         return await super().model_config(model, version)
 
 
+def _frontend(groups: tuple[str, ...], openai: OpenAISettings | None = None) -> RestFrontend:
+    """The REST frontend in front of the builtin models, refusing ``groups`` to every client."""
+    pipeline = Pipeline(BuiltinBackend(), 1 << 20)
+    return RestFrontend(pipeline, 1 << 20, 1 << 20, openai=openai, access=Restricting(*groups))
+
+
+async def _dispatch(frontend: RestFrontend, method: str, path: str, body: bytes) -> FakeResponse:
+    response = FakeResponse()
+    await frontend.dispatch(FakeRequest(method, path, body), response)  # type: ignore[arg-type]
+    return response
+
+
 @pytest.mark.parametrize("groups", [("model-config",), ("metadata", "model-config")])
 async def test_discovery_ignores_the_clients_restricted_groups(groups: tuple[str, ...]) -> None:
     """The builtin ``llm`` is decoupled: found so whatever the restricted groups (a restricted
     ``model-config`` was read as "not decoupled", a restricted ``metadata`` as no model)."""
-    pipeline = Pipeline(BuiltinBackend(), 1 << 20, access=Restricting(*groups))
-    with pytest.raises(Forbidden):  # the client-facing API is still restricted
-        await pipeline.model_config("llm", "", [])
-    target = await LlmBackendSide(pipeline, "llm", "trtllm", "seed").target()
+    frontend = _frontend(groups)
+    # the client-facing API is still restricted
+    assert (await _dispatch(frontend, "GET", "/v2/models/llm/config", b"")).status == 403
+    target = await LlmBackendSide(frontend.pipeline, "llm", "trtllm", "seed").target()
     assert target.view.decoupled is True and target.view.has("text_input")
     assert target.transport == "builtin backend's stream_infer"
 
@@ -68,18 +82,16 @@ async def test_openai_sees_the_decoupled_model_whatever_the_restricted_groups(
     """Through the OpenAI frontend's start-up check and a completion (the inference group
     open): the line says the decoupled ``llm`` serves it, and the answer counts its tokens."""
     settings = OpenAISettings((OpenAIModel("llm", "llm"),))
-    fe = OpenAIFrontend(
-        Pipeline(BuiltinBackend(), 1 << 20, access=Restricting(*groups)), settings, 4096
-    )
+    frontend = _frontend(groups, settings)
     with caplog.at_level(logging.INFO, logger="v2proxy.openai"):
-        await fe.check()
+        await frontend.openai.check()
     lines = [r.getMessage() for r in caplog.records]
     assert any("served by model 'llm' (profile trtllm, decoupled," in line for line in lines)
     assert not any("not found" in line for line in lines)
     raw = b'{"model": "llm", "prompt": "one two three", "max_tokens": 5}'
-    status, _headers, body = await fe.generate(fe.prepare(False, raw), [])
-    assert status == 200
-    assert json.loads(body)["usage"]["completion_tokens"] == 5
+    response = await _dispatch(frontend, "POST", "/v1/completions", raw)
+    assert response.status == 200, response.body
+    assert json.loads(response.body)["usage"]["completion_tokens"] == 5
 
 
 async def test_the_target_lives_in_the_knowledge(caplog: pytest.LogCaptureFixture) -> None:

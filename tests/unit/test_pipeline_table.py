@@ -14,8 +14,8 @@ Wire forms:
 
 - ``json`` and ``binary`` (binary tensors, Inference-Header-Content-Length): a small REST body
   through the REST frontend's own handler (``RestFrontend.dispatch`` with a fake request and
-  response object, so the counts are those of one whole client request, the frontend's access
-  check before the body is read included);
+  response object, and the counting access policy, so the counts are those of one whole client
+  request, the frontend's access check before the body is read included);
 - ``grpc``: a decoded request through ``Pipeline.infer``;
 - ``message``: a gRPC ModelInfer through ``Pipeline.infer_message`` (what the gRPC frontend
   calls): the decoded request with the message's bytes, relayed by ``relay_message`` when
@@ -44,16 +44,20 @@ The expected counts are the columns ``backend_calls`` and ``access_checks`` of :
 where a row fills it, ``region_holds``: the regions acquired, each released exactly once),
 written as the code behaves today, so that a change to the pipeline changes them there (and
 nowhere else). The access policy of these tests restricts every group (``restricts`` is True),
-so every check the code would make is counted.
+so every check the code would make is counted; the REST frontend is given it, the pipeline has
+none (it checks no access).
 
-What the table shows today (at ce01b69, "REST /infer: one pipeline call, one access check"):
+What the table shows today (the access checked by the frontends only, as they admit a request):
 
-- Every request is checked once, for the group ``inference``: a REST one by
-  ``RestFrontend.dispatch`` before its body is read (``Pipeline.infer_body`` does not check
-  again), relayed or not; a gRPC one by ``Pipeline.infer`` / ``stream_infer``. Before ce01b69
-  (at 48514c1) the same table counted 2 checks for a relayed REST request (dispatch and
-  ``Pipeline.relay``) and 3 for one that was not relayed (dispatch, ``Pipeline.relay`` and
-  ``Pipeline.infer``).
+- Every REST request is checked once, for the group ``inference``, by ``RestFrontend.dispatch``
+  as it admits it, before its body is read (``Pipeline.infer_body`` does not check again),
+  relayed or not. The pipeline checks no access: a call of ``Pipeline.infer``,
+  ``infer_message``, ``stream_infer`` or ``stream_message`` is checked 0 times (the gRPC
+  frontend checks each call, each stream, once as it admits it:
+  ``tests/integration/test_access_once.py``). Before ce01b69 (at 48514c1) the same table
+  counted 2 checks for a relayed REST request (dispatch and ``Pipeline.relay``) and 3 for one
+  that was not relayed (dispatch, ``Pipeline.relay`` and ``Pipeline.infer``); until the access
+  moved out of the pipeline, each pipeline call here counted 1.
 - A REST request that may be relayed asks the backend once: ``relay_infer``, which answers
   (before, ``can_relay`` was asked first: two asks). When the backend declines (``norelay``
   rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
@@ -214,7 +218,8 @@ class Row:
     # ---- what happens today: change these when the pipeline changes
     #: every backend call, in order
     backend_calls: tuple[str, ...] = ()
-    #: ``AccessPolicy.check`` calls with the group ``inference`` (no other group is checked)
+    #: ``AccessPolicy.check`` calls with the group ``inference`` (no other group is checked):
+    #: the REST frontend's one, as it admits the request; none in the pipeline
     access_checks: int = 1
     #: FORWARD (the backend's pass-through answer, unchanged) or RESPONSE (an InferResponse)
     answer: str = RESPONSE
@@ -271,70 +276,70 @@ ROWS = [
     Row(BINARY, SHM_IN, backend_calls=(INFER,), access_checks=1),
     Row(BINARY, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
     # ---- a decoded request: Pipeline.infer (gRPC); no relay is ever offered
-    Row(GRPC, NONE, backend_calls=(INFER,), access_checks=1),
-    Row(GRPC, FP16, backend_calls=(INFER,), access_checks=1),
-    Row(GRPC, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
-    Row(GRPC, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
-    Row(GRPC, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
-    Row(GRPC, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
-    Row(GRPC, SHM_IN, backend_calls=(INFER,), access_checks=1),
-    Row(GRPC, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    Row(GRPC, NONE, backend_calls=(INFER,), access_checks=0),
+    Row(GRPC, FP16, backend_calls=(INFER,), access_checks=0),
+    Row(GRPC, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=0),
+    Row(GRPC, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=0),
+    Row(GRPC, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=0),
+    Row(GRPC, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=0),
+    Row(GRPC, SHM_IN, backend_calls=(INFER,), access_checks=0),
+    Row(GRPC, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=0),
     # ---- a gRPC message: Pipeline.infer_message, relayed when nothing needs changing
-    Row(MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
-    Row(MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, INFER), access_checks=1),
-    Row(MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
-    Row(MESSAGE, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
-    Row(MESSAGE, BINARY_DATA, backend_calls=(INFER,), access_checks=1),
-    Row(MESSAGE, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=1),
-    Row(MESSAGE, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=1),
-    Row(MESSAGE, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
-    Row(MESSAGE, SHM_IN, backend_calls=(INFER,), access_checks=1),
-    Row(MESSAGE, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
+    Row(MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
+    Row(MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, INFER), access_checks=0),
+    Row(MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
+    Row(MESSAGE, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=0),
+    Row(MESSAGE, BINARY_DATA, backend_calls=(INFER,), access_checks=0),
+    Row(MESSAGE, CLASS_LABELS, backend_calls=_CLASS_LABELS_CALLS, access_checks=0),
+    Row(MESSAGE, CLASS_BACKEND, backend_calls=_CLASS_BACKEND_CALLS, access_checks=0),
+    Row(MESSAGE, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=0),
+    Row(MESSAGE, SHM_IN, backend_calls=(INFER,), access_checks=0),
+    Row(MESSAGE, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=0),
     Row(MESSAGE, SHM_OUT_CLASS, backend_calls=(SERVER_META, INFER, MODEL_META, MODEL_CONFIG),
-        access_checks=1, region_holds=1),
+        access_checks=0, region_holds=1),
     # ---- a decoded request: Pipeline.stream_infer, a plain model (1) or a decoupled one (x3)
-    Row(STREAM, NONE, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM, NONE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM, NONE, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM, NONE, responses=3, backend_calls=(STREAM_INFER,), access_checks=0),
     Row(STREAM, CLASS_LABELS, backend_calls=(STREAM_INFER, MODEL_META, MODEL_CONFIG),
-        access_checks=1),
+        access_checks=0),
     Row(STREAM, CLASS_LABELS, responses=3, backend_calls=(STREAM_INFER, MODEL_META,
-        MODEL_CONFIG), access_checks=1),
+        MODEL_CONFIG), access_checks=0),
     Row(STREAM, CLASS_BACKEND, responses=3, backend_calls=(SERVER_META, STREAM_INFER),
-        access_checks=1),
+        access_checks=0),
     Row(STREAM, CLASS_PROXY, responses=3, backend_calls=(SERVER_META, STREAM_INFER,
-        MODEL_META, MODEL_CONFIG), access_checks=1),
-    Row(STREAM, SHM_IN, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM, SHM_OUT_STAGE, responses=3, backend_calls=(STREAM_INFER,), access_checks=1),
+        MODEL_META, MODEL_CONFIG), access_checks=0),
+    Row(STREAM, SHM_IN, responses=3, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM, SHM_OUT_STAGE, responses=3, backend_calls=(STREAM_INFER,), access_checks=0),
     # ---- two stages at once, unary and streamed: the one loop of the stages
     Row(GRPC, SHM_OUT_CLASS, backend_calls=(SERVER_META, INFER, MODEL_META, MODEL_CONFIG),
-        access_checks=1, region_holds=1),
+        access_checks=0, region_holds=1),
     Row(STREAM, SHM_OUT_CLASS, backend_calls=(SERVER_META, STREAM_INFER, MODEL_META,
-        MODEL_CONFIG), access_checks=1, region_holds=1),
+        MODEL_CONFIG), access_checks=0, region_holds=1),
     Row(STREAM, SHM_OUT_CLASS, responses=3, backend_calls=(SERVER_META, STREAM_INFER,
-        MODEL_META, MODEL_CONFIG), access_checks=1, region_holds=1),
+        MODEL_META, MODEL_CONFIG), access_checks=0, region_holds=1),
     # ---- a message of a gRPC stream: Pipeline.stream_message, relayed when nothing needs
     # changing, else stream_infer's path (a decoupled model: the backend declines the relay)
-    Row(STREAM_MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=1, answer=FORWARD),
+    Row(STREAM_MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
     Row(STREAM_MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, STREAM_INFER),
-        access_checks=1),
+        access_checks=0),
     Row(STREAM_MESSAGE, NONE, can_relay=False, responses=3,
-        backend_calls=(RELAY_MESSAGE, STREAM_INFER), access_checks=1),
-    Row(STREAM_MESSAGE, NONE, final_flag=True, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM_MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=1,
+        backend_calls=(RELAY_MESSAGE, STREAM_INFER), access_checks=0),
+    Row(STREAM_MESSAGE, NONE, final_flag=True, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM_MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=0,
         answer=FORWARD),
-    Row(STREAM_MESSAGE, BINARY_OUTPUT, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM_MESSAGE, BINARY_DATA, backend_calls=(STREAM_INFER,), access_checks=1),
+    Row(STREAM_MESSAGE, BINARY_OUTPUT, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM_MESSAGE, BINARY_DATA, backend_calls=(STREAM_INFER,), access_checks=0),
     Row(STREAM_MESSAGE, CLASS_LABELS, backend_calls=(STREAM_INFER, MODEL_META, MODEL_CONFIG),
-        access_checks=1),
+        access_checks=0),
     Row(STREAM_MESSAGE, CLASS_BACKEND, backend_calls=(SERVER_META, STREAM_INFER),
-        access_checks=1),
+        access_checks=0),
     Row(STREAM_MESSAGE, CLASS_PROXY, can_relay=False, responses=3, backend_calls=(
-        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=1),
-    Row(STREAM_MESSAGE, SHM_IN, backend_calls=(STREAM_INFER,), access_checks=1),
-    Row(STREAM_MESSAGE, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=1),
+        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=0),
+    Row(STREAM_MESSAGE, SHM_IN, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM_MESSAGE, SHM_OUT_STAGE, backend_calls=(STREAM_INFER,), access_checks=0),
     Row(STREAM_MESSAGE, SHM_OUT_CLASS, can_relay=False, responses=3, backend_calls=(
-        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=1,
+        SERVER_META, STREAM_INFER, MODEL_META, MODEL_CONFIG), access_checks=0,
         region_holds=1),
 ]
 # fmt: on
@@ -519,11 +524,13 @@ def _message_answer() -> bytes:
     return msg.SerializeToString()
 
 
-async def _rest(pipeline: Pipeline, body: bytes, ihcl: int | None) -> FakeHttpResponse:
+async def _rest(
+    pipeline: Pipeline, access: CountingAccess, body: bytes, ihcl: int | None
+) -> FakeHttpResponse:
     headers: Headers = [(b"content-type", b"application/json"), *TOKEN]
     if ihcl is not None:
         headers.append((b"inference-header-content-length", str(ihcl).encode()))
-    frontend = RestFrontend(pipeline, LIMIT, LIMIT)
+    frontend = RestFrontend(pipeline, LIMIT, LIMIT, access=access)
     response = FakeHttpResponse()
     await frontend.dispatch(  # type: ignore[arg-type]
         FakeHttpRequest(f"/v2/models/{MODEL}/infer", headers, body), response
@@ -591,14 +598,14 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
     access = CountingAccess()
     models = {MODEL: ModelSettings({"OUT0": OutputSettings(LABELS)})} if stage.labels else None
     counting = CountingRegions(regions)
-    pipeline = Pipeline(backend, LIMIT, access=access, models=models, shm=counting)
+    pipeline = Pipeline(backend, LIMIT, models=models, shm=counting)
 
     responses: list[InferResponse] = []
     body: bytes | None = None
     ihcl: int | None = None
     if row.wire in (JSON, BINARY):
         body, ihcl = _rest_body(stage, binary=row.wire == BINARY)
-        http = await _rest(pipeline, body, ihcl)
+        http = await _rest(pipeline, access, body, ihcl)
         if row.answer == FORWARD:
             # the backend's answer, passed through unchanged (its very body object)
             (forwarded,) = backend.forwarded

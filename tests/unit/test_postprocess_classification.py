@@ -475,5 +475,5 @@ async def test_pipeline_stream_infer_classifies_each_response() -> None:
 
 
 async def test_server_metadata_lists_classification() -> None:
-    meta = await Pipeline(_Recording(), 1 << 20).server_metadata([])
+    meta = await Pipeline(_Recording(), 1 << 20).server_metadata()
     assert "classification" in meta["extensions"]

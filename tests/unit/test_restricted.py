@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from v2proxy._proto.service import SERVICE
 from v2proxy.core.errors import Forbidden, ProxyError
 from v2proxy.core.restricted import (
     DEFAULT_GROUPS,
@@ -14,6 +15,7 @@ from v2proxy.core.restricted import (
     parse_groups,
     parse_header,
 )
+from v2proxy.frontends.grpc_routes import HEALTH_SERVICE, RPCS
 
 #: which group each RPC belongs to in Triton (grpc_server.cc): every group has an RPC
 TRITON_GRPC_GROUPS = {
@@ -116,6 +118,15 @@ def test_defaults_and_tables() -> None:
     assert set(TRITON_GRPC_GROUPS.values()) == GROUPS
     assert RestrictedPolicy.parse("none", "") == RestrictedPolicy(frozenset(), None)
     assert policy.restricts("logging") and not policy.restricts("inference")
+
+
+def test_the_grpc_method_table_groups_the_rpcs_as_triton() -> None:
+    """The gRPC frontend's method table (``v2proxy.frontends.grpc_routes``) gives every RPC of
+    the inference service Triton's group, and the health service's the ``health`` group."""
+    own = {name: row.group for name, row in RPCS.items() if row.service == SERVICE}
+    assert own == TRITON_GRPC_GROUPS
+    health = {name: row.group for name, row in RPCS.items() if row.service == HEALTH_SERVICE}
+    assert health == {"Check": "health", "Watch": "health"}
 
 
 def test_forbidden_is_403_and_permission_denied() -> None:

@@ -1,8 +1,9 @@
 """The REST frontend's route table (``v2proxy.frontends.routes``), table-driven: for each method
 and path, the handler that serves it, its ``operation`` label, its API group and whether that
-group is checked before the body is read; the 405s and their ``Allow``; what is passed through;
+group's check is deferred to the handler; the 405s and their ``Allow``; what is passed through;
 that every group is one of ``v2proxy.core.restricted``'s and is the one the request is checked
-for; and that no spelling of a restricted route passes through as another group.
+for, exactly once (before the body is read, but for MindIE's ``/infer``); and that no spelling
+of a restricted route passes through as another group.
 
 Requests go through :meth:`v2proxy.frontends.rest.RestFrontend.find` (the router) or through
 ``RestFrontend.dispatch`` with fake request and response objects, in front of the builtin backend:
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from v2proxy.backends.builtin import BuiltinBackend
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
-from v2proxy.core.restricted import GROUPS, passthrough_group
+from v2proxy.core.restricted import GROUPS, OPEN, passthrough_group
 from v2proxy.frontends import routes
 from v2proxy.frontends.rest import RestFrontend
 from v2proxy.frontends.routes import METRICS, PASSTHROUGH, ROUTES, compile_template
@@ -42,17 +43,18 @@ class Case:
     handler: str
     operation: str
     group: str | None
-    body_first: bool = False
+    #: checked by the handler (MindIE's /infer: after the body is validated), not on admission
+    deferred: bool = False
 
 
 #: every route, in each of its spellings: what serves it
 CASES = [
-    Case("POST", f"{_M}/infer", "infer", "infer", _INF, True),
-    Case("POST", f"{_V}/infer", "infer", "infer", _INF, True),
-    Case("POST", f"{_M}/generate", "generate", "generate", _INF, True),
-    Case("POST", f"{_V}/generate", "generate", "generate", _INF, True),
-    Case("POST", f"{_M}/generate_stream", "generate_stream", "generate", _INF, True),
-    Case("POST", f"{_V}/generate_stream", "generate_stream", "generate", _INF, True),
+    Case("POST", f"{_M}/infer", "infer", "infer", _INF),
+    Case("POST", f"{_V}/infer", "infer", "infer", _INF),
+    Case("POST", f"{_M}/generate", "generate", "generate", _INF),
+    Case("POST", f"{_V}/generate", "generate", "generate", _INF),
+    Case("POST", f"{_M}/generate_stream", "generate_stream", "generate", _INF),
+    Case("POST", f"{_V}/generate_stream", "generate_stream", "generate", _INF),
     Case("GET", "/v2/health/live", "live", _HEALTH, "health"),
     Case("GET", "/v2/health/ready", "ready", _HEALTH, "health"),
     Case("GET", "/v2", "server_metadata", _META, "metadata"),
@@ -61,27 +63,24 @@ CASES = [
     Case("GET", f"{_V}/ready", "model_ready", _HEALTH, "health"),
     Case("GET", f"{_M}/config", "model_config", _META, "model-config"),
     Case("GET", f"{_V}/config", "model_config", _META, "model-config"),
-    Case("GET", "/v2/models/stats", "statistics", _SIDE, "statistics", True),
-    Case("GET", f"{_M}/stats", "statistics", _SIDE, "statistics", True),
-    Case("GET", f"{_V}/stats", "statistics", _SIDE, "statistics", True),
-    Case("POST", "/v2/repository/index", "repository_index", _SIDE, "model-repository", True),
-    Case(
-        "POST", "/v2/repository/models/simple/load", "repository_load", _SIDE, "model-repository", 1
-    ),
+    Case("GET", "/v2/models/stats", "statistics", _SIDE, "statistics"),
+    Case("GET", f"{_M}/stats", "statistics", _SIDE, "statistics"),
+    Case("GET", f"{_V}/stats", "statistics", _SIDE, "statistics"),
+    Case("POST", "/v2/repository/index", "repository_index", _SIDE, "model-repository"),
+    Case("POST", "/v2/repository/models/simple/load", "repository_load", _SIDE, "model-repository"),
     Case(
         "POST",
         "/v2/repository/models/simple/unload",
         "repository_load",
         _SIDE,
         "model-repository",
-        1,
     ),
-    Case("GET", "/v2/trace/setting", "trace_settings", _SIDE, "trace", True),
-    Case("POST", "/v2/trace/setting", "trace_settings", _SIDE, "trace", True),
-    Case("GET", f"{_M}/trace/setting", "trace_settings", _SIDE, "trace", True),
-    Case("POST", f"{_M}/trace/setting", "trace_settings", _SIDE, "trace", True),
-    Case("GET", "/v2/logging", "log_settings", _SIDE, "logging", True),
-    Case("POST", "/v2/logging", "log_settings", _SIDE, "logging", True),
+    Case("GET", "/v2/trace/setting", "trace_settings", _SIDE, "trace"),
+    Case("POST", "/v2/trace/setting", "trace_settings", _SIDE, "trace"),
+    Case("GET", f"{_M}/trace/setting", "trace_settings", _SIDE, "trace"),
+    Case("POST", f"{_M}/trace/setting", "trace_settings", _SIDE, "trace"),
+    Case("GET", "/v2/logging", "log_settings", _SIDE, "logging"),
+    Case("POST", "/v2/logging", "log_settings", _SIDE, "logging"),
     Case("GET", _M, "model_metadata", _META, "metadata"),
     Case("GET", _V, "model_metadata", _META, "metadata"),
     Case("GET", "/v2/models/stats/versions/1", "model_metadata", _META, "metadata"),
@@ -92,17 +91,16 @@ CASES = [
             f"shm_{what}",
             _SIDE,
             "shared-memory",
-            1,
         )
         for kind in ("system", "cuda")
         for region in ("", "/region/r0")
         for method, what in (("GET", "status"), ("POST", "register"), ("POST", "unregister"))
     ),
-    Case("POST", "/infer", "mindie_infer", "mindie", _INF),
+    Case("POST", "/infer", "mindie_infer", "mindie", _INF, deferred=True),
     Case("GET", "/v1/models", "openai_models", _META, "metadata"),
     Case("GET", "/v1/models/org/model-7b", "openai_model", _META, "metadata"),
-    Case("POST", "/v1/completions", "openai_completions", "openai", _INF, True),
-    Case("POST", "/v1/chat/completions", "openai_chat", "openai", _INF, True),
+    Case("POST", "/v1/completions", "openai_completions", "openai", _INF),
+    Case("POST", "/v1/chat/completions", "openai_chat", "openai", _INF),
     Case("GET", "/openapi.json", "openapi_document", _META, None),
 ]
 
@@ -158,8 +156,9 @@ def test_route(case: Case) -> None:
     assert handler is _FE.handlers[case.handler]
     assert route.operation == case.operation
     assert route.group == case.group
-    assert route.body_first is bool(case.body_first)
-    assert route.check_first == (case.group if case.body_first else None)
+    assert route.deferred is case.deferred
+    # the group the frontend checks as it admits the request (before the handler runs)
+    assert route.check_first == (None if case.deferred else case.group)
 
 
 def test_every_row_is_exercised_and_every_handler_bound() -> None:
@@ -178,7 +177,7 @@ def test_every_group_is_a_known_one() -> None:
     for row in ROUTES:
         if row.group is None:  # the proxy's own document: never restricted
             assert row.template == "/openapi.json"
-            assert not row.body_first
+            assert row.check_first is None
             continue
         assert row.group in GROUPS, f"{row.template}: unknown group {row.group!r}"
     # and every group has a REST route
@@ -316,9 +315,9 @@ _BODIES = {
 async def _dispatch(
     method: str, path: str, access: RecordingAccess | None = None, metrics: bool = False
 ) -> tuple[FakeRequest, FakeResponse]:
-    pipeline = Pipeline(BuiltinBackend(), 1 << 20, access=access)
+    pipeline = Pipeline(BuiltinBackend(), 1 << 20)
     exported = Metrics(CollectorRegistry(), "builtin") if metrics else None
-    frontend = RestFrontend(pipeline, 1 << 20, 1 << 20, exported)
+    frontend = RestFrontend(pipeline, 1 << 20, 1 << 20, exported, access=access or OPEN)
     body = _BODIES.get(path, b"{}" if method == "POST" else b"")
     request, response = FakeRequest(method, path, body, access), FakeResponse()
     await frontend.dispatch(request, response)  # type: ignore[arg-type]
@@ -331,18 +330,15 @@ async def test_the_request_is_checked_for_the_routes_group(case: Case) -> None:
     request, _ = await _dispatch(case.method, case.path, access)
     if case.group is None:
         assert access.groups == []
-    elif case.body_first:
-        # checked by the frontend before the body is read (then by the pipeline)
-        assert request.checked_before_read in (None, [case.group])
-        assert access.groups[0] == case.group
-        assert set(access.groups) == {case.group}
-    elif case.operation == "mindie":
-        # MindIE's order: the backend's model metadata and config first (each checked for its
-        # own group), then the inference
-        assert access.groups[-1] == case.group, access.groups
+        return
+    # once, for the row's group
+    assert access.groups == [case.group]
+    if case.deferred:
+        # MindIE's order: the body is read (and validated) first, then the group is checked
+        assert request.checked_before_read == []
     else:
-        assert access.groups, "not checked"
-        assert set(access.groups) == {case.group}, access.groups
+        # checked by the frontend as it admits the request, before any body is read
+        assert request.checked_before_read in (None, [case.group])
 
 
 @pytest.mark.parametrize(("method", "path"), PASSED_THROUGH)

@@ -16,7 +16,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from v2proxy.backends.endpoints import Endpoint, EndpointCells, Endpoints, HostPort
-from v2proxy.core.errors import BackendUnavailable, InvalidRequest, NotFound, Unsupported
+from v2proxy.core.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    NotFound,
+    ProxyError,
+    Unsupported,
+)
 from v2proxy.core.model import Buffer, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
@@ -73,6 +79,16 @@ class NonRestBackend:
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:
         return None  # decoded requests only
+
+    def relay_now(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Callable[[ForwardResponse | ProxyError], None],
+    ) -> bool:
+        return False  # decoded requests only
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
@@ -152,15 +168,15 @@ async def _close(client: HttpClient) -> None:
 
 
 #: what a failure of the HTTP client says of the endpoint (:data:`endpoints.OUTCOMES`)
-_OUTCOME: dict[type[HttpClientError], str] = {
+OUTCOME: dict[type[HttpClientError], str] = {
     ConnectFailed: "unreachable",
     ConnectTimeout: "unreachable",
     RemoteClosed: "unreachable",
     ReadTimeout: "timeout",
     ProtocolError: "malformed",
 }
-#: an answer read whole by :meth:`BalancedClient.post_whole` whatever its Content-Length
-_ANY_LENGTH = 1 << 62
+#: a request body up to this size is written with its head in one piece
+_JOIN_MAX = 64 * 1024
 #: how much of an answer whose status is all that is needed is read before its connection is
 #: closed instead (a health check answered with a huge body)
 DRAIN_MAX = 64 * 1024
@@ -215,57 +231,12 @@ class BalancedClient:
                 last = exc
                 continue
             except HttpClientError as exc:
-                endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                 raise
             finally:
                 ep.outstanding -= 1
             endpoints.answered(ep, resp.status)
             return resp
-
-    async def post(
-        self,
-        target: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: Buffer,
-        *,
-        deadline: float,
-        read_timeout: float,
-        whole: int,
-        limit: int | None,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | ClientResponse:
-        """:meth:`request` of a POST and the read of its answer when small, in one call
-        (:meth:`HttpClient.post <v2proxy.http.client.HttpClient.post>`), by ``deadline``
-        wherever it goes: the endpoint's outcome as :meth:`request` counts it, by the head (a
-        failure once the head is in counts as that head: ok, or a 5xx)."""
-        endpoints = self.endpoints
-        tried: list[Endpoint[HttpClient]] = []
-        last: Exception | None = None
-        while True:
-            ep = endpoints.pick(tried)
-            if ep is None:
-                if last is None:
-                    raise BackendUnavailable("the backend has no endpoint")
-                raise last
-            ep.outstanding += 1
-            try:
-                got = await ep.client.post(
-                    target, headers, body, deadline, read_timeout, whole, limit
-                )
-            except (ConnectFailed, ConnectTimeout) as exc:
-                endpoints.failed(ep)
-                tried.append(ep)
-                last = exc
-                continue
-            except HttpClientError as exc:
-                if exc.answered:
-                    endpoints.answered(ep, exc.answered)
-                else:
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
-                raise
-            finally:
-                ep.outstanding -= 1
-            endpoints.answered(ep, got[0] if isinstance(got, tuple) else got.status)
-            return got
 
     async def post_whole(
         self,
@@ -274,14 +245,12 @@ class BalancedClient:
         body: Buffer,
         *,
         deadline: float,
-        read_timeout: float,
         limit: int | None,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
-        """:meth:`fetch` of a POST whose body is one buffer, in one call of the HTTP client
-        (:meth:`HttpClient.post <v2proxy.http.client.HttpClient.post>`): (status, headers,
+        """:meth:`fetch` of a POST whose body is one buffer, in one exchange on a connection
+        of the endpoint's pool (:func:`_post_whole`: no response object): (status, headers,
         body) of the whole answer, whatever its length or framing, over ``limit`` bytes an
-        :class:`AnswerTooLarge`, all of it by ``deadline`` (``loop.time()``; ``read_timeout``
-        as :meth:`post`'s); the outcomes
+        :class:`AnswerTooLarge`, all of it by ``deadline`` (``loop.time()``); the outcomes
         counted as :meth:`fetch` counts those of a call that is not idempotent (one that could
         not be sent goes to the next endpoint, with what is left of the deadline; a failure
         before the whole answer is in counts against its endpoint, the head or not)."""
@@ -296,17 +265,10 @@ class BalancedClient:
                         raise BackendUnavailable("the backend has no endpoint")
                     raise last
                 ep.outstanding += 1
-                got: tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]
                 try:
-                    answer = await ep.client.post(
-                        target, headers, body, deadline, read_timeout, _ANY_LENGTH, limit
-                    )
-                    if isinstance(answer, tuple):
-                        got = answer
-                    else:  # no Content-Length: read on, by the deadline
-                        got = answer.status, answer.headers, await answer.read(limit)
+                    got = await _post_whole(ep.client, target, headers, body, deadline, limit)
                 except HttpClientError as exc:
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                     if not isinstance(exc, ConnectFailed | ConnectTimeout):
                         raise
                     tried.append(ep)  # never sent: the next endpoint
@@ -364,7 +326,7 @@ class BalancedClient:
                         content = await resp.read(limit)
                 except HttpClientError as exc:
                     unsent = isinstance(exc, ConnectFailed | ConnectTimeout)
-                    endpoints.failed(ep, _OUTCOME.get(type(exc), "malformed"))
+                    endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                     if not (unsent or idempotent):
                         raise
                     tried.append(ep)
@@ -382,6 +344,54 @@ class BalancedClient:
                 answer = resp, content
         finally:
             last = None  # no cycle: the exception's traceback holds this frame
+
+
+async def _post_whole(
+    client: HttpClient,
+    target: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: Buffer,
+    deadline: float,
+    limit: int | None,
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One POST of one buffer to ``client``'s origin and its whole answer (status, headers,
+    body), all of it by ``deadline``: a connection of its pool (an idle one at once, else one
+    waited for or opened), the request in one write, the answer read to its end within
+    ``limit`` (:class:`AnswerTooLarge` past it, by its Content-Length when it has one); the
+    connection back in the pool when it may be kept, closed after any failure."""
+    length = memoryview(body).nbytes
+    conn = await client.connection(deadline)
+    head = client.head("POST", target, headers, length)
+    try:
+        conn.begin(False, deadline)
+        if length <= _JOIN_MAX:
+            conn.transport.write(head + body)
+        else:
+            conn.transport.writelines([head, body])
+        if conn.writing_paused:
+            await conn.drain()
+        while not conn.head_done:
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait(None)
+        size = conn.content_length
+        if limit is not None and size is not None and size > limit:
+            raise AnswerTooLarge(limit, size)
+        if not conn.body_done:  # (the usual small answer came whole with its head)
+            conn.read_whole(limit)
+            while not conn.body_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(None)
+    except BaseException:
+        conn.close()
+        client.release(conn)
+        raise
+    status, answer_headers, content = conn.status, conn.headers, conn.take_all()
+    client.release(conn)
+    if limit is not None and len(content) > limit:
+        raise AnswerTooLarge(limit, len(content))
+    return status, answer_headers, content
 
 
 async def _drain(resp: ClientResponse) -> bytes | bytearray:

@@ -279,6 +279,13 @@ class Endpoints(Generic[C]):
                 best = ep
         return best if best is not None else due
 
+    def unpick(self) -> None:
+        """The last :meth:`pick` was not used (the call went nowhere): the rotation steps back,
+        so that the next call is picked as that one would have been."""
+        n = len(self.all)
+        if n > 1:
+            self._next = (self._next - 1) % n
+
     def ok(self, ep: Endpoint[C]) -> None:
         """The endpoint answered (whatever the answer, but a 5xx): in rotation, record cleared."""
         ep._ok.inc()

@@ -12,10 +12,11 @@ count as connection errors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from time import perf_counter
 from typing import Any
 
+from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, Body, ForwardResponse, Headers
 from v2proxy.ops.metrics_export import AnyMetrics, Metrics
@@ -82,6 +83,24 @@ class MeteredBackend:
         if answer is not None:  # None: declined, nothing was sent
             self._rec.done("relay_infer", model, perf_counter() - t0, None)
         return answer
+
+    def relay_now(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Callable[[ForwardResponse | ProxyError], None],
+    ) -> bool:
+        t0 = perf_counter()
+        rec = self._rec
+
+        def timed(outcome: ForwardResponse | ProxyError) -> None:
+            failed = outcome if isinstance(outcome, ProxyError) else None
+            rec.done("relay_infer", model, perf_counter() - t0, failed)
+            done(outcome)
+
+        return self.inner.relay_now(model, version, body, headers, timed)
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from v2proxy.backends.base import BalancedClient, HttpPool
+from v2proxy.backends.base import OUTCOME, BalancedClient, HttpPool
 from v2proxy.backends.endpoints import EndpointCells, split_hosts
 from v2proxy.backends.rest_answers import (
     IHCL,
@@ -59,6 +59,7 @@ from v2proxy.backends.rest_answers import (
     unknown_model,
 )
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
+from v2proxy.backends.rest_relay import READ_WHOLE, Done, RelayCall, RelaySide
 from v2proxy.backends.rest_requests import (
     NO_CHUNKS,
     OWN,
@@ -72,18 +73,22 @@ from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import dumps
-from v2proxy.core.errors import BackendError, BadGateway, CodecError, ProxyError
+from v2proxy.core.errors import (
+    BackendError,
+    BackendUnavailable,
+    BadGateway,
+    CodecError,
+    ProxyError,
+)
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
-from v2proxy.http.client import StreamBody
+from v2proxy.http.client import HttpClient, StreamBody
+from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError
 from v2proxy.http.client_response import ClientResponse
 from v2proxy.http.headers import forwardable
 
 log = logging.getLogger(__name__)
-
-#: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
-READ_WHOLE = 256 * 1024
 
 
 def _header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -160,6 +165,10 @@ class RestBackend:
         self.staging = staging
         if staging is not None and staging.knowledge is None:
             staging.knowledge = self.knowledge
+        #: what every relayed call of a whole body shares (:mod:`v2proxy.backends.rest_relay`)
+        self._relay_side = RelaySide(self._pool.endpoints, self.base_url, timeout, max_infer_answer)
+        #: (model, version) -> the target of its /infer (at most ModelPaths.KEPT)
+        self._targets: dict[tuple[str, str], str] = {}
         #: the loop, kept at start: ``asyncio.get_running_loop()`` makes a getpid system call
         #: each time (its fork check), once per request on the hot path otherwise
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -301,7 +310,6 @@ class RestBackend:
                     sent,
                     chunks[0],
                     deadline=self._now() + timeout,
-                    read_timeout=timeout,
                     limit=self._max_infer,
                 )
             except Exception as exc:  # as _call maps them
@@ -347,35 +355,10 @@ class RestBackend:
             relays = await self.encoding.relays(ihcl is not None, size)
         if not relays:
             return None
-        target = self._prefix + self._paths(model, version) + "/infer"
-        timeout = self._timeout
-        if isinstance(body, StreamedBody):
-            resp, length, content, due = await self._relay_streamed(target, body, ihcl, headers)
-        else:
-            # The client's own deadline bounds the whole answer (no asyncio.timeout per call).
-            due = self._now() + timeout
-            try:
-                got = await self.client.post(
-                    target,
-                    infer_headers(headers, ihcl),
-                    body,
-                    deadline=due,
-                    read_timeout=timeout,
-                    whole=READ_WHOLE,
-                    limit=self._max_infer,
-                )
-            except Exception as exc:
-                mapped_exc = failure(exc, self.base_url, timeout, "inference")
-                if mapped_exc is None:
-                    raise
-                raise mapped_exc from None
-            if isinstance(got, tuple):
-                status, answer_headers, content = got
-                raise_for_status(status, content, model)
-                length = len(content)
-                relayed = relayed_headers(answer_headers, length, content, self.base_url)
-                return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
-            resp, length, content = got, got.content_length, None
+        if not isinstance(body, StreamedBody):
+            return await self._relay_whole(model, version, body, ihcl, headers)
+        target = self._infer_target(model, version)
+        resp, length, content, due = await self._relay_streamed(target, body, ihcl, headers)
         if content is not None:
             raise_for_status(resp.status, content, model)
         try:
@@ -386,6 +369,106 @@ class RestBackend:
         if content is not None:
             return ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
         return streamed(resp, self.base_url, self._timeout, "inference", relayed, due)
+
+    def _infer_target(self, model: str, version: str) -> str:
+        target = self._targets.get((model, version))
+        if target is None:
+            target = self._prefix + self._paths(model, version) + "/infer"
+            if len(self._targets) < ModelPaths.KEPT:
+                self._targets[(model, version)] = target
+        return target
+
+    def relay_now(
+        self, model: str, version: str, body: bytes | bytearray, headers: Headers, done: Done
+    ) -> bool:
+        """Send a whole JSON /infer body unchanged at once, on a connection idle right now
+        (:class:`~v2proxy.backends.rest_relay.RelayCall`): its outcome, the answer unchanged
+        once checked or the error, goes to ``done`` later. False, with nothing sent, when it
+        cannot go at once (not started, the encoding not yet known to relay it, no idle
+        connection): :meth:`relay_infer` then."""
+        loop = self._loop
+        if loop is None or not self.encoding.relays_known(False, len(body)):
+            return False
+        endpoints = self._pool.endpoints
+        ep = endpoints.pick()
+        if ep is None:
+            return False
+        client = ep.client
+        try:
+            head = client.head(
+                "POST", self._infer_target(model, version), infer_headers(headers, None), len(body)
+            )
+            conn = client.idle_now()
+        except ValueError:
+            conn = None  # (relay_infer says why)
+        if conn is None:
+            endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
+            return False
+        RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout).send(
+            head, body
+        )
+        return True
+
+    async def _relay_whole(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray | memoryview,
+        ihcl: int | None,
+        headers: Headers,
+    ) -> ForwardResponse:
+        """A whole body relayed (:class:`~v2proxy.backends.rest_relay.RelayCall`) on the
+        endpoint picked for it, or on the next when it cannot be reached; the outcome awaited."""
+        endpoints = self.client.endpoints  # (BackendUnavailable before start)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self._timeout
+        tried: list[Any] = []
+        last: Exception | None = None
+        fut: asyncio.Future[ForwardResponse | ProxyError] = loop.create_future()
+
+        def done(outcome: ForwardResponse | ProxyError) -> None:
+            if not fut.done():
+                fut.set_result(outcome)
+
+        try:
+            while True:
+                ep = endpoints.pick(tried)
+                if ep is None:
+                    if last is None:
+                        raise BackendUnavailable("the backend has no endpoint")
+                    raise last
+                client: HttpClient = ep.client
+                head = client.head(
+                    "POST",
+                    self._infer_target(model, version),
+                    infer_headers(headers, ihcl),
+                    len(body),
+                )
+                try:
+                    conn = await client.connection(due)
+                except (ConnectFailed, ConnectTimeout) as exc:
+                    endpoints.failed(ep)
+                    tried.append(ep)
+                    last = exc
+                    continue
+                except HttpClientError as exc:  # no connection came free in time
+                    endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
+                    raise
+                call = RelayCall(self._relay_side, ep, conn, model, done, due)
+                call.send(head, body)
+                break
+        except Exception as exc:
+            raise self._relay_side.failed(exc) from None
+        finally:
+            last = None  # no cycle: the exception's traceback holds this frame
+        try:
+            outcome = await fut
+        except BaseException:
+            call.abandon()  # given up (cancelled): the connection closes
+            raise
+        if isinstance(outcome, ProxyError):
+            raise outcome
+        return outcome
 
     async def _relay_streamed(
         self, target: str, body: StreamedBody, ihcl: int | None, headers: Headers

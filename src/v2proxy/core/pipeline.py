@@ -12,10 +12,14 @@ An inference request passes these stages, in this order:
 
 1. **decode-check** (frontend): wire bytes -> :class:`InferRequest`, every field validated; a
    raw binary body gets its shape from the model metadata (:meth:`Pipeline.decode_raw`).
-2. **access**: the restricted API groups (``--restricted-api``) are checked once for every
-   operation (:meth:`Pipeline._allow`); a REST /infer is checked by the frontend before its body
-   is read (a 403 before a body's 400), and its one pipeline call
-   (:meth:`Pipeline.infer_body`) does not check again.
+2. **access** (frontend): the restricted API groups (``--restricted-api``) are checked once
+   per request, by the frontend as it admits it, for the group of the request's row in the
+   frontend's one table: REST ``v2proxy.frontends.routes`` (before the body is read, so before
+   stage 1), gRPC ``v2proxy.frontends.grpc_routes`` (once the message is parsed; a
+   ModelStreamInfer stream once, as it opens); MindIE's ``/infer`` after its body is validated,
+   a passed-through request once its body is read (:mod:`v2proxy.core.restricted`). The
+   pipeline checks nothing: what the proxy asks for itself (model discovery, the generate
+   mapping onto :meth:`Pipeline.stream_infer`) is never refused a client's group.
 3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
    inputs named by ``shared_memory_region`` become private copies of the client's region, and
    outputs named so are planned into theirs; the request holds those regions until it ends
@@ -61,21 +65,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from v2proxy.codecs import settings, side
 from v2proxy.codecs.backend_meta import server_caps
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
-from v2proxy.codecs.relay_check import plain_json_request
-from v2proxy.core import restricted
 from v2proxy.core.errors import NotFound, Unsupported
 from v2proxy.core.generate import GenerateExtension, Mapped
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
-from v2proxy.core.relay import Relay
+from v2proxy.core.relay import Relay, relays_as_sent
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
@@ -98,26 +100,6 @@ class Answered(NamedTuple):
     response: InferResponse
 
 
-class AccessPolicy(Protocol):
-    """Decides whether a request may use an API group (``v2proxy.core.restricted``)."""
-
-    def restricts(self, group: str) -> bool:
-        """Whether ``group`` is restricted at all (else :meth:`check` never refuses it)."""
-        ...
-
-    def check(self, group: str, headers: Headers) -> None:
-        """Raise a ProxyError (403) when the request may not use ``group``."""
-        ...
-
-
-class _Open:
-    def restricts(self, group: str) -> bool:
-        return False
-
-    def check(self, group: str, headers: Headers) -> None:
-        return None
-
-
 class Pipeline:
     """Runs every operation of every frontend through the stages and the backend."""
 
@@ -125,7 +107,6 @@ class Pipeline:
         self,
         backend: Backend,
         max_input_size: int,
-        access: AccessPolicy | None = None,
         models: Mapping[str, ModelLabels] | None = None,
         shm: Regions | None = None,
         client_shm: str = "local",
@@ -138,7 +119,6 @@ class Pipeline:
         self.max_input_size = max_input_size
         #: --max-tensors: inputs, and requested outputs, per request at most (the decoders')
         self.max_tensors = max_tensors
-        self.access: AccessPolicy = access or _Open()
         #: per-model settings (``Settings.models``): the label files of the outputs
         self.models: Mapping[str, ModelLabels] = models or {}
         #: the clients' system shared-memory regions (None: none can be registered)
@@ -165,27 +145,21 @@ class Pipeline:
             backend, self.knowledge, self.stream_infer, max_input_size
         )
 
-    def _allow(self, group: str, headers: Headers) -> None:
-        self.access.check(group, headers)
-
     # ------------------------------------------------------------------ health and metadata
 
-    async def server_live(self, headers: Headers) -> bool:
+    async def server_live(self) -> bool:
         """The proxy's own liveness: it answers, so it lives."""
-        self._allow("health", headers)
         return True
 
-    async def server_ready(self, headers: Headers) -> bool:
+    async def server_ready(self) -> bool:
         """Ready when the backend is (a backend that cannot be asked raises its error), and
         never while the proxy drains before it stops."""
-        self._allow("health", headers)
         if self.draining:
             return False
         return await self.backend.server_ready()
 
-    async def server_metadata(self, headers: Headers) -> dict[str, Any]:
+    async def server_metadata(self) -> dict[str, Any]:
         """The backend's metadata with the extensions v2proxy adds."""
-        self._allow("metadata", headers)
         meta = dict(await self.backend.server_metadata())
         # Some servers (MindIE) send an object here; the spec says a list of strings.
         extensions = list(server_caps(meta).extensions)
@@ -195,16 +169,13 @@ class Pipeline:
         meta["extensions"] = extensions
         return meta
 
-    async def model_metadata(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
-        self._allow("metadata", headers)
+    async def model_metadata(self, model: str, version: str) -> dict[str, Any]:
         return await self.backend.model_metadata(model, version)
 
-    async def model_config(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
-        self._allow("model-config", headers)
+    async def model_config(self, model: str, version: str) -> dict[str, Any]:
         return await self.backend.model_config(model, version)
 
-    async def model_ready(self, model: str, version: str, headers: Headers) -> bool:
-        self._allow("health", headers)
+    async def model_ready(self, model: str, version: str) -> bool:
         return await self.backend.model_ready(model, version)
 
     # ------------------------------------------------------------------ inference
@@ -214,7 +185,6 @@ class Pipeline:
     ) -> InferResponse:
         """One inference; ``peer``: the client's IP address (None: a unix socket), which
         ``--client-shm`` checks when the request names a shared-memory region."""
-        self._allow("inference", headers)
         return await self._staged(request, headers, peer)
 
     async def infer_body(
@@ -228,12 +198,12 @@ class Pipeline:
         headers: Headers,
         peer: str | None,
     ) -> ForwardResponse | Answered:
-        """One REST /infer of ``model``/``version`` in its wire form, whose API group the
-        frontend has checked before reading it (``RestFrontend.dispatch``: a 403 comes before a
-        body's 400): ``body`` as the client sent it (decompressed), still arriving
-        (:class:`StreamedBody`, a large one) or whole; ``ihcl`` its JSON header's length (None:
-        JSON, 0: raw binary); ``relayable``: it and its answer may pass untouched (nothing to
-        compress); ``decode``: the frontend's decoder, called only when the request is needed.
+        """One REST /infer of ``model``/``version`` in its wire form, admitted by the frontend
+        (its API group checked before the body was read, ``RestFrontend.dispatch``): ``body``
+        as the client sent it (decompressed), still arriving (:class:`StreamedBody`, a large
+        one) or whole; ``ihcl`` its JSON header's length (None: JSON, 0: raw binary);
+        ``relayable``: it and its answer may pass untouched (nothing to compress); ``decode``:
+        the frontend's decoder, called only when the request is needed.
 
         The pipeline decides, in this order:
 
@@ -249,7 +219,7 @@ class Pipeline:
         - else the decoded request goes through the stages (:meth:`_staged`) and is answered
           with it, for the frontend to encode.
 
-        One call of the frontend, one access check, one backend call."""
+        One call of the frontend, one backend call."""
         if isinstance(body, StreamedBody):
             if ihcl is None:
                 outcome = await self._relay.relay_json(model, version, body, headers)
@@ -266,7 +236,7 @@ class Pipeline:
         if (
             sent is not None
             and ihcl is None
-            and plain_json_request(sent, self.max_input_size, self.max_tensors)
+            and relays_as_sent(sent, self.max_input_size, self.max_tensors)
         ):
             # checked without decoding: the full decoder accepts it and no stage applies
             relayed = await self.backend.relay_infer(model, version, sent, None, headers)
@@ -291,9 +261,8 @@ class Pipeline:
         (:meth:`Backend.relay_message`), the answer being the backend's serialized
         ModelInferResponse, unchanged (decoded and finished instead when it is not what the
         full path would answer, :meth:`Relay.relay_message`); else through the stages
-        (:meth:`_staged`), the answer an InferResponse for the frontend to encode. One access
-        check, one backend call."""
-        self._allow("inference", headers)
+        (:meth:`_staged`), the answer an InferResponse for the frontend to encode. One backend
+        call."""
         relayed = await self._relay.relay_message(request, message, headers)
         if relayed is not None:
             return relayed
@@ -302,7 +271,7 @@ class Pipeline:
     async def _staged(
         self, request: InferRequest, headers: Headers, peer: str | None
     ) -> InferResponse:
-        """Stages 3-6 around :meth:`Backend.infer` (the access was checked): the stages' loop
+        """Stages 3-6 around :meth:`Backend.infer`: the stages' loop
         (:meth:`Stages.run`) over a stream of one; a request no stage applies to is only
         finished (no loop, nothing allocated)."""
         if not self.stages.applies(request):
@@ -323,7 +292,6 @@ class Pipeline:
         """Every response of a (possibly decoupled) model to one request (``peer`` as for
         :meth:`infer`): stages 3-6 around :meth:`Backend.stream_infer`, the same loop as
         :meth:`infer`'s (:meth:`Stages.run`)."""
-        self._allow("inference", headers)
         async with aclosing(self._streamed(request, headers, peer)) as responses:
             async for response in responses:
                 yield response
@@ -347,9 +315,7 @@ class Pipeline:
         model: its answers come over the backend's stream), the one answer being the backend's
         serialized ModelInferResponse, unchanged (decoded and finished when it is not what the
         full path would answer, :meth:`Relay.relay_message`); else every response of
-        :meth:`stream_infer`'s path, for the frontend to encode. One access check, one backend
-        call."""
-        self._allow("inference", headers)
+        :meth:`stream_infer`'s path, for the frontend to encode. One backend call."""
         if relayable:
             relayed = await self._relay.relay_message(request, message, headers, streamed=True)
             if relayed is not None:
@@ -362,7 +328,7 @@ class Pipeline:
     async def _streamed(
         self, request: InferRequest, headers: Headers, peer: str | None
     ) -> AsyncGenerator[InferResponse, None]:
-        """Stages 3-6 around :meth:`Backend.stream_infer` (the access was checked)."""
+        """Stages 3-6 around :meth:`Backend.stream_infer`."""
         if not self.stages.applies(request):
             async for answer in self.backend.stream_infer(request, headers):
                 yield finish(request, answer)
@@ -386,17 +352,14 @@ class Pipeline:
     # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
-        self._allow("statistics", headers)
         return await self.backend.statistics(model, version, headers)
 
     async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
-        self._allow("model-repository", headers)
         return await self.backend.repository_index(ready, headers)
 
     async def repository_load(
         self, model: str, load: bool, parameters: dict[str, Any], headers: Headers
     ) -> None:
-        self._allow("model-repository", headers)
         if load:
             side.check_load_parameters(parameters)
         try:
@@ -407,11 +370,9 @@ class Pipeline:
     async def trace_settings(
         self, model: str, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]:
-        self._allow("trace", headers)
         return await self.backend.trace_settings(model, update, headers)
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
-        self._allow("logging", headers)
         if update:
             settings.log_update(update, strict=False)  # bad values: 400 (Triton answers 503)
         return await self.backend.log_settings(update, headers)
@@ -421,7 +382,6 @@ class Pipeline:
     ) -> ForwardResponse:
         """Any other REST request (``generate``, unknown paths) passed through to a REST
         backend; ``target`` is origin-form. Other backends answer NotFound/Unsupported."""
-        self._allow(restricted.passthrough_group(target), headers)
         return await self.backend.forward(method, target, headers, body)
 
     async def generate(
@@ -436,7 +396,6 @@ class Pipeline:
         """A REST ``generate``/``generate_stream`` request: passed through to a backend that
         has the extension, else mapped onto :meth:`stream_infer`
         (:mod:`v2proxy.core.generate`)."""
-        self._allow("inference", headers)
         return await self.generation.run(model, version, target, body, headers, stream)
 
     def generate_objects(
@@ -444,7 +403,6 @@ class Pipeline:
     ) -> AsyncIterator[dict[str, Any]]:
         """A generate body (a JSON object) sent through whichever way the backend takes it;
         the answers as generate JSON objects (:meth:`GenerateExtension.objects`)."""
-        self._allow("inference", headers)
         return self.generation.objects(model, version, obj, headers, stream)
 
     def invalidate(self) -> None:
@@ -455,11 +413,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ shared memory
 
-    async def shm_status(
-        self, kind: str, name: str, peer: str | None, headers: Headers
-    ) -> list[dict[str, Any]]:
+    async def shm_status(self, kind: str, name: str, peer: str | None) -> list[dict[str, Any]]:
         """Status of the ``kind`` ("system" | "cuda") regions, all or the one named."""
-        self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is not None:
             return self.shm.status(name, kind)
@@ -468,32 +423,27 @@ class Pipeline:
         return []
 
     async def shm_register(
-        self, name: str, key: str, offset: int, byte_size: int, peer: str | None, headers: Headers
+        self, name: str, key: str, offset: int, byte_size: int, peer: str | None
     ) -> None:
         """Register a system region; ``peer``: the client's IP address, None on a unix socket
         (``--client-shm``)."""
-        self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is None:
             raise Unsupported("system shared memory is not available in this v2proxy")
         self.shm.register(name, key, offset, byte_size)
 
     async def cuda_shm_register(
-        self, name: str, handle: bytes, device: int, size: int, peer: str | None, headers: Headers
+        self, name: str, handle: bytes, device: int, size: int, peer: str | None
     ) -> None:
         """Register a client's ``cudaIpcMemHandle_t`` (no CUDA adapter: Triton's CPU text)."""
-        self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is None:
             cuda_register(name)
         else:
             self.shm.register_cuda(name, handle, device, size)
 
-    async def shm_unregister(
-        self, kind: str, name: str, peer: str | None, headers: Headers
-    ) -> None:
+    async def shm_unregister(self, kind: str, name: str, peer: str | None) -> None:
         """Unregister one region ("": all); a region in use goes when its requests end."""
-        self._allow("shared-memory", headers)
         shm_stage.check_client(self.client_shm, peer)
         if self.shm is not None:
             self.shm.unregister(name, kind)

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 
 #: end-to-end request headers: (lowercase name, value as received)
@@ -130,6 +131,20 @@ class Backend(Protocol):
         binary-framed); the answer comes back unchanged once checked (errors raised). None,
         with nothing sent and nothing of ``body`` read, when this backend does not take a body
         of that form and size unchanged (it may prefer another form for a large body)."""
+        ...
+
+    def relay_now(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Callable[[ForwardResponse | ProxyError], None],
+    ) -> bool:
+        """:meth:`relay_infer` of a whole JSON body, sent at once if it can be, without a
+        coroutine: True when it was sent, its outcome (the answer unchanged once checked, or
+        the error-tree error to answer) given to ``done`` later, once; False, with nothing
+        sent, when it cannot go at once (then :meth:`relay_infer` it)."""
         ...
 
     # the gRPC↔gRPC pass-through fast path

@@ -19,8 +19,8 @@ come back in the form the client's body asks for).
   the answer is the backend's serialized ModelInferResponse, unchanged when it is what the
   full path would answer, else decoded and finished.
 
-The request was checked before any relay (decoded, or by
-:func:`~v2proxy.codecs.relay_check.plain_json_request`); what is sent is the client's bytes.
+The request was checked before any relay (decoded, or by :func:`relays_as_sent`, the one
+decision for a whole JSON body); what is sent is the client's bytes.
 Pure: it awaits the backend but imports no I/O library.
 """
 
@@ -32,6 +32,7 @@ from v2proxy.codecs.binary import check_json_size, decode_request, decode_reques
 from v2proxy.codecs.grpc import encodes_unchanged, relayed_answer
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
+from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core.errors import BadGateway, CodecError, InvalidRequest, ProxyError
 from v2proxy.core.model import Datatype, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
@@ -95,6 +96,22 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 
 
 _HALF = (Datatype.FP16, Datatype.BF16)
+
+
+def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
+    """The decision for a whole JSON /infer body, made once, before any decoding: whether it may
+    go to the backend as the client sent it, no stage applying to it and the full decoder
+    accepting it, limits included (:func:`~v2proxy.codecs.relay_check.plain_json_request`: a
+    parse and one look at each field, no tensor built). It never says True of a body it cannot
+    rule on: one holding parameters of any kind (where every stage's marker lives, however its
+    key is spelled), half floats or BYTES takes the decoded path, which names the field at
+    fault of a malformed one: bad input never reaches the backend.
+
+    The pipeline (:meth:`Pipeline.infer_body <v2proxy.core.pipeline.Pipeline.infer_body>`) and
+    the REST frontend's quick lane (:mod:`v2proxy.frontends.rest_quick`) both ask it; whether
+    the backend takes the body so is the backend's to say (``relay_infer``/``relay_now``, from
+    what the knowledge store holds)."""
+    return plain_json_request(body, max_input_size, max_tensors)
 
 
 def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:

@@ -9,15 +9,25 @@ unix-socket peers only, by default), which is what matches a pod's boundary.
 
 Contract:
 
-- The groups are Triton's names (:data:`GROUPS`). The group of each REST route is a column of
-  the REST frontend's route table (``v2proxy.frontends.routes``; MindIE's ``/infer`` is
-  ``inference``); :func:`passthrough_group` gives that of a REST request no route matches
-  (passed through); each RPC has the group of the pipeline operation it calls (as Triton's
-  grpc_server.cc groups them). The pipeline checks each operation's group by name.
+- The groups are Triton's names (:data:`GROUPS`). Each request's group comes from one table of
+  its frontend, and is checked once, by the frontend, as it admits the request (like Triton's one
+  restriction check per handler): the REST frontend's route table
+  (``v2proxy.frontends.routes``: a column of each row; MindIE's ``/infer`` is ``inference``,
+  checked where MindIE's order puts it, after the body is validated), :func:`passthrough_group`
+  for a REST request no route matches (passed through; decided per request, once its body is
+  read), and the gRPC frontend's method table (``v2proxy.frontends.grpc_routes``, as Triton's
+  grpc_server.cc groups the RPCs; a ModelStreamInfer stream is checked once, as it opens). The
+  pipeline checks nothing: what the proxy asks the backend for itself (model discovery, the
+  generate mapping) is never refused a client's group.
+- :class:`AccessPolicy` is what a frontend checks with: :class:`RestrictedPolicy` (built from
+  the settings by the composition root) or :data:`OPEN` (nothing restricted: a frontend built
+  without one).
 - :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
   PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
   header with exactly the configured value. Header names match case-insensitively; the value is
   compared in constant time. With no header configured, restricted groups are refused to all.
+  A frontend asks :meth:`~AccessPolicy.restricts` first, and gathers the request's headers only
+  for a group that is restricted.
 
 Pure: no I/O, no asyncio, grpc or HTTP library (checked by tools/check_layers.py).
 """
@@ -28,7 +38,7 @@ import hmac
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from v2proxy.core.errors import Forbidden
@@ -54,6 +64,18 @@ DEFAULT_GROUPS = frozenset({"model-repository", "logging", "trace"})
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 Headers = Mapping[str, Any] | Iterable[tuple[str | bytes, str | bytes]]
+
+
+class AccessPolicy(Protocol):
+    """Decides whether a request may use an API group."""
+
+    def restricts(self, group: str) -> bool:
+        """Whether ``group`` is restricted at all (else :meth:`check` never refuses it)."""
+        ...
+
+    def check(self, group: str, headers: Headers) -> None:
+        """Raise a ProxyError (403) when the request may not use ``group``."""
+        ...
 
 
 def parse_groups(value: Any) -> frozenset[str]:
@@ -136,6 +158,10 @@ class RestrictedPolicy:
             ok |= hmac.compare_digest(got.strip(b" \t"), expected)
         if not ok:
             raise Forbidden(f"This API is restricted, expecting header '{self.header[0]}'")
+
+
+#: the policy that restricts nothing (a frontend built without one)
+OPEN = RestrictedPolicy(frozenset(), None)
 
 
 #: path words -> the API group a passed-through request belongs to, first match wins; matched

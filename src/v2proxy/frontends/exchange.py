@@ -96,6 +96,13 @@ class Envelope:
         self.inflight.value += 1
         return perf_counter()
 
+    def undo(self, held: bool) -> None:
+        """An exchange opened (and admitted: ``held``) is given up before any work, to be
+        served elsewhere (its own exchange, recorded there)."""
+        if held:
+            self.gate.leave()
+        self.inflight.value -= 1
+
     def done(
         self,
         t0: float,

@@ -9,7 +9,10 @@ from one table (method name -> request type, response type, handler), each wrapp
 requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC status in exactly
 one place, and each call goes through the exchange envelope of
 :mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
-message of a stream is an exchange, recorded on its own).
+message of a stream is an exchange, recorded on its own). Each call's API group
+(``--restricted-api``) is the one of its row in the method table
+:mod:`v2proxy.frontends.grpc_routes`, checked once as the call is admitted: a ModelStreamInfer
+stream once, as it opens.
 ModelInfer hands the pipeline the decoded request with the message's bytes
 (:meth:`Pipeline.infer_message`), which relays them to a gRPC backend as they came when nothing
 needs changing; the backend's answer then goes back as it came. ModelStreamInfer does the same
@@ -47,11 +50,12 @@ from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError, Unsupported
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import Headers
+from v2proxy.core.restricted import OPEN, AccessPolicy
 from v2proxy.frontends.grpc_call import (
-    HEALTH_SERVICE,
     CallEnvelope,
     Context,
     answerable,
+    check_call,
     forwarded_headers,
     guard,
     parse,
@@ -59,6 +63,7 @@ from v2proxy.frontends.grpc_call import (
     status_code,
 )
 from v2proxy.frontends.grpc_health import Health
+from v2proxy.frontends.grpc_routes import HEALTH_SERVICE, RPCS
 from v2proxy.frontends.grpc_shm import SharedMemoryRpcs, peer_of
 from v2proxy.ops.config_spec import DEFAULTS
 from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
@@ -68,9 +73,9 @@ log = logging.getLogger(__name__)
 #: answers of one ModelStreamInfer call serialized ahead of the client at most
 _STREAM_QUEUE = 16
 
-_STREAM_RPC = "ModelStreamInfer"
+_STREAM_RPC = RPCS["ModelStreamInfer"]
 #: the ``operation`` label of a stream's messages (and its admission)
-_STREAM = "stream_infer"
+_STREAM = _STREAM_RPC.operation
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -95,12 +100,15 @@ class GrpcFrontend:
         gate: AdmissionGate | None = None,
         stream_in_flight: int = DEFAULTS["max_stream_in_flight"],
         health_watches: int = DEFAULTS["max_health_watches"],
+        access: AccessPolicy = OPEN,
     ) -> None:
         self.pipeline = pipeline
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
         #: --max-concurrency, shared with the REST frontend (default: no limit)
         self.gate = gate or AdmissionGate()
-        self._stream_envelope = CallEnvelope(self.recorder, self.gate, f"/{SERVICE}/{_STREAM_RPC}")
+        #: --restricted-api: each call's group (its row of grpc_routes.RPCS) checked once
+        self.access = access
+        self._stream_envelope = CallEnvelope(self.recorder, self.gate, _STREAM_RPC.path)
         #: --max-tensors, --max-input-size (the request decoder's limits)
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
         #: the shared-memory RPCs (registered with this frontend's own)
@@ -108,21 +116,37 @@ class GrpcFrontend:
         #: --max-stream-in-flight: messages of one ModelStreamInfer served at once
         self._stream_in_flight = stream_in_flight
         #: grpc.health.v1, its Watch streams limited by --max-health-watches
-        self.health = Health(self._ready, health_watches)
+        self.health = Health(self._ready, health_watches, access)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         # answers leave the handlers serialized (bytes), so that their size is known
-        rec, gate = self.recorder, self.gate
+        rec, gate, access = self.recorder, self.gate, self.access
         unary = {
             name: grpc.unary_unary_rpc_method_handler(
-                guard(self._rpc(name), req, name, rec, gate, with_bytes=name == "ModelInfer")
+                guard(
+                    self._rpc(name),
+                    req,
+                    name,
+                    rec,
+                    gate,
+                    with_bytes=name == "ModelInfer",
+                    access=access,
+                )
             )
             for name, (req, _resp) in UNARY_RPCS.items()
         }
-        unary["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
+        unary[_STREAM_RPC.name] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
+            # the health service checks its calls itself: a refused one is told NOT_SERVING
             "Check": grpc.unary_unary_rpc_method_handler(
-                guard(self.health.Check, health_pb2.HealthCheckRequest, "Check", rec, gate)
+                guard(
+                    self.health.Check,
+                    health_pb2.HealthCheckRequest,
+                    "Check",
+                    rec,
+                    gate,
+                    access=None,
+                )
             ),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.health.Watch,
@@ -144,33 +168,33 @@ class GrpcFrontend:
     # ------------------------------------------------------------------ health and metadata
 
     async def _ready(self) -> bool:
-        """The readiness the health service reports (asked without request headers)."""
-        return await self.pipeline.server_ready([])
+        """The readiness the health service reports (the pipeline's)."""
+        return await self.pipeline.server_ready()
 
-    async def ServerLive(self, _r: pb.ServerLiveRequest, c: Context) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=await self.pipeline.server_live(forwarded_headers(c)))
+    async def ServerLive(self, _r: pb.ServerLiveRequest, _c: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=await self.pipeline.server_live())
 
-    async def ServerReady(self, _r: pb.ServerReadyRequest, c: Context) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=await self.pipeline.server_ready(forwarded_headers(c)))
+    async def ServerReady(self, _r: pb.ServerReadyRequest, _c: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self.pipeline.server_ready())
 
-    async def ModelReady(self, r: pb.ModelReadyRequest, c: Context) -> pb.ModelReadyResponse:
-        ready = await self.pipeline.model_ready(r.name, r.version, forwarded_headers(c))
+    async def ModelReady(self, r: pb.ModelReadyRequest, _c: Context) -> pb.ModelReadyResponse:
+        ready = await self.pipeline.model_ready(r.name, r.version)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(
-        self, _r: pb.ServerMetadataRequest, c: Context
+        self, _r: pb.ServerMetadataRequest, _c: Context
     ) -> pb.ServerMetadataResponse:
-        meta = await self.pipeline.server_metadata(forwarded_headers(c))
+        meta = await self.pipeline.server_metadata()
         return grpcc.server_metadata_to_proto(meta)
 
     async def ModelMetadata(
-        self, r: pb.ModelMetadataRequest, c: Context
+        self, r: pb.ModelMetadataRequest, _c: Context
     ) -> pb.ModelMetadataResponse:
-        meta = await self.pipeline.model_metadata(r.name, r.version, forwarded_headers(c))
+        meta = await self.pipeline.model_metadata(r.name, r.version)
         return grpcc.model_metadata_to_proto(meta)
 
-    async def ModelConfig(self, r: pb.ModelConfigRequest, c: Context) -> pb.ModelConfigResponse:
-        config = await self.pipeline.model_config(r.name, r.version, forwarded_headers(c))
+    async def ModelConfig(self, r: pb.ModelConfigRequest, _c: Context) -> pb.ModelConfigResponse:
+        config = await self.pipeline.model_config(r.name, r.version)
         resp = pb.ModelConfigResponse()
         grpcc.dict_to_message(config, resp.config, "model config")
         return resp
@@ -203,22 +227,29 @@ class GrpcFrontend:
     ) -> AsyncIterator[bytes]:
         """Each request message is served (and recorded) on its own; answers are serialized
         here, errors too unless the client asked for them as the stream's status. The stream
-        holds one admission slot while it is open (refused at once when none is free)."""
+        holds one admission slot while it is open (refused at once when none is free), and its
+        API group is checked once, as it opens (:mod:`v2proxy.frontends.grpc_routes`): a
+        refused stream answers each of its messages with the refusal."""
         env = self._stream_envelope
         try:
             held = env.hold(_STREAM)
         except Overloaded as exc:
             env.end(env.open(), None, exc, _STREAM, "", 0, 0, context)
             await context.abort(status_code(exc), exc.message, refusal_trailers(exc))
+        refused: ProxyError | None = None
         try:
-            async with contextlib.aclosing(self._stream(requests, context)) as stream:
+            check_call(self.access, _STREAM_RPC.group, context)
+        except ProxyError as exc:
+            refused = exc.with_traceback(None)
+        try:
+            async with contextlib.aclosing(self._stream(requests, context, refused)) as stream:
                 async for item in stream:
                     yield item
         finally:
             env.release(held)
 
     async def _stream(
-        self, requests: AsyncIterator[bytes], context: Context
+        self, requests: AsyncIterator[bytes], context: Context, refused: ProxyError | None
     ) -> AsyncGenerator[bytes, None]:
         raise_errors = any(
             k == "triton_grpc_error" and v == "true" for k, v in context.invocation_metadata() or ()
@@ -236,8 +267,10 @@ class GrpcFrontend:
             t0 = env.open()
             model, n_in, n_out = "", len(msg), 0
             try:
-                r = parse(pb.ModelInferRequest, msg, "ModelStreamInfer")
+                r = parse(pb.ModelInferRequest, msg, _STREAM_RPC.name)
                 model = r.model_name
+                if refused is not None:  # the stream's one access check refused it
+                    raise refused
                 async for data in self._stream_one(r, msg, headers, peer):
                     n_out += len(data)
                     await queue.put(data)

@@ -8,8 +8,10 @@ backend (:func:`forwarded_headers`).
 Around each call (each message of a stream) is the exchange envelope of
 :mod:`v2proxy.frontends.exchange`, one :class:`CallEnvelope` per method: admission by the
 process's :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: refused, a call
-is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), in flight, timing and the
-record (metrics and log lines, :meth:`CallEnvelope.end`).
+is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), the one access check of the
+call's API group (``--restricted-api``, the group of its row in the method table
+:mod:`v2proxy.frontends.grpc_routes`; :func:`check_call`), in flight, timing and the record
+(metrics and log lines, :meth:`CallEnvelope.end`).
 """
 
 from __future__ import annotations
@@ -21,17 +23,17 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from v2proxy._proto.service import SERVICE
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
 from v2proxy.core.ports import Headers
+from v2proxy.core.restricted import OPEN, AccessPolicy
 from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
+from v2proxy.frontends.grpc_routes import RPCS
 from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
 
-HEALTH_SERVICE = "grpc.health.v1.Health"
 #: request metadata that is about this gRPC hop and never forwarded
 _HOP_METADATA = frozenset(
     {
@@ -132,28 +134,12 @@ def parse(message_type: Any, data: bytes, rpc: str) -> Any:
         raise CodecError(f"malformed {rpc} request: {exc}") from None
 
 
-#: RPC -> the ``operation`` label of its metrics (others: "side")
-_OPERATIONS = {
-    "ModelInfer": "infer",
-    "ServerLive": "health",
-    "ServerReady": "health",
-    "ModelReady": "health",
-    "Check": "health",
-    "ServerMetadata": "metadata",
-    "ModelMetadata": "metadata",
-    "ModelConfig": "metadata",
-}
-#: RPC -> the request field that names the model
-_MODEL_FIELDS = {
-    "ModelInfer": "model_name",
-    "ModelReady": "name",
-    "ModelMetadata": "name",
-    "ModelConfig": "name",
-    "ModelStatistics": "name",
-    "RepositoryModelLoad": "model_name",
-    "RepositoryModelUnload": "model_name",
-    "TraceSetting": "model_name",
-}
+def check_call(access: AccessPolicy, group: str, context: Context) -> None:
+    """The one access check of a call (a stream): ``group``, its row's in
+    :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered
+    only for a group that is restricted). Raises the policy's ProxyError."""
+    if access.restricts(group):
+        access.check(group, forwarded_headers(context))
 
 
 def guard(
@@ -163,16 +149,18 @@ def guard(
     rec: FrontendRecorder,
     gate: AdmissionGate | None = None,
     with_bytes: bool = False,
+    access: AccessPolicy | None = OPEN,
 ) -> Callable[[bytes, Context], Any]:
     """The one translator from the error tree to gRPC status; it also serializes the answer
     (one already serialized, bytes, is answered as it is), all inside the call's exchange
-    envelope (admission, in flight, the record). ``with_bytes``: ``fn`` is given the message
-    and its bytes, ``(message, data)``, to pass them on unchanged."""
-    op = _OPERATIONS.get(rpc, "side")
-    field = _MODEL_FIELDS.get(rpc)
-    env = CallEnvelope(
-        rec, gate or AdmissionGate(), f"/{HEALTH_SERVICE if rpc == 'Check' else SERVICE}/{rpc}"
-    )
+    envelope: admission, the access check of the RPC's group (its row of
+    :data:`~v2proxy.frontends.grpc_routes.RPCS`: once, when the message is parsed, before ``fn``
+    runs; ``access`` None: ``fn`` checks it itself, as the health service does), in flight, the
+    record. ``with_bytes``: ``fn`` is given the message and its bytes, ``(message, data)``, to
+    pass them on unchanged."""
+    row = RPCS[rpc]
+    op, field, group = row.operation, row.model_field, row.group
+    env = CallEnvelope(rec, gate or AdmissionGate(), row.path)
 
     async def handler(data: bytes, context: Context) -> Any:
         t0 = env.open()
@@ -183,6 +171,8 @@ def guard(
             msg = parse(message_type, data, rpc)
             if field is not None:
                 model = getattr(msg, field)
+            if access is not None:
+                check_call(access, group, context)
             answer = await fn((msg, data) if with_bytes else msg, context)
             out = answer if isinstance(answer, bytes) else answer.SerializeToString()
         except Exception as exc:

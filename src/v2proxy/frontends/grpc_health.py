@@ -8,6 +8,12 @@ status when it differs from what it last sent, woken by a change. So N streams c
 one readiness call a second, not N. At most ``--max-health-watches`` streams are open at once
 (0: no limit); the next is refused with RESOURCE_EXHAUSTED naming the option. A readiness that
 cannot be asked (the backend's error) is NOT_SERVING.
+
+The ``health`` API group (``--restricted-api``; the rows of ``Check`` and ``Watch`` in
+:mod:`v2proxy.frontends.grpc_routes`) is checked here, once per ``Check`` call and once per
+``Watch`` stream, as it opens: a refused caller is told NOT_SERVING (what a probe reads; a
+refused ``Watch`` is told it once and held open) rather than given an error, and never moves
+the shared state.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import grpc
 
 from v2proxy._proto import health_pb2
 from v2proxy.core.errors import ProxyError
-from v2proxy.frontends.grpc_call import Context
+from v2proxy.core.restricted import OPEN, AccessPolicy
+from v2proxy.frontends.grpc_call import Context, check_call
+from v2proxy.frontends.grpc_routes import RPCS
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
 
@@ -33,11 +41,15 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class Health:
     """The Health service's two RPCs over one readiness state; ``ready``: the pipeline's
-    readiness as the health service asks it, ``limit``: ``--max-health-watches``."""
+    readiness as the health service asks it, ``limit``: ``--max-health-watches``, ``access``:
+    the policy its calls are checked with."""
 
-    def __init__(self, ready: Callable[[], Awaitable[bool]], limit: int) -> None:
+    def __init__(
+        self, ready: Callable[[], Awaitable[bool]], limit: int, access: AccessPolicy = OPEN
+    ) -> None:
         self._ready = ready
         self.limit = limit
+        self.access = access
         #: the status last learnt (None: not known since the poller started)
         self.status: Status | None = None
         #: Watch streams open now
@@ -70,9 +82,19 @@ class Health:
                 self._publish(NOT_SERVING)
             await asyncio.sleep(POLL_S)
 
+    def _refused(self, rpc: str, context: Context) -> bool:
+        """The one access check of a call (a stream): whether its row's group refuses it."""
+        try:
+            check_call(self.access, RPCS[rpc].group, context)
+        except ProxyError:
+            return True
+        return False
+
     async def Check(
-        self, _r: health_pb2.HealthCheckRequest, _c: Context
+        self, _r: health_pb2.HealthCheckRequest, c: Context
     ) -> health_pb2.HealthCheckResponse:
+        if self._refused("Check", c):
+            return health_pb2.HealthCheckResponse(status=NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=await self._ask())
 
     async def Watch(
@@ -86,6 +108,10 @@ class Health:
             )
         self.watching += 1
         try:
+            if self._refused("Watch", context):
+                yield health_pb2.HealthCheckResponse(status=NOT_SERVING)
+                await asyncio.Event().wait()  # never set: told nothing more until it leaves
+                return
             if self._poller is None or self._poller.done():
                 self.status = None  # not asked while nobody watched: unknown until asked
                 self._poller = asyncio.create_task(self._poll())

@@ -1,5 +1,6 @@
 """The shared-memory RPCs of the gRPC frontend (docs/protocol.md, shared memory), each one call of
-the pipeline (group ``shared-memory``): ``SystemSharedMemoryStatus/Register/Unregister`` and the
+the pipeline (group ``shared-memory``, checked by the frontend's call envelope as it admits the
+call): ``SystemSharedMemoryStatus/Register/Unregister`` and the
 CUDA three (the raw handle's bytes as sent; without a CUDA adapter register is Triton's CPU-build
 error).
 
@@ -17,7 +18,7 @@ from urllib.parse import unquote
 
 from v2proxy._proto import grpc_service_pb2 as pb
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.frontends.grpc_call import Context, forwarded_headers
+from v2proxy.frontends.grpc_call import Context
 
 
 def peer_host(peer: str | None) -> str | None:
@@ -63,7 +64,7 @@ class SharedMemoryRpcs:
     async def SystemSharedMemoryStatus(
         self, r: pb.SystemSharedMemoryStatusRequest, c: Context
     ) -> pb.SystemSharedMemoryStatusResponse:
-        regions = await self.pipeline.shm_status("system", r.name, peer_of(c), forwarded_headers(c))
+        regions = await self.pipeline.shm_status("system", r.name, peer_of(c))
         resp = pb.SystemSharedMemoryStatusResponse()
         for reg in regions:
             status = resp.regions[reg["name"]]
@@ -74,22 +75,20 @@ class SharedMemoryRpcs:
     async def SystemSharedMemoryRegister(
         self, r: pb.SystemSharedMemoryRegisterRequest, c: Context
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        await self.pipeline.shm_register(
-            r.name, r.key, r.offset, r.byte_size, peer_of(c), forwarded_headers(c)
-        )
+        await self.pipeline.shm_register(r.name, r.key, r.offset, r.byte_size, peer_of(c))
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(
         self, r: pb.SystemSharedMemoryUnregisterRequest, c: Context
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await self.pipeline.shm_unregister("system", r.name, peer_of(c), forwarded_headers(c))
+        await self.pipeline.shm_unregister("system", r.name, peer_of(c))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(
         self, r: pb.CudaSharedMemoryStatusRequest, c: Context
     ) -> pb.CudaSharedMemoryStatusResponse:
         regions: list[dict[str, Any]]
-        regions = await self.pipeline.shm_status("cuda", r.name, peer_of(c), forwarded_headers(c))
+        regions = await self.pipeline.shm_status("cuda", r.name, peer_of(c))
         resp = pb.CudaSharedMemoryStatusResponse()
         for reg in regions:
             status = resp.regions[reg["name"]]
@@ -101,12 +100,12 @@ class SharedMemoryRpcs:
         self, r: pb.CudaSharedMemoryRegisterRequest, c: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
         await self.pipeline.cuda_shm_register(
-            r.name, r.raw_handle, r.device_id, r.byte_size, peer_of(c), forwarded_headers(c)
+            r.name, r.raw_handle, r.device_id, r.byte_size, peer_of(c)
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(
         self, r: pb.CudaSharedMemoryUnregisterRequest, c: Context
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await self.pipeline.shm_unregister("cuda", r.name, peer_of(c), forwarded_headers(c))
+        await self.pipeline.shm_unregister("cuda", r.name, peer_of(c))
         return pb.CudaSharedMemoryUnregisterResponse()

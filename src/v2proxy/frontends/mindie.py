@@ -5,6 +5,9 @@ MindIE; docs/architecture.md, the product contract): one more frontend of the on
 
 - The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without
   ``parameters.seed`` gets one drawn here, sent to the backend and echoed in ``details``.
+- The route's API group (``inference``, its row in :mod:`v2proxy.frontends.routes`) is
+  checked once, after the body is validated and the model found (the REST frontend's check,
+  handed in as ``admit``); a refusal is a 403 in MindIE's shape.
 - The backend call (:mod:`v2proxy.frontends.llm_call`) runs under the request's
   ``timeout`` (seconds), the proxy's own deadline.
 - Non-stream: ``{"generated_text", "details"?}``.
@@ -29,7 +32,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from v2proxy.codecs import mindie_answer as answer
@@ -58,6 +61,10 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
 JSON = (b"content-type", b"application/json")
 SSE = (b"content-type", b"text/event-stream")
 DEFAULT = MindieSettings("llm")
+
+
+def _open() -> None:
+    """No access check: a MindIE frontend used on its own."""
 
 
 def translate(exc: ProxyError) -> tuple[int, str, str]:
@@ -110,12 +117,17 @@ class MindieFrontend:
     def _draw_seed(self) -> int:
         return self._rng.getrandbits(63)
 
-    async def infer(self, body: bytes | bytearray, headers: Headers) -> Answer:
+    async def infer(
+        self, body: bytes | bytearray, headers: Headers, admit: Callable[[], None] = _open
+    ) -> Answer:
         """The answer to one ``/infer`` body; its errors are raised, for the REST frontend's
         envelope to record (their kind) and to answer in MindIE's shape
-        (:func:`error_answer`)."""
+        (:func:`error_answer`). ``admit``: the route's one access check, which raises when the
+        client may not use it, called where MindIE's order puts it: once the body is validated
+        (and the model found), before the backend is asked anything for the client."""
         req = parse_request(body, self.limits, self._draw_seed)
         target = await self.backend_side.target()
+        admit()
         if req.stream:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)

@@ -12,10 +12,11 @@ pipeline, its recorder, its :class:`~v2proxy.frontends.rest_request.BodyReader`,
 Any other path is passed through to the backend untouched and streamed back.
 
 Routing is the one route table of :mod:`v2proxy.frontends.routes` (path, methods, operation
-label, API group, body-first flag per row), whose handler names the frontend binds to its
+label, API group, deferred flag per row), whose handler names the frontend binds to its
 endpoints' methods and its own (:attr:`RestFrontend.handlers`, matched by
 :meth:`RestFrontend.find`); a known path with the wrong method is 405. Every ProxyError becomes
-``{"error": message}`` with its status in exactly one place (:func:`error_answer`); nothing a
+``{"error": message}`` with its status in exactly one place
+(:func:`~v2proxy.frontends.rest_answer.error_answer`); nothing a
 client sends yields a traceback or a 500. Headers reach the backend as the bytes the client
 sent; ``x-request-id`` is echoed on every answer.
 
@@ -23,7 +24,12 @@ sent; ``x-request-id`` is echoed on every answer.
 passed through. Every other request goes through the exchange envelope in
 :meth:`RestFrontend.dispatch` (:mod:`v2proxy.frontends.exchange`): admitted first by the process's
 :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
-beyond it, before the body is read), and recorded once answered (metrics of
+beyond it, before the body is read), then by the access policy (``--restricted-api``,
+:mod:`v2proxy.core.restricted`): the group of the request's row, checked once, before the handler
+runs (403 before a body's 400; a 405 is not checked), except where the row defers it to the
+handler (MindIE's ``/infer`` after its body is validated) and for a passed-through request
+(its group decided from its path once its body is read, :meth:`RestFrontend.check_access`), and
+recorded once answered (metrics of
 :mod:`v2proxy.ops.metrics`, a WARNING line per failed request, the access log; what REST tells the
 envelope of a request is in :mod:`v2proxy.frontends.rest_record`).
 """
@@ -48,6 +54,7 @@ from v2proxy.core.errors import (
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, no_release
+from v2proxy.core.restricted import OPEN, AccessPolicy, passthrough_group
 from v2proxy.frontends import openapi, rest_record, routes
 from v2proxy.frontends.exchange import Envelope
 from v2proxy.frontends.mindie import MindieFrontend
@@ -58,13 +65,14 @@ from v2proxy.frontends.rest_answer import (
     JSON,
     Answer,
     Handler,
-    error_fields,
+    error_answer,
     forwarded_headers,
     json_answer,
     write_forwarded,
 )
 from v2proxy.frontends.rest_generate import GenerateEndpoint
 from v2proxy.frontends.rest_infer import InferEndpoint
+from v2proxy.frontends.rest_quick import QuickLane
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
 from v2proxy.http import request as http
@@ -78,13 +86,6 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID = rest_record.REQUEST_ID
 _METRICS_TYPE = CONTENT_TYPE.encode()
-
-
-def error_answer(exc: ProxyError) -> Answer:
-    """The one translator from the error tree to HTTP."""
-    status, headers, body = json_answer(exc.http_status, {"error": exc.message})  # type: ignore[misc]
-    headers += error_fields(exc)
-    return status, headers, body
 
 
 def _model(m: re.Match[str]) -> tuple[str, str]:
@@ -106,8 +107,11 @@ class RestFrontend:
         gate: AdmissionGate | None = None,
         openai: OpenAISettings | None = None,
         openai_limits: RequestLimits = LIMITS,
+        access: AccessPolicy = OPEN,
     ) -> None:
         self.pipeline = pipeline
+        #: --restricted-api: checked once per request, for its row's group (default: none)
+        self.access = access
         #: --max-concurrency, shared with the gRPC frontend (default: no limit)
         self.gate = gate or AdmissionGate()
         self.max_input_size = max_input_size
@@ -186,6 +190,9 @@ class RestFrontend:
         )
         #: path -> its route (:meth:`_route`): a client mostly asks for the same few paths
         self._found: dict[str, _Found] = {}
+        #: the small relayed /infer taken from the HTTP server's callbacks (the server's
+        #: ``quick`` handler: :meth:`QuickLane.take <v2proxy.frontends.rest_quick.QuickLane.take>`)
+        self.quick = QuickLane(self)
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
@@ -213,9 +220,9 @@ class RestFrontend:
                 held = env.admit(op)
                 group = route.check_first
                 if group is not None and handler is not self.method_not_allowed:
-                    # the API group before the body is read: 403, not a body's 400 (the
-                    # headers are gathered only for a group that is restricted)
-                    access = self.pipeline.access
+                    # the row's API group, once, before the handler reads a body: 403, not a
+                    # body's 400 (headers gathered only for a group that is restricted)
+                    access = self.access
                     if access.restricts(group):
                         access.check(group, headers_of(request))
                 answer = await handler(request, m)
@@ -261,6 +268,14 @@ class RestFrontend:
                 status,
             )  # fmt: skip
 
+    def check_access(self, group: str | None, request: HttpRequest) -> None:
+        """The one access check of a request whose row defers it to its handler (MindIE's
+        ``/infer``) or that no row matches (passed through): ``group`` checked once, where the
+        handler's order puts it (headers gathered only for a group that is restricted)."""
+        access = self.access
+        if group is not None and access.restricts(group):
+            access.check(group, headers_of(request))
+
     def find(self, request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
         """The handler of a request, its path match (None: passed through) and its route."""
         methods, m, route = self._found.get(request.path) or self._route(request.path)
@@ -297,25 +312,25 @@ class RestFrontend:
 
     # ------------------------------------------------------------------ health and metadata
 
-    async def live(self, r: HttpRequest, _m: re.Match[str]) -> Answer:
-        await self.pipeline.server_live(headers_of(r))
+    async def live(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+        await self.pipeline.server_live()
         return 200, [], b""
 
-    async def ready(self, r: HttpRequest, _m: re.Match[str]) -> Answer:
-        ok = await self.pipeline.server_ready(headers_of(r))
+    async def ready(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+        ok = await self.pipeline.server_ready()
         return 200 if ok else 400, [], b""
 
-    async def server_metadata(self, r: HttpRequest, _m: re.Match[str]) -> Answer:
-        return json_answer(200, await self.pipeline.server_metadata(headers_of(r)))
+    async def server_metadata(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+        return json_answer(200, await self.pipeline.server_metadata())
 
-    async def model_metadata(self, r: HttpRequest, m: re.Match[str]) -> Answer:
-        return json_answer(200, await self.pipeline.model_metadata(*_model(m), headers_of(r)))
+    async def model_metadata(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+        return json_answer(200, await self.pipeline.model_metadata(*_model(m)))
 
-    async def model_config(self, r: HttpRequest, m: re.Match[str]) -> Answer:
-        return json_answer(200, await self.pipeline.model_config(*_model(m), headers_of(r)))
+    async def model_config(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+        return json_answer(200, await self.pipeline.model_config(*_model(m)))
 
-    async def model_ready(self, r: HttpRequest, m: re.Match[str]) -> Answer:
-        if await self.pipeline.model_ready(*_model(m), headers_of(r)):
+    async def model_ready(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+        if await self.pipeline.model_ready(*_model(m)):
             return 200, [], b""
         return json_answer(400, {"error": "Model version not ready"})
 
@@ -355,24 +370,29 @@ class RestFrontend:
         if not target.startswith("/"):  # the HTTP layer refuses these already: never a host
             raise InvalidRequest("the request target must be a path starting with '/'")
         body = await self.read_body(request)
+        # no row: the group of the path's words, checked once the body is read
+        self.check_access(passthrough_group(target), request)
         return await self.pipeline.passthrough(request.method, target, headers_of(request), body)
 
     async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
-        """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`)."""
+        """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`): its row's group
+        checked once, where MindIE's order puts it (after the body is validated)."""
         body = await self.body.read_input(r)
         self._models[id(r)] = self.mindie.settings.model  # the one model /infer serves
-        # a whole generation may pass without a write: the client leaving cancels it
-        return await unless_gone(r, self.mindie.infer(body, headers_of(r)))
 
-    async def openai_models(self, r: HttpRequest, _m: Any) -> Answer:
+        def admit() -> None:
+            self.check_access(routes.MINDIE.group, r)
+
+        # a whole generation may pass without a write: the client leaving cancels it
+        return await unless_gone(r, self.mindie.infer(body, headers_of(r), admit))
+
+    async def openai_models(self, _r: HttpRequest, _m: Any) -> Answer:
         """``GET /v1/models`` (:mod:`v2proxy.frontends.openai`): the proxy's own list, in the
         ``metadata`` group like the backend's."""
-        self.pipeline.access.check("metadata", headers_of(r))
         return self.openai.list_models()
 
     async def openai_model(self, r: HttpRequest, m: re.Match[str]) -> Answer:
         """``GET /v1/models/{id}`` (the id percent-decoded: clients encode its ``/``)."""
-        self.pipeline.access.check("metadata", headers_of(r))
         model_id = unquote(m.group("id"))
         answer = self.openai.get_model(model_id)  # (NotFound for an id of no model)
         self._models[id(r)] = model_id

@@ -44,6 +44,12 @@ def json_answer(status: int, obj: Any) -> Answer:
     return status, list(JSON), dumps(obj)
 
 
+def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The one translator from the error tree to a v2 REST answer: ``{"error": message}`` with
+    the error's status and fields (:func:`error_fields`)."""
+    return exc.http_status, [*JSON, *error_fields(exc)], dumps({"error": exc.message})
+
+
 def error_fields(exc: ProxyError) -> list[tuple[bytes, bytes]]:
     """The header fields an error answer carries whatever the API's shape of its body:
     ``Accept-Encoding`` with an unsupported ``Content-Encoding`` (415), ``Retry-After`` beyond

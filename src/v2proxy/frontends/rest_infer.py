@@ -4,7 +4,10 @@
 frontend's recorder, the body reader, the size limits) and whose :meth:`InferEndpoint.infer`
 its route table binds.
 
-Every body is checked before anything of it reaches the backend. In this order:
+The usual small JSON body that needs nothing is taken before it gets here, by the frontend's
+quick lane (:mod:`v2proxy.frontends.rest_quick`), with the same decision and headers
+(:func:`infer_headers`). Every body is checked before anything of it reaches the backend. In
+this order:
 
 - a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, no compression
   either way) is relayed while it arrives once its JSON header is checked;
@@ -12,7 +15,8 @@ Every body is checked before anything of it reaches the backend. In this order:
   (:meth:`Pipeline.relay_json`);
 - a smaller body is read whole and decompressed, and the pipeline decides
   (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the backend takes its
-  wire form (a plain JSON body checked without being decoded: ``codecs/relay_check.py``), else
+  wire form (a plain JSON body checked without being decoded:
+  :func:`~v2proxy.core.relay.relays_as_sent`), else
   decoded here when the pipeline asks for it, and put through the stages; their answer is encoded
   as the client asked (JSON, binary outputs, compression).
 
@@ -45,20 +49,26 @@ INFER_DROP = frozenset(
     {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
 )
 _IHCL = binc.IHCL_HEADER.lower().encode()
+_REQUEST_ID = b"x-request-id"
 
 
 #: request headers an /infer request does not pass on (hop-by-hop ones, and INFER_DROP)
 _NOT_FORWARDED = frozenset(h.encode() for h in HOP_BY_HOP) | INFER_DROP
 
 
-def _infer_headers(r: HttpRequest) -> tuple[str | None, str | None, str | None, Headers]:
+def infer_headers(
+    r: HttpRequest,
+) -> tuple[str | None, str | None, str | None, Headers, bytes | None]:
     """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (the first value
-    of each) and the headers passed on, in one pass over the request's (lowercase) names."""
-    accept = content_encoding = ihcl = None
+    of each), the headers passed on and ``x-request-id`` (its first value), in one pass over
+    the request's (lowercase) names: an /infer request's headers are filtered here only."""
+    accept = content_encoding = ihcl = rid = None
     forwarded: Headers = []
     for name, value in r.headers:
         if name not in _NOT_FORWARDED:
             forwarded.append((name, value))
+            if name == _REQUEST_ID and rid is None:
+                rid = value
         elif name == b"accept-encoding":
             if accept is None:
                 accept = value.decode("latin-1")
@@ -67,7 +77,7 @@ def _infer_headers(r: HttpRequest) -> tuple[str | None, str | None, str | None, 
                 content_encoding = value.decode("latin-1")
         elif name == _IHCL and ihcl is None:
             ihcl = value.decode("latin-1")
-    return accept, content_encoding, ihcl, forwarded
+    return accept, content_encoding, ihcl, forwarded, rid
 
 
 class InferEndpoint:
@@ -97,7 +107,7 @@ class InferEndpoint:
         model, version = m.group("model", "version")
         model = model or ""
         version = version or ""
-        accept, content_encoding, ihcl_value, forwarded = _infer_headers(r)
+        accept, content_encoding, ihcl_value, forwarded, _ = infer_headers(r)
         encoding = None if accept is None else compression.choose_encoding(accept)
         client = r.client
         peer = None if client is None else str(client[0])

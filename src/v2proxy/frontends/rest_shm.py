@@ -1,5 +1,5 @@
 """The shared-memory endpoints of the REST frontend (docs/protocol.md, shared memory), each one call
-of the pipeline (group ``shared-memory``):
+of the pipeline (group ``shared-memory``, checked by the frontend as it admits the request):
 
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status``: 200, Triton's JSON array;
 - ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
@@ -27,7 +27,7 @@ from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import InvalidRequest
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.frontends.rest_answer import Answer
-from v2proxy.frontends.rest_request import BodyReader, headers_of, peer_of
+from v2proxy.frontends.rest_request import BodyReader, peer_of
 from v2proxy.http.request import HttpRequest
 
 _JSON = (b"content-type", b"application/json")
@@ -48,7 +48,7 @@ class SharedMemoryEndpoints:
 
     async def status(self, r: HttpRequest, m: re.Match[str]) -> Answer:
         kind, name = m.group("kind"), _name(m)
-        regions = await self.pipeline.shm_status(kind, name, peer_of(r), headers_of(r))
+        regions = await self.pipeline.shm_status(kind, name, peer_of(r))
         return 200, [_JSON], dumps(regions)
 
     async def register(self, r: HttpRequest, m: re.Match[str]) -> Answer:
@@ -60,17 +60,13 @@ class SharedMemoryEndpoints:
             )
         if kind == "cuda":
             handle, device_id, size = side.cuda_register_body(body)
-            await self.pipeline.cuda_shm_register(
-                name, handle, device_id, size, peer_of(r), headers_of(r)
-            )
+            await self.pipeline.cuda_shm_register(name, handle, device_id, size, peer_of(r))
         else:
             key, offset, byte_size = side.shm_register_body(body)
-            await self.pipeline.shm_register(
-                name, key, offset, byte_size, peer_of(r), headers_of(r)
-            )
+            await self.pipeline.shm_register(name, key, offset, byte_size, peer_of(r))
         return 200, [_JSON], b""
 
     async def unregister(self, r: HttpRequest, m: re.Match[str]) -> Answer:
         kind, name = m.group("kind"), _name(m)
-        await self.pipeline.shm_unregister(kind, name, peer_of(r), headers_of(r))
+        await self.pipeline.shm_unregister(kind, name, peer_of(r))
         return 200, [_JSON], b""

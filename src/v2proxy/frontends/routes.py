@@ -1,9 +1,9 @@
 """The route table of the HTTP port: which paths the REST frontend serves, with which methods and
 handlers, under which ``operation`` label of the metrics, in which API group of
-``--restricted-api`` (:mod:`v2proxy.core.restricted`), and whether that group is checked before
-the body is read. The REST frontend routes with it, the restricted groups of REST requests are
-read from it, and ``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare
-them).
+``--restricted-api`` (:mod:`v2proxy.core.restricted`), and whether that group's check is left
+to the handler. The REST frontend routes with it, the restricted group of every REST request is
+read from it (and checked once), and ``src/v2proxy/openapi.yaml`` documents exactly its routes
+(unit tests compare them).
 
 Contract:
 
@@ -25,11 +25,14 @@ Contract:
 - :attr:`Route.operation` is the ``operation`` label of the request's metrics and log lines.
 - :attr:`Route.group` is the API group of the route, one of
   :data:`v2proxy.core.restricted.GROUPS`; None for the proxy's own document
-  (``GET /openapi.json``), which no group restricts. The pipeline checks every operation's group
-  itself; for a row with :attr:`Route.body_first`, the frontend checks it too, before the handler
-  reads the body, so that a refused client gets 403 rather than its body's 400, as Triton
-  answers (:attr:`Route.check_first`, precomputed). MindIE's ``POST /infer`` keeps MindIE's own
-  order (the body is validated first) and its error shape.
+  (``GET /openapi.json``), which no group restricts. This column is the one place a REST
+  request's group comes from, and it is checked once per request: by the frontend's exchange
+  envelope as it admits the request, before the handler runs (:attr:`Route.check_first`,
+  precomputed), so before any body is read and a refused client gets 403 rather than its
+  body's 400, as Triton answers (its one restriction check per handler). A request for a
+  method the route lacks is answered 405 unchecked. A row marked :attr:`Route.deferred` is
+  checked once by its handler instead, where its API's order puts it: MindIE's ``POST /infer``
+  validates the body first and answers the 403 in MindIE's error shape.
 - :attr:`Route.frontend` is the frontend that records a route's requests: ``rest`` (v2 and
   MindIE's ``/infer``) or ``openai`` (``/v1/...``, recorded under ``frontend="openai"``).
 - :attr:`Route.errors` is the API whose shape a route's error answers take: ``v2``
@@ -41,7 +44,8 @@ metrics, answered by the frontend before the table is consulted and never record
 :data:`PASSTHROUGH`, what serves a path no row matches, whatever its method: the request is passed
 through to the backend, recorded as ``passthrough``, and its group is decided per request by
 :func:`v2proxy.core.restricted.passthrough_group` from the words of its decoded path (so that no
-spelling of a restricted route slips through as another group), after its body is read.
+spelling of a restricted route slips through as another group), and checked once, by the
+handler, after its body is read (deferred).
 
 Pure data and ``re``: no handler, no I/O.
 """
@@ -98,13 +102,15 @@ def compile_template(template: str) -> re.Pattern[str]:
 @dataclass(frozen=True, slots=True, eq=False)
 class Route:
     """One row of the table: a path template, its methods' handlers (by name), the operation
-    label, the API group and whether that group is checked before the body is read."""
+    label, the API group and whether that group's check is deferred to the handler."""
 
     template: str
     methods: Mapping[str, str]
     operation: str
     group: str | None
-    body_first: bool = False
+    #: the group is checked by the handler, where its API's order puts it (MindIE's /infer:
+    #: after the body is validated), not by the envelope as it admits the request
+    deferred: bool = False
     #: the frontend that records it (the ``frontend`` label): ``rest`` or ``openai``
     frontend: str = "rest"
     #: the API whose shape its error answers take: ``v2``, ``mindie`` or ``openai``
@@ -113,7 +119,8 @@ class Route:
     pattern: re.Pattern[str] = field(init=False, repr=False)
     #: the value of ``Allow`` in this route's 405
     allow: bytes = field(init=False, repr=False)
-    #: the group the frontend checks before the handler reads the body (None: no such check)
+    #: the group the envelope checks as it admits the request, before the handler runs (None:
+    #: no group, or a deferred check)
     check_first: str | None = field(init=False, repr=False)
     #: whether the template names a model (the ``model`` label of its requests)
     names_model: bool = field(init=False, repr=False)
@@ -121,21 +128,25 @@ class Route:
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", compile_template(self.template))
         object.__setattr__(self, "allow", ", ".join(self.methods).encode())
-        object.__setattr__(self, "check_first", self.group if self.body_first else None)
+        object.__setattr__(self, "check_first", None if self.deferred else self.group)
         object.__setattr__(self, "names_model", "model" in self.pattern.groupindex)
 
 
 _M = "/v2/models/{model}[/versions/{version}]"
 _SHM = "/v2/{kind}sharedmemory[/region/{name}]"
 _GET_POST = ("GET", "POST")
-_FIRST = True  # body_first
 _OA = "openai"  # frontend and errors of the OpenAI routes
 
-#: (template, {method: handler name}, operation, group, body_first), in match order
+#: MindIE's native API: its own order (the body validated first, then its group) and error shape
+MINDIE = Route(
+    "/infer", {"POST": "mindie_infer"}, "mindie", "inference", deferred=True, errors="mindie"
+)
+
+#: (template, {method: handler name}, operation, group, ...), in match order
 ROUTES: tuple[Route, ...] = (
-    Route(_M + "/infer", {"POST": "infer"}, "infer", "inference", _FIRST),  # the hot one first
-    Route(_M + "/generate", {"POST": "generate"}, "generate", "inference", _FIRST),
-    Route(_M + "/generate_stream", {"POST": "generate_stream"}, "generate", "inference", _FIRST),
+    Route(_M + "/infer", {"POST": "infer"}, "infer", "inference"),  # the hot one first
+    Route(_M + "/generate", {"POST": "generate"}, "generate", "inference"),
+    Route(_M + "/generate_stream", {"POST": "generate_stream"}, "generate", "inference"),
     Route("/v2/health/live", {"GET": "live"}, "health", "health"),
     Route("/v2/health/ready", {"GET": "ready"}, "health", "health"),
     Route("/v2[/]", {"GET": "server_metadata"}, "metadata", "metadata"),
@@ -147,30 +158,26 @@ ROUTES: tuple[Route, ...] = (
         {"GET": "statistics"},
         "side",
         "statistics",
-        _FIRST,
     ),
-    Route("/v2/repository/index", {"POST": "repository_index"}, "side", "model-repository", _FIRST),
+    Route("/v2/repository/index", {"POST": "repository_index"}, "side", "model-repository"),
     Route(
         "/v2/repository/models/{model}/{action}",
         {"POST": "repository_load"},
         "side",
         "model-repository",
-        _FIRST,
     ),
     Route(
         "/v2[/models/{model}]/trace/setting",
         dict.fromkeys(_GET_POST, "trace_settings"),
         "side",
         "trace",
-        _FIRST,
     ),
-    Route("/v2/logging", dict.fromkeys(_GET_POST, "log_settings"), "side", "logging", _FIRST),
+    Route("/v2/logging", dict.fromkeys(_GET_POST, "log_settings"), "side", "logging"),
     Route(_M, {"GET": "model_metadata"}, "metadata", "metadata"),
-    Route(_SHM + "/status", {"GET": "shm_status"}, "side", "shared-memory", _FIRST),
-    Route(_SHM + "/register", {"POST": "shm_register"}, "side", "shared-memory", _FIRST),
-    Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory", _FIRST),
-    # MindIE's native API: its own order (the body validated first) and error shape
-    Route("/infer", {"POST": "mindie_infer"}, "mindie", "inference", errors="mindie"),
+    Route(_SHM + "/status", {"GET": "shm_status"}, "side", "shared-memory"),
+    Route(_SHM + "/register", {"POST": "shm_register"}, "side", "shared-memory"),
+    Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory"),
+    MINDIE,
     # OpenAI's API: recorded as frontend "openai", errors in OpenAI's shape
     Route("/v1/models", {"GET": "openai_models"}, "metadata", "metadata", frontend=_OA, errors=_OA),
     Route(
@@ -181,7 +188,6 @@ ROUTES: tuple[Route, ...] = (
         {"POST": "openai_completions"},
         "openai",
         "inference",
-        _FIRST,
         frontend=_OA,
         errors=_OA,
     ),
@@ -190,7 +196,6 @@ ROUTES: tuple[Route, ...] = (
         {"POST": "openai_chat"},
         "openai",
         "inference",
-        _FIRST,
         frontend=_OA,
         errors=_OA,
     ),
@@ -202,5 +207,6 @@ ROUTES: tuple[Route, ...] = (
 #: never restricted, never passed through; 404 with ``--metrics off``
 METRICS = Route("/metrics", {"GET": "scrape", "HEAD": "scrape"}, "", None)
 #: a path no row matches, any method: passed through to the backend; its group is decided per
-#: request by :func:`v2proxy.core.restricted.passthrough_group`, in the pipeline
-PASSTHROUGH = Route("/{path}", {}, "passthrough", None)
+#: request by :func:`v2proxy.core.restricted.passthrough_group` and checked by the handler once
+#: the body is read (deferred)
+PASSTHROUGH = Route("/{path}", {}, "passthrough", None, deferred=True)

@@ -59,10 +59,8 @@ from dataclasses import dataclass
 from v2proxy.http import Buffer
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import (
-    AnswerTooLarge,
     ConnectFailed,
     ConnectTimeout,
-    HttpClientError,
     ReadTimeout,
     RemoteClosed,
 )
@@ -249,92 +247,48 @@ class HttpClient:
                 raise
             return ClientResponse(self, conn, read_timeout, covered)
 
-    async def post(
-        self,
-        target: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: Buffer,
-        deadline: float,
-        read_timeout: float,
-        whole: int,
-        limit: int | None,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | ClientResponse:
-        """:meth:`request` of a POST of one buffer, the call's deadline at ``deadline``
-        (``loop.time()``; ``read_timeout`` as :meth:`request`'s, once the body is streamed),
-        and, when its answer is not a 200 or has a Content-Length of at most ``whole``,
-        :meth:`ClientResponse.read` of it within ``limit``: then (status, headers, body), the
-        connection back in the pool; else the :class:`ClientResponse`. A failure once the
-        head is in carries its status (``answered``)."""
-        length = body.nbytes if isinstance(body, memoryview) else len(body)
-        head = self._head("POST", target, headers, length)
+    def idle_now(self) -> ClientConnection | None:
+        """A live idle connection, its slot taken, at once (for an exchange its caller drives
+        by the connection's callbacks: :meth:`ClientConnection.begin`, the request written,
+        ``on_event``; then :meth:`release`); None when none is idle or no slot is free."""
         idle = self._idle
         slots = self._slots
         loop = self._loop
-        if idle and slots._value > 0 and not slots._waiters and loop is not None:
-            slots._value -= 1  # a free slot, taken as try_acquire() does
-            conn = idle.pop()  # the last one used, as _reuse() looks at first
-            if loop.time() - conn.idle_since < self._idle_timeout and conn.alive():
-                conn.reused = True
-            else:
-                conn.close()
-                reused = self._reuse()
-                conn = reused if reused is not None else await self._open(deadline)
-        else:
+        if not idle or slots._value <= 0 or slots._waiters or loop is None:
+            return None
+        slots._value -= 1
+        conn = idle.pop()  # the last one used, as _reuse() looks at first
+        if loop.time() - conn.idle_since < self._idle_timeout and conn.alive():
+            conn.reused = True
+            return conn
+        conn.close()
+        reused = self._reuse()
+        if reused is None:
+            slots.release()
+        return reused
+
+    async def connection(self, deadline: float | None) -> ClientConnection:
+        """A connection and its slot (:meth:`idle_now`'s, waiting for a free slot or a new
+        connection when there is none), by ``deadline``: for the same kind of exchange."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        conn = self.idle_now()
+        if conn is None:
             conn = await self._acquire(deadline)
-        try:
-            conn.begin(False, deadline)
-            if length <= _JOIN_MAX:
-                conn.transport.write(head + body)
-            else:
-                conn.transport.writelines([head, body])
-            if conn.writing_paused:
-                await conn.drain()
-            while not conn.head_done:
-                if conn.error is not None:
-                    raise conn.error
-                await conn.wait(None)
-        except BaseException:
-            self._release(conn, False)
-            raise
-        status = conn.status
-        size = conn.content_length
-        if status == 200 and (size is None or size > whole):
-            return ClientResponse(self, conn, read_timeout, True)
-        if not conn.body_done:  # (the usual small answer came whole with its head)
-            try:
-                if limit is not None and size is not None and size > limit:
-                    raise AnswerTooLarge(limit, size)
-                conn.read_whole(limit)
-                while not conn.body_done:
-                    if conn.error is not None:
-                        raise conn.error
-                    await conn.wait(None)
-            except BaseException as exc:
-                self._release(conn, False)
-                if isinstance(exc, HttpClientError):
-                    exc.answered = status
-                raise
-        content = conn.take_all()
-        headers_in = conn.headers
-        if (
-            conn.keep
-            and conn.reusable
-            and loop is not None
-            and not self._closed
-            and not slots._waiters
-        ):
-            conn.idle_since = loop.time()  # back in the pool, as _release() puts it
-            idle.append(conn)
-            if self._sweeper is None:
-                self._sweeper = loop.call_at(conn.idle_since + self._idle_timeout, self._sweep)
-            slots._value += 1
-        else:
-            self._release(conn, conn.keep)
-        if limit is not None and len(content) > limit:
-            too_large = AnswerTooLarge(limit, len(content))
-            too_large.answered = status
-            raise too_large
-        return status, headers_in, content
+        return conn
+
+    def head(
+        self, method: str, target: str, headers: Sequence[tuple[bytes, bytes]], length: int | None
+    ) -> bytes:
+        """The head of a request (as :meth:`request` writes it; remembered for headers given as
+        a tuple: :mod:`v2proxy.http.client_head`)."""
+        return self._head(method, target, headers, length)
+
+    def release(self, conn: ClientConnection) -> None:
+        """An exchange on ``conn`` (from :meth:`idle_now` or :meth:`connection`) is over: back
+        in the pool when its answer was read to the end and it may be kept, else closed."""
+        conn.on_event = None
+        self._release(conn, conn.keep)
 
     async def _send(self, conn: ClientConnection, head: bytes, body: StreamBody) -> None:
         """Pipe ``body`` through as it arrives, with the transport's flow control."""

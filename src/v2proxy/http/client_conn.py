@@ -30,7 +30,9 @@ Contract (RFC 9112):
 The answer's flow:
 
 - One waiter at a time: :meth:`ClientConnection.wait` returns at the next event of the answer
-  (head, piece, end, error), which the connection signals with ``_wake``.
+  (head, piece, end, error), which the connection signals with ``_wake``; with no waiter,
+  ``on_event`` is called instead at the head, the end and a failure (an exchange driven by
+  callbacks: :meth:`HttpClient.idle_now <v2proxy.http.client.HttpClient.idle_now>`).
 - ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
   seconds while the answer is awaited.
 - :meth:`ClientConnection.set_deadline` (or :meth:`ClientConnection.begin`'s ``deadline``): the
@@ -51,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import select
 from collections import deque
+from collections.abc import Callable
 
 import httptools
 
@@ -126,6 +129,7 @@ class ClientConnection(asyncio.Protocol):
         "idle_since",
         "keep",
         "limit",
+        "on_event",
         "pieces",
         "reason",
         "reusable",
@@ -148,6 +152,9 @@ class ClientConnection(asyncio.Protocol):
         self.buffered = 0
         self._reading_paused = False
         self._waiter: asyncio.Future[None] | None = None
+        #: called, when no coroutine waits, at the answer's head, its end and its failure (an
+        #: exchange driven by callbacks rather than by a waiting coroutine)
+        self.on_event: Callable[[], None] | None = None
         self._timer = LazyTimer(loop, self._check_read)
         self._last_read = 0.0
         self._idle_limit: float | None = None
@@ -307,7 +314,7 @@ class ClientConnection(asyncio.Protocol):
         self._state = _BODY
         if self._head_only:
             self._complete()
-        if self._waiter is not None:
+        if self._waiter is not None or self.on_event is not None:
             self._wake()
         if self._drain is not None:
             self._wake_drain()  # a body still being sent may stop (see stop_sending)
@@ -344,7 +351,7 @@ class ClientConnection(asyncio.Protocol):
         self._state = _IDLE
         self.body_done = True
         self._deadline = None  # nothing left to bound
-        if self._waiter is not None:
+        if self._waiter is not None or self.on_event is not None:
             self._wake()
 
     def _fail(self, exc: HttpClientError) -> None:
@@ -526,3 +533,7 @@ class ClientConnection(asyncio.Protocol):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+        else:
+            event = self.on_event
+            if event is not None:
+                event()

@@ -89,6 +89,9 @@ class ConnectionSide(Protocol):
     def send_continue(self, req: HttpRequest) -> None:
         """Write ``100 Continue`` unless it is no longer due."""
 
+    def answered(self, req: HttpRequest) -> None:
+        """The answer to ``req``, taken by the quick handler, is over (the connection goes on)."""
+
     def body_drained(self, req: HttpRequest) -> None:
         """The handler took ``req``'s body below :data:`LOW_WATER`: read on if paused."""
 
@@ -173,10 +176,10 @@ class HttpRequest:
         as gone here, as uvicorn takes it; ordinary handlers still answer it."""
         return self._conn.watch_gone()
 
-    def whole(self, limit: int) -> bytes | None:
+    def whole(self, limit: int, take: bool = True) -> bytes | None:
         """The whole body when it is all here in one piece within ``limit`` bytes and not
         chunked (the usual small one: taken without awaiting), else None (then :meth:`read`
-        it)."""
+        it). ``take=False``: only looked at (it stays to be taken or read)."""
         chunks = self._chunks
         if (
             self._complete
@@ -185,14 +188,21 @@ class HttpRequest:
             and len(chunks[0]) <= limit
             and len(chunks[0]) <= self._conn.limits.max_body_size
         ):
-            self._consuming = True
-            self._expect = False  # all here: no 100 Continue is due
-            self._buffered = 0
-            piece = chunks.popleft()
-            if self._conn.body_paused:
-                self._conn.body_drained(self)
+            if not take:
+                return chunks[0]
+            piece = chunks[0]
+            self.taken()
             return piece
         return None
+
+    def taken(self) -> None:
+        """The whole body that :meth:`whole` gave (``take=False``) is taken after all."""
+        self._consuming = True
+        self._expect = False  # all here: no 100 Continue is due
+        self._buffered = 0
+        self._chunks.clear()
+        if self._conn.body_paused:
+            self._conn.body_drained(self)
 
     async def read(self, limit: int | None = None) -> bytearray:
         """The whole body. :class:`BodyTooLarge` beyond ``limit`` or ``max_body_size``."""

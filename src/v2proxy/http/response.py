@@ -81,6 +81,51 @@ class HttpResponse:
         self.started = True
         return out
 
+    def send_now(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
+    ) -> bool:
+        """:meth:`send` of the usual answer (headers, a body of at most :data:`JOIN_MAX`
+        bytes, a status with a body, a client still there) in one write, without awaiting:
+        True when written (the caller then minds :attr:`paused`); False, nothing written,
+        when the answer is not of that kind (then :meth:`send` it)."""
+        conn = self._conn
+        size = len(body)
+        if (
+            conn.lost
+            or not headers
+            or size > JOIN_MAX
+            or status < 200
+            or status in _NO_BODY
+            or self.started
+            or self._head_only
+        ):
+            return False
+        line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+        fields = b"\r\n".join(map(b": ".join, headers))
+        n = len(headers) - 1
+        if fields.count(b"\n") != n or fields.count(b"\r") != n:
+            raise ValueError("CR or LF in a response header")
+        self.started = self._ended = True
+        framing = b"\r\nContent-Length: %d\r\n" % size
+        conn.transport.write(
+            b"".join((line, fields, framing, conn.connection_header(self._req), body))
+        )
+        return True
+
+    @property
+    def paused(self) -> bool:
+        """Whether the client has not kept up: await :meth:`drain` before going on."""
+        return self._conn.writing_paused
+
+    async def drain(self) -> None:
+        """Wait until the client has read enough of what was written (``write_timeout``)."""
+        await self._conn.drain()
+
+    def finished(self) -> None:
+        """The answer of a quick handler (:data:`~v2proxy.http.server_conn.QuickHandler`) is
+        over, written or given up: the connection goes on with its next request."""
+        self._conn.answered(self._req)
+
     async def send(
         self, status: int, headers: list[tuple[bytes, bytes]], body: Buffer | list[Buffer] = b""
     ) -> None:
@@ -88,30 +133,12 @@ class HttpResponse:
         conn = self._conn
         if conn.lost:
             raise ClientDisconnected("client went away")
-        if type(body) is bytes or type(body) is bytearray:
-            size = len(body)
-            if (
-                headers
-                and size <= JOIN_MAX
-                and status >= 200
-                and status not in _NO_BODY
-                and not self.started
-                and not self._head_only
-            ):
-                # the usual answer (_head, written out): its head and body in one write
-                line = STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
-                fields = b"\r\n".join(map(b": ".join, headers))
-                n = len(headers) - 1
-                if fields.count(b"\n") != n or fields.count(b"\r") != n:
-                    raise ValueError("CR or LF in a response header")
-                self.started = self._ended = True
-                framing = b"\r\nContent-Length: %d\r\n" % size
-                conn.transport.write(
-                    b"".join((line, fields, framing, conn.connection_header(self._req), body))
-                )
-                if conn.writing_paused:
-                    await conn.drain()
-                return
+        if (type(body) is bytes or type(body) is bytearray) and self.send_now(
+            status, headers, body
+        ):
+            if conn.writing_paused:
+                await conn.drain()
+            return
         if status in _NO_BODY:
             out = self._head(status, headers, b"")
             parts: list[Buffer] = []

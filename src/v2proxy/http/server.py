@@ -66,6 +66,7 @@ from v2proxy.http.server_conn import (
     MAX_PIPELINE,
     Connection,
     Handler,
+    QuickHandler,
     error_answer,
 )
 
@@ -82,8 +83,11 @@ class HttpServer:
         *,
         max_connections: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        quick: QuickHandler | None = None,
     ) -> None:
         self.handler = handler
+        #: takes a whole request at once from the parser's callback when it can (else ``handler``)
+        self.quick = quick
         #: TLS on the socket (HTTPS); the handshake must end within ``limits.header_timeout``
         self.ssl_context = ssl_context
         self.limits = limits
@@ -175,6 +179,7 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "HttpServer",
+    "QuickHandler",
     "ServerLimits",
     "error_answer",
 ]

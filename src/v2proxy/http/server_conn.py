@@ -79,6 +79,23 @@ log = logging.getLogger("v2proxy.http.server")
 
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
+
+class QuickHandler(Protocol):
+    """A handler that may take a request at once, from the parser's callback, when the request
+    is whole and nothing is ahead of it (else the serving task's :data:`Handler` serves it)."""
+
+    def wants(self, request: HttpRequest) -> bool:
+        """Asked at the head of a request with a short body still arriving: whether to wait
+        for the rest of it (at most :data:`QUICK_BODY` bytes) before the request is started,
+        so that :meth:`take` may have it."""
+        ...
+
+    def take(self, request: HttpRequest, response: HttpResponse) -> bool:
+        """True when it has taken ``request``: it ends the answer, then calls
+        :meth:`HttpResponse.finished <v2proxy.http.response.HttpResponse.finished>`."""
+        ...
+
+
 #: requests parsed and not yet answered (the one in hand included) before reading pauses
 MAX_PIPELINE = 16
 #: an unread request body is read and dropped up to this many bytes, else the connection closes
@@ -86,6 +103,8 @@ DISCARD_MAX = 64 * 1024
 #: seconds a closing connection keeps draining input after its last answer
 LINGER = 1.0
 _SLICE = 64 * 1024  # input is parsed in slices of this size, to stop when the queue is full
+#: a body up to this size is waited for before its request is started (:meth:`_awaits_body`)
+QUICK_BODY = 64 * 1024
 
 #: what the connection's one timer is for
 NONE, IDLE, HEAD, BODY, LINGERING = range(5)
@@ -132,6 +151,7 @@ class Owner(Protocol):
 
     limits: ServerLimits
     handler: Handler
+    quick: QuickHandler | None
     max_connections: int | None
     closing: bool
     conns: set[Connection]
@@ -147,9 +167,9 @@ class Connection(asyncio.Protocol):
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
         "head_size", "head_split", "headers", "in_head", "limits", "loop", "lost", "parked",
-        "parser", "parsing", "piece", "progress", "queue", "reading_paused", "received",
-        "rejection", "server", "serving", "split", "stall", "timer", "timer_kind",
-        "transport", "url", "writing_paused",
+        "parser", "parsing", "piece", "progress", "queue", "quick", "reading_paused", "received",
+        "rejection", "response", "server", "serving", "split", "stall", "starting", "timer",
+        "timer_kind", "transport", "url", "writing_paused",
     )  # fmt: skip
 
     def __init__(self, server: Owner, loop: asyncio.AbstractEventLoop) -> None:
@@ -157,6 +177,12 @@ class Connection(asyncio.Protocol):
         self.loop = loop
         self.limits: ServerLimits = server.limits
         self.handler: Handler = server.handler
+        self.quick: QuickHandler | None = server.quick
+        #: the answer writer, one per connection, renewed for each request (:meth:`_response`)
+        self.response: HttpResponse | None = None
+        #: the request whose head came while nothing was served: started once its body is in,
+        #: or once the piece of input it arrived in is parsed (:meth:`_start`)
+        self.starting = False
         self.transport = cast(asyncio.Transport, None)
         self.parser = httptools.HttpRequestParser(self)
         self.client: tuple[str, int] | None = None
@@ -225,6 +251,8 @@ class Connection(asyncio.Protocol):
                     self.stall = 0
                 else:
                     self._parsed(len(data))
+        if self.starting and not self._awaits_body():  # a body still arriving
+            self._start()
         if self.serving and not (self.in_head or self.closed) and self.parsing is None:
             self.timer_kind = NONE  # what _arm decides here: no read deadline while serving
         else:
@@ -233,6 +261,8 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self.parsing is not None:
             self.parsing._fail(ClientDisconnected("client closed before the body ended"))
+            if self.starting:
+                self._start()
         self.closing_after = self.eof = True
         watched = self.gone  # a client that stops sending is taken as gone by long handlers
         if watched is not None and not watched.done():
@@ -246,6 +276,7 @@ class Connection(asyncio.Protocol):
         # collector's rare full passes would free (with the connection's buffers), and
         # memory would creep up between them. Nothing parses any more.
         self.parser = CLOSED_PARSER
+        self.response = self.answer = None  # (each holds this connection: a cycle too)
         gone = ClientDisconnected("client went away")
         for item in self.queue:
             if isinstance(item, HttpRequest):
@@ -278,7 +309,6 @@ class Connection(asyncio.Protocol):
         """Answer the queued requests in order, then park until the next one arrives (one
         task per connection, not per request); ends when the connection closes."""
         queue = self.queue
-        resp: HttpResponse | None = None
         try:
             while True:
                 while queue and not self.closed:
@@ -286,14 +316,7 @@ class Connection(asyncio.Protocol):
                     if isinstance(req, tuple):
                         self._answer_error(*req)
                         return
-                    if resp is None:
-                        resp = HttpResponse(self, req)
-                    else:  # one per connection, renewed per request (renew, written out)
-                        resp._req = req
-                        resp.started = resp._ended = resp._chunked = False
-                        resp._remaining = -1
-                        resp._head_only = req.method == "HEAD"
-                    self.answer = resp
+                    resp = self._response(req)
                     try:
                         await self.handler(req, resp)
                     except Exception as exc:
@@ -402,6 +425,8 @@ class Connection(asyncio.Protocol):
             self._parse_failed(data, exc)
         else:
             self._parsed(len(data))
+        if self.starting and not self._awaits_body():
+            self._start()
 
     def _parse_failed(self, data: bytes | bytearray | memoryview, exc: Exception) -> None:
         if isinstance(exc, httptools.HttpParserUpgrade):
@@ -528,13 +553,7 @@ class Connection(asyncio.Protocol):
             self.received = 0
         self.queue.append(req)
         if not self.serving:
-            self.serving = True
-            parked = self.parked
-            if parked is not None:
-                if not parked.done():
-                    parked.set_result(None)
-            else:
-                self.cycle = self.loop.create_task(self._serve())
+            self.serving = self.starting = True  # started with its body (_start)
         elif len(self.queue) >= MAX_PIPELINE:
             self._sync_reading()
 
@@ -575,6 +594,97 @@ class Connection(asyncio.Protocol):
             if self.body_paused:
                 self.body_paused = False
                 self._sync_reading()
+        if self.starting:
+            self._start()
+
+    # -- starting a request, and the quick handler's end --
+
+    def _response(self, req: HttpRequest) -> HttpResponse:
+        """The connection's answer writer, renewed for ``req`` (renew, written out)."""
+        resp = self.response
+        if resp is None:
+            resp = self.response = HttpResponse(self, req)
+        else:
+            resp._req = req
+            resp.started = resp._ended = resp._chunked = False
+            resp._remaining = -1
+            resp._head_only = req.method == "HEAD"
+        self.answer = resp
+        return resp
+
+    def _awaits_body(self) -> bool:
+        """Whether the request whose head came waits for the rest of its body before it is
+        started: a short one (at most :data:`QUICK_BODY` bytes, its length known, no
+        ``100-continue`` to send) that nothing has failed, so that the quick handler may take
+        it whole (the body's deadline runs meanwhile)."""
+        req = self.parsing
+        quick = self.quick
+        return (
+            req is not None
+            and quick is not None
+            and not self.broken
+            and not req._expect
+            and req._error is None
+            and req.content_length is not None
+            and req.content_length <= QUICK_BODY
+            and quick.wants(req)
+        )
+
+    def _start(self) -> None:
+        """Serve the request that came while nothing was served: the quick handler's when it
+        is whole and takes it, else the serving task's (woken, or started)."""
+        self.starting = False
+        quick = self.quick
+        queue = self.queue
+        if quick is not None and len(queue) == 1 and not self.closed:
+            req = queue[0]
+            if isinstance(req, HttpRequest) and req._complete:
+                try:
+                    if quick.take(req, self._response(req)):
+                        return
+                except Exception:  # a bug: the request is lost, so is the connection
+                    log.exception("HTTP quick handler failed on %s %s", req.method, req.path)
+                    self.abort()
+                    return
+        parked = self.parked
+        if parked is not None:
+            if not parked.done():
+                parked.set_result(None)
+        else:
+            self.cycle = self.loop.create_task(self._serve())
+
+    def answered(self, req: HttpRequest) -> None:
+        """The quick handler's answer to ``req`` is complete (or was given up): the connection
+        goes on as after a handler's answer (closing, or the next request)."""
+        if self.closed:
+            return
+        resp = self.answer
+        if resp is None or not resp._ended:
+            self.abort()  # the answer was never completed: the client sees a broken one
+            return
+        queue = self.queue
+        queue.popleft()
+        if not req.keep_alive or self.closing_after:
+            self._close(linger=True)
+            return
+        if self.backlog is not None and len(queue) < MAX_PIPELINE:
+            data, self.backlog = self.backlog, None
+            self._feed(data)
+        if self.reading_paused:
+            self._sync_reading()
+        if self.closed:
+            return
+        if queue:  # requests that came meanwhile: the serving task's
+            parked = self.parked
+            if parked is not None:
+                if not parked.done():
+                    parked.set_result(None)
+            else:
+                self.cycle = self.loop.create_task(self._serve())
+        else:
+            self.serving = False
+            self.answer = None
+            self._arm()
 
     # -- the one timer --
 
@@ -618,6 +728,8 @@ class Connection(asyncio.Protocol):
             self.broken = True
             if self.discarding:
                 self._close()
+            elif self.starting:  # its handler answers the timeout
+                self._start()
         elif kind == LINGERING:
             if self.transport.get_write_buffer_size():
                 self.transport.abort()

@@ -1,0 +1,180 @@
+"""A whole /infer body relayed to a REST backend and its answer taken, driven by the client
+connection's callbacks (:class:`RelayCall`): the one way a body that has arrived whole is
+relayed, whether its caller is called back (:meth:`RestBackend.relay_now
+<v2proxy.backends.rest.RestBackend.relay_now>`, the REST frontend's quick lane, on a connection
+idle at once) or awaits the outcome (:meth:`RestBackend.relay_infer
+<v2proxy.backends.rest.RestBackend.relay_infer>`, on a connection it may wait for).
+
+Contract, per call on one endpoint's connection:
+
+- The request goes out in one write (the head prepared once per target and headers, the body
+  as the client sent it) under one deadline, ``--backend-timeout`` from the send, kept on the
+  connection's own timer.
+- The answer's head decides: a 200 over :data:`READ_WHOLE` bytes (or of unknown length) is
+  handed on as it comes (:func:`~v2proxy.backends.rest_stream.streamed`, the rest of the
+  deadline for its pieces); any other answer is read whole within ``--max-body-size``.
+- The outcome, given once to ``done``: the answer (:class:`~v2proxy.core.ports.ForwardResponse`)
+  once it is seen to be v2 (:func:`~v2proxy.backends.rest_answers.relayed_headers`), or the
+  error-tree error: the backend's error answer (:func:`~v2proxy.backends.rest_answers.
+  raise_for_status`), the client's failure mapped (:func:`~v2proxy.backends.rest_answers.failure`).
+- The endpoint's outcome is counted as :class:`~v2proxy.backends.base.BalancedClient` counts
+  it (by the head once one came: ok, or a 5xx; else the failure's kind), and the connection
+  goes back to the pool when its answer was read to the end and it may be kept.
+
+No coroutine and no task: the connection calls :meth:`RelayCall.event` at the answer's head, end
+or failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from v2proxy.backends.base import OUTCOME
+from v2proxy.backends.endpoints import Endpoint, Endpoints
+from v2proxy.backends.rest_answers import failure, raise_for_status, relayed_headers
+from v2proxy.backends.rest_requests import NO_CHUNKS
+from v2proxy.backends.rest_stream import streamed
+from v2proxy.core.errors import BadGateway, ProxyError
+from v2proxy.core.ports import ForwardResponse
+from v2proxy.http.client import HttpClient
+from v2proxy.http.client_conn import ClientConnection
+from v2proxy.http.client_errors import AnswerTooLarge
+from v2proxy.http.client_response import ClientResponse
+
+#: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
+READ_WHOLE = 256 * 1024
+
+#: what a call's outcome is given to: the answer, or the error to answer
+Done = Callable[[ForwardResponse | ProxyError], None]
+
+
+class RelaySide:
+    """What every relayed call to one REST backend shares: its endpoints, its URL (named in
+    errors), ``--backend-timeout`` and the bound on an answer read whole."""
+
+    __slots__ = ("base_url", "endpoints", "limit", "timeout")
+
+    def __init__(
+        self,
+        endpoints: Endpoints[HttpClient],
+        base_url: str,
+        timeout: float,
+        limit: int | None,
+    ) -> None:
+        self.endpoints = endpoints
+        self.base_url = base_url
+        self.timeout = timeout
+        self.limit = limit
+
+    def failed(self, exc: BaseException) -> ProxyError:
+        """The error-tree error of a failure of the call (an unexpected one is a 502)."""
+        if isinstance(exc, ProxyError):
+            return exc
+        mapped = failure(exc, self.base_url, self.timeout, "inference")  # type: ignore[arg-type]
+        if mapped is None:
+            return BadGateway(
+                f"backend at {self.base_url} failed during inference: {type(exc).__name__}"
+            )
+        return mapped
+
+
+class RelayCall:
+    """One relayed call on one connection of one endpoint (see the module's contract)."""
+
+    __slots__ = ("client", "conn", "done", "due", "ep", "model", "side")
+
+    def __init__(
+        self,
+        side: RelaySide,
+        ep: Endpoint[HttpClient],
+        conn: ClientConnection,
+        model: str,
+        done: Done,
+        due: float,
+    ) -> None:
+        self.side = side
+        self.ep = ep
+        self.client = ep.client
+        self.conn = conn
+        self.model = model
+        self.done = done
+        #: the call's deadline (``loop.time()``)
+        self.due = due
+
+    def send(self, head: bytes, body: bytes | bytearray | memoryview) -> None:
+        """The request out, in one write; the answer comes to :meth:`event`."""
+        conn = self.conn
+        self.ep.outstanding += 1
+        conn.on_event = self.event
+        conn.begin(False, self.due)
+        conn.transport.write(head + body if len(body) <= 65536 else b"".join((head, body)))
+
+    def abandon(self) -> None:
+        """The caller gave the call up: the connection closes, no outcome follows."""
+        conn = self.conn
+        if conn.on_event is not None:
+            conn.on_event = None
+            self.ep.outstanding -= 1
+            conn.close()
+            self.client.release(conn)
+
+    def event(self) -> None:
+        """The connection's answer came to its head, its end or a failure."""
+        conn = self.conn
+        if conn.error is None and not conn.body_done:
+            if conn.whole:  # (read whole: its end or its failure is next)
+                return
+            status = conn.status
+            size = conn.content_length
+            if status == 200 and (size is None or size > READ_WHOLE):
+                self._stream()
+                return
+            limit = self.side.limit
+            if limit is not None and size is not None and size > limit:
+                conn._fail(AnswerTooLarge(limit, size))
+                return
+            conn.read_whole(limit)  # (may fail at once, calling back here)
+            return
+        side = self.side
+        ep = self.ep
+        ep.outstanding -= 1
+        conn.on_event = None
+        error = conn.error
+        if error is not None:
+            self.client.release(conn)
+            if conn.head_done:  # a failure once the head came counts as that head
+                error.answered = conn.status
+                side.endpoints.answered(ep, conn.status)
+            else:
+                side.endpoints.failed(ep, OUTCOME.get(type(error), "malformed"))
+            self.done(side.failed(error))
+            return
+        status = conn.status
+        headers = conn.headers
+        content = conn.take_all()
+        self.client.release(conn)
+        side.endpoints.answered(ep, status)
+        try:
+            raise_for_status(status, content, self.model)
+            relayed = relayed_headers(headers, len(content), content, side.base_url)
+        except ProxyError as exc:
+            self.done(exc)
+            return
+        length = len(content)
+        self.done(ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length))
+
+    def _stream(self) -> None:
+        """A 200 too large to read whole: handed on as it comes."""
+        conn = self.conn
+        conn.on_event = None
+        side = self.side
+        self.ep.outstanding -= 1
+        side.endpoints.answered(self.ep, 200)
+        resp = ClientResponse(self.client, conn, side.timeout, True)
+        try:
+            relayed = relayed_headers(resp.headers, resp.content_length, None, side.base_url)
+        except ProxyError as exc:
+            resp.close()
+            self.done(exc)
+            return
+        self.done(streamed(resp, side.base_url, side.timeout, "inference", relayed, self.due))

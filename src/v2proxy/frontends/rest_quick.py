@@ -1,0 +1,259 @@
+"""The REST frontend's quick lane: a small JSON ``POST .../infer`` that needs nothing of the proxy
+is relayed from the HTTP server's parser callback and answered from the backend connection's,
+with no task and no coroutine (the HTTP server's ``quick`` handler,
+:data:`~v2proxy.http.server_conn.QuickHandler`).
+
+It is the same request path as :meth:`RestFrontend.dispatch
+<v2proxy.frontends.rest.RestFrontend.dispatch>`'s, taken without awaiting; every step is the one
+the general path takes, called from here:
+
+- the route row (the ``infer`` row, found in the frontend's route cache), its operation label;
+- the headers, filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`): the request
+  id, and no compression either way, no binary framing;
+- the one decision (:func:`~v2proxy.core.relay.relays_as_sent`): relayed as sent when no stage
+  applies, with the limits of the full decoder;
+- the exchange envelope (:class:`~v2proxy.frontends.exchange.Envelope`): in flight, admission,
+  the one record (metrics, failure lines, access log);
+- the backend's whole-body relay (:meth:`Backend.relay_now
+  <v2proxy.core.ports.Backend.relay_now>`, the same call as :meth:`~v2proxy.core.ports.Backend.
+  relay_infer`'s), then the answer or the error in v2's shape (:func:`~v2proxy.frontends.
+  rest_answer.error_answer`), with ``x-request-id``.
+
+It declines (the request goes to the serving task, untouched: nothing was read, admitted or
+sent) whatever would take a decision of its own: another route or method, a body not whole in
+one piece, compression, binary framing, an API group restricted by ``--restricted-api``, a
+request the gate refuses (the general path answers the 503), a body that needs decoding, a
+backend that cannot send it at once. An answer that cannot be written at once (the client
+reads slowly, a large answer streamed) is finished by a task running the general path's
+writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from v2proxy.codecs import compression
+from v2proxy.core.errors import Overloaded, ProxyError
+from v2proxy.core.ports import ForwardResponse, no_release
+from v2proxy.core.relay import relays_as_sent
+from v2proxy.frontends import rest_record
+from v2proxy.frontends.exchange import Envelope
+from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write_forwarded
+from v2proxy.frontends.rest_infer import infer_headers
+from v2proxy.http.request import ClientDisconnected, HttpRequest
+from v2proxy.http.response import HttpResponse
+
+if TYPE_CHECKING:
+    from v2proxy.frontends.rest import RestFrontend
+
+_OP = "infer"
+log = logging.getLogger(__name__)
+
+
+class QuickLane:
+    """The quick lane of one REST frontend (see the module's docstring)."""
+
+    __slots__ = (
+        "access",
+        "backend",
+        "envelope",
+        "found",
+        "group",
+        "max_body_size",
+        "max_input_size",
+        "max_tensors",
+        "route",
+        "row",
+        "speaks_rest",
+        "taken",
+        "tasks",
+    )
+
+    def __init__(self, frontend: RestFrontend) -> None:
+        pipeline = frontend.pipeline
+        self.backend = pipeline.backend
+        #: only a backend that speaks v2 REST relays a body as sent
+        self.speaks_rest = self.backend.speaks_rest
+        self.access = frontend.access
+        self.envelope: Envelope = frontend.envelope
+        self.max_body_size = frontend.max_body_size
+        self.max_input_size = frontend.max_input_size
+        self.max_tensors = pipeline.max_tensors
+        #: the frontend's route cache (path -> its route), and the row the lane serves
+        self.found = frontend._found
+        self.route = frontend._route
+        self.row = frontend.routing[0][2]
+        #: the row's API group: the lane takes a request only when the policy does not restrict
+        #: it (a restricted one goes to the general path, which checks it once)
+        self.group = self.row.check_first or ""
+        #: requests taken since the start
+        self.taken = 0
+        #: the tasks that finish an answer the lane could not write at once
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def wants(self, request: HttpRequest) -> bool:
+        """Whether to wait for a short body before ``request`` is started: it may be the
+        lane's (the /infer row, a backend that relays, no restricted inference)."""
+        return (
+            request.method == "POST"
+            and self.speaks_rest
+            and (self.found.get(request.path) or self.route(request.path))[2] is self.row
+            and not self.access.restricts(self.group)
+        )
+
+    def take(self, request: HttpRequest, response: HttpResponse) -> bool:
+        """The HTTP server's quick handler: True when the lane has taken ``request``."""
+        if request.method != "POST" or not self.speaks_rest:
+            return False
+        found = self.found.get(request.path) or self.route(request.path)
+        if found[2] is not self.row:
+            return False
+        body = request.whole(self.max_body_size, take=False)
+        if body is None:
+            return False
+        accept, encoding, ihcl, forwarded, rid = infer_headers(request)
+        if (
+            encoding is not None
+            or ihcl is not None
+            or (accept is not None and compression.choose_encoding(accept) is not None)
+            or not relays_as_sent(body, self.max_input_size, self.max_tensors)
+            or self.access.restricts(self.group)
+        ):
+            return False
+        env = self.envelope
+        t0 = env.open()
+        try:
+            held = env.admit(_OP)
+        except Overloaded:
+            env.undo(False)
+            return False
+        model = found[1].group("model") or ""
+        version = found[1].group("version") or ""
+        exchange = _Exchange(self, request, response, t0, held, model, rid, len(body))
+        if not self.backend.relay_now(model, version, body, forwarded, exchange.answered):
+            env.undo(held)
+            return False
+        request.taken()
+        self.taken += 1
+        return True
+
+
+class _Exchange:
+    """One request taken by the lane, until its answer is written and recorded."""
+
+    __slots__ = ("held", "lane", "model", "n_in", "request", "response", "rid", "t0")
+
+    def __init__(
+        self,
+        lane: QuickLane,
+        request: HttpRequest,
+        response: HttpResponse,
+        t0: float,
+        held: bool,
+        model: str,
+        rid: bytes | None,
+        n_in: int,
+    ) -> None:
+        self.lane = lane
+        self.request = request
+        self.response = response
+        self.t0 = t0
+        self.held = held
+        self.model = model
+        self.rid = rid
+        self.n_in = n_in
+
+    def answered(self, outcome: ForwardResponse | ProxyError) -> None:
+        """The backend's outcome: the answer written (or handed to a task), then recorded.
+        Called from the backend connection's callback: it never raises (a bug is logged, the
+        client's connection aborted, the request recorded as a 500)."""
+        try:
+            self._answer(outcome)
+        except Exception as exc:
+            log.exception("the quick lane failed on %s", self.request.path)
+            self.response.abort()
+            status, error, cause = self.lane.envelope.failure(exc)
+            self._done(status, error, cause, "json", 0)
+
+    def _answer(self, outcome: ForwardResponse | ProxyError) -> None:
+        env = self.lane.envelope
+        error = cause = None
+        if isinstance(outcome, ForwardResponse):
+            content = outcome.content
+            if content is None or outcome.release is not no_release:
+                self._later(self._stream(outcome))
+                return
+            status = outcome.status
+            headers = forwarded_headers(outcome, self.rid)
+            body = content
+            wire_out = rest_record.wire_out(outcome.headers)
+        else:
+            status, headers, body = error_answer(outcome)
+            _, error, cause = env.failure(outcome)
+            if self.rid is not None:
+                headers.append((rest_record.REQUEST_ID, self.rid))
+            wire_out = "json"
+        response = self.response
+        if not response.send_now(status, headers, body):
+            # not written at once (a client gone, a large body): the general path's writer
+            self._later(self._send(status, headers, body, error, cause, wire_out))
+        elif response.paused:  # written; the next request waits until the client keeps up
+            self._later(self._drained(status, error, cause, wire_out, len(body)))
+        else:
+            self._done(status, error, cause, wire_out, len(body))
+
+    def _done(
+        self, status: int, error: str | None, cause: str | None, wire_out: str, n_out: int
+    ) -> None:
+        if error is None and status >= 400:
+            error = rest_record.answer_error(_OP, status)
+        self.lane.envelope.done(
+            self.t0, self.held, _OP, self.model, status, error, cause, "json", self.n_in,
+            wire_out, n_out, self.request, status,
+        )  # fmt: skip
+        self.response.finished()
+
+    def _later(self, work: asyncio.Future[None] | object) -> None:
+        tasks = self.lane.tasks
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _send(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | bytearray,
+        error: str | None,
+        cause: str | None,
+        wire_out: str,
+    ) -> None:
+        try:
+            await self.response.send(status, headers, body)
+        except ClientDisconnected as exc:
+            if cause is None:
+                status, error, cause = self.lane.envelope.failure(exc)
+        self._done(status, error, cause, wire_out, len(body))
+
+    async def _drained(
+        self, status: int, error: str | None, cause: str | None, wire_out: str, n_out: int
+    ) -> None:
+        try:
+            await self.response.drain()
+        except ClientDisconnected as exc:
+            if cause is None:
+                status, error, cause = self.lane.envelope.failure(exc)
+        self._done(status, error, cause, wire_out, n_out)
+
+    async def _stream(self, answer: ForwardResponse) -> None:
+        status, error, cause, n_out = answer.status, None, None, 0
+        try:
+            n_out = await write_forwarded(self.request, self.response, answer, self.rid)
+        except (ClientDisconnected, asyncio.CancelledError) as exc:
+            status, error, cause = self.lane.envelope.failure(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                self._done(status, error, cause, "json", n_out)
+                raise
+        self._done(status, error, cause, rest_record.wire_out(answer.headers), n_out)
