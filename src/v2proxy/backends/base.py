@@ -87,8 +87,8 @@ class NonRestBackend:
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
-    ) -> bool:
-        return False  # decoded requests only
+    ) -> Callable[[], None] | None:
+        return None  # decoded requests only
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

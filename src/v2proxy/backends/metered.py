@@ -91,7 +91,7 @@ class MeteredBackend:
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
-    ) -> bool:
+    ) -> Callable[[], None] | None:
         t0 = perf_counter()
         rec = self._rec
 

@@ -380,19 +380,19 @@ class RestBackend:
 
     def relay_now(
         self, model: str, version: str, body: bytes | bytearray, headers: Headers, done: Done
-    ) -> bool:
+    ) -> Callable[[], None] | None:
         """Send a whole JSON /infer body unchanged at once, on a connection idle right now
         (:class:`~v2proxy.backends.rest_relay.RelayCall`): its outcome, the answer unchanged
-        once checked or the error, goes to ``done`` later. False, with nothing sent, when it
-        cannot go at once (not started, the encoding not yet known to relay it, no idle
-        connection): :meth:`relay_infer` then."""
+        once checked or the error, goes to ``done`` later; the call's cancel is returned. None,
+        with nothing sent, when it cannot go at once (not started, the encoding not yet known
+        to relay it, no idle connection): :meth:`relay_infer` then."""
         loop = self._loop
         if loop is None or not self.encoding.relays_known(False, len(body)):
-            return False
+            return None
         endpoints = self._pool.endpoints
         ep = endpoints.pick()
         if ep is None:
-            return False
+            return None
         client = ep.client
         try:
             head = client.head(
@@ -403,11 +403,10 @@ class RestBackend:
             conn = None  # (relay_infer says why)
         if conn is None:
             endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
-            return False
-        RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout).send(
-            head, body
-        )
-        return True
+            return None
+        call = RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout)
+        call.send(head, body)
+        return call.abandon
 
     async def _relay_whole(
         self,

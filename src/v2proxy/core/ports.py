@@ -140,11 +140,12 @@ class Backend(Protocol):
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
-    ) -> bool:
+    ) -> Callable[[], None] | None:
         """:meth:`relay_infer` of a whole JSON body, sent at once if it can be, without a
-        coroutine: True when it was sent, its outcome (the answer unchanged once checked, or
-        the error-tree error to answer) given to ``done`` later, once; False, with nothing
-        sent, when it cannot go at once (then :meth:`relay_infer` it)."""
+        coroutine: when it was sent, the call's cancel (giving it up: its connection closes, no
+        outcome follows), its outcome (the answer unchanged once checked, or the error-tree
+        error to answer) given to ``done`` later, once; None, with nothing sent, when it
+        cannot go at once (then :meth:`relay_infer` it)."""
         ...
 
     # the gRPC↔gRPC pass-through fast path

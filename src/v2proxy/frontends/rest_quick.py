@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from v2proxy.codecs import compression
@@ -134,9 +135,12 @@ class QuickLane:
         model = found[1].group("model") or ""
         version = found[1].group("version") or ""
         exchange = _Exchange(self, request, response, t0, held, model, rid, len(body))
-        if not self.backend.relay_now(model, version, body, forwarded, exchange.answered):
+        cancel = self.backend.relay_now(model, version, body, forwarded, exchange.answered)
+        if cancel is None:
             env.undo(held)
             return False
+        exchange.cancel = cancel
+        response.on_cut = exchange.cut
         request.taken()
         self.taken += 1
         return True
@@ -145,7 +149,19 @@ class QuickLane:
 class _Exchange:
     """One request taken by the lane, until its answer is written and recorded."""
 
-    __slots__ = ("held", "lane", "model", "n_in", "request", "response", "rid", "t0")
+    __slots__ = (
+        "cancel",
+        "held",
+        "lane",
+        "model",
+        "n_in",
+        "over",
+        "request",
+        "response",
+        "rid",
+        "t0",
+        "task",
+    )
 
     def __init__(
         self,
@@ -166,6 +182,22 @@ class _Exchange:
         self.model = model
         self.rid = rid
         self.n_in = n_in
+        #: gives the backend call up (its connection closes, no outcome follows)
+        self.cancel: Callable[[], None] | None = None
+        #: the task finishing an answer the lane could not write at once, if any
+        self.task: asyncio.Task[None] | None = None
+        #: recorded and finished (once)
+        self.over = False
+
+    def cut(self) -> None:
+        """The server cut the client's connection (shutdown past ``--drain-timeout``): the
+        backend call is given up and the request recorded as cut, as the serving task's."""
+        if self.cancel is not None:
+            self.cancel()
+        if self.task is not None:
+            self.task.cancel()
+        status, error, cause = self.lane.envelope.failure(asyncio.CancelledError())
+        self._done(status, error, cause, "json", 0)
 
     def answered(self, outcome: ForwardResponse | ProxyError) -> None:
         """The backend's outcome: the answer written (or handed to a task), then recorded.
@@ -209,6 +241,9 @@ class _Exchange:
     def _done(
         self, status: int, error: str | None, cause: str | None, wire_out: str, n_out: int
     ) -> None:
+        if self.over:
+            return
+        self.over = True
         if error is None and status >= 400:
             error = rest_record.answer_error(_OP, status)
         self.lane.envelope.done(
@@ -220,6 +255,7 @@ class _Exchange:
     def _later(self, work: asyncio.Future[None] | object) -> None:
         tasks = self.lane.tasks
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        self.task = task
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -234,9 +270,9 @@ class _Exchange:
     ) -> None:
         try:
             await self.response.send(status, headers, body)
-        except ClientDisconnected as exc:
-            if cause is None:
-                status, error, cause = self.lane.envelope.failure(exc)
+        except Exception as exc:
+            if cause is None or not isinstance(exc, ClientDisconnected):
+                status, error, cause = self._failed(exc)
         self._done(status, error, cause, wire_out, len(body))
 
     async def _drained(
@@ -244,18 +280,24 @@ class _Exchange:
     ) -> None:
         try:
             await self.response.drain()
-        except ClientDisconnected as exc:
-            if cause is None:
-                status, error, cause = self.lane.envelope.failure(exc)
+        except Exception as exc:
+            if cause is None or not isinstance(exc, ClientDisconnected):
+                status, error, cause = self._failed(exc)
         self._done(status, error, cause, wire_out, n_out)
 
     async def _stream(self, answer: ForwardResponse) -> None:
         status, error, cause, n_out = answer.status, None, None, 0
+        wire_out = rest_record.wire_out(answer.headers)
         try:
             n_out = await write_forwarded(self.request, self.response, answer, self.rid)
-        except (ClientDisconnected, asyncio.CancelledError) as exc:
-            status, error, cause = self.lane.envelope.failure(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                self._done(status, error, cause, "json", n_out)
-                raise
-        self._done(status, error, cause, rest_record.wire_out(answer.headers), n_out)
+        except Exception as exc:
+            status, error, cause = self._failed(exc)
+        self._done(status, error, cause, wire_out, n_out)
+
+    def _failed(self, exc: Exception) -> tuple[int, str, str]:
+        """What a write that failed is recorded as; anything but the client leaving is a bug,
+        logged, and the connection is aborted."""
+        if not isinstance(exc, ClientDisconnected):
+            log.error("the quick lane's answer to %s failed", self.request.path, exc_info=exc)
+            self.response.abort()
+        return self.lane.envelope.failure(exc)

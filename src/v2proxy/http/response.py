@@ -18,6 +18,7 @@ A client that went away (or stopped reading for ``write_timeout``) is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 
 from v2proxy.http import Buffer
@@ -46,7 +47,16 @@ def flat(buf: Buffer) -> Buffer:
 class HttpResponse:
     """Writes the answer to one :class:`HttpRequest` (then, renewed, to the next one)."""
 
-    __slots__ = ("_chunked", "_conn", "_ended", "_head_only", "_remaining", "_req", "started")
+    __slots__ = (
+        "_chunked",
+        "_conn",
+        "_ended",
+        "_head_only",
+        "_remaining",
+        "_req",
+        "on_cut",
+        "started",
+    )
 
     def __init__(self, conn: ConnectionSide, req: HttpRequest) -> None:
         self._conn = conn
@@ -58,6 +68,9 @@ class HttpResponse:
         self.started = self._ended = self._chunked = False
         self._remaining = -1  # bytes of a Content-Length answer still due; -1: not so framed
         self._head_only = req.method == "HEAD"
+        #: set by a quick handler while it holds the request: called when the server cuts the
+        #: connection (shutdown past its grace), as the serving task would be cancelled
+        self.on_cut: Callable[[], None] | None = None
 
     def _head(
         self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes
@@ -124,6 +137,7 @@ class HttpResponse:
     def finished(self) -> None:
         """The answer of a quick handler (:data:`~v2proxy.http.server_conn.QuickHandler`) is
         over, written or given up: the connection goes on with its next request."""
+        self.on_cut = None
         self._conn.answered(self._req)
 
     async def send(

@@ -609,6 +609,7 @@ class Connection(asyncio.Protocol):
             resp.started = resp._ended = resp._chunked = False
             resp._remaining = -1
             resp._head_only = req.method == "HEAD"
+            resp.on_cut = None
         self.answer = resp
         return resp
 
@@ -836,6 +837,10 @@ class Connection(asyncio.Protocol):
             self._close()
 
     def kill(self) -> None:
+        answer = self.answer
+        cut = answer.on_cut if answer is not None else None
         self.abort()
         if self.cycle is not None:
             self.cycle.cancel()
+        if cut is not None:  # the quick handler's request, cut as the task's would be
+            cut()
