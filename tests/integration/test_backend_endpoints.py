@@ -3,13 +3,16 @@ readiness while one endpoint is ready, a request that finds one endpoint closed 
 other, and an /infer POST whose connection is lost once sent is a 502, never sent to the other
 endpoint. A metadata question that fails on one endpoint (5xx, garbage) goes to the next; an
 inference answered 5xx is not, and 3 in a row take the endpoint out; an answer over
-``max_answer_size`` is a 502 naming the backend."""
+``max_answer_size`` is a 502 naming the backend. A decoded inference is sent once, to the next
+endpoint only when it could not be sent, and its answer read whole: one that breaks off counts
+against its endpoint."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -17,6 +20,7 @@ import pytest
 from v2proxy.backends.mindie import MindieBackend
 from v2proxy.backends.rest import RestBackend
 from v2proxy.core.errors import BackendError, BadGateway
+from v2proxy.core.model import Datatype, InferRequest, Tensor
 
 # the loop is what is tested: on uvloop and plain asyncio (tests/conftest.py)
 pytestmark = pytest.mark.both_loops
@@ -271,3 +275,71 @@ async def test_a_mindie_answer_over_its_bound_is_a_502_naming_the_backend() -> N
             assert await backend.server_ready() is True
         finally:
             await backend.close()
+
+
+def _decoded_request() -> InferRequest:
+    return InferRequest("m", [Tensor("I", Datatype.INT32, (1,), struct.pack("<i", 7))])
+
+
+def _chunked(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked"
+    return head + b"\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+async def test_a_decoded_inference_goes_on_when_unsent_and_is_read_whole(encoding: str) -> None:
+    """A decoded request (sent as JSON or binary tensors) that finds an endpoint closed goes
+    to the other; its answer is read whole whatever its framing (chunked too)."""
+    seen: list[bytes] = []
+    answers = iter([_chunked(INFER), _answer("200 OK", INFER)] * 2)
+
+    async def ok(request: bytes) -> bytes | None:
+        return next(answers)
+
+    async with _server(ok, seen) as port:
+        backend = RestBackend(f"http://127.0.0.1:{_closed_port()},127.0.0.1:{port}", encoding)
+        await backend.start()
+        try:
+            for _ in range(4):
+                response = await backend.infer(_decoded_request(), [])
+                assert bytes(response.outputs[0].data) == struct.pack("<i", 7)
+        finally:
+            await backend.close()
+    assert seen == [b"/v2/models/m/infer"] * 4
+
+
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+async def test_a_decoded_inference_cut_off_after_its_head_counts_against_its_endpoint(
+    encoding: str,
+) -> None:
+    """An answer to a decoded request that breaks off once its head is in is a 502 naming the
+    backend, and a failure of its endpoint (not an answer), never sent again."""
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head.split(b" ", 2)[1])
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(_answer("200 OK", INFER)[:-10])
+        await writer.drain()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    backend = RestBackend(url, encoding)
+    await backend.start()
+    try:
+        with pytest.raises(BadGateway, match=f"backend at {url}"):
+            await backend.infer(_decoded_request(), [])
+        endpoint = backend.client.endpoints.all[0]
+        assert endpoint.failures == 1
+    finally:
+        await backend.close()
+        server.close()
+        await server.wait_closed()
+    assert seen == [b"/v2/models/m/infer"]

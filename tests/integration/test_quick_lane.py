@@ -92,6 +92,20 @@ async def test_the_lane_answers_what_the_decoded_path_answers(
     assert outputs(relayed)["OUTPUT1"] == ("INT32", [1, 16], [i - 1 for i in range(16)])
 
 
+async def test_a_backend_that_takes_json_transcoded_is_never_offered_the_lane(
+    make_client: Factory, recorded: tuple[ProxyClient, list[Seen]]
+) -> None:
+    """With ``--backend-encoding binary`` the lane neither waits for a body nor checks one (the
+    general path decodes it straight away): it is off for that backend."""
+    backend, _ = recorded
+    transcoded = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
+    lane = transcoded.frontend.quick
+    assert lane.speaks_rest is False
+    resp = await post(transcoded, simple_json())
+    assert resp.status == 200, await resp.text()
+    assert taken(transcoded) == 0
+
+
 async def test_the_lane_records_metrics_and_the_access_log(
     make_client: Factory,
     recorded: tuple[ProxyClient, list[Seen]],

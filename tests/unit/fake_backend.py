@@ -71,6 +71,9 @@ class Answers:
     outputs: list[Tensor] = field(default_factory=list)
     #: whether ``relay_infer`` takes a body unchanged, per wire form: {binary?: answer}
     relay: Mapping[bool, bool] = field(default_factory=lambda: {False: True, True: True})
+    #: whether every JSON body goes transcoded (``transcodes_json``: the pipeline does not
+    #: offer it to ``relay_infer``), else ``relay_infer`` says
+    declines_json: bool = False
     #: ``extensions`` of the server metadata
     extensions: tuple[str, ...] = ("binary_tensor_data",)
     #: responses of ``stream_infer`` to one request (more than one: a decoupled model)
@@ -96,6 +99,10 @@ class FakeBackend:
 
     name = "fake"
     speaks_rest = False
+
+    @property
+    def transcodes_json(self) -> bool:
+        return self.answers.declines_json
 
     def stream_call(self, decoupled: bool) -> str:
         return "fake backend's stream_infer"

@@ -13,11 +13,12 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 
 from v2proxy.backends.rest_requests import infer_body
 from v2proxy.codecs import binary as binc
-from v2proxy.codecs.dtypes import from_numpy
+from v2proxy.codecs.dtypes import NUMPY_DTYPE, as_numpy, from_numpy
 from v2proxy.codecs.json import is_object, loads
 from v2proxy.codecs.json_data import data_to_buffer, tensor_data_json
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj, response_to_obj
@@ -276,6 +277,57 @@ def test_tensor_data_json_is_flat(datatype: str, array: np.ndarray, data_text: s
     if isinstance(value, np.ndarray):
         assert value.ndim == 1
     assert len(value) == array.size
+
+
+_LISTED = ["INT8", "UINT8", "INT16", "UINT16", "INT32", "UINT32", "INT64", "UINT64", "FP32", "FP64"]
+
+
+def _numpy_text(t: Tensor) -> bytes:
+    """The data's JSON text the numpy way (FP32 widened to double, as Triton writes it)."""
+    arr = as_numpy(t).reshape(-1)
+    if arr.dtype.kind == "f":
+        arr = arr.astype(np.float64)
+    return orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@pytest.mark.parametrize("datatype", _LISTED)
+def test_small_tensors_are_listed_to_the_same_text(datatype: str) -> None:
+    """A small tensor of integers, FP32 or FP64 comes as a list of numbers, whose JSON text
+    is the numpy array's; a larger one as the array."""
+    dt = Datatype(datatype)
+    npdt = NUMPY_DTYPE[dt]
+    rng = np.random.default_rng(7)
+    if npdt.kind == "f":
+        info = np.finfo(npdt)
+        extremes = [0.0, -0.0, 1.0, float(info.max), float(info.min), float(info.tiny)]
+        scale = 10.0 ** rng.integers(-30, 30, 64)
+        values = np.concatenate([extremes, rng.standard_normal(64) * scale]).astype(npdt)
+    else:
+        iinfo = np.iinfo(npdt)
+        bounds = np.array([iinfo.min, iinfo.max, 0], dtype=npdt)
+        values = np.concatenate([bounds, rng.integers(iinfo.min, iinfo.max, 64, npdt, True)])
+    small = from_numpy("T", dt, values)
+    listed = tensor_data_json(small)
+    assert type(listed) is list
+    assert orjson.dumps(listed) == _numpy_text(small)
+    large = from_numpy("T", dt, np.resize(values, 257))
+    assert isinstance(tensor_data_json(large), np.ndarray)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "text"),
+    [
+        ("FP32", [1.0, float("nan")], b"[1.0,NaN]"),
+        ("FP64", [float("-inf"), 2.5], b"[-Infinity,2.5]"),
+        ("FP64", [1e308, 1e308], b"[1e+308,1e+308]"),  # a sum past the largest double
+    ],
+)
+def test_small_float_tensors_that_are_not_finite_take_the_numpy_path(
+    datatype: str, values: list[float], text: bytes
+) -> None:
+    t = from_numpy("T", Datatype(datatype), np.array(values))
+    resp = InferResponse("m", [t], "1")
+    assert dumps_tree(response_to_obj(resp, lambda _t: False)).endswith(b'"data":' + text + b"}]}")
 
 
 def test_triton_key_order_and_output_parameters() -> None:

@@ -61,7 +61,9 @@ What the table shows today (the access checked by the frontends only, as they ad
 - A REST request that may be relayed asks the backend once: ``relay_infer``, which answers
   (before, ``can_relay`` was asked first: two asks). When the backend declines (``norelay``
   rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
-  request that a stage applies to never offers a relay: ``nothing_to_do`` decides first.
+  request that a stage applies to never offers a relay: ``nothing_to_do`` decides first. A
+  JSON body to a backend that takes every JSON body transcoded (``norelay-known``:
+  ``transcodes_json``, ``--backend-encoding binary``) is not offered at all: ``infer`` only.
 - Classification costs backend calls besides the inference: ``server_metadata`` (cached 30 s,
   :mod:`v2proxy.core.knowledge`) whenever no labels are configured here, and ``model_metadata``
   plus ``model_config`` (cached 30 s per model) to learn the batching whenever the proxy classifies.
@@ -225,12 +227,14 @@ class Row:
     region_holds: int | None = None
     #: a stream message whose client asked for the final-response flag (not relayable)
     final_flag: bool = False
+    #: the backend takes every JSON body transcoded (``transcodes_json``)
+    known: bool = False
 
     @property
     def id(self) -> str:
         parts = [self.wire, self.stage.name]
         if not self.can_relay:
-            parts.append("norelay")
+            parts.append("norelay-known" if self.known else "norelay")
         if self.final_flag:
             parts.append("final-flag")
         if self.responses != 1:
@@ -247,6 +251,7 @@ ROWS = [
     # ---- REST, JSON body
     Row(JSON, NONE, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
     Row(JSON, NONE, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(JSON, NONE, can_relay=False, known=True, backend_calls=(INFER,), access_checks=1),
     Row(JSON, FP16, backend_calls=(INFER,), access_checks=1),
     Row(JSON, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
     Row(JSON, BINARY_OUTPUT_LISTED, backend_calls=(INFER,), access_checks=1),
@@ -581,6 +586,7 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
                 Tensor("OUT1", Datatype.FP32, (1, 4), OUT1.tobytes()),
             ],
             relay={False: row.can_relay, True: row.can_relay},
+            declines_json=row.known,
             relay_message=row.can_relay,
             message_answer=_message_answer(),
             extensions=("binary_tensor_data", *stage.extensions),

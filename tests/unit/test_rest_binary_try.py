@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
-from v2proxy.backends.rest_requests import infer_body
+from v2proxy.backends.rest_requests import JOIN_MAX, BinaryHeads, infer_body, infer_headers
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
@@ -53,8 +54,8 @@ def test_binary_body_asks_listed_outputs_binary_both_ways() -> None:
     req = _request([RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1", {"binary_data": False})])
     chunks, ihcl = infer_body(req, binary=True)
     head = _head(chunks, ihcl)
-    assert ihcl == len(chunks[0])
-    assert b"".join(bytes(c) for c in chunks[1:]) == X.tobytes()
+    assert len(chunks) == 1  # a small body: one buffer
+    assert bytes(chunks[0])[ihcl:] == X.tobytes()
     assert head["inputs"][0]["parameters"] == {"binary_data_size": X.nbytes}
     assert [o["parameters"]["binary_data"] for o in head["outputs"]] == [True, True]
     assert head["parameters"] == {"binary_data_output": True}
@@ -183,3 +184,94 @@ async def test_relays_known_agrees_with_relays(
     assert encoding.relays_known(binary, size) in (asked, None)
     if listed is not None:  # asked once: known from then on
         assert encoding.relays_known(binary, size) is asked
+
+
+@pytest.mark.parametrize(
+    ("setting", "transcodes"), [("json", False), ("auto", False), ("binary", True)]
+)
+def test_only_binary_transcodes_every_json_body(setting: str, transcodes: bool) -> None:
+    """The REST backend takes every JSON body transcoded with ``--backend-encoding binary``
+    only (``auto`` relays a small one, and asks for a large one)."""
+    assert RestBackend("http://127.0.0.1:1", setting).transcodes_json is transcodes
+
+
+def _plain(
+    outputs: list[RequestedOutput] | None = None, size: int = 3, **params: Any
+) -> InferRequest:
+    tensor = Tensor("INPUT0", Datatype.FP16, (size,), np.zeros(size, np.float16).tobytes())
+    return InferRequest("m", [tensor], outputs, parameters=dict(params))
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        _plain(),
+        _plain(binary_data_output=False),
+        _plain([RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1", {"binary_data": False})]),
+        _plain([]),
+        _plain(size=4),
+        _plain(sequence_id=3),
+        _plain([RequestedOutput("OUTPUT0", {"classification": 2})]),
+        _plain([RequestedOutput("OUTPUT0", {"shared_memory_region": "r"})]),
+        InferRequest("m", _plain().inputs, id="r1"),
+        InferRequest("m", [Tensor("I", Datatype.INT8, (1,), b"\x01", {"p": 1})]),
+    ],
+    ids=[
+        "plain",
+        "binary_data_output",
+        "outputs listed",
+        "no outputs",
+        "another size",
+        "other parameters",
+        "output parameters",
+        "shm output",
+        "id",
+        "input parameters",
+    ],
+)
+def test_binary_heads_are_the_headers_made_each_time(request_: InferRequest) -> None:
+    """Whatever the request, the header a backend's :class:`BinaryHeads` gives (made once
+    for a request of the plain kind, then reused) is the one made for it alone."""
+    heads = BinaryHeads()
+    alone = infer_body(request_, True)
+    for _ in range(2):
+        assert infer_body(request_, True, heads) == alone
+    for other in (_plain(), _plain(size=5), _plain([RequestedOutput("X")])):
+        assert infer_body(other, True, heads) == infer_body(other, True)
+
+
+def test_binary_heads_keep_the_plain_kind_only_and_at_most_kept() -> None:
+    heads = BinaryHeads()
+    first = heads.head(_plain())
+    assert heads.head(_plain()) is first  # made once
+    assert heads.head(_plain(sequence_id=3)) is not heads.head(_plain(sequence_id=3))
+    for size in range(heads.KEPT):
+        heads.head(_plain(size=size + 10))
+    assert heads.head(_plain()) is not first  # the oldest, forgotten
+
+
+def test_binary_request_headers_are_one_tuple_per_length() -> None:
+    """A binary request that forwards no header has its headers as one tuple per JSON length
+    (the HTTP client then remembers the head it makes), the same headers as with one."""
+    first = infer_headers([], 231)
+    assert isinstance(first, tuple)
+    assert infer_headers([], 231) is first
+    assert list(first) == [
+        (b"Accept-Encoding", b"identity"),
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Inference-Header-Content-Length", b"231"),
+    ]
+    forwarded = infer_headers([(b"x-a", b"1")], 231)
+    assert list(forwarded) == [(b"x-a", b"1"), *first]
+
+
+def test_a_large_binary_body_comes_in_pieces() -> None:
+    """A binary body over JOIN_MAX is its header, then each tensor's own buffer (not copied
+    into one); a smaller one is one buffer."""
+    big = np.zeros(JOIN_MAX, np.uint8).tobytes()
+    req = InferRequest("m", [Tensor("A", Datatype.UINT8, (JOIN_MAX,), big)])
+    chunks, ihcl = infer_body(req, True)
+    assert len(chunks) == 2 and ihcl == len(chunks[0]) and chunks[1] is big
+    small = InferRequest("m", [Tensor("A", Datatype.UINT8, (4,), big[:4])])
+    chunks, ihcl = infer_body(small, True)
+    assert len(chunks) == 1 and bytes(chunks[0])[ihcl:] == big[:4]

@@ -6,7 +6,8 @@ backends open on ``start`` and close on ``close``: one keep-alive pool per backe
 another one when the picked one could not be reached (the request never left: refused, or no
 connection within the connect timeout) or, for a question asked again safely (health,
 metadata), when it failed in any way. Each call's outcome counts for or against its endpoint;
-an answer read whole is read within a bound (:meth:`BalancedClient.fetch`)."""
+an answer read whole is read within a bound (:meth:`BalancedClient.fetch`, and
+:meth:`BalancedClient.post_whole` for a POST of one buffer, counted alike)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class NonRestBackend:
     #: what a REST path under /v2 that is no v2 operation gets from this backend
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
     speaks_rest = False
+    transcodes_json = True  # decoded requests only
     name = ""
 
     def stream_call(self, decoupled: bool) -> str:
@@ -173,6 +175,8 @@ OUTCOME: dict[type[HttpClientError], str] = {
     ReadTimeout: "timeout",
     ProtocolError: "malformed",
 }
+#: a request body up to this size is written with its head in one piece
+_JOIN_MAX = 64 * 1024
 #: how much of an answer whose status is all that is needed is read before its connection is
 #: closed instead (a health check answered with a huge body)
 DRAIN_MAX = 64 * 1024
@@ -233,6 +237,49 @@ class BalancedClient:
                 ep.outstanding -= 1
             endpoints.answered(ep, resp.status)
             return resp
+
+    async def post_whole(
+        self,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: Buffer,
+        *,
+        deadline: float,
+        limit: int | None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
+        """:meth:`fetch` of a POST whose body is one buffer, in one exchange on a connection
+        of the endpoint's pool (:func:`_post_whole`: no response object): (status, headers,
+        body) of the whole answer, whatever its length or framing, over ``limit`` bytes an
+        :class:`AnswerTooLarge`, all of it by ``deadline`` (``loop.time()``); the outcomes
+        counted as :meth:`fetch` counts those of a call that is not idempotent (one that could
+        not be sent goes to the next endpoint, with what is left of the deadline; a failure
+        before the whole answer is in counts against its endpoint, the head or not)."""
+        endpoints = self.endpoints
+        tried: list[Endpoint[HttpClient]] = []
+        last: Exception | None = None
+        try:
+            while True:
+                ep = endpoints.pick(tried)
+                if ep is None:
+                    if last is None:
+                        raise BackendUnavailable("the backend has no endpoint")
+                    raise last
+                ep.outstanding += 1
+                try:
+                    got = await _post_whole(ep.client, target, headers, body, deadline, limit)
+                except HttpClientError as exc:
+                    endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
+                    if not isinstance(exc, ConnectFailed | ConnectTimeout):
+                        raise
+                    tried.append(ep)  # never sent: the next endpoint
+                    last = exc
+                    continue
+                finally:
+                    ep.outstanding -= 1
+                endpoints.answered(ep, got[0])
+                return got
+        finally:
+            last = None  # no cycle: the exception's traceback holds this frame
 
     async def fetch(
         self,
@@ -297,6 +344,54 @@ class BalancedClient:
                 answer = resp, content
         finally:
             last = None  # no cycle: the exception's traceback holds this frame
+
+
+async def _post_whole(
+    client: HttpClient,
+    target: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: Buffer,
+    deadline: float,
+    limit: int | None,
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One POST of one buffer to ``client``'s origin and its whole answer (status, headers,
+    body), all of it by ``deadline``: a connection of its pool (an idle one at once, else one
+    waited for or opened), the request in one write, the answer read to its end within
+    ``limit`` (:class:`AnswerTooLarge` past it, by its Content-Length when it has one); the
+    connection back in the pool when it may be kept, closed after any failure."""
+    length = memoryview(body).nbytes
+    conn = await client.connection(deadline)
+    head = client.head("POST", target, headers, length)
+    try:
+        conn.begin(False, deadline)
+        if length <= _JOIN_MAX:
+            conn.transport.write(head + body)
+        else:
+            conn.transport.writelines([head, body])
+        if conn.writing_paused:
+            await conn.drain()
+        while not conn.head_done:
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait(None)
+        size = conn.content_length
+        if limit is not None and size is not None and size > limit:
+            raise AnswerTooLarge(limit, size)
+        if not conn.body_done:  # (the usual small answer came whole with its head)
+            conn.read_whole(limit)
+            while not conn.body_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(None)
+    except BaseException:
+        conn.close()
+        client.release(conn)
+        raise
+    status, answer_headers, content = conn.status, conn.headers, conn.take_all()
+    client.release(conn)
+    if limit is not None and len(content) > limit:
+        raise AnswerTooLarge(limit, len(content))
+    return status, answer_headers, content
 
 
 async def _drain(resp: ClientResponse) -> bytes | bytearray:

@@ -38,6 +38,7 @@ class MeteredBackend:
         self.name = inner.name
         self.speaks_rest = inner.speaks_rest
         self.stream_call = inner.stream_call
+        self.transcodes_json = inner.transcodes_json
         self._rec = recorder
 
     async def start(self) -> None:

@@ -60,10 +60,18 @@ from v2proxy.backends.rest_answers import (
 )
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
 from v2proxy.backends.rest_relay import READ_WHOLE, Done, RelayCall, RelaySide
-from v2proxy.backends.rest_requests import NO_CHUNKS, OWN, ModelPaths, infer_body, infer_headers
+from v2proxy.backends.rest_requests import (
+    NO_CHUNKS,
+    OWN,
+    BinaryHeads,
+    ModelPaths,
+    infer_body,
+    infer_headers,
+)
 from v2proxy.backends.rest_stream import streamed, then_arm
 from v2proxy.backends.staging import Stager
 from v2proxy.codecs import binary as binc
+from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import (
     BackendError,
@@ -81,6 +89,16 @@ from v2proxy.http.client_response import ClientResponse
 from v2proxy.http.headers import forwardable
 
 log = logging.getLogger(__name__)
+
+
+def _header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The value of header ``name`` (lowercase) in an answer's ``headers`` (names lowercase);
+    several are joined with ``, `` (as :meth:`ClientResponse.header` joins them)."""
+    found = None
+    for k, v in headers:
+        if k == name:
+            found = v if found is None else found + b", " + v
+    return found
 
 
 class RestBackend:
@@ -117,7 +135,14 @@ class RestBackend:
         #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge)
+        #: ``--backend-encoding binary``: every JSON body goes as binary tensors (``auto``
+        #: relays a small one and decides for a large one by the capabilities, asked)
+        self.transcodes_json = self.encoding.fixed is True
         self._paths = ModelPaths()
+        #: the JSON headers of its binary-framed answers, each decoded once
+        self._answer_heads = AnswerHeads()
+        #: the JSON headers of its binary requests, each made once
+        self._binary_heads = BinaryHeads()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
         https = parts.scheme == "https"
@@ -244,6 +269,9 @@ class RestBackend:
         staging = self.staging
         if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
             return await staging.infer(self, request, lambda r: self._infer(r, headers))
+        binary = self.encoding.fixed
+        if binary is not None:  # json or binary: nothing to ask, nothing to try (_infer's own)
+            return await self._infer_as(request, headers, binary)
         return await self._infer(request, headers)
 
     async def _infer(self, request: InferRequest, headers: Headers) -> InferResponse:
@@ -266,20 +294,38 @@ class RestBackend:
         self, request: InferRequest, headers: Headers, binary: bool
     ) -> InferResponse:
         try:
-            chunks, ihcl = infer_body(request, binary)
+            chunks, ihcl = infer_body(request, binary, self._binary_heads)
         except CodecError as exc:
             # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
         path = self._paths(request.model_name, request.model_version) + "/infer"
-        resp, body = await self._call(
-            "POST", path, infer_headers(headers, ihcl), chunks, "inference", infer=True
-        )
-        raise_for_status(resp.status, body, request.model_name)
-        resp_ihcl = resp.header(IHCL)
+        sent = infer_headers(headers, ihcl)
+        if len(chunks) == 1:  # one buffer: sent, and its answer read whole, in one call
+            timeout = self._timeout
+            try:
+                status, answer_headers, body = await self.client.post_whole(
+                    self._prefix + path,
+                    sent,
+                    chunks[0],
+                    deadline=self._now() + timeout,
+                    limit=self._max_infer,
+                )
+            except Exception as exc:  # as _call maps them
+                mapped_exc = failure(exc, self.base_url, timeout, "inference")
+                if mapped_exc is None:
+                    raise
+                raise mapped_exc from None
+        else:
+            resp, body = await self._call("POST", path, sent, chunks, "inference", infer=True)
+            status, answer_headers = resp.status, resp.headers
+        raise_for_status(status, body, request.model_name)
+        resp_ihcl = _header_value(answer_headers, IHCL)
         try:
-            return binc.decode_response(body, int(resp_ihcl) if resp_ihcl is not None else None)
+            return binc.decode_response(
+                body, int(resp_ihcl) if resp_ihcl is not None else None, self._answer_heads
+            )
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 

@@ -76,14 +76,14 @@ def refuses_binary(status: int, message: str) -> bool:
 class Encoding:
     """The wire form of one backend's /infer requests."""
 
-    __slots__ = ("_fixed", "_knowledge", "_name", "_said", "setting")
+    __slots__ = ("_knowledge", "_name", "_said", "fixed", "setting")
 
     def __init__(self, setting: str, name: str, knowledge: BackendKnowledge) -> None:
         self.setting = setting
         self._name = name
         self._knowledge = knowledge
         #: json or binary; None: ``auto``, the knowledge's answer
-        self._fixed: bool | None = {"json": False, "binary": True}.get(setting)
+        self.fixed: bool | None = {"json": False, "binary": True}.get(setting)
         #: the last value of each log line written (said once, again when it changes)
         self._said: dict[str, bool] = {}
 
@@ -94,8 +94,8 @@ class Encoding:
 
     async def binary(self) -> bool:
         """Whether requests go binary: fixed by configuration, or the backend's capabilities."""
-        if self._fixed is not None:
-            return self._fixed
+        if self.fixed is not None:
+            return self.fixed
         caps = await self._knowledge.server()
         binary = caps.binary_tensors
         self._say("binary", binary, f"binary tensors: {binary}")
@@ -108,7 +108,7 @@ class Encoding:
         JSON body, or whatever came while the backend's capabilities are known); None
         otherwise."""
         if binary or (self.setting == "auto" and size >= AUTO_BINARY_MIN):
-            known = self._fixed
+            known = self.fixed
             if known is None:
                 caps = self._knowledge.known_server()
                 if caps is None:

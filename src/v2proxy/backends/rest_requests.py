@@ -7,17 +7,20 @@ and every output asked binary, both ways a v2 server may read it: each listed ou
 ``binary_data`` and the request's ``binary_data_output`` (KServe 0.21 writes its response as
 its model passes on one or the other: a model that keeps only the flag has FP16 outputs it
 cannot write as JSON). Outputs staged in shared memory are never asked binary, and the
-request-level flag is then left out, so that no server applies it to them.
+request-level flag is then left out, so that no server applies it to them. The JSON header of
+a binary body is made once per kind of request of the plain kind and reused
+(:class:`BinaryHeads`, one per backend).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from urllib.parse import quote
 
 from v2proxy.backends.rest_answers import IHCL
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
-from v2proxy.core.model import Buffer, InferRequest
+from v2proxy.core.model import Buffer, Datatype, InferRequest
 from v2proxy.core.ports import Headers
 from v2proxy.http.headers import forwardable
 
@@ -40,20 +43,101 @@ class _NoChunks:
 NO_CHUNKS = _NoChunks()
 
 
-def infer_body(request: InferRequest, binary: bool) -> tuple[list[Buffer], int | None]:
+#: a binary /infer body up to this size comes as one buffer (else its header and each tensor)
+JOIN_MAX = 64 * 1024
+
+
+def infer_body(
+    request: InferRequest, binary: bool, heads: BinaryHeads | None = None
+) -> tuple[list[Buffer], int | None]:
     """The /infer body for ``request`` and its Inference-Header-Content-Length (None: JSON).
-    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES)."""
-    obj = request_to_obj(request, binary_inputs=binary, binary_outputs=binary)
+    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES). ``heads``: the
+    binary headers made before, for a binary body (:class:`BinaryHeads`). A JSON body, or a
+    binary one of at most :data:`JOIN_MAX` bytes, is one buffer; a larger binary body its
+    header and then each tensor's bytes."""
     if not binary:
-        return [dumps_tree(obj)], None
+        return [dumps_tree(request_to_obj(request, False, False))], None
+    head = _binary_head(request) if heads is None else heads.head(request)
+    chunks: list[Buffer] = [head]
+    size = len(head)
+    for t in request.inputs:
+        nbytes = memoryview(t.data).nbytes
+        if nbytes:
+            chunks.append(t.data)
+            size += nbytes
+    if size <= JOIN_MAX:
+        return [b"".join(chunks)], len(head)
+    return chunks, len(head)
+
+
+def _binary_head(request: InferRequest) -> bytes:
+    """The JSON header of a binary /infer body for ``request``."""
+    obj = request_to_obj(request, binary_inputs=True, binary_outputs=True)
     if request.outputs is not None and not any(
         "shared_memory_region" in o.parameters for o in request.outputs
     ):
         obj.setdefault("parameters", {})["binary_data_output"] = True
-    head = dumps_tree(obj)
-    chunks: list[Buffer] = [head]
-    chunks.extend(t.data for t in request.inputs if memoryview(t.data).nbytes)
-    return chunks, len(head)
+    return dumps_tree(obj)
+
+
+#: the parameters a request, and a requested output, of the plain kind may carry: their
+#: values are the binary header's own (asked binary), whatever the client gave
+_PLAIN_REQUEST = frozenset({"binary_data_output"})
+_PLAIN_OUTPUT = frozenset({"binary_data"})
+#: a key of :class:`BinaryHeads`: (name, datatype, shape, bytes) per input, the requested
+#: outputs' names (None: none listed)
+_Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, ...] | None]
+
+
+class BinaryHeads:
+    """The JSON headers of a backend's binary /infer bodies, made once per kind of request.
+
+    A request of the plain kind (no ``id``, no parameters but the binary flags, which the
+    header sets itself, on the request and its outputs; none on its inputs) has a header that
+    depends only on its inputs' names, datatypes, shapes and sizes and on the names of the
+    outputs it lists: made once for those, then reused (at most :attr:`KEPT`, the oldest
+    forgotten first). Any other request's header is made each time."""
+
+    KEPT = 256
+
+    __slots__ = ("_heads",)
+
+    def __init__(self) -> None:
+        self._heads: dict[_Key, bytes] = {}
+
+    def head(self, request: InferRequest) -> bytes:
+        """The JSON header of the binary /infer body for ``request``."""
+        key = _plain_key(request)
+        if key is None:
+            return _binary_head(request)
+        heads = self._heads
+        head = heads.get(key)
+        if head is None:
+            head = _binary_head(request)
+            if len(heads) >= self.KEPT:
+                del heads[next(iter(heads))]
+            heads[key] = head
+        return head
+
+
+def _plain_key(request: InferRequest) -> _Key | None:
+    """The key of a request of the plain kind (:class:`BinaryHeads`); None for another."""
+    params = request.parameters
+    if request.id or (params and not params.keys() <= _PLAIN_REQUEST):
+        return None
+    inputs = []
+    for t in request.inputs:
+        if t.parameters or type(t.shape) is not tuple:
+            return None
+        inputs.append((t.name, t.datatype, t.shape, memoryview(t.data).nbytes))
+    if request.outputs is None:
+        return tuple(inputs), None
+    names = []
+    for o in request.outputs:
+        if o.parameters and not o.parameters.keys() <= _PLAIN_OUTPUT:
+            return None
+        names.append(o.name)
+    return tuple(inputs), tuple(names)
 
 
 #: what infer_headers adds: a tuple, so that the HTTP client remembers the head it makes
@@ -63,8 +147,8 @@ _JSON_ONLY = ((b"Accept-Encoding", b"identity"), (b"Content-Type", b"application
 def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, bytes]]:
     """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
     requests without one), and an uncompressed answer asked for (it is read or relayed)."""
-    if not headers and ihcl is None:
-        return _JSON_ONLY  # the usual small JSON request, which forwards no header
+    if not headers:  # the usual request, which forwards no header
+        return _JSON_ONLY if ihcl is None else _binary_only(ihcl)
     out = forwardable(headers, OWN)
     out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
@@ -73,6 +157,17 @@ def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, b
         out.append((b"Content-Type", b"application/octet-stream"))
         out.append((b"Inference-Header-Content-Length", b"%d" % ihcl))
     return out
+
+
+@lru_cache(maxsize=256)
+def _binary_only(ihcl: int) -> tuple[tuple[bytes, bytes], ...]:
+    """What infer_headers adds to a binary request (a tuple, the same one for each ``ihcl``:
+    the HTTP client remembers the head it makes)."""
+    return (
+        (b"Accept-Encoding", b"identity"),
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Inference-Header-Content-Length", b"%d" % ihcl),
+    )
 
 
 class ModelPaths:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import parse_header
 from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE
+from v2proxy.codecs.json_plain import plain_request
 from v2proxy.codecs.json_v2 import (
     dumps_tree,
     request_from_obj,
@@ -70,9 +72,15 @@ def decode_request(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
+    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0).
+    A small JSON body of the common shape is decoded in one lean pass
+    (:func:`~v2proxy.codecs.json_plain.plain_request`), to the same request."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
+    if ihcl is None and isinstance(body, (bytes, bytearray)):
+        request = plain_request(body, model_name, model_version, max_input_size, max_tensors)
+        if request is not None:
+            return request
     header, section = _split(body, ihcl, max_input_size)
     reader = None if section is None else BinaryReader(section)
     return _request(header, reader, model_name, model_version, max_input_size, max_tensors)
@@ -111,18 +119,30 @@ def _request(
     )
 
 
-def decode_response(body: Buffer, ihcl: int | None) -> InferResponse:
-    """Decode a backend's JSON or binary-framed response body."""
+def decode_response(
+    body: Buffer, ihcl: int | None, heads: AnswerHeads | None = None
+) -> InferResponse:
+    """Decode a backend's JSON or binary-framed response body; ``heads``: the backend's
+    binary-framed answer headers decoded before (:mod:`v2proxy.codecs.answer_heads`), asked
+    first and told of a new one."""
     mv = memoryview(body).cast("B")
     if ihcl is not None and not 0 < ihcl <= len(mv):
         raise CodecError(
             f"invalid response from backend: Inference-Header-Content-Length {ihcl} is not"
             f" within the body of {len(mv)} bytes"
         )
-    header = mv if ihcl is None else mv[:ihcl]
+    if ihcl is None:
+        return response_from_obj(parse_header(mv, what="response"), None)
+    if heads is not None:
+        known = heads.decode(body, ihcl)
+        if known is not None:
+            return known
+    header = mv[:ihcl]
     obj = parse_header(header, what="response")
-    reader = None if ihcl is None else BinaryReader(mv[ihcl:])
-    return response_from_obj(obj, reader)
+    response = response_from_obj(obj, BinaryReader(mv[ihcl:]))
+    if heads is not None:
+        heads.learn(header, obj, response)
+    return response
 
 
 def encode_response(
@@ -130,9 +150,8 @@ def encode_response(
 ) -> tuple[list[Buffer], int | None]:
     """A response body for a client. IHCL (second item) is set only when at least one binary output
     has bytes, as Triton does (docs/protocol.md, binary tensors: content type of answers)."""
-    obj = response_to_obj(resp, is_binary)
-    head = dumps_tree(obj)
-    blobs = [t.data for t in resp.outputs if is_binary(t) and memoryview(t.data).nbytes]
+    blobs: list[Buffer] = []
+    head = dumps_tree(response_to_obj(resp, is_binary, blobs))
     if not blobs:
         return [head], None
     return [head, *blobs], len(head)

@@ -32,7 +32,12 @@ import orjson
 
 from v2proxy.codecs.dtypes import deserialize_bytes
 from v2proxy.codecs.json import loads
-from v2proxy.codecs.json_data import DEFAULT_MAX_INPUT_SIZE, data_to_buffer, tensor_data_json
+from v2proxy.codecs.json_data import (
+    DEFAULT_MAX_INPUT_SIZE,
+    FloatLiterals,
+    data_to_buffer,
+    tensor_data_json,
+)
 from v2proxy.core.errors import CodecError
 from v2proxy.core.model import Buffer, Datatype, InferRequest, InferResponse, Tensor, element_count
 
@@ -207,7 +212,7 @@ def _output_value(t: Tensor) -> Any:
         ]
     else:
         values = tensor_data_json(t)
-        if isinstance(values, list):  # non-finite floats as literals: written verbatim
+        if isinstance(values, FloatLiterals):  # non-finite floats: written verbatim
             values = [orjson.Fragment(v.encode()) for v in values]
     if element_count(t.shape) == 1 and len(values) == 1:
         first = values[0]

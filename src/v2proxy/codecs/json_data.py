@@ -7,8 +7,9 @@ arrays, tensor layout).
   the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are accepted as
   JSON numbers and rounded to nearest (Triton refuses them; docs/compatibility.md). BYTES elements
   are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
-- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (numpy arrays are
-  serialized by orjson directly; FP32 is widened to double like Triton's writer). Non-finite
+- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (a list of numbers for
+  a small tensor of integers, FP32 or FP64; else a numpy array, which orjson serializes
+  directly; either way FP32 is widened to double like Triton's writer, to the same text). Non-finite
   floats come as :class:`FloatLiterals`, which the header writer splices in verbatim.
 - ``BUFFER_TYPES`` and ``INT_RANGES`` are shared with :mod:`v2proxy.codecs.json_stream`, which
   checks number arrays in pieces by the same rules.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Callable
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -309,8 +312,22 @@ def _too_large(where: str, size: int, limit: int) -> PayloadTooLarge:
 
 def tensor_data_json(tensor: Tensor) -> Any:
     """The flat JSON ``data`` value of a tensor (a numpy array or a list for orjson)."""
-    where = f"tensor '{tensor.name}'"
-    if tensor.datatype is Datatype.BYTES:
+    datatype = tensor.datatype
+    listed = _LISTED.get(datatype)
+    if listed is not None:
+        # small: the numbers as a list (numpy's calls cost more than the elements), the very
+        # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
+        # infinity among them, or finite values that add up past the largest double) takes
+        # the numpy path, which writes the literals; so does a size that does not match
+        code, itemsize, floats = listed
+        view = memoryview(tensor.data)
+        count = prod(tensor.shape)
+        if count <= SMALL_ARRAY and view.nbytes == count * itemsize:
+            values = view.cast("B").cast(code).tolist()
+            if not floats or math.isfinite(sum(values)):
+                return values
+    if datatype is Datatype.BYTES:
+        where = f"tensor '{tensor.name}'"
         out: list[str] = []
         for e in deserialize_bytes(tensor.data, where):
             try:
@@ -321,12 +338,16 @@ def tensor_data_json(tensor: Tensor) -> Any:
                     " use binary data ('binary_data': true)"
                 ) from None
         return out
-    npdt = NUMPY_DTYPE[tensor.datatype]
-    nbytes, expected = memoryview(tensor.data).nbytes, element_count(tensor.shape) * npdt.itemsize
+    npdt = NUMPY_DTYPE[datatype]
+    nbytes = memoryview(tensor.data).nbytes
+    expected = element_count(tensor.shape) * npdt.itemsize
     if nbytes != expected:
-        raise CodecError(f"input byte size mismatch for {where}. Expected {expected}, got {nbytes}")
+        raise CodecError(
+            f"input byte size mismatch for tensor '{tensor.name}'. Expected {expected}, got"
+            f" {nbytes}"
+        )
     arr = np.frombuffer(tensor.data, dtype=npdt)
-    if tensor.datatype in _FLOAT_TYPES:
+    if datatype in _FLOAT_TYPES:
         # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
         # (numpy would warn about it) and is written as the NaN literal below.
         with np.errstate(invalid="ignore"):
@@ -334,6 +355,20 @@ def tensor_data_json(tensor: Tensor) -> Any:
         if not np.isfinite(arr).all():
             return FloatLiterals([_float_literal(float(v)) for v in arr])
     return arr
+
+
+#: the datatypes whose small tensors (up to SMALL_ARRAY elements) are listed: the memoryview
+#: format (native byte order, so only where it is the wire's little-endian), the item size,
+#: whether they are floats
+_LISTED: dict[Datatype, tuple[Any, int, bool]] = (
+    {
+        dt: (STRUCT_CODES[dt], ITEM_SIZE[dt], dt in _FLOAT_TYPES)
+        for dt in (*_INT_TYPES, Datatype.FP32, Datatype.FP64)
+        if struct.calcsize(STRUCT_CODES[dt]) == ITEM_SIZE[dt]
+    }
+    if sys.byteorder == "little"
+    else {}
+)
 
 
 class FloatLiterals(list[str]):

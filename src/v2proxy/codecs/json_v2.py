@@ -9,7 +9,7 @@ JSON bodies).
   marked binary are left for the binary codec to append.
 - ``request_from_obj(..., checked=...)`` takes inputs whose numbers were checked already by
   :mod:`v2proxy.codecs.json_stream` (which relays large bodies while they arrive).
-- ``dumps_tree`` serializes a header, writing NaN/Infinity literals like Triton.
+- ``dumps_tree`` serializes a header; NaN/Infinity literals are written like Triton's.
 - Requests are held to :mod:`v2proxy.codecs.limits`: at most ``max_tensors`` inputs and
   requested outputs, at most ``max_input_size`` bytes decoded from all ``data`` arrays together.
 
@@ -35,6 +35,7 @@ from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS, DecodedTotal, check_count
 from v2proxy.codecs.sections import BinaryReader
 from v2proxy.core.errors import CodecError
 from v2proxy.core.model import (
+    Buffer,
     Datatype,
     InferRequest,
     InferResponse,
@@ -108,6 +109,8 @@ def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tupl
 
 
 _SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
+#: each datatype's name as written (a look-up, where the enum's ``value`` is a property call)
+_NAMES = {dt: dt.value for dt in Datatype}
 _DATA_ONLY = ["data"]  # read only
 
 
@@ -261,14 +264,14 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
         obj["parameters"] = params
     inputs = []
     for t in req.inputs:
-        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        entry: dict[str, Any] = {"name": t.name, "datatype": _NAMES[t.datatype], "shape": t.shape}
         tparams = dict(t.parameters)
         if "shared_memory_region" in tparams:  # staged in the backend's shared memory
             pass
         elif binary_inputs:
             tparams["binary_data_size"] = memoryview(t.data).nbytes
         else:
-            entry["data"] = tensor_data_json(t)
+            entry["data"] = _data_json(t)
         if tparams:
             entry["parameters"] = tparams
         inputs.append(entry)
@@ -332,9 +335,12 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
     )
 
 
-def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) -> dict[str, Any]:
+def response_to_obj(
+    resp: InferResponse, is_binary: Callable[[Tensor], bool], blobs: list[Buffer] | None = None
+) -> dict[str, Any]:
     """The JSON header of a response, in Triton's key order. Outputs for which ``is_binary`` is
-    true get ``binary_data_size`` (the caller appends their bytes in the same order)."""
+    true get ``binary_data_size`` (the caller appends their bytes in the same order: those of
+    at least one byte are appended to ``blobs`` when given)."""
     obj: dict[str, Any] = {}
     if resp.id:
         obj["id"] = resp.id
@@ -344,28 +350,36 @@ def response_to_obj(resp: InferResponse, is_binary: Callable[[Tensor], bool]) ->
         obj["parameters"] = resp.parameters
     outputs = []
     for t in resp.outputs:
-        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype.value, "shape": t.shape}
+        entry: dict[str, Any] = {"name": t.name, "datatype": _NAMES[t.datatype], "shape": t.shape}
         # written into the client's shared memory: no data, no parameters (docs/protocol.md,
         # using regions in inference)
         if t.in_shm:
             pass
         elif is_binary(t):
-            entry["parameters"] = {**t.parameters, "binary_data_size": memoryview(t.data).nbytes}
+            size = memoryview(t.data).nbytes
+            entry["parameters"] = {**t.parameters, "binary_data_size": size}
+            if blobs is not None and size:
+                blobs.append(t.data)
         else:
             if t.parameters:
                 entry["parameters"] = t.parameters
-            entry["data"] = tensor_data_json(t)
+            entry["data"] = _data_json(t)
         outputs.append(entry)
     obj["outputs"] = outputs
     return obj
 
 
+def _data_json(t: Tensor) -> Any:
+    """A tensor's ``data`` for the header: :func:`tensor_data_json`'s value, with NaN/Infinity
+    literals written like Triton (orjson cannot write them: the finished text is spliced in
+    verbatim)."""
+    data = tensor_data_json(t)
+    if type(data) is FloatLiterals:
+        return orjson.Fragment(("[" + ",".join(data) + "]").encode())
+    return data
+
+
 def dumps_tree(obj: dict[str, Any]) -> bytes:
-    """Serialize a request/response header, writing NaN/Infinity literals like Triton."""
-    for key in ("inputs", "outputs"):
-        for o in obj.get(key, ()):
-            data = o.get("data")
-            if isinstance(data, FloatLiterals):
-                # orjson cannot write these literals: splice the finished text in verbatim.
-                o["data"] = orjson.Fragment(("[" + ",".join(data) + "]").encode())
+    """Serialize a request/response header of :func:`request_to_obj` or
+    :func:`response_to_obj` (their NaN/Infinity literals are written already)."""
     return dumps(obj)

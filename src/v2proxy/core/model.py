@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from math import prod
 from typing import Any, Protocol
 
 Buffer = bytes | bytearray | memoryview
@@ -39,10 +40,7 @@ class Datatype(StrEnum):
 
 def element_count(shape: tuple[int, ...]) -> int:
     """Number of elements of a tensor of ``shape`` (1 for a scalar shape ``()``)."""
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return prod(shape)
 
 
 @dataclass(slots=True)

@@ -212,7 +212,8 @@ class Pipeline:
           :meth:`Relay.relay_framed`), else read whole;
         - a small JSON body that :func:`~v2proxy.codecs.relay_check.plain_json_request`
           accepts (the full decoder would take it, and no stage applies) is relayed untouched
-          without being decoded;
+          without being decoded; when the backend takes every JSON body transcoded
+          (:attr:`Backend.transcodes_json`) it is not checked so, but decoded straight away;
         - any other body is decoded and relayed untouched when no stage applies and the
           backend takes its wire form (:meth:`Relay.relay`; never a raw binary one);
         - else the decoded request goes through the stages (:meth:`_staged`) and is answered
@@ -230,6 +231,8 @@ class Pipeline:
                 return relayed
             body, relayable = whole, False  # declined after its header: not offered again
         sent = body if relayable and isinstance(body, (bytes, bytearray)) else None
+        if sent is not None and ihcl is None and self.backend.transcodes_json:
+            sent = None  # the backend takes it transcoded: decoded straight away
         if (
             sent is not None
             and ihcl is None

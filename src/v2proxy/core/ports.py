@@ -119,6 +119,11 @@ class Backend(Protocol):
     ) -> dict[str, Any]: ...
 
     # the REST↔REST pass-through fast path
+    #: whether every JSON /infer body goes to the model server transcoded, whatever its size
+    #: (:meth:`relay_infer` declines each): the pipeline then decodes such a body without first
+    #: checking it for the relay
+    transcodes_json: bool
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse | None:

@@ -75,8 +75,10 @@ class QuickLane:
     def __init__(self, frontend: RestFrontend) -> None:
         pipeline = frontend.pipeline
         self.backend = pipeline.backend
-        #: only a backend that speaks v2 REST relays a body as sent
-        self.speaks_rest = self.backend.speaks_rest
+        #: only a backend that speaks v2 REST relays a body as sent, and not one that takes
+        #: every JSON body transcoded (``--backend-encoding binary``: the general path decodes
+        #: it straight away, with no relay check)
+        self.speaks_rest = self.backend.speaks_rest and not self.backend.transcodes_json
         self.access = frontend.access
         self.envelope: Envelope = frontend.envelope
         self.max_body_size = frontend.max_body_size
