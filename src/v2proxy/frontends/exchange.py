@@ -215,8 +215,10 @@ class Exchange:
         #: an exchange that ends without saying how is an internal error
         self.status = 500
         self.error: str | None = "internal"
+        #: set by :meth:`fail` (None: it did not fail)
         self.cause: str | None = None
-        self.shown: int | str | None = envelope.ok_shown
+        #: what the log lines show as the status of a failure (set by :meth:`fail`)
+        self.shown: int | str | None
         self.wire_in = self.wire_out = envelope.wire
         self.n_in = self.n_out = 0
         self.t0 = perf_counter()
@@ -225,8 +227,11 @@ class Exchange:
         """Admission by the exchange's operation, before any work: raises Overloaded when every
         slot of the gate is taken (answered like any error, and counted as rejected when the
         exchange ends failed ``overloaded``)."""
-        self.held = False
-        self.held = self.envelope.enter(self.op)
+        try:
+            self.held = self.envelope.enter(self.op)
+        except Overloaded:
+            self.held = False  # refused: counted as rejected once its failure is recorded
+            raise
 
     def fail(self, exc: BaseException) -> None:
         """The exchange failed with ``exc`` (:meth:`Envelope.failure`): its status, error kind
@@ -234,9 +239,7 @@ class Exchange:
         env = self.envelope
         status, self.error, self.cause = env.failure(exc)
         self.status = status
-        shown = env.show(exc, status)
-        if shown is not None:
-            self.shown = shown
+        self.shown = env.show(exc, status)
 
     def undo(self) -> None:
         """The exchange is given up before any work, to be served elsewhere (in an exchange of
@@ -268,7 +271,9 @@ class Exchange:
         rec.done(duration, self.op, model, status, error, self.wire_in, n_in, self.wire_out, n_out)
         if failed or env.access_log:
             request_id, method, path = env.describe(self.source)
-            shown = status if self.shown is None else self.shown
+            shown = env.ok_shown if self.cause is None else self.shown
+            if shown is None:
+                shown = status
             rec.log(
                 failed, request_id, model, method, path, shown, duration, n_in, n_out, self.cause
             )

@@ -137,8 +137,9 @@ class QuickLane:
         exchange.n_in = len(body)
         exchange.cancel = exchange.task = None
         exchange.over = False
-        model = exchange.model = found[1].group("model") or ""
-        version = found[1].group("version") or ""
+        model, version = found[1].group("model", "version")
+        model = exchange.model = model or ""
+        version = version or ""
         cancel = self.backend.relay_now(model, version, body, forwarded, exchange.answered)
         if cancel is None:
             exchange.undo()
