@@ -1,6 +1,7 @@
 """The exchange envelope (v2proxy.frontends.exchange) on its own, with the real recorder over a
 fresh Prometheus registry: what each outcome records (metrics, the WARNING line, the access
-line), admission and its refusals, and what each kind of exception is recorded as."""
+line), admission and its refusals, what each kind of exception is recorded as (the HTTP layer's
+by the REST frontend's classifier), and the context-manager form of an exchange."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from v2proxy.core.errors import (
     Overloaded,
     ProxyError,
 )
-from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
+from v2proxy.frontends import rest_record
+from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope, Exchange
 from v2proxy.http.request import BodyTimeout, BodyTooLarge, ClientDisconnected
 from v2proxy.ops.metrics_export import Metrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
@@ -39,24 +41,28 @@ def describe(source: Any) -> tuple[str | None, str, str]:
 def build(limit: int = 0, access_log: bool = False) -> tuple[Metrics, Envelope]:
     metrics = Metrics(CollectorRegistry(), "builtin")
     recorder = FrontendRecorder(metrics, "rest", access_log)
-    return metrics, Envelope(recorder, AdmissionGate(limit), describe, GONE)
+    return metrics, Envelope(
+        recorder,
+        AdmissionGate(limit),
+        describe,
+        GONE,
+        classify=rest_record.transport_failure,
+        keeps=rest_record.cut_short,
+    )
 
 
 def end(
-    env: Envelope,
-    t0: float,
-    held: bool | None,
-    op: str,
+    x: Exchange,
     status: int,
     error: str | None = None,
     cause: str | None = None,
     shown: int | str | None = None,
 ) -> None:
-    """done() of a request of ``op`` on model "m": 7 bytes of JSON in, 11 binary out."""
-    env.done(
-        t0, held, op, "m", status, error, cause, "json", 7, "binary", 11, SOURCE,
-        status if shown is None else shown,
-    )  # fmt: skip
+    """Ends ``x``, a request on model "m" answered with ``status``: 7 bytes of JSON in, 11
+    binary out."""
+    x.model, x.status, x.error, x.cause, x.shown = "m", status, error, cause, shown
+    x.wire_in, x.n_in, x.wire_out, x.n_out = "json", 7, "binary", 11
+    x.end()
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -111,10 +117,11 @@ def test_done_records_the_outcome(
     status, error, cause, shown = outcome
     code_class, label, line_cause = expected
     metrics, env = build()
-    t0 = env.open()
+    x = env.open("infer", SOURCE)
+    x.admit()
     assert in_flight(metrics) == 1
     with caplog.at_level(logging.INFO):
-        end(env, t0, False, "infer", status, error, cause, shown)
+        end(x, status, error, cause, shown)
     assert in_flight(metrics) == 0
     # a model name becomes a label once it answered successfully
     model = "m" if status < 400 else "other"
@@ -150,7 +157,7 @@ def test_access_line_for_every_exchange_with_access_log(
 ) -> None:
     _, env = build(access_log=True)
     with caplog.at_level(logging.INFO):
-        end(env, env.open(), False, "side", status, "not_found", "no such model")
+        end(env.open("side", SOURCE), status, "not_found", "no such model")
     (line,) = [r for r in caplog.records if r.name == "v2proxy.access"]
     fields = line.request  # type: ignore[attr-defined]
     assert (fields["request_id"], fields["status"], fields["duration_s"] >= 0) == (
@@ -164,11 +171,11 @@ def test_access_line_for_every_exchange_with_access_log(
 
 def test_metrics_off_records_nothing_but_still_logs(caplog: pytest.LogCaptureFixture) -> None:
     env = Envelope(FrontendRecorder(NullMetrics(), "grpc"), AdmissionGate(1), describe, GONE)
-    t0 = env.open()
-    held = env.admit("infer")
+    x = env.open("infer", SOURCE)
+    x.admit()
     assert env.gate.in_use == 1
     with caplog.at_level(logging.INFO):
-        end(env, t0, held, "infer", 503, "overloaded", "full", "RESOURCE_EXHAUSTED")
+        end(x, 503, "overloaded", "full", "RESOURCE_EXHAUSTED")
     assert env.gate.in_use == 0
     (line,) = [r for r in caplog.records if r.name == "v2proxy.requests"]
     assert line.request["status"] == "RESOURCE_EXHAUSTED"  # type: ignore[attr-defined]
@@ -191,27 +198,27 @@ def test_admission_takes_slots_until_done_and_counts_refusals(
 ) -> None:
     limit, ops = given
     metrics, env = build(limit)
-    opened: list[tuple[float, bool, str, ProxyError | None]] = []
+    opened: list[tuple[Exchange, ProxyError | None]] = []
     for op in ops:
-        t0 = env.open()
-        held = False  # as the frontends do: a refused exchange was still admitted (refused)
+        x = env.open(op, SOURCE)
         try:
-            held = env.admit(op)
+            x.admit()
         except Overloaded as exc:
-            opened.append((t0, held, op, exc))
+            assert x.held is False  # a refused exchange was still admitted (refused)
+            opened.append((x, exc))
         else:
-            opened.append((t0, held, op, None))
-    assert [h if e is None else "refused" for _, h, _, e in opened] == expected
+            opened.append((x, None))
+    assert [x.held if e is None else "refused" for x, e in opened] == expected
     assert env.gate.in_use == expected.count(True)
     assert in_flight(metrics) == len(ops)
     refusals = expected.count("refused")
     assert rejected(metrics) == 0  # counted once the refusal is answered
-    for t0, held, op, exc in opened:
+    for x, exc in opened:
         if exc is None:
-            end(env, t0, held, op, 200)
+            end(x, 200)
         else:
-            status, error, cause = env.failure(exc)
-            end(env, t0, held, op, status, error, cause)
+            x.fail(exc)
+            x.end()
     assert env.gate.in_use == 0 and in_flight(metrics) == 0
     assert rejected(metrics) == refusals
     assert sum(n for _, e, n in error_samples(metrics) if e == "overloaded") == refusals
@@ -220,9 +227,10 @@ def test_admission_takes_slots_until_done_and_counts_refusals(
 def test_overloaded_of_an_exchange_never_admitted_is_no_rejection() -> None:
     """A stream's message is not admitted on its own (held None): its failure is no refusal."""
     metrics, env = build(1)
-    status, error, cause = env.failure(Overloaded("out of descriptors"))
-    end(env, env.open(), None, "stream_infer", status, error, cause, "RESOURCE_EXHAUSTED")
-    assert rejected(metrics) == 0
+    x = env.open("stream_infer", SOURCE)
+    x.fail(Overloaded("out of descriptors"))
+    x.end()
+    assert x.held is None and rejected(metrics) == 0
     assert error_samples(metrics) == [("stream_infer", "overloaded", 1.0)]
     assert env.gate.in_use == 0
 
@@ -230,10 +238,10 @@ def test_overloaded_of_an_exchange_never_admitted_is_no_rejection() -> None:
 def test_overloaded_of_an_admitted_exchange_is_a_rejection() -> None:
     """Any Overloaded that answers an admitted request is counted (as before the envelope)."""
     metrics, env = build(0)
-    t0 = env.open()
-    held = env.admit("side")
-    status, error, cause = env.failure(Overloaded("out of descriptors"))
-    end(env, t0, held, "side", status, error, cause)
+    x = env.open("side", SOURCE)
+    x.admit()
+    x.fail(Overloaded("out of descriptors"))
+    x.end()
     assert rejected(metrics) == 1
 
 
@@ -245,7 +253,7 @@ def test_a_stream_holds_one_slot_and_a_refusal_is_counted() -> None:
         env.hold("stream_infer")
     assert rejected(metrics) == 1
     # its messages are exchanges of their own, never admitted
-    end(env, env.open(), None, "stream_infer", 200)
+    end(env.open("stream_infer", SOURCE), 200)
     assert env.gate.in_use == 1
     env.release(held)
     assert env.gate.in_use == 0
@@ -291,3 +299,76 @@ def test_a_cancellation_at_shutdown_is_the_shutdowns() -> None:
     )
     gone = ClientDisconnected("client went away")
     assert env.failure(gone) == (GONE_STATUS, "client_disconnected", GONE)
+
+
+def test_the_envelope_alone_knows_no_transport() -> None:
+    """Without a classifier the HTTP layer's errors are internal ones: classifying them is the
+    REST frontend's (:func:`v2proxy.frontends.rest_record.transport_failure`)."""
+    env = Envelope(FrontendRecorder(NullMetrics(), "rest"), AdmissionGate(), describe, GONE)
+    gone = ClientDisconnected("client went away")
+    assert env.failure(gone) == (500, "internal", "internal error: ClientDisconnected")
+    assert env.failure(asyncio.CancelledError()) == (GONE_STATUS, "client_disconnected", GONE)
+
+
+# ---------------------------------------------------------------------- the exchange's forms
+
+
+def test_an_exception_leaving_the_block_fails_and_ends_the_exchange() -> None:
+    metrics, env = build(1)
+    with pytest.raises(KeyError), env.open("infer", SOURCE) as x:
+        x.admit()
+        assert env.gate.in_use == 1 and in_flight(metrics) == 1
+        raise KeyError("k")
+    assert (x.status, x.error, x.cause) == (500, "internal", "internal error: KeyError")
+    assert env.gate.in_use == 0 and in_flight(metrics) == 0
+    assert error_samples(metrics) == [("infer", "internal", 1.0)]
+
+
+def test_a_block_left_without_a_word_is_an_internal_error() -> None:
+    """An exchange ended without a status said is a 500 (the frontend says 200 when it
+    answered)."""
+    metrics, env = build()
+    with env.open("infer", SOURCE):
+        pass
+    assert error_samples(metrics) == [("infer", "internal", 1.0)]
+
+
+#: (the failure recorded first or None, what interrupts its answer) -> what is recorded
+INTERRUPTED = [
+    ((NotFound("no model"), ClientDisconnected("gone")), (404, "not_found")),
+    ((NotFound("no model"), asyncio.CancelledError()), (GONE_STATUS, "client_disconnected")),
+    ((None, ClientDisconnected("gone")), (GONE_STATUS, "client_disconnected")),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), INTERRUPTED)
+def test_an_error_answer_cut_short_by_the_client_stays_that_error(
+    given: tuple[ProxyError | None, BaseException], expected: tuple[int, str]
+) -> None:
+    _, env = build()
+    first, then = given
+    with pytest.raises(type(then)), env.open("infer", SOURCE) as x:
+        if first is not None:
+            x.fail(first)
+        raise then
+    assert (x.status, x.error) == expected
+
+
+def test_a_cancellation_in_the_block_at_shutdown_is_the_shutdowns() -> None:
+    metrics, env = build()
+    env.gate.closing = True
+    with pytest.raises(asyncio.CancelledError), env.open("infer", SOURCE) as x:
+        raise asyncio.CancelledError
+    assert (x.status, x.error) == (SHUTDOWN_STATUS, "shutdown")
+    assert error_samples(metrics) == [("infer", "shutdown", 1.0)]
+
+
+def test_undo_gives_the_exchange_up_unrecorded() -> None:
+    metrics, env = build(1)
+    x = env.open("infer", SOURCE)
+    x.admit()
+    x.undo()
+    assert env.gate.in_use == 0 and in_flight(metrics) == 0
+    assert error_samples(metrics) == []
+    assert sample(metrics, "v2proxy_request_duration_seconds_count", model="other",
+                  operation="infer", **FE) == 0  # fmt: skip

@@ -8,32 +8,44 @@ Contract:
 - A frontend builds one :class:`Envelope` (per gRPC method: each names its requests' path): its
   :class:`~v2proxy.ops.recorders.FrontendRecorder`, the process's
   :class:`~v2proxy.core.admission.AdmissionGate`, how its log lines name a request
-  (``describe(source)``: request id, method, path; called only when a line is written) and the
-  cause it records for a client that went away.
-- Per request (per message of a stream) it opens one exchange on arrival,
-  ``t0 = envelope.open()`` (in flight +1; ``t0`` the start time), admits it by its operation
-  before any work, ``held = envelope.admit(op)`` (a slot of the gate;
+  (``describe(source)``: request id, method, path; called only when a line is written), the
+  cause it records for a client that went away, and what its transport adds: the wire form its
+  bodies are recorded in by default, what its own transport errors are recorded as
+  (``classify``: the REST frontend's HTTP layer's, :mod:`v2proxy.frontends.rest_record`; this
+  module knows no transport), whether an exception that interrupts an exchange already failed
+  leaves that failure recorded (``keeps``), and the status its log lines show (``show``,
+  ``ok_shown``: gRPC's code names; by default the status).
+- Per request (per message of a stream) it opens one :class:`Exchange` on arrival,
+  ``exchange = envelope.open(op, source)`` (in flight +1, its start time taken), admits it
+  before any work, ``exchange.admit()`` (a slot of the gate;
   :class:`~v2proxy.core.errors.Overloaded` beyond ``--max-concurrency``, which the frontend
-  answers like any error), does its work, and ends it with exactly one
-  ``envelope.done(t0, held, ...)`` carrying the outcome: the slot is given back, in flight -1,
-  and the request is recorded (:meth:`FrontendRecorder.done
+  answers like any error), does its work, setting on the exchange what it learns as it goes
+  (``model``, ``status``, ``wire_in``/``wire_out``, ``n_in``/``n_out``; ``fail(exc)`` for a
+  failure: :meth:`Envelope.failure`), and ends it with exactly one ``exchange.end()``: the slot
+  is given back, in flight -1, and the request is recorded once (:meth:`FrontendRecorder.done
   <v2proxy.ops.recorders.FrontendRecorder.done>`; a WARNING line when it failed, status >= 400;
-  the access line with ``--access-log``). ``held`` is what ``admit`` returned, False when it was
-  refused (set before the call), None for an exchange never admitted (a stream's message); an
-  admitted exchange (``held`` not None) that failed as ``overloaded`` is counted as rejected.
+  the access line with ``--access-log``). An exchange admitted (refused included) that failed
+  as ``overloaded`` is counted as rejected; a stream's message, never admitted, is not.
+- The coroutine frontends use its context-manager form, ``with envelope.open(op, source) as
+  exchange:``: an exception that leaves the block fails the exchange (unless it had failed
+  already and the envelope ``keeps`` that failure: an error answer cut short by the client) and
+  goes on; the block's end ends the exchange. The REST quick lane, driven by callbacks, calls
+  ``end()`` from the callback that finishes its answer (its per-request object is an Exchange),
+  and ``undo()`` to give up an exchange before any work (nothing recorded: the general path
+  serves and records it).
 - The messages of a stream are not admitted one by one: the stream holds one slot for as long as
   it is open (:meth:`Envelope.hold`, :meth:`Envelope.release`; a refusal is counted as rejected
   there, and recorded by an exchange of its own).
 - What an exception that ended the work is recorded as (:meth:`Envelope.failure`): a ProxyError
-  its status, kind and message; a client that went away (the HTTP server's
-  ``ClientDisconnected``, a cancelled task) 499 ``client_disconnected``, unless the task was
+  its status, kind and message; a cancelled task 499 ``client_disconnected``, unless it was
   cancelled by the shutdown (the gate is ``closing``: past ``--drain-timeout``), then 503
-  ``shutdown``; a request body the HTTP
-  layer refused its status and ``invalid_request``; anything else 500 ``internal``.
+  ``shutdown``; a transport's own error what its ``classify`` says (for REST: the HTTP server's
+  ``ClientDisconnected`` 499 ``client_disconnected``, a request body it refused its status and
+  ``invalid_request``); anything else 500 ``internal``.
 
-An exchange is no object: its state is the two values the frontend keeps (``t0``, ``held``), so
-the REST hot path pays what it paid before the envelope (one ``perf_counter`` pair, one gauge
-increment and decrement, the gate, one record) and allocates nothing for it.
+An exchange is one small object with slots and no reference to its exception (the traceback's
+frames would make a cycle): the REST hot path pays one allocation for it, which the quick lane's
+per-request object already was.
 """
 
 from __future__ import annotations
@@ -41,11 +53,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from time import perf_counter
+from types import TracebackType
 from typing import Any
 
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import Overloaded, ProxyError
-from v2proxy.http.request import BodyError, ClientDisconnected
 from v2proxy.ops.metrics import Counter, error_kind
 from v2proxy.ops.recorders import FrontendRecorder
 
@@ -56,89 +68,89 @@ SHUTDOWN_STATUS = 503
 SHUTDOWN_CAUSE = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
 #: how a frontend's log lines name a request: (request id or None, method, path)
 Describe = Callable[[Any], tuple[str | None, str, str]]
+#: what a frontend's transport errors are recorded as: (status, error kind, cause), or None for
+#: an exception that is none of its transport's
+Classify = Callable[[BaseException], tuple[int, str, str] | None]
+#: whether an exception that interrupts a failed exchange leaves its failure recorded
+Keeps = Callable[[BaseException], bool]
+#: what a failed exchange's log lines show as its status, given its exception and status (None:
+#: the status itself)
+Show = Callable[[BaseException, int], int | str | None]
+
+
+def _unclassified(exc: BaseException) -> None:
+    return None
+
+
+def _replaced(exc: BaseException) -> bool:
+    return False
+
+
+def _status_shown(exc: BaseException, status: int) -> None:
+    return None
 
 
 class Envelope:
     """One frontend's side of the exchange envelope: its recorder, the process's admission gate,
-    how its log lines name a request, and the cause recorded for a client that went away."""
+    how its log lines name a request, the cause recorded for a client that went away, and what
+    its transport adds (see the module's docstring)."""
 
     __slots__ = (
         "access_log",
-        "admit",
+        "classify",
         "describe",
+        "enter",
         "gate",
         "gone",
         "inflight",
+        "keeps",
+        "ok_shown",
         "recorder",
         "rejected",
+        "show",
+        "wire",
     )
 
     def __init__(
-        self, recorder: FrontendRecorder, gate: AdmissionGate, describe: Describe, gone: str
+        self,
+        recorder: FrontendRecorder,
+        gate: AdmissionGate,
+        describe: Describe,
+        gone: str,
+        *,
+        wire: str = "json",
+        classify: Classify = _unclassified,
+        keeps: Keeps = _replaced,
+        show: Show = _status_shown,
+        ok_shown: int | str | None = None,
     ) -> None:
         self.recorder = recorder
         self.gate = gate
         self.describe = describe
         self.gone = gone
+        #: the wire form an exchange's bodies are recorded in until the frontend says otherwise
+        self.wire = wire
+        self.classify = classify
+        self.keeps = keeps
+        self.show = show
+        #: what the log lines show as the status of an exchange that did not fail (None: the
+        #: status itself)
+        self.ok_shown = ok_shown
         self.access_log = recorder.access_log
         inflight = recorder.inflight
         #: the in-flight gauge's cell, added to directly (a cell of its own, exported nowhere,
         #: with --metrics off)
         self.inflight: Counter = inflight if isinstance(inflight, Counter) else Counter()
         self.rejected = recorder.rejected
-        #: admit(op) -> held: admission by operation (:meth:`AdmissionGate.enter
+        #: enter(op) -> held: admission by operation (:meth:`AdmissionGate.enter
         #: <v2proxy.core.admission.AdmissionGate.enter>`): True when it took a slot, False when
         #: it needs none; raises Overloaded when every slot is taken
-        self.admit: Callable[[str], bool] = gate.enter
+        self.enter: Callable[[str], bool] = gate.enter
 
-    def open(self) -> float:
-        """A request (a stream's message) arrives: in flight +1; returns its start time."""
-        self.inflight.value += 1
-        return perf_counter()
-
-    def undo(self, held: bool) -> None:
-        """An exchange opened (and admitted: ``held``) is given up before any work, to be
-        served elsewhere (its own exchange, recorded there)."""
-        if held:
-            self.gate.leave()
-        self.inflight.value -= 1
-
-    def done(
-        self,
-        t0: float,
-        held: bool | None,
-        op: str,
-        model: str,
-        status: int,
-        error: str | None,
-        cause: str | None,
-        wire_in: str,
-        n_in: int,
-        wire_out: str,
-        n_out: int,
-        source: Any,
-        shown: int | str,
-    ) -> None:
-        """The exchange opened at ``t0`` is over (``held``: see the module's contract):
-        ``status`` (HTTP, or what a gRPC code stands for; >= 400 is a failure, whose ``error``
-        kind and ``cause`` are recorded; otherwise both are ignored), ``n_in``/``n_out`` bytes
-        in the ``wire_in``/``wire_out`` forms, ``model`` and ``op`` its labels; ``source`` what
-        ``describe`` names the request from, ``shown`` the status its log lines print (an HTTP
-        status, a gRPC code's name)."""
-        if held:
-            self.gate.leave()
-        self.inflight.value -= 1
-        duration = perf_counter() - t0
-        failed = status >= 400
-        if not failed:
-            error = None
-        elif error == "overloaded" and held is not None:
-            self.rejected.inc()
-        rec = self.recorder
-        rec.done(duration, op, model, status, error, wire_in, n_in, wire_out, n_out)
-        if failed or self.access_log:
-            request_id, method, path = self.describe(source)
-            rec.log(failed, request_id, model, method, path, shown, duration, n_in, n_out, cause)
+    def open(self, op: str, source: Any) -> Exchange:
+        """A request (a stream's message) of operation ``op`` arrives: its exchange, in flight,
+        not yet admitted; ``source`` is what :attr:`describe` names it from."""
+        return Exchange(self, op, source)
 
     def hold(self, op: str) -> bool:
         """A stream's admission: one slot of the gate for as long as it is open (True: taken,
@@ -159,10 +171,124 @@ class Envelope:
         cause)."""
         if isinstance(exc, ProxyError):
             return exc.http_status, error_kind(exc), exc.message
-        if isinstance(exc, asyncio.CancelledError) and self.gate.closing:
-            return SHUTDOWN_STATUS, "shutdown", SHUTDOWN_CAUSE
-        if isinstance(exc, ClientDisconnected | asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError):
+            if self.gate.closing:
+                return SHUTDOWN_STATUS, "shutdown", SHUTDOWN_CAUSE
             return GONE_STATUS, "client_disconnected", self.gone
-        if isinstance(exc, BodyError):
-            return exc.status, "invalid_request", str(exc)
+        known = self.classify(exc)
+        if known is not None:
+            return known
         return 500, "internal", f"internal error: {type(exc).__name__}"
+
+
+class Exchange:
+    """One request (one message of a stream) inside its envelope, from :meth:`Envelope.open` to
+    its one :meth:`end` (see the module's docstring). The frontend sets what it learns as it
+    goes: :attr:`model`, :attr:`status`, the bodies' wire forms and sizes."""
+
+    __slots__ = (
+        "cause",
+        "envelope",
+        "error",
+        "held",
+        "model",
+        "n_in",
+        "n_out",
+        "op",
+        "shown",
+        "source",
+        "status",
+        "t0",
+        "wire_in",
+        "wire_out",
+    )
+
+    def __init__(self, envelope: Envelope, op: str, source: Any) -> None:
+        envelope.inflight.value += 1
+        self.envelope = envelope
+        self.op = op
+        self.source = source
+        #: None: never admitted (a stream's message); False: admitted without a slot, or
+        #: refused; True: holds a slot of the gate
+        self.held: bool | None = None
+        self.model = ""
+        #: an exchange that ends without saying how is an internal error
+        self.status = 500
+        self.error: str | None = "internal"
+        #: set by :meth:`fail` (None: it did not fail)
+        self.cause: str | None = None
+        #: what the log lines show as the status of a failure (set by :meth:`fail`)
+        self.shown: int | str | None
+        self.wire_in = self.wire_out = envelope.wire
+        self.n_in = self.n_out = 0
+        self.t0 = perf_counter()
+
+    def admit(self) -> None:
+        """Admission by the exchange's operation, before any work: raises Overloaded when every
+        slot of the gate is taken (answered like any error, and counted as rejected when the
+        exchange ends failed ``overloaded``)."""
+        try:
+            self.held = self.envelope.enter(self.op)
+        except Overloaded:
+            self.held = False  # refused: counted as rejected once its failure is recorded
+            raise
+
+    def fail(self, exc: BaseException) -> None:
+        """The exchange failed with ``exc`` (:meth:`Envelope.failure`): its status, error kind
+        and cause, and the status its log lines show."""
+        env = self.envelope
+        status, self.error, self.cause = env.failure(exc)
+        self.status = status
+        self.shown = env.show(exc, status)
+
+    def undo(self) -> None:
+        """The exchange is given up before any work, to be served elsewhere (in an exchange of
+        its own, recorded there): its slot given back, no longer in flight, nothing recorded."""
+        env = self.envelope
+        if self.held:
+            env.gate.leave()
+        env.inflight.value -= 1
+
+    def end(self) -> None:
+        """The exchange is over (exactly once): its slot given back, no longer in flight, and
+        recorded (the metrics; a WARNING line when it failed, status >= 400; the access line
+        with ``--access-log``)."""
+        env = self.envelope
+        held = self.held
+        if held:
+            env.gate.leave()
+        env.inflight.value -= 1
+        duration = perf_counter() - self.t0
+        status = self.status
+        failed = status >= 400
+        error = self.error
+        if not failed:
+            error = None
+        elif error == "overloaded" and held is not None:
+            env.rejected.inc()
+        rec = env.recorder
+        model, n_in, n_out = self.model, self.n_in, self.n_out
+        rec.done(duration, self.op, model, status, error, self.wire_in, n_in, self.wire_out, n_out)
+        if failed or env.access_log:
+            request_id, method, path = env.describe(self.source)
+            shown = env.ok_shown if self.cause is None else self.shown
+            if shown is None:
+                shown = status
+            rec.log(
+                failed, request_id, model, method, path, shown, duration, n_in, n_out, self.cause
+            )
+
+    def __enter__(self) -> Exchange:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Ends the exchange; one that an exception ended is recorded as failed by it, unless it
+        had failed already and the envelope keeps that failure (a failure's answer cut short)."""
+        if exc is not None and not (self.cause is not None and self.envelope.keeps(exc)):
+            self.fail(exc)
+        self.end()

@@ -234,7 +234,9 @@ class GrpcFrontend:
         try:
             held = env.hold(_STREAM)
         except Overloaded as exc:
-            env.end(env.open(), None, exc, _STREAM, "", 0, 0, context)
+            refusal = env.open(_STREAM, context)  # recorded, not admitted: no second count
+            refusal.fail(exc)
+            refusal.end()
             await context.abort(status_code(exc), exc.message, refusal_trailers(exc))
         refused: ProxyError | None = None
         try:
@@ -263,36 +265,33 @@ class GrpcFrontend:
         env = self._stream_envelope
 
         async def serve_one(msg: bytes) -> None:
-            # each message is an exchange of its own, not admitted (the stream holds a slot)
-            t0 = env.open()
-            model, n_in, n_out = "", len(msg), 0
-            try:
-                r = parse(pb.ModelInferRequest, msg, _STREAM_RPC.name)
-                model = r.model_name
-                if refused is not None:  # the stream's one access check refused it
-                    raise refused
-                async for data in self._stream_one(r, msg, headers, peer):
-                    n_out += len(data)
-                    await queue.put(data)
-            except Exception as exc:
-                failure = answerable(exc, _STREAM)
-            except BaseException as exc:  # cancelled: recorded, and it goes on
-                env.end(t0, None, exc, _STREAM, model, n_in, n_out, context)
-                raise
-            else:
-                env.end(t0, None, None, _STREAM, model, n_in, n_out, context)
-                return
-            try:  # as the stream's status, or in band
+            # each message is an exchange of its own, not admitted (the stream holds a slot); a
+            # failure answered in band stays recorded whatever interrupts its answer
+            with env.open(_STREAM, context) as x:
+                x.n_in = len(msg)
+                try:
+                    r = parse(pb.ModelInferRequest, msg, _STREAM_RPC.name)
+                    x.model = r.model_name
+                    if refused is not None:  # the stream's one access check refused it
+                        raise refused
+                    async for data in self._stream_one(r, msg, headers, peer):
+                        x.n_out += len(data)
+                        await queue.put(data)
+                except Exception as exc:
+                    failure = answerable(exc, _STREAM)
+                else:
+                    x.status = 200
+                    return
+                x.fail(failure)
+                # as the stream's status, or in band
                 if raise_errors:
                     await queue.put(failure)
                 else:
                     data = pb.ModelStreamInferResponse(
                         error_message=failure.message
                     ).SerializeToString()
-                    n_out += len(data)
+                    x.n_out += len(data)
                     await queue.put(data)
-            finally:
-                env.end(t0, None, failure, _STREAM, model, n_in, n_out, context)
 
         # at most N messages served at once: while N are, the next is not read, and HTTP/2
         # flow control holds the client back (a client that never reads costs N, not all)

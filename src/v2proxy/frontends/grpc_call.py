@@ -11,7 +11,8 @@ process's :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``:
 is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), the one access check of the
 call's API group (``--restricted-api``, the group of its row in the method table
 :mod:`v2proxy.frontends.grpc_routes`; :func:`check_call`), in flight, timing and the record
-(metrics and log lines, :meth:`CallEnvelope.end`).
+(metrics and log lines), one :class:`~v2proxy.frontends.exchange.Exchange` per call (per
+message of a stream), ended as its block ends.
 """
 
 from __future__ import annotations
@@ -73,9 +74,24 @@ def refusal_trailers(exc: ProxyError) -> tuple[tuple[str, str], ...]:
     return (("grpc-retry-pushback-ms", str(RETRY_AFTER_S * 1000)),)
 
 
+def _shown(exc: BaseException, status: int) -> str:
+    """The gRPC code a failed call's log lines show: its ProxyError's, or what a cancellation
+    stands for (the client's, the shutdown's)."""
+    if isinstance(exc, ProxyError):
+        return status_code(exc).name
+    return _SHOWN.get(status, "INTERNAL")
+
+
+def _kept(exc: BaseException) -> bool:
+    """A call that failed keeps its failure whatever interrupts its answer (a stream's message
+    answered in band)."""
+    return True
+
+
 class CallEnvelope(Envelope):
     """The exchange envelope of the calls of one method (its path, ``/service/method``); their
-    log lines take the request id from the call's ``x-request-id`` metadata."""
+    log lines take the request id from the call's ``x-request-id`` metadata and show gRPC's
+    code names; their bodies are recorded as ``grpc``."""
 
     __slots__ = ()
 
@@ -85,34 +101,8 @@ class CallEnvelope(Envelope):
             rid = next((v for k, v in metadata if k == "x-request-id"), None)
             return None if rid is None else str(rid), "POST", path
 
-        super().__init__(rec, gate, describe, GONE)
-
-    def end(
-        self,
-        t0: float,
-        held: bool | None,
-        exc: BaseException | None,
-        op: str,
-        model: str,
-        n_in: int,
-        n_out: int,
-        context: Context,
-    ) -> None:
-        """Ends the exchange of a call (of a stream's message) opened at ``t0``: answered
-        (``exc`` None), failed with the ProxyError ``exc`` it is answered with, or ended by
-        ``exc`` going on (a cancellation)."""
-        if exc is None:
-            self.done(
-                t0, held, op, model, 200, None, None, _GRPC, n_in, _GRPC, n_out, context, "OK"
-            )
-            return
-        status, error, cause = self.failure(exc)
-        if isinstance(exc, ProxyError):
-            shown = status_code(exc).name
-        else:
-            shown = _SHOWN.get(status, "INTERNAL")
-        self.done(
-            t0, held, op, model, status, error, cause, _GRPC, n_in, _GRPC, n_out, context, shown
+        super().__init__(
+            rec, gate, describe, GONE, wire=_GRPC, keeps=_kept, show=_shown, ok_shown="OK"
         )
 
 
@@ -163,27 +153,25 @@ def guard(
     env = CallEnvelope(rec, gate or AdmissionGate(), row.path)
 
     async def handler(data: bytes, context: Context) -> Any:
-        t0 = env.open()
-        model = ""
-        held = False
-        try:
-            held = env.admit(op)
-            msg = parse(message_type, data, rpc)
-            if field is not None:
-                model = getattr(msg, field)
-            if access is not None:
-                check_call(access, group, context)
-            answer = await fn((msg, data) if with_bytes else msg, context)
-            out = answer if isinstance(answer, bytes) else answer.SerializeToString()
-        except Exception as exc:
-            failure = answerable(exc, op)
-        except BaseException as exc:  # cancelled: recorded, and it goes on
-            env.end(t0, held, exc, op, model, len(data), 0, context)
-            raise
-        else:
-            env.end(t0, held, None, op, model, len(data), len(out), context)
-            return out
-        env.end(t0, held, failure, op, model, len(data), 0, context)
+        # a cancellation fails the exchange as it leaves the block, and goes on
+        with env.open(op, context) as x:
+            x.n_in = len(data)
+            try:
+                x.admit()
+                msg = parse(message_type, data, rpc)
+                if field is not None:
+                    x.model = getattr(msg, field)
+                if access is not None:
+                    check_call(access, group, context)
+                answer = await fn((msg, data) if with_bytes else msg, context)
+                out = answer if isinstance(answer, bytes) else answer.SerializeToString()
+            except Exception as exc:
+                failure = answerable(exc, op)
+            else:
+                x.status = 200
+                x.n_out = len(out)
+                return out
+            x.fail(failure)
         # the status set and no answer (grpc discards one with a non-OK code), not
         # context.abort(): its exception, kept by grpc's call state, makes a reference cycle
         context.set_code(status_code(failure))

@@ -36,7 +36,6 @@ envelope of a request is in :mod:`v2proxy.frontends.rest_record`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -56,7 +55,7 @@ from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.core.restricted import OPEN, AccessPolicy, passthrough_group
 from v2proxy.frontends import openapi, rest_record, routes
-from v2proxy.frontends.exchange import Envelope
+from v2proxy.frontends.exchange import Envelope, Exchange
 from v2proxy.frontends.mindie import MindieFrontend
 from v2proxy.frontends.mindie import error_answer as mindie_error_answer
 from v2proxy.frontends.openai import OpenAIFrontend
@@ -75,7 +74,6 @@ from v2proxy.frontends.rest_infer import InferEndpoint
 from v2proxy.frontends.rest_quick import QuickLane
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
-from v2proxy.http import request as http
 from v2proxy.http.request import HttpRequest, unless_gone
 from v2proxy.http.response import HttpResponse
 from v2proxy.ops.config_sections import MindieSettings, OpenAIModel, OpenAISettings
@@ -119,14 +117,9 @@ class RestFrontend:
         self.metrics: AnyMetrics = metrics or NullMetrics()
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
         #: admission, in flight, timing and the record of every request but /metrics
-        self.envelope = Envelope(self.recorder, self.gate, rest_record.describe, rest_record.GONE)
+        self.envelope = self._envelope(self.recorder)
         #: the same for the OpenAI routes, recorded under frontend="openai"
-        self.openai_envelope = Envelope(
-            FrontendRecorder(self.metrics, "openai", access_log),
-            self.gate,
-            rest_record.describe,
-            rest_record.GONE,
-        )
+        self.openai_envelope = self._envelope(FrontendRecorder(self.metrics, "openai", access_log))
         #: request bodies, whole and bounded by --max-body-size (and --max-input-size where
         #: the body is the input; chunked ones' sizes kept for the record, taken by dispatch)
         self.body = BodyReader(max_body_size, max_input_size)
@@ -141,9 +134,6 @@ class RestFrontend:
             self.metrics,
             limits=openai_limits,
         )
-        #: request (its id) -> the model of a route whose path names none (MindIE's /infer, the
-        #: OpenAI routes), for its record: set by the handler once known
-        self._models: dict[int, str] = {}
         infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
@@ -194,6 +184,19 @@ class RestFrontend:
         #: ``quick`` handler: :meth:`QuickLane.take <v2proxy.frontends.rest_quick.QuickLane.take>`)
         self.quick = QuickLane(self)
 
+    def _envelope(self, recorder: FrontendRecorder) -> Envelope:
+        """An exchange envelope of this frontend: its requests named by ``x-request-id``,
+        method and path, the HTTP layer's errors classified by :mod:`~v2proxy.frontends.
+        rest_record`."""
+        return Envelope(
+            recorder,
+            self.gate,
+            rest_record.describe,
+            rest_record.GONE,
+            classify=rest_record.transport_failure,
+            keeps=rest_record.cut_short,
+        )
+
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
         exchange envelope (:mod:`v2proxy.frontends.exchange`: admission, in flight, the record)."""
@@ -206,67 +209,57 @@ class RestFrontend:
         methods, m, route = found
         handler = methods.get(request.method, self.method_not_allowed)
         env = self.envelope if route.frontend == "rest" else self.openai_envelope
-        t0 = env.open()
         op = route.operation
-        model = (m.group("model") or "") if route.names_model else ""
-        if op == "infer":
-            rid, wire_in = rest_record.infer_facts(request)
-        else:
-            rid, wire_in = request.header(REQUEST_ID), "json"
-        status, error, cause, n_out, wire_out = 500, "internal", "", 0, "json"
-        held = False
-        try:
-            try:
-                held = env.admit(op)
-                group = route.check_first
-                if group is not None and handler is not self.method_not_allowed:
-                    # the row's API group, once, before the handler reads a body: 403, not a
-                    # body's 400 (headers gathered only for a group that is restricted)
-                    access = self.access
-                    if access.restricts(group):
-                        access.check(group, headers_of(request))
-                answer = await handler(request, m)
-            except ProxyError as exc:
-                # each API answers errors in its own shape (the route's errors column)
-                answer = _ERROR_ANSWERS[route.errors](exc)
-                _, error, cause = env.failure(exc)
-            if isinstance(answer, ForwardResponse):
-                status = answer.status
-                if op == "infer" and status == 200:
-                    wire_out = rest_record.wire_out(answer.headers)
-                content = answer.content
-                if content is not None and answer.release is no_release:  # read whole
-                    await response.send(status, forwarded_headers(answer, rid), content)
-                    n_out = len(content)
-                else:
-                    n_out = await write_forwarded(request, response, answer, rid)
+        # an exception that leaves the block fails the exchange (an error answer cut short by
+        # the client stays that error) and goes on
+        with env.open(op, request) as x:
+            if route.names_model:
+                x.model = m.group("model") or ""
+            if op == "infer":
+                rid, x.wire_in = rest_record.infer_facts(request)
             else:
-                status, headers, body = answer
-                if op == "infer" and status == 200:
-                    wire_out = rest_record.wire_out(headers)
-                n_out = rest_record.size(body)
-                if rid is not None:
-                    headers.append((REQUEST_ID, rid))
-                await response.send(status, headers, body)
-        except Exception as exc:
-            # an error answer cut short by the client stays that error
-            if not cause or not isinstance(exc, http.ClientDisconnected):
-                status, error, cause = env.failure(exc)
-            raise
-        except asyncio.CancelledError as exc:
-            # the connection was killed: the client went away, or the shutdown cut the request
-            status, error, cause = env.failure(exc)
-            raise
-        finally:
-            n_in = self.body.taken(request) if request.chunked else request.content_length or 0
-            if not cause and status >= 400:  # the handler's own (405, not ready), the backend's
-                error = rest_record.answer_error(op, status)
-            if route.frontend == "openai" or op == "mindie":
-                model = self._models.pop(id(request), model)
-            env.done(
-                t0, held, op, model, status, error, cause, wire_in, n_in, wire_out, n_out, request,
-                status,
-            )  # fmt: skip
+                rid = request.header(REQUEST_ID)
+            try:
+                try:
+                    x.admit()
+                    group = route.check_first
+                    if group is not None and handler is not self.method_not_allowed:
+                        # the row's API group, once, before the handler reads a body: 403, not
+                        # a body's 400 (headers gathered only for a group that is restricted)
+                        access = self.access
+                        if access.restricts(group):
+                            access.check(group, headers_of(request))
+                    answer = await handler(request, m, x)
+                except ProxyError as exc:
+                    # each API answers errors in its own shape (the route's errors column)
+                    answer = _ERROR_ANSWERS[route.errors](exc)
+                    x.fail(exc)
+                if isinstance(answer, ForwardResponse):
+                    x.status = status = answer.status
+                    if op == "infer" and status == 200:
+                        x.wire_out = rest_record.wire_out(answer.headers)
+                    content = answer.content
+                    if content is not None and answer.release is no_release:  # read whole
+                        await response.send(status, forwarded_headers(answer, rid), content)
+                        x.n_out = len(content)
+                    else:
+                        x.n_out = await write_forwarded(request, response, answer, rid)
+                else:
+                    x.status, headers, body = answer
+                    if op == "infer" and x.status == 200:
+                        x.wire_out = rest_record.wire_out(headers)
+                    x.n_out = rest_record.size(body)
+                    if rid is not None:
+                        headers.append((REQUEST_ID, rid))
+                    await response.send(x.status, headers, body)
+            finally:
+                x.n_in = (
+                    self.body.taken(request) if request.chunked else request.content_length or 0
+                )
+                if not x.cause and x.status >= 400:
+                    # an error answer of no ProxyError: the handler's own (405, not ready), the
+                    # backend's
+                    x.error = rest_record.answer_error(op, x.status)
 
     def check_access(self, group: str | None, request: HttpRequest) -> None:
         """The one access check of a request whose row defers it to its handler (MindIE's
@@ -312,38 +305,38 @@ class RestFrontend:
 
     # ------------------------------------------------------------------ health and metadata
 
-    async def live(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+    async def live(self, _r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         await self.pipeline.server_live()
         return 200, [], b""
 
-    async def ready(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+    async def ready(self, _r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         ok = await self.pipeline.server_ready()
         return 200 if ok else 400, [], b""
 
-    async def server_metadata(self, _r: HttpRequest, _m: re.Match[str]) -> Answer:
+    async def server_metadata(self, _r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         return json_answer(200, await self.pipeline.server_metadata())
 
-    async def model_metadata(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def model_metadata(self, _r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         return json_answer(200, await self.pipeline.model_metadata(*_model(m)))
 
-    async def model_config(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def model_config(self, _r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         return json_answer(200, await self.pipeline.model_config(*_model(m)))
 
-    async def model_ready(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def model_ready(self, _r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         if await self.pipeline.model_ready(*_model(m)):
             return 200, [], b""
         return json_answer(400, {"error": "Model version not ready"})
 
     # ------------------------------------------------------------------ side operations
 
-    async def statistics(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def statistics(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         return json_answer(200, await self.pipeline.statistics(*_model(m), headers_of(r)))
 
-    async def repository_index(self, r: HttpRequest, _m: re.Match[str]) -> Answer:
+    async def repository_index(self, r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         ready = side.index_ready(await self.read_body(r))
         return json_answer(200, await self.pipeline.repository_index(ready, headers_of(r)))
 
-    async def repository_load(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def repository_load(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         params = side.load_parameters(await self.read_body(r))
         load = m.group("action") == "load"
         await self.pipeline.repository_load(m.group("model"), load, params, headers_of(r))
@@ -354,18 +347,18 @@ class RestFrontend:
             return None
         return side.settings_update(await self.read_body(r), what)
 
-    async def trace_settings(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def trace_settings(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         update = await self._update(r, "trace settings")
         model = m.group("model") or ""
         return json_answer(200, await self.pipeline.trace_settings(model, update, headers_of(r)))
 
-    async def log_settings(self, r: HttpRequest, _m: re.Match[str]) -> Answer:
+    async def log_settings(self, r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         update = await self._update(r, "log settings")
         return json_answer(200, await self.pipeline.log_settings(update, headers_of(r)))
 
     # ------------------------------------------------------------------ pass-through
 
-    async def passthrough(self, request: HttpRequest, _m: Any = None) -> Answer:
+    async def passthrough(self, request: HttpRequest, _m: Any, _x: Exchange) -> Answer:
         target = request.target.decode("latin-1")
         if not target.startswith("/"):  # the HTTP layer refuses these already: never a host
             raise InvalidRequest("the request target must be a path starting with '/'")
@@ -374,11 +367,11 @@ class RestFrontend:
         self.check_access(passthrough_group(target), request)
         return await self.pipeline.passthrough(request.method, target, headers_of(request), body)
 
-    async def mindie_infer(self, r: HttpRequest, _m: Any) -> Answer:
+    async def mindie_infer(self, r: HttpRequest, _m: Any, x: Exchange) -> Answer:
         """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`): its row's group
         checked once, where MindIE's order puts it (after the body is validated)."""
         body = await self.body.read_input(r)
-        self._models[id(r)] = self.mindie.settings.model  # the one model /infer serves
+        x.model = self.mindie.settings.model  # the one model /infer serves
 
         def admit() -> None:
             self.check_access(routes.MINDIE.group, r)
@@ -386,30 +379,30 @@ class RestFrontend:
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.mindie.infer(body, headers_of(r), admit))
 
-    async def openai_models(self, _r: HttpRequest, _m: Any) -> Answer:
+    async def openai_models(self, _r: HttpRequest, _m: Any, _x: Exchange) -> Answer:
         """``GET /v1/models`` (:mod:`v2proxy.frontends.openai`): the proxy's own list, in the
         ``metadata`` group like the backend's."""
         return self.openai.list_models()
 
-    async def openai_model(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def openai_model(self, r: HttpRequest, m: re.Match[str], x: Exchange) -> Answer:
         """``GET /v1/models/{id}`` (the id percent-decoded: clients encode its ``/``)."""
         model_id = unquote(m.group("id"))
         answer = self.openai.get_model(model_id)  # (NotFound for an id of no model)
-        self._models[id(r)] = model_id
+        x.model = model_id
         return answer
 
-    async def openai_completions(self, r: HttpRequest, _m: Any) -> Answer:
+    async def openai_completions(self, r: HttpRequest, _m: Any, x: Exchange) -> Answer:
         """``POST /v1/completions``."""
-        return await self._openai_generate(r, False)
+        return await self._openai_generate(r, False, x)
 
-    async def openai_chat(self, r: HttpRequest, _m: Any) -> Answer:
+    async def openai_chat(self, r: HttpRequest, _m: Any, x: Exchange) -> Answer:
         """``POST /v1/chat/completions``."""
-        return await self._openai_generate(r, True)
+        return await self._openai_generate(r, True, x)
 
-    async def _openai_generate(self, r: HttpRequest, chat: bool) -> Answer:
+    async def _openai_generate(self, r: HttpRequest, chat: bool, x: Exchange) -> Answer:
         prepared = self.openai.prepare(chat, await self._openai_body(r))
         # the record's model: the id the body named, once known to be one of the section's
-        self._models[id(r)] = prepared[1].model
+        x.model = prepared[1].model
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.openai.generate(prepared, headers_of(r)))
 
@@ -422,11 +415,11 @@ class RestFrontend:
             return body
         return compression.decompress(body, encoding.decode("latin-1"), self.max_input_size)
 
-    async def openapi_document(self, _r: HttpRequest, _m: Any) -> Answer:
+    async def openapi_document(self, _r: HttpRequest, _m: Any, _x: Exchange) -> Answer:
         """``GET /openapi.json``: the document of this API (never passed through)."""
         return 200, list(JSON), openapi.document_json()
 
-    async def not_allowed(self, _r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def not_allowed(self, _r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6), in the shape
         of the route's API."""
         if _ERRORS[m.re] == "openai":

@@ -27,6 +27,7 @@ from v2proxy.core.admission import RETRY_AFTER_S
 from v2proxy.core.errors import Overloaded, ProxyError, UnsupportedEncoding
 from v2proxy.core.model import Buffer
 from v2proxy.core.ports import ForwardResponse, no_release
+from v2proxy.frontends.exchange import Exchange
 from v2proxy.http.request import HttpRequest
 from v2proxy.http.response import HttpResponse
 
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 #: a complete answer: status, headers, body; or one passed through
 Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
-#: a handler of the route table, bound to its endpoint: (request, its path match) -> answer
-Handler = Callable[[HttpRequest, Any], Awaitable[Answer]]
+#: a handler of the route table, bound to its endpoint: (request, its path match, its
+#: exchange: where a handler whose path names no model sets the one it serves) -> answer
+Handler = Callable[[HttpRequest, Any, Exchange], Awaitable[Answer]]
 
 JSON = [(b"content-type", b"application/json")]
 

@@ -35,6 +35,7 @@ from v2proxy.core.generate import single
 from v2proxy.core.model import InferResponse
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse
+from v2proxy.frontends.exchange import Exchange
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.http.request import ClientDisconnected, HttpRequest
@@ -54,10 +55,10 @@ class GenerateEndpoint:
         #: the body is the generation's input: within --max-input-size
         self.read_body = body.read_input
 
-    async def generate(self, r: HttpRequest, m: Any) -> Answer:
+    async def generate(self, r: HttpRequest, m: Any, _x: Exchange) -> Answer:
         return await self._generate(r, m, stream=False)
 
-    async def generate_stream(self, r: HttpRequest, m: Any) -> Answer:
+    async def generate_stream(self, r: HttpRequest, m: Any, _x: Exchange) -> Answer:
         return await self._generate(r, m, stream=True)
 
     async def _generate(self, r: HttpRequest, m: Any, stream: bool) -> Answer:

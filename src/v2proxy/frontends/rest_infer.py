@@ -36,6 +36,7 @@ from v2proxy.codecs import compression
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.pipeline import Answered, Decode, Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
+from v2proxy.frontends.exchange import Exchange
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader
 from v2proxy.http.headers import HOP_BY_HOP
@@ -102,7 +103,7 @@ class InferEndpoint:
         #: --max-input-size: a decompressed body, a decoded tensor
         self.max_input_size = max_input_size
 
-    async def infer(self, r: HttpRequest, m: Any) -> Answer:
+    async def infer(self, r: HttpRequest, m: Any, _x: Exchange) -> Answer:
         """The handler of the route (``m``: its path match, naming the model and version)."""
         model, version = m.group("model", "version")
         model = model or ""

@@ -13,7 +13,9 @@ the general path takes, called from here:
 - the one decision (:func:`~v2proxy.core.relay.relays_as_sent`): relayed as sent when no stage
   applies, with the limits of the full decoder;
 - the exchange envelope (:class:`~v2proxy.frontends.exchange.Envelope`): in flight, admission,
-  the one record (metrics, failure lines, access log);
+  the one record (metrics, failure lines, access log); the lane's object per request is the
+  request's :class:`~v2proxy.frontends.exchange.Exchange`, ended from the callback that
+  finishes its answer;
 - the backend's whole-body relay (:meth:`Backend.relay_now
   <v2proxy.core.ports.Backend.relay_now>`, the same call as :meth:`~v2proxy.core.ports.Backend.
   relay_infer`'s), then the answer or the error in v2's shape (:func:`~v2proxy.frontends.
@@ -40,7 +42,7 @@ from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.core.relay import relays_as_sent
 from v2proxy.frontends import rest_record
-from v2proxy.frontends.exchange import Envelope
+from v2proxy.frontends.exchange import Envelope, Exchange
 from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write_forwarded
 from v2proxy.frontends.rest_infer import infer_headers
 from v2proxy.http.request import ClientDisconnected, HttpRequest
@@ -125,19 +127,24 @@ class QuickLane:
             or self.access.restricts(self.group)
         ):
             return False
-        env = self.envelope
-        t0 = env.open()
+        exchange = _Exchange(self.envelope, _OP, request)
         try:
-            held = env.admit(_OP)
+            exchange.admit()
         except Overloaded:
-            env.undo(False)
+            exchange.undo()
             return False
-        model = found[1].group("model") or ""
-        version = found[1].group("version") or ""
-        exchange = _Exchange(self, request, response, t0, held, model, rid, len(body))
+        exchange.lane = self
+        exchange.response = response
+        exchange.rid = rid
+        exchange.n_in = len(body)
+        exchange.cancel = exchange.task = None
+        exchange.over = False
+        model, version = found[1].group("model", "version")
+        model = exchange.model = model or ""
+        version = version or ""
         cancel = self.backend.relay_now(model, version, body, forwarded, exchange.answered)
         if cancel is None:
-            env.undo(held)
+            exchange.undo()
             return False
         exchange.cancel = cancel
         response.on_cut = exchange.cut
@@ -146,48 +153,21 @@ class QuickLane:
         return True
 
 
-class _Exchange:
-    """One request taken by the lane, until its answer is written and recorded."""
+class _Exchange(Exchange):
+    """One request taken by the lane, its exchange until its answer is written and recorded
+    (:meth:`_done`, once)."""
 
-    __slots__ = (
-        "cancel",
-        "held",
-        "lane",
-        "model",
-        "n_in",
-        "over",
-        "request",
-        "response",
-        "rid",
-        "t0",
-        "task",
-    )
+    __slots__ = ("cancel", "lane", "over", "response", "rid", "task")
 
-    def __init__(
-        self,
-        lane: QuickLane,
-        request: HttpRequest,
-        response: HttpResponse,
-        t0: float,
-        held: bool,
-        model: str,
-        rid: bytes | None,
-        n_in: int,
-    ) -> None:
-        self.lane = lane
-        self.request = request
-        self.response = response
-        self.t0 = t0
-        self.held = held
-        self.model = model
-        self.rid = rid
-        self.n_in = n_in
-        #: gives the backend call up (its connection closes, no outcome follows)
-        self.cancel: Callable[[], None] | None = None
-        #: the task finishing an answer the lane could not write at once, if any
-        self.task: asyncio.Task[None] | None = None
-        #: recorded and finished (once)
-        self.over = False
+    lane: QuickLane
+    response: HttpResponse
+    rid: bytes | None
+    #: gives the backend call up (its connection closes, no outcome follows)
+    cancel: Callable[[], None] | None
+    #: the task finishing an answer the lane could not write at once, if any
+    task: asyncio.Task[None] | None
+    #: recorded and finished (once)
+    over: bool
 
     def cut(self) -> None:
         """The server cut the client's connection (shutdown past ``--drain-timeout``): the
@@ -196,8 +176,9 @@ class _Exchange:
             self.cancel()
         if self.task is not None:
             self.task.cancel()
-        status, error, cause = self.lane.envelope.failure(asyncio.CancelledError())
-        self._done(status, error, cause, "json", 0)
+        if not self.over:
+            self.fail(asyncio.CancelledError())
+            self._done("json", 0)
 
     def answered(self, outcome: ForwardResponse | ProxyError) -> None:
         """The backend's outcome: the answer written (or handed to a task), then recorded.
@@ -206,14 +187,13 @@ class _Exchange:
         try:
             self._answer(outcome)
         except Exception as exc:
-            log.exception("the quick lane failed on %s", self.request.path)
+            log.exception("the quick lane failed on %s", self.source.path)
             self.response.abort()
-            status, error, cause = self.lane.envelope.failure(exc)
-            self._done(status, error, cause, "json", 0)
+            if not self.over:
+                self.fail(exc)
+                self._done("json", 0)
 
     def _answer(self, outcome: ForwardResponse | ProxyError) -> None:
-        env = self.lane.envelope
-        error = cause = None
         if isinstance(outcome, ForwardResponse):
             content = outcome.content
             if content is None or outcome.release is not no_release:
@@ -225,32 +205,31 @@ class _Exchange:
             wire_out = rest_record.wire_out(outcome.headers)
         else:
             status, headers, body = error_answer(outcome)
-            _, error, cause = env.failure(outcome)
+            self.fail(outcome)
             if self.rid is not None:
                 headers.append((rest_record.REQUEST_ID, self.rid))
             wire_out = "json"
+        self.status = status
         response = self.response
         if not response.send_now(status, headers, body):
             # not written at once (a client gone, a large body): the general path's writer
-            self._later(self._send(status, headers, body, error, cause, wire_out))
+            self._later(self._send(status, headers, body, wire_out))
         elif response.paused:  # written; the next request waits until the client keeps up
-            self._later(self._drained(status, error, cause, wire_out, len(body)))
+            self._later(self._drained(wire_out, len(body)))
         else:
-            self._done(status, error, cause, wire_out, len(body))
+            self._done(wire_out, len(body))
 
-    def _done(
-        self, status: int, error: str | None, cause: str | None, wire_out: str, n_out: int
-    ) -> None:
+    def _done(self, wire_out: str, n_out: int) -> None:
+        """The exchange ends (once): recorded with what it says, and its response finished."""
         if self.over:
             return
         self.over = True
         self.cancel = self.task = None  # (each holds this exchange: no cycle left behind)
-        if error is None and status >= 400:
-            error = rest_record.answer_error(_OP, status)
-        self.lane.envelope.done(
-            self.t0, self.held, _OP, self.model, status, error, cause, "json", self.n_in,
-            wire_out, n_out, self.request, status,
-        )  # fmt: skip
+        if self.cause is None and self.status >= 400:  # the backend's error answer
+            self.error = rest_record.answer_error(_OP, self.status)
+        self.wire_out = wire_out
+        self.n_out = n_out
+        self.end()
         self.response.finished()
 
     def _later(self, work: asyncio.Future[None] | object) -> None:
@@ -265,40 +244,38 @@ class _Exchange:
         status: int,
         headers: list[tuple[bytes, bytes]],
         body: bytes | bytearray,
-        error: str | None,
-        cause: str | None,
         wire_out: str,
     ) -> None:
         try:
             await self.response.send(status, headers, body)
         except Exception as exc:
-            if cause is None or not isinstance(exc, ClientDisconnected):
-                status, error, cause = self._failed(exc)
-        self._done(status, error, cause, wire_out, len(body))
+            # an error answer cut short by the client stays that error
+            if self.cause is None or not isinstance(exc, ClientDisconnected):
+                self._failed(exc)
+        self._done(wire_out, len(body))
 
-    async def _drained(
-        self, status: int, error: str | None, cause: str | None, wire_out: str, n_out: int
-    ) -> None:
+    async def _drained(self, wire_out: str, n_out: int) -> None:
         try:
             await self.response.drain()
         except Exception as exc:
-            if cause is None or not isinstance(exc, ClientDisconnected):
-                status, error, cause = self._failed(exc)
-        self._done(status, error, cause, wire_out, n_out)
+            if self.cause is None or not isinstance(exc, ClientDisconnected):
+                self._failed(exc)
+        self._done(wire_out, n_out)
 
     async def _stream(self, answer: ForwardResponse) -> None:
-        status, error, cause, n_out = answer.status, None, None, 0
+        self.status, n_out = answer.status, 0
         wire_out = rest_record.wire_out(answer.headers)
         try:
-            n_out = await write_forwarded(self.request, self.response, answer, self.rid)
+            n_out = await write_forwarded(self.source, self.response, answer, self.rid)
         except Exception as exc:
-            status, error, cause = self._failed(exc)
-        self._done(status, error, cause, wire_out, n_out)
+            self._failed(exc)
+        self._done(wire_out, n_out)
 
-    def _failed(self, exc: Exception) -> tuple[int, str, str]:
-        """What a write that failed is recorded as; anything but the client leaving is a bug,
+    def _failed(self, exc: Exception) -> None:
+        """A write failed: recorded as what it is; anything but the client leaving is a bug,
         logged, and the connection is aborted."""
         if not isinstance(exc, ClientDisconnected):
-            log.error("the quick lane's answer to %s failed", self.request.path, exc_info=exc)
+            log.error("the quick lane's answer to %s failed", self.source.path, exc_info=exc)
             self.response.abort()
-        return self.lane.envelope.failure(exc)
+        if not self.over:
+            self.fail(exc)

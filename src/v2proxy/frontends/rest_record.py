@@ -1,6 +1,11 @@
 """What the REST frontend tells the exchange envelope (:mod:`v2proxy.frontends.exchange`) of each
-answered request (:meth:`RestFrontend.dispatch`): how its log lines name it, the wire forms and
-sizes of its bodies, and the ``error`` label of an error answer that is no ProxyError.
+answered request (:meth:`RestFrontend.dispatch`): how its log lines name it, what the HTTP
+layer's own errors are recorded as (:func:`transport_failure`, :func:`cut_short`), the wire
+forms and sizes of its bodies, and the ``error`` label of an error answer that is no ProxyError.
+
+The HTTP layer's errors: a client that went away (``ClientDisconnected``) is 499
+``client_disconnected``, and one that leaves while an error answer is written leaves that error
+recorded; a request body the server refused (``BodyError``) its status and ``invalid_request``.
 
 The ``error`` label: the ProxyError's kind when the handler raised one; for an error answer that
 is none (a handler's own 405 or 400 "not ready", or the backend's answer passed through) it is
@@ -13,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from v2proxy.core.model import Buffer
-from v2proxy.http.request import HttpRequest
+from v2proxy.frontends.exchange import GONE_STATUS
+from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
 from v2proxy.http.response import nbytes
 
 REQUEST_ID = b"x-request-id"
@@ -29,6 +35,22 @@ def describe(request: Any) -> tuple[str | None, str, str]:
     r: HttpRequest = request
     rid = r.header(REQUEST_ID)
     return None if rid is None else rid.decode("latin-1"), r.method, r.path
+
+
+def transport_failure(exc: BaseException) -> tuple[int, str, str] | None:
+    """What an error of the HTTP layer is recorded as (the envelope's ``classify``): (status,
+    error kind, cause), or None for an exception that is none of its."""
+    if isinstance(exc, ClientDisconnected):
+        return GONE_STATUS, "client_disconnected", GONE
+    if isinstance(exc, BodyError):
+        return exc.status, "invalid_request", str(exc)
+    return None
+
+
+def cut_short(exc: BaseException) -> bool:
+    """Whether ``exc``, interrupting an error answer, leaves that error recorded (the
+    envelope's ``keeps``): the client went away while it was written."""
+    return isinstance(exc, ClientDisconnected)
 
 
 def answer_error(op: str, status: int) -> str:

@@ -26,6 +26,7 @@ from v2proxy.codecs import side
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import InvalidRequest
 from v2proxy.core.pipeline import Pipeline
+from v2proxy.frontends.exchange import Exchange
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader, peer_of
 from v2proxy.http.request import HttpRequest
@@ -46,12 +47,12 @@ class SharedMemoryEndpoints:
         self.pipeline = pipeline
         self.read_body = body.read
 
-    async def status(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def status(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         kind, name = m.group("kind"), _name(m)
         regions = await self.pipeline.shm_status(kind, name, peer_of(r))
         return 200, [_JSON], dumps(regions)
 
-    async def register(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def register(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         name, kind = _name(m), m.group("kind")
         body = await self.read_body(r)
         if not name:
@@ -66,7 +67,7 @@ class SharedMemoryEndpoints:
             await self.pipeline.shm_register(name, key, offset, byte_size, peer_of(r))
         return 200, [_JSON], b""
 
-    async def unregister(self, r: HttpRequest, m: re.Match[str]) -> Answer:
+    async def unregister(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         kind, name = m.group("kind"), _name(m)
         await self.pipeline.shm_unregister(kind, name, peer_of(r))
         return 200, [_JSON], b""
