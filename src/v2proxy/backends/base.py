@@ -213,11 +213,7 @@ class BalancedClient:
         first = time.monotonic() if call_timeout is not None else 0.0
         timeout = call_timeout
         while True:
-            ep = endpoints.pick(tried)
-            if ep is None:
-                if last is None:
-                    raise BackendUnavailable("the backend has no endpoint")
-                raise last
+            ep = endpoints.next(tried, last)
             if tried and call_timeout is not None:  # the next endpoint has what is left
                 timeout = max(call_timeout - (time.monotonic() - first), 0.001)
             ep.outstanding += 1
@@ -259,11 +255,7 @@ class BalancedClient:
         last: Exception | None = None
         try:
             while True:
-                ep = endpoints.pick(tried)
-                if ep is None:
-                    if last is None:
-                        raise BackendUnavailable("the backend has no endpoint")
-                    raise last
+                ep = endpoints.next(tried, last)
                 ep.outstanding += 1
                 try:
                     got = await _post_whole(ep.client, target, headers, body, deadline, limit)

@@ -43,6 +43,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from v2proxy.core.errors import BackendUnavailable
+
 log = logging.getLogger(__name__)
 
 #: first back-off of an endpoint that could not be reached (s), doubled per failure in a row
@@ -278,6 +280,17 @@ class Endpoints(Generic[C]):
             elif best is None or ep.outstanding < best.outstanding:
                 best = ep
         return best if best is not None else due
+
+    def next(self, tried: Sequence[Endpoint[C]], last: Exception | None) -> Endpoint[C]:
+        """:meth:`pick` for a call that goes on to the next endpoint when one fails (``tried``:
+        those it failed on, ``last``: the last failure); when none is left, that failure is
+        raised, or :class:`~v2proxy.core.errors.BackendUnavailable` when there was none."""
+        ep = self.pick(tried)
+        if ep is None:
+            if last is None:
+                raise BackendUnavailable("the backend has no endpoint")
+            raise last
+        return ep
 
     def unpick(self) -> None:
         """The last :meth:`pick` was not used (the call went nowhere): the rotation steps back,

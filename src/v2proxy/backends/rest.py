@@ -75,7 +75,6 @@ from v2proxy.codecs.answer_heads import AnswerHeads
 from v2proxy.codecs.json import dumps
 from v2proxy.core.errors import (
     BackendError,
-    BackendUnavailable,
     BadGateway,
     CodecError,
     ProxyError,
@@ -431,11 +430,7 @@ class RestBackend:
 
         try:
             while True:
-                ep = endpoints.pick(tried)
-                if ep is None:
-                    if last is None:
-                        raise BackendUnavailable("the backend has no endpoint")
-                    raise last
+                ep = endpoints.next(tried, last)
                 client: HttpClient = ep.client
                 head = client.head(
                     "POST",

@@ -647,6 +647,10 @@ class Connection(asyncio.Protocol):
                     log.exception("HTTP quick handler failed on %s %s", req.method, req.path)
                     self.abort()
                     return
+        self._serve_queue()
+
+    def _serve_queue(self) -> None:
+        """The serving task takes the queue: woken when parked, else started."""
         parked = self.parked
         if parked is not None:
             if not parked.done():
@@ -676,12 +680,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if queue:  # requests that came meanwhile: the serving task's
-            parked = self.parked
-            if parked is not None:
-                if not parked.done():
-                    parked.set_result(None)
-            else:
-                self.cycle = self.loop.create_task(self._serve())
+            self._serve_queue()
         else:
             self.serving = False
             self.answer = None
