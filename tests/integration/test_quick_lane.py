@@ -18,7 +18,7 @@ from aiohttp import web
 from tests.integration.conftest import Factory, ProxyClient, Seen, settings
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_rest_backend import url_of
-from tests.integration.test_rest_errors import simple_json
+from tests.integration.test_rest_errors import BIN_HEADER, BLOB, framed, simple_json
 from v2proxy.app import build_rest
 from v2proxy.app_core import build_backend, build_metrics, build_pipeline
 from v2proxy.backends.metered import metered
@@ -95,12 +95,13 @@ async def test_the_lane_answers_what_the_decoded_path_answers(
 async def test_a_backend_that_takes_json_transcoded_is_never_offered_the_lane(
     make_client: Factory, recorded: tuple[ProxyClient, list[Seen]]
 ) -> None:
-    """With ``--backend-encoding binary`` the lane neither waits for a body nor checks one (the
-    general path decodes it straight away): it is off for that backend."""
+    """With ``--backend-encoding binary`` the lane neither waits for a JSON body nor checks one
+    (the general path decodes it straight away): it is off for JSON bodies to that backend
+    (binary-framed ones it takes: the next test)."""
     backend, _ = recorded
     transcoded = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
     lane = transcoded.frontend.quick
-    assert lane.speaks_rest is False
+    assert lane.takes_json is False
     resp = await post(transcoded, simple_json())
     assert resp.status == 200, await resp.text()
     assert taken(transcoded) == 0
@@ -342,3 +343,63 @@ async def test_a_failure_in_the_lane_loses_one_connection_not_the_proxy(
     _, m = await scrape(proxy)
     assert value(m, "v2proxy_requests_total", operation="infer", code_class="5xx") == 1
     assert value(m, "v2proxy_inflight_requests") == 0
+
+
+async def test_a_binary_body_takes_the_lane_checked_by_the_decoder(
+    make_client: Factory, recorded: tuple[ProxyClient, list[Seen]]
+) -> None:
+    """A binary-framed body (tritonclient's default) is checked by the full decoder and relayed
+    as sent when no stage applies; its answer is the general path's; a malformed one, or one a
+    stage applies to, is left to the general path (which names the field at fault)."""
+    backend, seen = recorded
+    proxy = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
+    general = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
+    general.frontend.quick.speaks_rest = False  # the lane off: the general path's answer
+    body, headers = framed(BIN_HEADER, BLOB + BLOB)
+    for client in (proxy, general):
+        resp = await client.post(
+            INFER, data=body, headers=headers, skip_auto_headers=["Accept-Encoding"]
+        )
+        assert resp.status == 200, await resp.text()
+    assert taken(proxy) == 0  # a cold pool: the first on the general path
+    before = len(seen)
+    resp = await proxy.post(
+        INFER,
+        data=body,
+        headers={**headers, "x-request-id": "b"},
+        skip_auto_headers=["Accept-Encoding"],
+    )
+    assert resp.status == 200
+    assert taken(proxy) == 1
+    assert resp.headers["x-request-id"] == "b"
+    lane_answer = await resp.read()
+    assert (
+        seen[before].headers["Inference-Header-Content-Length"]
+        == headers["Inference-Header-Content-Length"]
+    )
+    resp = await general.post(
+        INFER, data=body, headers=headers, skip_auto_headers=["Accept-Encoding"]
+    )
+    assert await resp.read() == lane_answer  # the backend's bytes, both ways
+    _, m = await scrape(proxy)
+    assert (
+        value(m, "v2proxy_transcode_duration_seconds_count", direction="decode", wire="binary") == 2
+    )
+    # malformed: one byte short of its binary_data_size
+    bad, bad_headers = framed(BIN_HEADER, BLOB + BLOB[:-1])
+    resp = await proxy.post(
+        INFER, data=bad, headers=bad_headers, skip_auto_headers=["Accept-Encoding"]
+    )
+    assert resp.status == 400
+    assert taken(proxy) == 1
+    # a stage applies: an output classified by the proxy
+    classified = {
+        **BIN_HEADER,
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}],
+    }
+    body, headers = framed(classified, BLOB + BLOB)
+    resp = await proxy.post(
+        INFER, data=body, headers=headers, skip_auto_headers=["Accept-Encoding"]
+    )
+    assert resp.status == 200, await resp.text()
+    assert taken(proxy) == 1

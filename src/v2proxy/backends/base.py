@@ -87,8 +87,13 @@ class NonRestBackend:
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
+        *,
+        ihcl: int | None = None,
     ) -> Callable[[], None] | None:
         return None  # decoded requests only
+
+    def relays_binary(self, size: int) -> bool:
+        return False
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

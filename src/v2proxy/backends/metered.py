@@ -91,6 +91,8 @@ class MeteredBackend:
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
+        *,
+        ihcl: int | None = None,
     ) -> Callable[[], None] | None:
         t0 = perf_counter()
         rec = self._rec
@@ -100,7 +102,10 @@ class MeteredBackend:
             rec.done("relay_infer", model, perf_counter() - t0, failed)
             done(outcome)
 
-        return self.inner.relay_now(model, version, body, headers, timed)
+        return self.inner.relay_now(model, version, body, headers, timed, ihcl=ihcl)
+
+    def relays_binary(self, size: int) -> bool:
+        return self.inner.relays_binary(size)
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

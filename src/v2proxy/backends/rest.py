@@ -377,8 +377,18 @@ class RestBackend:
                 self._targets[(model, version)] = target
         return target
 
+    def relays_binary(self, size: int) -> bool:
+        return self.encoding.relays_known(True, size) is True
+
     def relay_now(
-        self, model: str, version: str, body: bytes | bytearray, headers: Headers, done: Done
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Done,
+        *,
+        ihcl: int | None = None,
     ) -> Callable[[], None] | None:
         """Send a whole JSON /infer body unchanged at once, on a connection idle right now
         (:class:`~v2proxy.backends.rest_relay.RelayCall`): its outcome, the answer unchanged
@@ -386,7 +396,7 @@ class RestBackend:
         with nothing sent, when it cannot go at once (not started, the encoding not yet known
         to relay it, no idle connection): :meth:`relay_infer` then."""
         loop = self._loop
-        if loop is None or not self.encoding.relays_known(False, len(body)):
+        if loop is None or not self.encoding.relays_known(ihcl is not None, len(body)):
             return None
         endpoints = self._pool.endpoints
         ep = endpoints.pick()
@@ -395,7 +405,7 @@ class RestBackend:
         client = ep.client
         try:
             head = client.head(
-                "POST", self._infer_target(model, version), infer_headers(headers, None), len(body)
+                "POST", self._infer_target(model, version), infer_headers(headers, ihcl), len(body)
             )
             conn = client.idle_now()
         except ValueError:

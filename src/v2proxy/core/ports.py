@@ -133,6 +133,11 @@ class Backend(Protocol):
         of that form and size unchanged (it may prefer another form for a large body)."""
         ...
 
+    def relays_binary(self, size: int) -> bool:
+        """Whether :meth:`relay_now` is known, without asking the model server, to take a
+        binary-framed body of ``size`` bytes unchanged (False: unknown, or it would not)."""
+        ...
+
     def relay_now(
         self,
         model: str,
@@ -140,12 +145,15 @@ class Backend(Protocol):
         body: bytes | bytearray,
         headers: Headers,
         done: Callable[[ForwardResponse | ProxyError], None],
+        *,
+        ihcl: int | None = None,
     ) -> Callable[[], None] | None:
-        """:meth:`relay_infer` of a whole JSON body, sent at once if it can be, without a
-        coroutine: when it was sent, the call's cancel (giving it up: its connection closes, no
-        outcome follows), its outcome (the answer unchanged once checked, or the error-tree
-        error to answer) given to ``done`` later, once; None, with nothing sent, when it
-        cannot go at once (then :meth:`relay_infer` it)."""
+        """:meth:`relay_infer` of a whole body (JSON, or binary-framed: ``ihcl``, its JSON
+        header's length), sent at once if it can be, without a coroutine. When it was sent:
+        the call's cancel (giving it up: its connection closes, no outcome follows), and its
+        outcome (the answer unchanged once checked, or the error-tree error to answer) given
+        to ``done`` later, once. None, with nothing sent, when it cannot go at once (then
+        :meth:`relay_infer` it)."""
         ...
 
     # the gRPC↔gRPC pass-through fast path

@@ -9,9 +9,12 @@ the general path takes, called from here:
 
 - the route row (the ``infer`` row, found in the frontend's route cache), its operation label;
 - the headers, filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`): the request
-  id, and no compression either way, no binary framing;
+  id, and no compression either way;
 - the one decision (:func:`~v2proxy.core.relay.relays_as_sent`): relayed as sent when no stage
-  applies, with the limits of the full decoder;
+  applies, with the limits of the full decoder; a binary-framed body is decoded by the full
+  decoder for its checks (its decode time recorded as the general path records it) and relayed
+  as sent when no stage applies (:func:`~v2proxy.core.relay.nothing_to_do`) and the backend
+  takes binary tensors;
 - the exchange envelope (:class:`~v2proxy.frontends.exchange.Envelope`): in flight, admission,
   the one record (metrics, failure lines, access log); the lane's object per request is the
   request's :class:`~v2proxy.frontends.exchange.Exchange`, ended from the callback that
@@ -23,7 +26,7 @@ the general path takes, called from here:
 
 It declines (the request goes to the serving task, untouched: nothing was read, admitted or
 sent) whatever would take a decision of its own: another route or method, a body not whole in
-one piece, compression, binary framing, an API group restricted by ``--restricted-api``, a
+one piece, compression, a raw binary body, an API group restricted by ``--restricted-api``, a
 request the gate refuses (the general path answers the 503), a body that needs decoding, a
 backend that cannot send it at once. An answer that cannot be written at once (the client
 reads slowly, a large answer streamed) is finished by a task running the general path's
@@ -35,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING
 
+from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.ports import ForwardResponse, no_release
-from v2proxy.core.relay import relays_as_sent
+from v2proxy.core.relay import nothing_to_do, relays_as_sent
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import Envelope, Exchange
 from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write_forwarded
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
     from v2proxy.frontends.rest import RestFrontend
 
 _OP = "infer"
+_IHCL = b"inference-header-content-length"
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +67,7 @@ class QuickLane:
     __slots__ = (
         "access",
         "backend",
+        "decoded",
         "envelope",
         "found",
         "group",
@@ -70,7 +77,9 @@ class QuickLane:
         "route",
         "row",
         "speaks_rest",
+        "stages",
         "taken",
+        "takes_json",
         "tasks",
     )
 
@@ -80,7 +89,12 @@ class QuickLane:
         #: only a backend that speaks v2 REST relays a body as sent, and not one that takes
         #: every JSON body transcoded (``--backend-encoding binary``: the general path decodes
         #: it straight away, with no relay check)
-        self.speaks_rest = self.backend.speaks_rest and not self.backend.transcodes_json
+        self.speaks_rest = self.backend.speaks_rest
+        self.takes_json = self.speaks_rest and not self.backend.transcodes_json
+        #: the stages, which a binary-framed body decoded for its check must not need
+        self.stages = pipeline.stages
+        #: the decode time of a binary-framed body checked here, as the general path records it
+        self.decoded = frontend.recorder.decode["binary"]
         self.access = frontend.access
         self.envelope: Envelope = frontend.envelope
         self.max_body_size = frontend.max_body_size
@@ -106,27 +120,54 @@ class QuickLane:
             and self.speaks_rest
             and (self.found.get(request.path) or self.route(request.path))[2] is self.row
             and not self.access.restricts(self.group)
+            and (self.takes_json or request.header(_IHCL) is not None)
         )
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
         """The HTTP server's quick handler: True when the lane has taken ``request``."""
         if request.method != "POST" or not self.speaks_rest:
             return False
+        if not self.takes_json and request.header(_IHCL) is None:
+            return False  # (a JSON body to a backend that takes it transcoded)
         found = self.found.get(request.path) or self.route(request.path)
         if found[2] is not self.row:
             return False
         body = request.whole(self.max_body_size, take=False)
         if body is None:
             return False
-        accept, encoding, ihcl, forwarded, rid = infer_headers(request)
+        accept, encoding, ihcl_value, forwarded, rid = infer_headers(request)
         if (
             encoding is not None
-            or ihcl is not None
             or (accept is not None and compression.choose_encoding(accept) is not None)
-            or not relays_as_sent(body, self.max_input_size, self.max_tensors)
             or self.access.restricts(self.group)
         ):
             return False
+        model, version = found[1].group("model", "version")
+        model = model or ""
+        version = version or ""
+        decoded = 0.0
+        if ihcl_value is None:
+            ihcl = None
+            if not self.takes_json or not relays_as_sent(
+                body, self.max_input_size, self.max_tensors
+            ):
+                return False
+        else:  # binary-framed: checked by the decoder (its error is the general path's to say)
+            if not self.backend.relays_binary(len(body)):
+                return False
+            t0 = perf_counter()
+            try:
+                ihcl = binc.parse_ihcl(ihcl_value, len(body))
+                if not ihcl:  # raw: its shape comes from the model's metadata
+                    return False
+                checked = binc.decode_request(
+                    body, ihcl, model, version, self.max_input_size, self.max_tensors
+                )
+            except ProxyError:
+                return False
+            if not nothing_to_do(checked, True, self.stages):
+                return False
+            decoded = perf_counter() - t0
         exchange = _Exchange(self.envelope, _OP, request)
         try:
             exchange.admit()
@@ -139,13 +180,16 @@ class QuickLane:
         exchange.n_in = len(body)
         exchange.cancel = exchange.task = None
         exchange.over = False
-        model, version = found[1].group("model", "version")
-        model = exchange.model = model or ""
-        version = version or ""
-        cancel = self.backend.relay_now(model, version, body, forwarded, exchange.answered)
+        exchange.model = model
+        cancel = self.backend.relay_now(
+            model, version, body, forwarded, exchange.answered, ihcl=ihcl
+        )
         if cancel is None:
             exchange.undo()
             return False
+        if ihcl is not None:
+            exchange.wire_in = "binary"
+            self.decoded.observe(decoded)
         exchange.cancel = cancel
         response.on_cut = exchange.cut
         request.taken()
