@@ -107,6 +107,8 @@ class RelayCall:
         self.ep.outstanding += 1
         conn.on_event = self.event
         conn.begin(False, self.due)
+        conn.read_upto = READ_WHOLE  # (read whole with no event at its head)
+        conn.read_limit = self.side.limit
         conn.transport.write(head + body if len(body) <= 65536 else b"".join((head, body)))
 
     def abandon(self) -> None:

@@ -131,6 +131,8 @@ class ClientConnection(asyncio.Protocol):
         "limit",
         "on_event",
         "pieces",
+        "read_limit",
+        "read_upto",
         "reason",
         "reusable",
         "reused",
@@ -148,6 +150,10 @@ class ClientConnection(asyncio.Protocol):
         self._loop = loop
         self.whole = False
         self.limit: int | None = None
+        #: set for one answer (after :meth:`begin`): one up to this size, or not a 200, is read
+        #: whole within ``read_limit`` with no event at its head (see :meth:`_read_at_head`)
+        self.read_upto: int | None = None
+        self.read_limit: int | None = None
         self.pieces: deque[bytes] = deque()
         self.buffered = 0
         self._reading_paused = False
@@ -314,10 +320,26 @@ class ClientConnection(asyncio.Protocol):
         self._state = _BODY
         if self._head_only:
             self._complete()
+        elif self.read_upto is not None and self._read_at_head():
+            return
         if self._waiter is not None or self.on_event is not None:
             self._wake()
         if self._drain is not None:
             self._wake_drain()  # a body still being sent may stop (see stop_sending)
+
+    def _read_at_head(self) -> bool:
+        """Whether the answer whose head came is read whole with no event at its head (by
+        ``read_upto``): not a 200 over ``read_upto`` bytes or of unknown length (streamed), nor
+        one whose Content-Length is over ``read_limit`` (its event fails it)."""
+        size = self.content_length
+        if self.status == 200 and (size is None or size > self.read_upto):  # type: ignore[operator]
+            return False
+        limit = self.read_limit
+        if limit is not None and size is not None and size > limit:
+            return False
+        self.whole = True
+        self.limit = limit
+        return True
 
     def _keep_alive(self) -> bool:
         """Keep-alive by the version and ``Connection``'s tokens (for answers to HEAD, which
@@ -392,7 +414,7 @@ class ClientConnection(asyncio.Protocol):
         self.got_answer = self.head_done = self.body_done = False
         self.chunked = self.to_close = self.whole = False
         self._seen = self._remaining = 0
-        self.content_length = self.limit = None
+        self.content_length = self.limit = self.read_upto = None
         if deadline is not None:
             self._deadline = deadline
             self._timer.at(deadline)

@@ -41,7 +41,7 @@ _SLASH = ord("/")
 _CONNECTION = frozenset((b"connection", b"proxy-connection"))
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 #: the fields that the framing facts come from (the rest are skipped at once)
-_FRAMING = frozenset(
+FRAMING = _FRAMING = frozenset(
     (
         b"content-length",
         b"transfer-encoding",
@@ -78,6 +78,8 @@ def check_head(
     headers: list[tuple[bytes, bytes]],
     max_body_size: int,
     keeps_alive: bool = False,
+    framed: bool = True,
+    length_field: bytes | None = None,
 ) -> Head:
     """The framing facts of a complete head; :class:`Rejection` when it is refused.
 
@@ -85,7 +87,16 @@ def check_head(
     versions 0.9, 1.0, 1.1 and 2.0, and with no Connection or Proxy-Connection field it keeps
     only an HTTP/1.1 request alive: then the version need not be asked (a formatted string
     each time). A head with such a field, and a refused one, is checked again with the
-    version asked."""
+    version asked.
+
+    ``framed=False``: the caller saw no framing field among ``headers`` but Content-Length,
+    whose value is ``length_field``: the usual head is then taken without a look at each field."""
+    if keeps_alive and not framed:
+        method = _METHODS.get(parser.get_method())
+        if method is not None and target and target[0] == _SLASH:
+            size = None if length_field is None else int(length_field)
+            if size is None or size <= max_body_size:
+                return method, _V11, size, False, True, False
     if keeps_alive:
         version = _V11
     else:
@@ -147,7 +158,7 @@ def check_head(
     )
 
 
-__all__ = ["Head", "ParsedHead", "Rejection", "check_head"]
+__all__ = ["FRAMING", "Head", "ParsedHead", "Rejection", "check_head"]
 
 
 def fields_size(fields: Sequence[tuple[bytes, bytes]]) -> int:

@@ -61,7 +61,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from v2proxy.http.head import Rejection, check_head, fields_over, fields_size
+from v2proxy.http.head import FRAMING, Rejection, check_head, fields_over, fields_size
 from v2proxy.http.lazy_timer import LazyTimer
 from v2proxy.http.request import (
     HIGH_WATER,
@@ -165,8 +165,9 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
-        "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "gone", "handler",
-        "head_size", "head_split", "headers", "in_head", "limits", "loop", "lost", "parked",
+        "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "framed", "gone",
+        "handler", "head_size", "head_split", "headers", "in_head", "length_field", "limits",
+        "loop", "lost", "parked",
         "parser", "parsing", "piece", "progress", "queue", "quick", "reading_paused", "received",
         "rejection", "response", "server", "serving", "split", "stall", "starting", "timer",
         "timer_kind", "transport", "url", "writing_paused",
@@ -199,6 +200,9 @@ class Connection(asyncio.Protocol):
         #: the last request target and its path and query (split_target)
         self.split: tuple[bytes, tuple[str, bytes]] = (b"", ("", b""))
         self.headers: list[tuple[bytes, bytes]] = []
+        #: the head being parsed has a framing field other than Content-Length; the latter's value
+        self.framed = False
+        self.length_field: bytes | None = None
         self.head_size = self.received = self.discarded = self.stall = 0
         self.piece = 0  # the size of the piece being parsed
         self.head_split = False  # the head being parsed began in an earlier piece
@@ -490,7 +494,8 @@ class Connection(asyncio.Protocol):
         self.in_head = self.progress = True
         self.url = b""
         self.headers = []
-        self.head_split = False
+        self.head_split = self.framed = False
+        self.length_field = None
         if self.timer_kind == HEAD:
             self.timer_kind = NONE
 
@@ -505,7 +510,13 @@ class Connection(asyncio.Protocol):
         # head is complete or the piece is parsed (_head_over)
         self.progress = True
         if self.in_head:
-            self.headers.append((name.lower(), value))
+            name = name.lower()
+            self.headers.append((name, value))
+            if name in FRAMING:
+                if name == b"content-length":
+                    self.length_field = value
+                else:
+                    self.framed = True
         else:
             self._trailer(name, value)
 
@@ -540,7 +551,13 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         try:
             head = check_head(
-                parser, url, headers, limits.max_body_size, parser.should_keep_alive()
+                parser,
+                url,
+                headers,
+                limits.max_body_size,
+                parser.should_keep_alive(),
+                self.framed,
+                self.length_field,
             )
         except Rejection as exc:
             raise self._reject(exc.status, exc.message) from None
