@@ -84,7 +84,7 @@ async def test_the_lane_answers_what_the_decoded_path_answers(
     assert seen[-1].headers["Content-Type"] == "application/json"
     resp = await post(transcoded, body)
     assert resp.status == 200
-    assert taken(transcoded) == 0  # a binary backend: the body is transcoded, never relayed
+    assert taken(transcoded) == 1  # a binary backend: the lane transcodes it
     assert "Inference-Header-Content-Length" in seen[-1].headers
     decoded = await resp.json()
     assert outputs(relayed) == outputs(decoded)
@@ -92,19 +92,64 @@ async def test_the_lane_answers_what_the_decoded_path_answers(
     assert outputs(relayed)["OUTPUT1"] == ("INT32", [1, 16], [i - 1 for i in range(16)])
 
 
-async def test_a_backend_that_takes_json_transcoded_is_never_offered_the_lane(
+async def test_a_json_body_to_a_binary_backend_is_transcoded_in_the_lane(
     make_client: Factory, recorded: tuple[ProxyClient, list[Seen]]
 ) -> None:
-    """With ``--backend-encoding binary`` the lane neither waits for a JSON body nor checks one
-    (the general path decodes it straight away): it is off for JSON bodies to that backend
-    (binary-framed ones it takes: the next test)."""
-    backend, _ = recorded
-    transcoded = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
-    lane = transcoded.frontend.quick
-    assert lane.takes_json is False
-    resp = await post(transcoded, simple_json())
+    """With ``--backend-encoding binary`` a JSON body is decoded by the full decoder in the lane,
+    sent in binary tensors at once (``Backend.infer_now``) and its answer encoded as the general
+    path encodes it: the same bytes, the same records; a malformed body, or one a stage applies
+    to, is left to the general path."""
+    backend, seen = recorded
+    proxy = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
+    general = await lane_proxy(make_client, url_of(backend), backend_encoding="binary")  # type: ignore[arg-type]
+    general.frontend.quick.speaks_rest = False  # the lane off: the general path's answer
+    assert proxy.frontend.quick.takes_json is False
+    await warm(proxy)
+    await warm(general)
+    asks_binary = json.loads(simple_json(list(range(16))))
+    asks_binary["outputs"] = [{"name": "OUTPUT1", "parameters": {"binary_data": True}}]
+    for body in (simple_json(list(range(16))), json.dumps(asks_binary).encode()):
+        before = len(seen)
+        resp = await post(proxy, body, x_request_id="t")
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["x-request-id"] == "t"
+        lane_answer, lane_type = await resp.read(), resp.headers["Content-Type"]
+        assert "Inference-Header-Content-Length" in seen[before].headers  # sent binary
+        assert seen[before].headers["x-request-id"] == "t"
+        resp = await post(general, body, x_request_id="t")
+        assert resp.status == 200
+        assert (await resp.read(), resp.headers["Content-Type"]) == (lane_answer, lane_type)
+    assert taken(proxy) == 2
+    # OUTPUT1 asked in binary: a binary answer, as on the general path
+    assert lane_type == "application/octet-stream"
+    answer = json.loads(lane_answer[: int(resp.headers["Inference-Header-Content-Length"])])
+    assert [o["name"] for o in answer["outputs"]] == ["OUTPUT1"]
+    _, m = await scrape(proxy)
+    assert (
+        value(m, "v2proxy_transcode_duration_seconds_count", direction="decode", wire="json") == 3
+    )
+    assert (
+        value(m, "v2proxy_transcode_duration_seconds_count", direction="encode", wire="json") == 2
+    )
+    assert (
+        value(m, "v2proxy_transcode_duration_seconds_count", direction="encode", wire="binary") == 1
+    )
+    assert value(m, "v2proxy_backend_request_duration_seconds_count", operation="infer") == 3
+    assert value(m, "v2proxy_requests_total", operation="infer", code_class="2xx") == 3
+    assert value(m, "v2proxy_inflight_requests") == 0
+    # malformed: the general path names the field at fault
+    resp = await post(
+        proxy, b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[2],"data":[1]}]}'
+    )
+    assert resp.status == 400
+    assert "INPUT0" in (await resp.json())["error"]
+    # a stage applies: an output classified by the proxy
+    classified = json.loads(simple_json(list(range(16))))
+    classified["outputs"] = [{"name": "OUTPUT0", "parameters": {"classification": 2}}]
+    resp = await post(proxy, json.dumps(classified).encode())
     assert resp.status == 200, await resp.text()
-    assert taken(transcoded) == 0
+    assert len((await resp.json())["outputs"][0]["data"]) == 2
+    assert taken(proxy) == 2
 
 
 async def test_the_lane_records_metrics_and_the_access_log(

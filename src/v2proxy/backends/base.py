@@ -23,7 +23,7 @@ from v2proxy.core.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.core.model import Buffer, InferResponse
+from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Body, ForwardResponse, Headers
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
@@ -94,6 +94,14 @@ class NonRestBackend:
 
     def relays_binary(self, size: int) -> bool:
         return False
+
+    def infer_now(
+        self,
+        request: InferRequest,
+        headers: Headers,
+        done: Callable[[InferResponse | ProxyError], None],
+    ) -> Callable[[], None] | None:
+        return None  # (awaited: infer)
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

@@ -107,6 +107,23 @@ class MeteredBackend:
     def relays_binary(self, size: int) -> bool:
         return self.inner.relays_binary(size)
 
+    def infer_now(
+        self,
+        request: InferRequest,
+        headers: Headers,
+        done: Callable[[InferResponse | ProxyError], None],
+    ) -> Callable[[], None] | None:
+        t0 = perf_counter()
+        rec = self._rec
+        model = request.model_name
+
+        def timed(outcome: InferResponse | ProxyError) -> None:
+            failed = outcome if isinstance(outcome, ProxyError) else None
+            rec.done("infer", model, perf_counter() - t0, failed)
+            done(outcome)
+
+        return self.inner.infer_now(request, headers, timed)
+
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes | None:

@@ -61,7 +61,6 @@ from v2proxy.backends.rest_answers import (
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
 from v2proxy.backends.rest_relay import READ_WHOLE, Done, RelayCall, RelaySide
 from v2proxy.backends.rest_requests import (
-    NO_CHUNKS,
     OWN,
     BinaryHeads,
     ModelPaths,
@@ -81,7 +80,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.ports import NO_CHUNKS, Body, ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError
 from v2proxy.http.client_response import ClientResponse
@@ -320,13 +319,60 @@ class RestBackend:
             resp, body = await self._call("POST", path, sent, chunks, "inference", infer=True)
             status, answer_headers = resp.status, resp.headers
         raise_for_status(status, body, request.model_name)
-        resp_ihcl = _header_value(answer_headers, IHCL)
+        return self._decoded(answer_headers, body)
+
+    def _decoded(
+        self, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
+    ) -> InferResponse:
+        """The response of a 200 /infer answer (BadGateway when it is not a v2 one)."""
+        resp_ihcl = _header_value(headers, IHCL)
         try:
             return binc.decode_response(
                 body, int(resp_ihcl) if resp_ihcl is not None else None, self._answer_heads
             )
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
+
+    def infer_now(
+        self,
+        request: InferRequest,
+        headers: Headers,
+        done: Callable[[InferResponse | ProxyError], None],
+    ) -> Callable[[], None] | None:
+        """:meth:`infer` sent at once without a coroutine, when this backend takes every
+        request in binary tensors (``--backend-encoding binary``), the request is not staged
+        and its body is one buffer, on a connection idle right now
+        (:class:`~v2proxy.backends.rest_relay.RelayCall`, its whole answer decoded): the call's
+        cancel, its outcome given to ``done`` later. None, with nothing sent, else."""
+        loop = self._loop
+        if loop is None or self.encoding.fixed is not True:
+            return None
+        staging = self.staging
+        if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
+            return None
+        chunks, ihcl = infer_body(request, True, self._binary_heads)
+        if len(chunks) != 1:
+            return None
+        body = chunks[0]
+        endpoints = self._pool.endpoints
+        ep = endpoints.pick()
+        if ep is None:
+            return None
+        client = ep.client
+        model = request.model_name
+        try:
+            target = self._infer_target(model, request.model_version)
+            head = client.head("POST", target, infer_headers(headers, ihcl), len(body))
+            conn = client.idle_now()
+        except ValueError:
+            conn = None  # (infer says why)
+        if conn is None:
+            endpoints.unpick()
+            return None
+        due = loop.time() + self._timeout
+        call = RelayCall(self._relay_side, ep, conn, model, done, due, self._decoded)
+        call.send(head, body)
+        return call.abandon
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers

@@ -21,6 +21,10 @@ Contract, per call on one endpoint's connection:
   it (by the head once one came: ok, or a 5xx; else the failure's kind), and the connection
   goes back to the pool when its answer was read to the end and it may be kept.
 
+A transcoded call (:meth:`RestBackend.infer_now <v2proxy.backends.rest.RestBackend.infer_now>`,
+its ``finish`` the answer's decoder) goes the same way, its 200 always read whole and its outcome
+what ``finish`` makes of it.
+
 No coroutine and no task: the connection calls :meth:`RelayCall.event` at the answer's head, end
 or failure.
 """
@@ -28,14 +32,14 @@ or failure.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from v2proxy.backends.base import OUTCOME
 from v2proxy.backends.endpoints import Endpoint, Endpoints
 from v2proxy.backends.rest_answers import failure, raise_for_status, relayed_headers
-from v2proxy.backends.rest_requests import NO_CHUNKS
 from v2proxy.backends.rest_stream import streamed
 from v2proxy.core.errors import BadGateway, ProxyError
-from v2proxy.core.ports import ForwardResponse
+from v2proxy.core.ports import NO_CHUNKS, ForwardResponse
 from v2proxy.http.client import HttpClient
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import AnswerTooLarge
@@ -43,9 +47,12 @@ from v2proxy.http.client_response import ClientResponse
 
 #: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
 READ_WHOLE = 256 * 1024
+_NEVER = 1 << 62  # (a 200 of unknown length still comes to the event at its head)
 
 #: what a call's outcome is given to: the answer, or the error to answer
 Done = Callable[[ForwardResponse | ProxyError], None]
+#: what a call that is not relayed makes of its whole 200 answer (headers, body): its outcome
+Finish = Callable[[list[tuple[bytes, bytes]], bytes], Any]
 
 
 class RelaySide:
@@ -81,7 +88,7 @@ class RelaySide:
 class RelayCall:
     """One relayed call on one connection of one endpoint (see the module's contract)."""
 
-    __slots__ = ("client", "conn", "done", "due", "ep", "model", "side")
+    __slots__ = ("client", "conn", "done", "due", "ep", "finish", "model", "side", "upto")
 
     def __init__(
         self,
@@ -89,8 +96,9 @@ class RelayCall:
         ep: Endpoint[HttpClient],
         conn: ClientConnection,
         model: str,
-        done: Done,
+        done: Callable[[Any], None],
         due: float,
+        finish: Finish | None = None,
     ) -> None:
         self.side = side
         self.ep = ep
@@ -100,6 +108,10 @@ class RelayCall:
         self.done = done
         #: the call's deadline (``loop.time()``)
         self.due = due
+        #: None: a relayed answer (streamed over READ_WHOLE); else what the whole answer,
+        #: never streamed, becomes (a transcoded call's decoder)
+        self.finish = finish
+        self.upto = READ_WHOLE if finish is None else None
 
     def send(self, head: bytes, body: bytes | bytearray | memoryview) -> None:
         """The request out, in one write; the answer comes to :meth:`event`."""
@@ -107,7 +119,8 @@ class RelayCall:
         self.ep.outstanding += 1
         conn.on_event = self.event
         conn.begin(False, self.due)
-        conn.read_upto = READ_WHOLE  # (read whole with no event at its head)
+        upto = self.upto  # (read whole with no event at its head)
+        conn.read_upto = _NEVER if upto is None else upto
         conn.read_limit = self.side.limit
         conn.transport.write(head + body if len(body) <= 65536 else b"".join((head, body)))
 
@@ -128,7 +141,8 @@ class RelayCall:
                 return
             status = conn.status
             size = conn.content_length
-            if status == 200 and (size is None or size > READ_WHOLE):
+            upto = self.upto
+            if upto is not None and status == 200 and (size is None or size > upto):
                 self._stream()
                 return
             limit = self.side.limit
@@ -156,14 +170,19 @@ class RelayCall:
         content = conn.take_all()
         self.client.release(conn)
         side.endpoints.answered(ep, status)
+        finish = self.finish
         try:
             raise_for_status(status, content, self.model)
-            relayed = relayed_headers(headers, len(content), content, side.base_url)
+            if finish is not None:
+                outcome = finish(headers, content)
+            else:
+                relayed = relayed_headers(headers, len(content), content, side.base_url)
+                length = len(content)
+                outcome = ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
         except ProxyError as exc:
             self.done(exc)
             return
-        length = len(content)
-        self.done(ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length))
+        self.done(outcome)
 
     def _stream(self) -> None:
         """A 200 too large to read whole: handed on as it comes."""

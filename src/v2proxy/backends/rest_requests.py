@@ -28,21 +28,6 @@ from v2proxy.http.headers import forwardable
 OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})
 
 
-class _NoChunks:
-    """The body of an answer read whole: no pieces (stateless, so one serves every answer)."""
-
-    __slots__ = ()
-
-    def __aiter__(self) -> _NoChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        raise StopAsyncIteration
-
-
-NO_CHUNKS = _NoChunks()
-
-
 #: a binary /infer body up to this size comes as one buffer (else its header and each tensor)
 JOIN_MAX = 64 * 1024
 

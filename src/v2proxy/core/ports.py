@@ -40,6 +40,21 @@ async def no_release() -> None:
     return None
 
 
+class _NoChunks:
+    """The body of an answer read whole: no pieces (stateless, so one serves every answer)."""
+
+    __slots__ = ()
+
+    def __aiter__(self) -> _NoChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise StopAsyncIteration
+
+
+NO_CHUNKS = _NoChunks()
+
+
 @dataclass(slots=True)
 class ForwardResponse:
     """A passed-through HTTP answer: status, end-to-end headers (lowercase names, values as the
@@ -154,6 +169,18 @@ class Backend(Protocol):
         outcome (the answer unchanged once checked, or the error-tree error to answer) given
         to ``done`` later, once. None, with nothing sent, when it cannot go at once (then
         :meth:`relay_infer` it)."""
+        ...
+
+    def infer_now(
+        self,
+        request: InferRequest,
+        headers: Headers,
+        done: Callable[[InferResponse | ProxyError], None],
+    ) -> Callable[[], None] | None:
+        """:meth:`infer` of a request no stage applies to, sent at once if it can be, without a
+        coroutine: the call's cancel (as :meth:`relay_now`'s), its outcome (the response, or
+        the error-tree error) given to ``done`` later, once. None, with nothing sent, when it
+        cannot go at once (then :meth:`infer` it)."""
         ...
 
     # the gRPC↔gRPC pass-through fast path

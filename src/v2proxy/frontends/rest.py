@@ -134,7 +134,9 @@ class RestFrontend:
             self.metrics,
             limits=openai_limits,
         )
-        infer = InferEndpoint(pipeline, self.recorder, self.body, max_input_size)
+        infer = self.infer_endpoint = InferEndpoint(
+            pipeline, self.recorder, self.body, max_input_size
+        )
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
         #: the handlers the route table names (:attr:`v2proxy.frontends.routes.Route.methods`),

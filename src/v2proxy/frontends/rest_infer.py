@@ -171,9 +171,9 @@ class InferEndpoint:
         form."""
         if isinstance(answer, ForwardResponse):
             return answer
-        return self._encode(answer.request, answer.response, encoding)
+        return self.encode(answer.request, answer.response, encoding)
 
-    def _encode(
+    def encode(
         self, request: InferRequest, response: InferResponse, encoding: str | None
     ) -> Answer:
         """The answer in the client's wire form (JSON or binary outputs, compressed as asked)."""

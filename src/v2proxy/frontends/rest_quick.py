@@ -14,7 +14,10 @@ the general path takes, called from here:
   applies, with the limits of the full decoder; a binary-framed body is decoded by the full
   decoder for its checks (its decode time recorded as the general path records it) and relayed
   as sent when no stage applies (:func:`~v2proxy.core.relay.nothing_to_do`) and the backend
-  takes binary tensors;
+  takes binary tensors; a JSON body to a backend that takes every one in binary tensors
+  (``--backend-encoding binary``) is decoded by the full decoder and, when no stage applies,
+  sent at once (:meth:`Backend.infer_now <v2proxy.core.ports.Backend.infer_now>`), its
+  response encoded by the general path's encoder;
 - the exchange envelope (:class:`~v2proxy.frontends.exchange.Envelope`): in flight, admission,
   the one record (metrics, failure lines, access log); the lane's object per request is the
   request's :class:`~v2proxy.frontends.exchange.Exchange`, ended from the callback that
@@ -44,8 +47,10 @@ from typing import TYPE_CHECKING
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.core.errors import Overloaded, ProxyError
+from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.core.relay import nothing_to_do, relays_as_sent
+from v2proxy.core.stages.chain import finish
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import Envelope, Exchange
 from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write_forwarded
@@ -68,6 +73,8 @@ class QuickLane:
         "access",
         "backend",
         "decoded",
+        "decoded_json",
+        "encode",
         "envelope",
         "found",
         "group",
@@ -81,6 +88,7 @@ class QuickLane:
         "taken",
         "takes_json",
         "tasks",
+        "transcodes",
     )
 
     def __init__(self, frontend: RestFrontend) -> None:
@@ -91,6 +99,12 @@ class QuickLane:
         #: it straight away, with no relay check)
         self.speaks_rest = self.backend.speaks_rest
         self.takes_json = self.speaks_rest and not self.backend.transcodes_json
+        #: a JSON body to a backend that takes every one in binary tensors: decoded here by
+        #: the full decoder, sent at once (:meth:`Backend.infer_now`), its answer encoded as
+        #: the general path encodes it (``encode``)
+        self.transcodes = self.speaks_rest and self.backend.transcodes_json
+        self.encode = frontend.infer_endpoint.encode
+        self.decoded_json = frontend.recorder.decode["json"]
         #: the stages, which a binary-framed body decoded for its check must not need
         self.stages = pipeline.stages
         #: the decode time of a binary-framed body checked here, as the general path records it
@@ -120,15 +134,12 @@ class QuickLane:
             and self.speaks_rest
             and (self.found.get(request.path) or self.route(request.path))[2] is self.row
             and not self.access.restricts(self.group)
-            and (self.takes_json or request.header(_IHCL) is not None)
         )
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
         """The HTTP server's quick handler: True when the lane has taken ``request``."""
         if request.method != "POST" or not self.speaks_rest:
             return False
-        if not self.takes_json and request.header(_IHCL) is None:
-            return False  # (a JSON body to a backend that takes it transcoded)
         found = self.found.get(request.path) or self.route(request.path)
         if found[2] is not self.row:
             return False
@@ -146,12 +157,23 @@ class QuickLane:
         model = model or ""
         version = version or ""
         decoded = 0.0
+        transcoded: InferRequest | None = None
         if ihcl_value is None:
             ihcl = None
-            if not self.takes_json or not relays_as_sent(
-                body, self.max_input_size, self.max_tensors
-            ):
-                return False
+            if self.takes_json:
+                if not relays_as_sent(body, self.max_input_size, self.max_tensors):
+                    return False
+            else:  # decoded by the full decoder (its error is the general path's to say)
+                t0 = perf_counter()
+                try:
+                    transcoded = binc.decode_request(
+                        body, None, model, version, self.max_input_size, self.max_tensors
+                    )
+                except ProxyError:
+                    return False
+                if self.stages.applies(transcoded):
+                    return False
+                decoded = perf_counter() - t0
         else:  # binary-framed: checked by the decoder (its error is the general path's to say)
             if not self.backend.relays_binary(len(body)):
                 return False
@@ -181,15 +203,24 @@ class QuickLane:
         exchange.cancel = exchange.task = None
         exchange.over = False
         exchange.model = model
-        cancel = self.backend.relay_now(
-            model, version, body, forwarded, exchange.answered, ihcl=ihcl
-        )
+        exchange.request = transcoded
+        if transcoded is None:
+            cancel = self.backend.relay_now(
+                model, version, body, forwarded, exchange.answered, ihcl=ihcl
+            )
+        else:
+            try:
+                cancel = self.backend.infer_now(transcoded, forwarded, exchange.answered)
+            except ProxyError:
+                cancel = None
         if cancel is None:
             exchange.undo()
             return False
         if ihcl is not None:
             exchange.wire_in = "binary"
             self.decoded.observe(decoded)
+        elif transcoded is not None:
+            self.decoded_json.observe(decoded)
         exchange.cancel = cancel
         response.on_cut = exchange.cut
         request.taken()
@@ -201,7 +232,7 @@ class _Exchange(Exchange):
     """One request taken by the lane, its exchange until its answer is written and recorded
     (:meth:`_done`, once)."""
 
-    __slots__ = ("cancel", "lane", "over", "response", "rid", "task")
+    __slots__ = ("cancel", "lane", "over", "request", "response", "rid", "task")
 
     lane: QuickLane
     response: HttpResponse
@@ -212,6 +243,8 @@ class _Exchange(Exchange):
     task: asyncio.Task[None] | None
     #: recorded and finished (once)
     over: bool
+    #: the decoded request of a transcoded call, until its answer is encoded
+    request: InferRequest | None
 
     def cut(self) -> None:
         """The server cut the client's connection (shutdown past ``--drain-timeout``): the
@@ -224,12 +257,27 @@ class _Exchange(Exchange):
             self.fail(asyncio.CancelledError())
             self._done("json", 0)
 
-    def answered(self, outcome: ForwardResponse | ProxyError) -> None:
-        """The backend's outcome: the answer written (or handed to a task), then recorded.
-        Called from the backend connection's callback: it never raises (a bug is logged, the
-        client's connection aborted, the request recorded as a 500)."""
+    def answered(self, outcome: ForwardResponse | InferResponse | ProxyError) -> None:
+        """The backend's outcome (a transcoded call's response, encoded first): the answer
+        written (or handed to a task), then recorded. Called from the backend connection's
+        callback: it never raises (a bug is logged, the client's connection aborted, the
+        request recorded as a 500)."""
         try:
-            self._answer(outcome)
+            if isinstance(outcome, ForwardResponse):
+                content = outcome.content
+                if content is None or outcome.release is not no_release:
+                    self._later(self._stream(outcome))
+                    return
+                headers = forwarded_headers(outcome, self.rid)
+                self._write(outcome.status, headers, content, rest_record.wire_out(outcome.headers))
+            elif isinstance(outcome, InferResponse):
+                self._encoded(outcome)
+            else:
+                status, headers, body = error_answer(outcome)
+                self.fail(outcome)
+                if self.rid is not None:
+                    headers.append((rest_record.REQUEST_ID, self.rid))
+                self._write(status, headers, body, "json")
         except Exception as exc:
             log.exception("the quick lane failed on %s", self.source.path)
             self.response.abort()
@@ -237,22 +285,30 @@ class _Exchange(Exchange):
                 self.fail(exc)
                 self._done("json", 0)
 
-    def _answer(self, outcome: ForwardResponse | ProxyError) -> None:
-        if isinstance(outcome, ForwardResponse):
-            content = outcome.content
-            if content is None or outcome.release is not no_release:
-                self._later(self._stream(outcome))
-                return
-            status = outcome.status
-            headers = forwarded_headers(outcome, self.rid)
-            body = content
-            wire_out = rest_record.wire_out(outcome.headers)
+    def _encoded(self, response: InferResponse) -> None:
+        """A transcoded call's response: encoded as the general path encodes it, written."""
+        request = self.request
+        assert request is not None  # (a transcoded call's)
+        self.request = None
+        answer = self.lane.encode(request, finish(request, response), None)
+        assert not isinstance(answer, ForwardResponse)  # (encoded: never passed through)
+        status, headers, chunks = answer
+        if isinstance(chunks, list):
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         else:
-            status, headers, body = error_answer(outcome)
-            self.fail(outcome)
-            if self.rid is not None:
-                headers.append((rest_record.REQUEST_ID, self.rid))
-            wire_out = "json"
+            body = chunks
+        if self.rid is not None:
+            headers.append((rest_record.REQUEST_ID, self.rid))
+        self._write(status, headers, body, rest_record.wire_out(headers))  # type: ignore[arg-type]
+
+    def _write(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | bytearray,
+        wire_out: str,
+    ) -> None:
+        """The answer written (at once, or by a task), then recorded."""
         self.status = status
         response = self.response
         if not response.send_now(status, headers, body):
