@@ -29,13 +29,14 @@ Pure: no I/O.
 from __future__ import annotations
 
 from math import prod
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any
 
 import msgspec
 
 from v2proxy.codecs.dtypes import INTEGER_TYPES, ITEM_SIZE
 from v2proxy.codecs.json import SMALL_DOCUMENT
 from v2proxy.codecs.json_data import SMALL_ARRAY
+from v2proxy.codecs.json_shapes import DecodeErrors, request_decoder, tensor_types
 from v2proxy.core.model import Datatype
 
 #: the largest finite FP32 (a number past it would not pack)
@@ -43,61 +44,44 @@ _FP32_MAX = 3.4028234663852886e38
 _UINT64_MAX = (1 << 64) - 1
 
 
-class _Tensor(msgspec.Struct, tag_field="datatype", forbid_unknown_fields=True):
-    """An input of the accepted shape; a subclass per datatype (its tag) types ``data``."""
-
-    name: str
-    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
-    itemsize: ClassVar[int] = 0
-    #: the largest element its type leaves to be checked here (0: none)
-    top: ClassVar[int] = 0
-
-
 def _element(dt: Datatype) -> Any:
-    """The type of one element of ``dt``'s data, its range included."""
+    """The type of one element of ``dt``'s data, its range included (UINT64's top is checked
+    by the caller: msgspec bounds an int within int64 only)."""
     if dt is Datatype.BOOL:
         return bool
     if dt is Datatype.FP32:
         return Annotated[float, msgspec.Meta(ge=-_FP32_MAX, le=_FP32_MAX)]
     if dt is Datatype.FP64:
         return float
-    bits = ITEM_SIZE[dt] * 8
-    if dt is Datatype.UINT64:  # (msgspec bounds an int within int64 only: see ``top``)
+    if dt is Datatype.UINT64:
         return Annotated[int, msgspec.Meta(ge=0)]
+    bits = ITEM_SIZE[dt] * 8
     if dt.value.startswith("U"):
         return Annotated[int, msgspec.Meta(ge=0, le=(1 << bits) - 1)]
     return Annotated[int, msgspec.Meta(ge=-(1 << (bits - 1)), le=(1 << (bits - 1)) - 1)]
-
-
-#: the datatypes taken: the integer types, FP32, FP64 and BOOL (FP16/BF16, which binary
-#: backends refuse in JSON, and BYTES take the full path)
-_TENSORS = tuple(
-    msgspec.defstruct(
-        f"_{dt.value}",
-        [("data", list[_element(dt)])],  # type: ignore[misc]
-        bases=(_Tensor,),
-        tag=dt.value,
-        namespace={"itemsize": ITEM_SIZE[dt], "top": _UINT64_MAX * (dt is Datatype.UINT64)},
-    )
-    for dt in Datatype
-    if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
-)
 
 
 class _Output(msgspec.Struct, forbid_unknown_fields=True):
     name: str
 
 
-_Request = msgspec.defstruct(
-    "_Request",
-    [
-        ("inputs", list[Union[_TENSORS]]),  # type: ignore[valid-type]  # noqa: UP007
-        ("id", Union[str, None], None),  # noqa: UP007
-        ("outputs", Union[list[_Output], None], None),  # noqa: UP007
-    ],
-    forbid_unknown_fields=True,
+#: the datatypes taken: the integer types, FP32, FP64 and BOOL (FP16/BF16, which binary
+#: backends refuse in JSON, and BYTES take the full path)
+_DATATYPES = [
+    dt
+    for dt in Datatype
+    if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
+]
+
+
+def _namespace(dt: Datatype) -> dict[str, Any]:
+    """An input's item size, and the top of its elements left to check here (0: none)."""
+    return {"itemsize": ITEM_SIZE[dt], "top": _UINT64_MAX if dt is Datatype.UINT64 else 0}
+
+
+_DECODER = request_decoder(
+    tensor_types(_DATATYPES, _element, _namespace), _Output, parameters=False
 )
-_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_Request)
 
 
 def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
@@ -108,7 +92,7 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
         return False
     try:
         request = _DECODER.decode(body)
-    except msgspec.MsgspecError:
+    except DecodeErrors:
         return False  # not JSON, or not of the accepted shape, kinds and ranges
     inputs = request.inputs
     n = len(inputs)

@@ -1,0 +1,68 @@
+"""msgspec types of the common small JSON ``/infer`` request, checked as it is parsed.
+
+One struct per datatype, tagged by ``datatype`` (an input is ``name``, ``shape`` of
+non-negative dimensions and ``data`` of that datatype's elements, nothing else: unknown keys are
+refused once escapes in keys are decoded), and a request type around them. The relay check
+(:mod:`v2proxy.codecs.relay_check`) and the lean decoder (:mod:`v2proxy.codecs.json_plain`)
+each make theirs from :func:`tensor_types`, with the element types they need.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, ClassVar, Union
+
+import msgspec
+
+from v2proxy.core.model import Datatype
+
+#: what a decode of these types raises for a body not of their shape, kinds or ranges
+DecodeErrors = msgspec.MsgspecError
+
+
+class Input(msgspec.Struct, tag_field="datatype", forbid_unknown_fields=True):
+    """An input of the common shape; a subclass per datatype (its tag) types ``data``."""
+
+    name: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    #: the datatype (the tag's)
+    datatype_of: ClassVar[Datatype]
+
+
+def tensor_types(
+    datatypes: Iterable[Datatype],
+    element: Callable[[Datatype], Any],
+    namespace: Callable[[Datatype], dict[str, Any]],
+) -> Any:
+    """The union of one input struct per datatype, its ``data`` a list of ``element(dt)``, the
+    struct's ``datatype_of`` its datatype and its other class attributes ``namespace(dt)``
+    (what a caller needs per datatype, found on the input: no look-up keyed by an enum)."""
+    return Union[  # noqa: UP007
+        tuple(
+            msgspec.defstruct(
+                f"_{dt.value}",
+                [("data", list[element(dt)])],  # type: ignore[misc]
+                bases=(Input,),
+                tag=dt.value,
+                namespace={**namespace(dt), "datatype_of": dt},
+            )
+            for dt in datatypes
+        )
+    ]
+
+
+def request_decoder(tensors: Any, outputs: Any, parameters: bool) -> msgspec.json.Decoder[Any]:
+    """The decoder of a request of ``inputs`` (a list of ``tensors``), an optional string ``id``,
+    optional ``outputs`` (a list of ``outputs``) and, when ``parameters``, optional
+    ``parameters`` (an object of any values); nothing else."""
+    fields: list[Any] = [
+        ("inputs", list[tensors]),
+        ("id", Union[str, None], None),  # noqa: UP007
+        ("outputs", Union[list[outputs], None], None),  # noqa: UP007
+    ]
+    if parameters:
+        fields.append(("parameters", Union[dict[str, Any], None], None))  # noqa: UP007
+    request = msgspec.defstruct("_Request", fields, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(request)
