@@ -824,7 +824,11 @@ def test_is_object_says_whether_a_json_document_is_an_object(doc: bytes, found: 
     assert is_object(memoryview(doc + b"tail")[: len(doc)]) is found  # a view of a body
 
 
-@pytest.mark.parametrize("doc", [b"", b"{", b'{"a": 1} x', b"\xff", b'{"a": "\\ud800"}'])
+@pytest.mark.parametrize(
+    "doc",
+    # text that is not UTF-8 anywhere, a value or a key, however deep
+    [b"", b"{", b'{"a": 1} x', b"\xff", b'{"a": "\\ud800"}', b'{"a": "\xff"}', b'{"a\xff": 1}'],
+)
 def test_is_object_names_what_is_not_json(doc: bytes) -> None:
     with pytest.raises(CodecError):
         is_object(doc, what="response")

@@ -23,7 +23,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import orjson
 import simdjson
 
@@ -192,24 +191,22 @@ def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> 
 
 def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bool:
     """Whether ``buf`` is one JSON document that is an object (False: another JSON value);
-    CodecError when it is not JSON. Checked by msgspec without building the document (an
-    object's members are skipped as they are parsed: a relayed answer is only looked at, never
-    used); what msgspec refuses (NaN literals, lone surrogates) is decided by :func:`loads`,
-    which names the fault."""
+    CodecError when it is not JSON. Checked by simdjson without building the document (a
+    relayed answer is only looked at, never used); what simdjson refuses (NaN literals) is
+    decided by :func:`loads`, which names the fault. Its parser is its own (:data:`_CHECKER`):
+    the document is dropped before it returns, so the parser is always free for the next."""
+    parser = _CHECKER if len(buf) <= REUSE_LIMIT else simdjson.Parser()
     try:
-        _OBJECT.decode(buf)
-    except msgspec.ValidationError:
-        return False  # JSON, not an object
-    except msgspec.DecodeError:
+        doc = parser.parse(buf)
+    except (ValueError, RuntimeError, TypeError):
         return isinstance(loads(buf, what), dict)
-    return True
+    found = isinstance(doc, simdjson.Object)
+    del doc  # the parser is free for the next document
+    return found
 
 
-class _AnyObject(msgspec.Struct):
-    """Any JSON object, its members skipped."""
-
-
-_OBJECT = msgspec.json.Decoder(_AnyObject)
+#: the parser of :func:`is_object` (documents up to REUSE_LIMIT), never handed out
+_CHECKER = simdjson.Parser()
 
 
 def _plain(value: Any) -> Any:

@@ -18,8 +18,9 @@ import msgspec
 
 from v2proxy.core.model import Datatype
 
-#: what a decode of these types raises for a body not of their shape, kinds or ranges
-DecodeErrors = msgspec.MsgspecError
+#: what a decode of these types raises for a body not of their shape, kinds or ranges (a string
+#: that is not UTF-8 included)
+DecodeErrors = (msgspec.MsgspecError, UnicodeDecodeError)
 
 
 class Input(msgspec.Struct, tag_field="datatype", forbid_unknown_fields=True):
