@@ -379,6 +379,7 @@ class FakeHttpRequest:
         self.keep_alive = True
         self.client = None
         self._body = body
+        self.state = None  # (what a handler made of it: HttpRequest.state)
 
     def header(self, name: bytes) -> bytes | None:
         return next((v for n, v in self.headers if n == name), None)

@@ -250,6 +250,7 @@ class FakeRequest:
         self.chunked = False
         self.keep_alive = True
         self.client = None
+        self.state = None  # (what a handler made of it: HttpRequest.state)
         self._body = body
         self._gone: asyncio.Future[None] | None = None
         self._access = access

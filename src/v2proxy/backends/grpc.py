@@ -111,9 +111,7 @@ def _metadata(headers: Headers) -> list[tuple[str, str]]:
     """The client's headers as gRPC metadata, which carries printable ASCII only: a header
     whose value is not is refused, naming it (nothing is re-encoded behind the client's back)."""
     out = []
-    for name, value in headers:
-        if name in (b"host", b"connection"):
-            continue
+    for name, value in headers:  # (filtered where they came in: v2proxy.core.headers)
         try:
             out.append((name.decode("ascii"), value.decode("ascii")))
         except UnicodeDecodeError:

@@ -61,7 +61,6 @@ from v2proxy.backends.rest_answers import (
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
 from v2proxy.backends.rest_relay import READ_WHOLE, Done, RelayCall, RelaySide
 from v2proxy.backends.rest_requests import (
-    OWN,
     BinaryHeads,
     ModelPaths,
     infer_body,
@@ -78,13 +77,13 @@ from v2proxy.core.errors import (
     CodecError,
     ProxyError,
 )
+from v2proxy.core.headers import answer_headers
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import NO_CHUNKS, Body, ForwardResponse, Headers, StreamedBody
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError
 from v2proxy.http.client_response import ClientResponse
-from v2proxy.http.headers import forwardable
 
 log = logging.getLogger(__name__)
 
@@ -555,7 +554,7 @@ class RestBackend:
             resp = await self.client.request(
                 method,
                 self._prefix + target,
-                forwardable(headers),
+                headers,
                 [body] if body else None,
                 read_timeout=self._timeout,
                 call_timeout=self._timeout,
@@ -563,7 +562,7 @@ class RestBackend:
             length = resp.content_length
             whole = length is not None and length <= READ_WHOLE
             content = await resp.read() if whole else None
-        out = forwardable(resp.headers)
+        out = answer_headers(resp.headers)
         if content is not None:
             return ForwardResponse(resp.status, out, NO_CHUNKS, content=content, length=length)
         return streamed(resp, self.base_url, self._timeout, what, out)
@@ -583,7 +582,7 @@ class RestBackend:
 
     async def _side(self, method: str, path: str, headers: Headers, body: Any = None) -> Any:
         """A side endpoint's JSON answer; non-200 answers raised with their status."""
-        out = forwardable(headers, OWN)
+        out = list(headers)  # (filtered where they came in: v2proxy.core.headers)
         if body is not None:
             out.append((b"Content-Type", b"application/json"))
         payload: list[Buffer] | None = None if body is None else [dumps(body)]

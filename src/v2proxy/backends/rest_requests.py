@@ -18,15 +18,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from urllib.parse import quote
 
-from v2proxy.backends.rest_answers import IHCL
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.core.model import Buffer, Datatype, InferRequest
 from v2proxy.core.ports import Headers
-from v2proxy.http.headers import forwardable
-
-#: client headers not passed on with the requests whose body the REST backend writes
-OWN = frozenset({b"content-type", b"content-encoding", b"accept-encoding", IHCL})
-
 
 #: a binary /infer body up to this size comes as one buffer (else its header and each tensor)
 JOIN_MAX = 64 * 1024
@@ -134,7 +128,7 @@ def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, b
     requests without one), and an uncompressed answer asked for (it is read or relayed)."""
     if not headers:  # the usual request, which forwards no header
         return _JSON_ONLY if ihcl is None else _binary_only(ihcl)
-    out = forwardable(headers, OWN)
+    out = list(headers)  # (filtered where they came in: v2proxy.core.headers)
     out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
         out.append((b"Content-Type", b"application/json"))

@@ -45,6 +45,7 @@ from v2proxy.core.errors import (
     ProxyError,
     Unsupported,
 )
+from v2proxy.core.headers import WRITTEN
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers
@@ -52,10 +53,9 @@ from v2proxy.core.ports import Backend, ForwardResponse, Headers
 #: the pipeline's stream operation
 StreamFn = Callable[[InferRequest, Headers], AsyncIterator[InferResponse]]
 
-#: headers of the client's generate request that do not describe the inference request
-_NOT_INFER = frozenset(
-    {b"content-type", b"content-encoding", b"content-length", b"accept", b"accept-encoding"}
-)
+#: headers of the client's generate request that do not describe the inference request it is
+#: mapped onto (v2proxy writes that body: the one table's, and what the client accepts)
+_NOT_INFER = WRITTEN | {b"accept"}
 #: the most of a 404/405 answer read to decide whether the route exists
 _PROBE_READ = 64 * 1024
 #: the knowledge's key of whether the backend has the generate extension

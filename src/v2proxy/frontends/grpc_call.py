@@ -26,28 +26,14 @@ from google.protobuf.message import DecodeError
 
 from v2proxy.core.admission import RETRY_AFTER_S, AdmissionGate
 from v2proxy.core.errors import CodecError, Overloaded, ProxyError
+from v2proxy.core.headers import call_headers
 from v2proxy.core.ports import Headers
 from v2proxy.core.restricted import OPEN, AccessPolicy
 from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
 from v2proxy.frontends.grpc_routes import RPCS
-from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
-
-#: request metadata that is about this gRPC hop and never forwarded
-_HOP_METADATA = frozenset(
-    {
-        "user-agent",
-        "content-type",
-        "te",
-        "grpc-accept-encoding",
-        "grpc-encoding",
-        "grpc-timeout",
-        "triton_grpc_error",
-        "accept-encoding",
-    }
-)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -129,7 +115,7 @@ def check_call(access: AccessPolicy, group: str, context: Context) -> None:
     :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered
     only for a group that is restricted). Raises the policy's ProxyError."""
     if access.restricts(group):
-        access.check(group, forwarded_headers(context))
+        access.check(group, context.invocation_metadata() or ())
 
 
 def guard(
@@ -185,16 +171,6 @@ def guard(
 
 
 def forwarded_headers(context: Context) -> Headers:
-    """End-to-end request metadata, passed on to the backend like HTTP headers (gRPC metadata
-    values are printable ASCII; binary ``-bin`` entries are not forwarded)."""
-    out: Headers = []
-    for key, value in context.invocation_metadata() or ():
-        if (
-            key.startswith((":", "grpc-"))
-            or key in _HOP_METADATA
-            or key in HOP_BY_HOP
-            or key.endswith("-bin")
-        ):
-            continue
-        out.append((key.encode("ascii"), value if isinstance(value, bytes) else value.encode()))
-    return out
+    """End-to-end request metadata, passed on to the backend like HTTP headers
+    (:func:`~v2proxy.core.headers.call_headers`: filtered once, by the one table)."""
+    return call_headers(context.invocation_metadata() or ())

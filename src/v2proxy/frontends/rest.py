@@ -50,6 +50,7 @@ from v2proxy.core.errors import (
     MethodNotAllowed,
     ProxyError,
 )
+from v2proxy.core.headers import WRITTEN
 from v2proxy.core.model import Buffer
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import ForwardResponse, no_release
@@ -230,7 +231,7 @@ class RestFrontend:
                         # a body's 400 (headers gathered only for a group that is restricted)
                         access = self.access
                         if access.restricts(group):
-                            access.check(group, headers_of(request))
+                            access.check(group, request.headers)
                     answer = await handler(request, m, x)
                 except ProxyError as exc:
                     # each API answers errors in its own shape (the route's errors column)
@@ -269,7 +270,7 @@ class RestFrontend:
         handler's order puts it (headers gathered only for a group that is restricted)."""
         access = self.access
         if group is not None and access.restricts(group):
-            access.check(group, headers_of(request))
+            access.check(group, request.headers)
 
     def find(self, request: HttpRequest) -> tuple[Handler, Any, routes.Route]:
         """The handler of a request, its path match (None: passed through) and its route."""
@@ -332,16 +333,16 @@ class RestFrontend:
     # ------------------------------------------------------------------ side operations
 
     async def statistics(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
-        return json_answer(200, await self.pipeline.statistics(*_model(m), headers_of(r)))
+        return json_answer(200, await self.pipeline.statistics(*_model(m), headers_of(r, WRITTEN)))
 
     async def repository_index(self, r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         ready = side.index_ready(await self.read_body(r))
-        return json_answer(200, await self.pipeline.repository_index(ready, headers_of(r)))
+        return json_answer(200, await self.pipeline.repository_index(ready, headers_of(r, WRITTEN)))
 
     async def repository_load(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         params = side.load_parameters(await self.read_body(r))
         load = m.group("action") == "load"
-        await self.pipeline.repository_load(m.group("model"), load, params, headers_of(r))
+        await self.pipeline.repository_load(m.group("model"), load, params, headers_of(r, WRITTEN))
         return 200, [], b""
 
     async def _update(self, r: HttpRequest, what: str) -> dict[str, Any] | None:
@@ -352,11 +353,13 @@ class RestFrontend:
     async def trace_settings(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         update = await self._update(r, "trace settings")
         model = m.group("model") or ""
-        return json_answer(200, await self.pipeline.trace_settings(model, update, headers_of(r)))
+        return json_answer(
+            200, await self.pipeline.trace_settings(model, update, headers_of(r, WRITTEN))
+        )
 
     async def log_settings(self, r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         update = await self._update(r, "log settings")
-        return json_answer(200, await self.pipeline.log_settings(update, headers_of(r)))
+        return json_answer(200, await self.pipeline.log_settings(update, headers_of(r, WRITTEN)))
 
     # ------------------------------------------------------------------ pass-through
 
@@ -379,7 +382,7 @@ class RestFrontend:
             self.check_access(routes.MINDIE.group, r)
 
         # a whole generation may pass without a write: the client leaving cancels it
-        return await unless_gone(r, self.mindie.infer(body, headers_of(r), admit))
+        return await unless_gone(r, self.mindie.infer(body, headers_of(r, WRITTEN), admit))
 
     async def openai_models(self, _r: HttpRequest, _m: Any, _x: Exchange) -> Answer:
         """``GET /v1/models`` (:mod:`v2proxy.frontends.openai`): the proxy's own list, in the
@@ -406,7 +409,7 @@ class RestFrontend:
         # the record's model: the id the body named, once known to be one of the section's
         x.model = prepared[1].model
         # a whole generation may pass without a write: the client leaving cancels it
-        return await unless_gone(r, self.openai.generate(prepared, headers_of(r)))
+        return await unless_gone(r, self.openai.generate(prepared, headers_of(r, WRITTEN)))
 
     async def _openai_body(self, r: HttpRequest) -> Buffer:
         """An OpenAI body, whole, its ``Content-Encoding`` (gzip, deflate) removed as for

@@ -33,28 +33,20 @@ from typing import Any
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
+from v2proxy.core.headers import WRITTEN
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.pipeline import Answered, Decode, Pipeline
 from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
 from v2proxy.frontends.exchange import Exchange
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader
-from v2proxy.http.headers import HOP_BY_HOP
 from v2proxy.http.request import HttpRequest
 from v2proxy.ops.recorders import FrontendRecorder
 
 #: bodies (JSON or binary-framed) from this size on are relayed while they arrive, when relayed
 STREAM_RELAY_MIN = 4 * 1024 * 1024
-#: Client headers that are not passed on to the backend with an inference request.
-INFER_DROP = frozenset(
-    {b"content-type", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
-)
 _IHCL = binc.IHCL_HEADER.lower().encode()
 _REQUEST_ID = b"x-request-id"
-
-
-#: request headers an /infer request does not pass on (hop-by-hop ones, and INFER_DROP)
-_NOT_FORWARDED = frozenset(h.encode() for h in HOP_BY_HOP) | INFER_DROP
 
 
 def infer_headers(
@@ -62,11 +54,12 @@ def infer_headers(
 ) -> tuple[str | None, str | None, str | None, Headers, bytes | None]:
     """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (the first value
     of each), the headers passed on and ``x-request-id`` (its first value), in one pass over
-    the request's (lowercase) names: an /infer request's headers are filtered here only."""
+    the request's (lowercase) names: an /infer request's headers are filtered here only, by
+    the one table (:data:`~v2proxy.core.headers.WRITTEN`: the body is v2proxy's to write)."""
     accept = content_encoding = ihcl = rid = None
     forwarded: Headers = []
     for name, value in r.headers:
-        if name not in _NOT_FORWARDED:
+        if name not in WRITTEN:
             forwarded.append((name, value))
             if name == _REQUEST_ID and rid is None:
                 rid = value
@@ -78,7 +71,8 @@ def infer_headers(
                 content_encoding = value.decode("latin-1")
         elif name == _IHCL and ihcl is None:
             ihcl = value.decode("latin-1")
-    return accept, content_encoding, ihcl, forwarded, rid
+    found = r.state = accept, content_encoding, ihcl, forwarded, rid  # (kept: see infer)
+    return found
 
 
 class InferEndpoint:
@@ -108,7 +102,8 @@ class InferEndpoint:
         model, version = m.group("model", "version")
         model = model or ""
         version = version or ""
-        accept, content_encoding, ihcl_value, forwarded, _ = infer_headers(r)
+        # the quick lane's pass when it declined the request, else this one
+        accept, content_encoding, ihcl_value, forwarded, _ = r.state or infer_headers(r)
         encoding = None if accept is None else compression.choose_encoding(accept)
         client = r.client
         peer = None if client is None else str(client[0])

@@ -19,9 +19,9 @@ Contract:
 from __future__ import annotations
 
 from v2proxy.core.errors import BodyTooLarge
+from v2proxy.core.headers import PASSED, forwarded
 from v2proxy.core.ports import Headers
 from v2proxy.http import request as http
-from v2proxy.http.headers import forwardable
 from v2proxy.http.request import HttpRequest
 
 
@@ -31,9 +31,11 @@ def peer_of(r: HttpRequest) -> str | None:
     return None if client is None else str(client[0])
 
 
-def headers_of(request: HttpRequest, drop: frozenset[bytes] = frozenset()) -> Headers:
-    """The request's end-to-end headers as the bytes the client sent."""
-    return forwardable(request.headers, drop)
+def headers_of(request: HttpRequest, dropped: frozenset[bytes] = PASSED) -> Headers:
+    """The request's headers that go on, as the bytes the client sent (filtered once, by the
+    one table: :mod:`v2proxy.core.headers`; ``dropped``: :data:`~v2proxy.core.headers.WRITTEN`
+    for a request whose body v2proxy writes)."""
+    return forwarded(request.headers, dropped)
 
 
 class BodyReader:

@@ -132,6 +132,7 @@ class HttpRequest:
         "method",
         "path",
         "query",
+        "state",
         "target",
         "version",
     )
@@ -161,6 +162,9 @@ class HttpRequest:
         self._waiter: asyncio.Future[None] | None = None
         self._expect = expect  # 100-continue asked and not yet sent
         self._consuming = False
+        #: what a handler made of the request, kept for the next that would make it again (a
+        #: quick handler that declines, then the serving task's)
+        self.state: Any = None
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (given lowercase), or None."""
