@@ -258,9 +258,11 @@ async def test_wire_only_parameter_goes_the_full_path(backend: tuple[str, Record
 
 
 async def test_decoupled_model_is_not_relayed() -> None:
-    """A decoupled model's ModelInfer goes over the stream: relay_message declines, sending
-    nothing."""
+    """A decoupled model's ModelInfer goes over the stream: the backend's relay facts say it is
+    decoupled once its configuration is learnt, and the one decision declines the message
+    (nothing is sent)."""
     from v2proxy.backends.grpc import GrpcBackend
+    from v2proxy.core.relay import MESSAGE, relays
 
     proxied = GrpcBackend("127.0.0.1:1")
 
@@ -268,7 +270,10 @@ async def test_decoupled_model_is_not_relayed() -> None:
         return {"model_transaction_policy": {"decoupled": True}}
 
     proxied.model_config = model_config  # type: ignore[method-assign]
-    assert await proxied.relay_message("llm", "", b"\x0a\x03llm", []) is None
+    assert relays(MESSAGE, 5, proxied.relay_facts("llm", "")) is None  # not known yet
+    facts = await proxied.learn_relay_facts("llm", "", "inference")
+    assert facts.decoupled is True
+    assert relays(MESSAGE, 5, facts, learnt=True) is False
 
 
 # --------------------------------------------------------------------------- ModelStreamInfer
@@ -384,9 +389,9 @@ async def test_stream_deadline_still_applies(backend: tuple[str, Recorder]) -> N
     ("streamed", "what"), [(False, "inference"), (True, "streaming inference")]
 )
 async def test_relay_message_names_the_clients_operation(streamed: bool, what: str) -> None:
-    """Whether the model is decoupled is asked before a message is relayed; a backend that
-    cannot be reached then names the client's operation, as ``stream_infer`` did for a
-    stream's message before its messages were relayed."""
+    """Whether the model is decoupled is learnt before a message is relayed; a backend that
+    cannot be reached then names the client's operation (``Relay.takes`` asks with it), as
+    ``stream_infer`` did for a stream's message before its messages were relayed."""
     from v2proxy.backends.grpc import GrpcBackend
     from v2proxy.core.errors import BackendUnavailable
 
@@ -394,7 +399,7 @@ async def test_relay_message_names_the_clients_operation(streamed: bool, what: s
     await proxied.start()
     try:
         with pytest.raises(BackendUnavailable) as info:
-            await proxied.relay_message("m", "", b"\x0a\x01m", [], streamed=streamed)
+            await proxied.learn_relay_facts("m", "", what)
     finally:
         await proxied.close()
     assert f"backend at 127.0.0.1:1 is unavailable for {what} of model 'm'" in str(info.value)

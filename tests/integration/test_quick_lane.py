@@ -448,3 +448,34 @@ async def test_a_binary_body_takes_the_lane_checked_by_the_decoder(
     )
     assert resp.status == 200, await resp.text()
     assert taken(proxy) == 1
+
+
+async def test_the_lane_obeys_the_one_decision(
+    make_client: Factory,
+    recorded: tuple[ProxyClient, list[Seen]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lane decides with the core's one function (``relays``): when it says no, a body the
+    lane would relay goes to the general path, which asks it again and transcodes."""
+    from v2proxy.core import relay as relay_module
+    from v2proxy.frontends import rest_quick
+
+    backend, _ = recorded
+    proxy = await lane_proxy(make_client, url_of(backend))  # type: ignore[arg-type]
+    await warm(proxy)
+    asked: list[str] = []
+
+    def declines(form: str, size: int, facts: Any, *, learnt: bool = False) -> bool:
+        asked.append(form)
+        return False
+
+    monkeypatch.setattr(rest_quick, "relays", declines)
+    monkeypatch.setattr(relay_module, "relays", declines)
+    resp = await post(proxy, simple_json(list(range(16))))
+    assert resp.status == 200, await resp.text()
+    assert outputs(await resp.json())["OUTPUT0"][2] == [i + 1 for i in range(16)]
+    assert taken(proxy) == 0
+    # the lane's, then the general path's (then the in-process backend's own, of what it got)
+    assert asked[:2] == ["json", "json"]
+    _, m = await scrape(proxy)
+    assert value(m, "v2proxy_backend_request_duration_seconds_count", operation="infer") == 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from v2proxy.core.model import InferRequest, InferResponse, Tensor
-from v2proxy.core.ports import Body, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.ports import Body, ForwardResponse, Headers, RelayFacts, StreamedBody
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -69,7 +69,7 @@ class Answers:
     #: every output of the model, returned whatever was asked for (as some backends do: KServe
     #: over gRPC); model name and id left empty, for the pipeline to fill in
     outputs: list[Tensor] = field(default_factory=list)
-    #: whether ``relay_infer`` takes a body unchanged, per wire form: {binary?: answer}
+    #: whether a body is taken unchanged, per wire form: {binary?: answer} (its relay facts)
     relay: Mapping[bool, bool] = field(default_factory=lambda: {False: True, True: True})
     #: whether every JSON body goes transcoded (``transcodes_json``: the pipeline does not
     #: offer it to ``relay_infer``), else ``relay_infer`` says
@@ -86,7 +86,7 @@ class Answers:
         default_factory=lambda: [(b"content-type", b"application/json"), (b"x-fake", b"relayed")]
     )
     forward_body: bytes = b'{"model_name":"m","outputs":[],"relayed":true}'
-    #: whether ``relay_message`` takes a gRPC message unchanged
+    #: whether a gRPC message is taken unchanged (its relay facts)
     relay_message: bool = True
     #: the pass-through answer of ``relay_message`` (a serialized ModelInferResponse: by
     #: default, model "m" with no outputs)
@@ -211,13 +211,17 @@ class FakeBackend:
         self._record("log_settings", update, list(headers))
         return {}
 
+    def relay_facts(self, model: str, version: str) -> RelayFacts:
+        a = self.answers
+        below = 0 if a.declines_json or not a.relay[False] else 1 << 62
+        return RelayFacts(True, a.relay_message, below, False, a.relay[True], 1 << 62, False)
+
+    async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
+        return self.relay_facts(model, version)
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse | None:
-        if not self.answers.relay[ihcl is not None]:  # declined: nothing of the body read
-            size = body.length if isinstance(body, StreamedBody) else len(body)
-            self._record("relay_infer", model, version, None, ihcl, list(headers), size)
-            return None
+    ) -> ForwardResponse:
         if isinstance(body, StreamedBody):
             data = b"".join([chunk async for chunk in body.chunks])
         else:
@@ -227,11 +231,10 @@ class FakeBackend:
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
-        sent = bytes(message) if self.answers.relay_message else None  # declined: nothing sent
-        args = (model, version, sent, list(headers))
+    ) -> bytes:
+        args = (model, version, bytes(message), list(headers))
         self.calls.append(Call("relay_message", args, {"streamed": streamed}))
-        return None if sent is None else self.answers.message_answer
+        return self.answers.message_answer
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Any

@@ -15,6 +15,7 @@ from v2proxy.core.errors import BackendUnavailable, NotFound, ProxyError
 from v2proxy.core.knowledge import KNOWLEDGE_TTL_S, BackendKnowledge
 from v2proxy.core.model import Datatype, InferRequest, Tensor
 from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.relay import BINARY, relays
 
 # --------------------------------------------------------------------------- the one cache
 
@@ -135,11 +136,11 @@ async def test_a_rest_backend_shares_one_knowledge_and_forgets_what_it_learnt() 
     assert await encoding.binary() is False and encoding.try_unlisted(fp16) is True
     encoding.unlisted(False, "refused binary tensors")  # learnt by trying
     assert encoding.try_unlisted(fp16) is False
-    assert encoding.relays_known(True, 100) is False
+    assert relays(BINARY, 100, encoding.facts()) is False
     pipeline.invalidate()  # after a repository load or unload
-    assert encoding.relays_known(True, 100) is None  # to be asked again
+    assert relays(BINARY, 100, encoding.facts()) is None  # to be asked again
     assert await encoding.binary() is True and answers == []
-    assert encoding.relays_known(True, 100) is True
+    assert relays(BINARY, 100, encoding.facts()) is True
     assert encoding.try_unlisted(fp16) is True  # what was learnt by trying is forgotten too
 
 
@@ -158,10 +159,10 @@ async def test_the_rest_encoding_answers_expire_with_the_stores_lifetime() -> No
     backend.server_metadata = server_metadata  # type: ignore[method-assign]
     encoding = backend.encoding
     fp16 = InferRequest("m", [Tensor("I", Datatype.FP16, [1], b"\0\0")])
-    assert await encoding.binary() is False and encoding.relays_known(True, 100) is False
+    assert await encoding.binary() is False and relays(BINARY, 100, encoding.facts()) is False
     encoding.unlisted(False, "refused binary tensors")
     assert encoding.try_unlisted(fp16) is False
     clock.now += KNOWLEDGE_TTL_S
-    assert encoding.relays_known(True, 100) is None  # to be asked again
+    assert relays(BINARY, 100, encoding.facts()) is None  # to be asked again
     assert encoding.try_unlisted(fp16) is True  # tried again
     assert await encoding.binary() is False and answers == []

@@ -59,8 +59,10 @@ What the table shows today (the access checked by the frontends only, as they ad
   that was not relayed (dispatch, ``Pipeline.relay`` and ``Pipeline.infer``); until the access
   moved out of the pipeline, each pipeline call here counted 1.
 - A REST request that may be relayed asks the backend once: ``relay_infer``, which answers
-  (before, ``can_relay`` was asked first: two asks). When the backend declines (``norelay``
-  rows: ``relay_infer`` says None, nothing sent, no I/O) the request goes on to ``infer``. A
+  (before, ``can_relay`` was asked first: two asks). Whether the backend takes it as sent is
+  decided from its relay facts (``v2proxy.core.relay.relays``: data, no call); where they say
+  no (``norelay`` rows) the request goes to ``infer`` alone (until the decision moved into the
+  core, ``relay_infer`` was asked and declined: one call more). A
   request that a stage applies to never offers a relay: ``nothing_to_do`` decides first. A
   JSON body to a backend that takes every JSON body transcoded (``norelay-known``:
   ``transcodes_json``, ``--backend-encoding binary``) is not offered at all: ``infer`` only.
@@ -86,10 +88,10 @@ What the table shows today (the access checked by the frontends only, as they ad
 - A gRPC message (``message`` rows) is relayed with one ``relay_message`` call when no stage
   applies, FP16 inputs included; one carrying a parameter the full path's encoder leaves out
   (``binary_data_output``, an output's ``binary_data``) goes the full path, as does one a stage
-  applies to; a backend that declines (``norelay``) is then asked ``infer``.
+  applies to; to a backend whose facts decline it (``norelay``) it goes as ``infer``.
 - A message of a gRPC stream (``stream-message`` rows) is decided as a unary message is: one
   ``relay_message`` call (told ``streamed``) when no stage applies, the backend's bytes its one
-  answer; a backend that declines (``norelay``, a decoupled model) is then asked
+  answer; to a backend whose facts decline it (``norelay``, a decoupled model) it goes as
   ``stream_infer`` (all three responses of ``x3``); a stage, a wire-only parameter or the
   final-response flag go to ``stream_infer`` without offering a relay.
 - A decoupled model reached over REST is the backend's business (``infer``, one answer): the
@@ -250,7 +252,7 @@ _CLASS_PROXY_CALLS = (SERVER_META, INFER, MODEL_META, MODEL_CONFIG)
 ROWS = [
     # ---- REST, JSON body
     Row(JSON, NONE, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
-    Row(JSON, NONE, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(JSON, NONE, can_relay=False, backend_calls=(INFER,), access_checks=1),
     Row(JSON, NONE, can_relay=False, known=True, backend_calls=(INFER,), access_checks=1),
     Row(JSON, FP16, backend_calls=(INFER,), access_checks=1),
     Row(JSON, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=1),
@@ -263,9 +265,9 @@ ROWS = [
     Row(JSON, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
     # ---- REST, binary tensors
     Row(BINARY, NONE, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
-    Row(BINARY, NONE, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(BINARY, NONE, can_relay=False, backend_calls=(INFER,), access_checks=1),
     Row(BINARY, FP16, backend_calls=(RELAY,), access_checks=1, answer=FORWARD),
-    Row(BINARY, FP16, can_relay=False, backend_calls=(RELAY, INFER), access_checks=1),
+    Row(BINARY, FP16, can_relay=False, backend_calls=(INFER,), access_checks=1),
     Row(BINARY, BINARY_OUTPUT, backend_calls=(RELAY,), access_checks=1,
         answer=FORWARD),
     Row(BINARY, BINARY_DATA, backend_calls=(RELAY,), access_checks=1,
@@ -286,7 +288,7 @@ ROWS = [
     Row(GRPC, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=0),
     # ---- a gRPC message: Pipeline.infer_message, relayed when nothing needs changing
     Row(MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
-    Row(MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, INFER), access_checks=0),
+    Row(MESSAGE, NONE, can_relay=False, backend_calls=(INFER,), access_checks=0),
     Row(MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
     Row(MESSAGE, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=0),
     Row(MESSAGE, BINARY_DATA, backend_calls=(INFER,), access_checks=0),
@@ -321,10 +323,9 @@ ROWS = [
     # ---- a message of a gRPC stream: Pipeline.stream_message, relayed when nothing needs
     # changing, else stream_infer's path (a decoupled model: the backend declines the relay)
     Row(STREAM_MESSAGE, NONE, backend_calls=(RELAY_MESSAGE,), access_checks=0, answer=FORWARD),
-    Row(STREAM_MESSAGE, NONE, can_relay=False, backend_calls=(RELAY_MESSAGE, STREAM_INFER),
+    Row(STREAM_MESSAGE, NONE, can_relay=False, backend_calls=(STREAM_INFER,), access_checks=0),
+    Row(STREAM_MESSAGE, NONE, can_relay=False, responses=3, backend_calls=(STREAM_INFER,),
         access_checks=0),
-    Row(STREAM_MESSAGE, NONE, can_relay=False, responses=3,
-        backend_calls=(RELAY_MESSAGE, STREAM_INFER), access_checks=0),
     Row(STREAM_MESSAGE, NONE, final_flag=True, backend_calls=(STREAM_INFER,), access_checks=0),
     Row(STREAM_MESSAGE, FP16, backend_calls=(RELAY_MESSAGE,), access_checks=0,
         answer=FORWARD),
@@ -649,14 +650,9 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
     assert access.checks == Counter({"inference": row.access_checks})
 
     for call in backend.called("relay_infer"):
-        if row.can_relay:
-            assert call.args == (MODEL, "", body, ihcl, TOKEN)  # the client's bytes, unchanged
-        else:  # declined: asked with the wire form and size, nothing read
-            assert body is not None
-            assert call.args == (MODEL, "", None, ihcl, TOKEN, len(body))
+        assert call.args == (MODEL, "", body, ihcl, TOKEN)  # the client's bytes, unchanged
     for call in backend.called("relay_message"):
-        # the client's bytes unchanged; declined: nothing sent
-        assert call.args == (MODEL, "", body if row.can_relay else None, TOKEN)
+        assert call.args == (MODEL, "", body, TOKEN)  # the client's bytes unchanged
         # a stream's message is told so (its errors name streaming inference)
         assert call.kwargs == {"streamed": row.wire == STREAM_MESSAGE}
     for call in backend.called("model_metadata") + backend.called("model_config"):

@@ -19,6 +19,7 @@ from v2proxy.backends.rest_requests import JOIN_MAX, BinaryHeads, infer_body, in
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
+from v2proxy.core.relay import BINARY, JSON, relays
 
 X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
 
@@ -159,31 +160,37 @@ async def test_mlserver_is_never_tried_binary(metadata: dict[str, Any], tried: b
 @pytest.mark.parametrize("listed", [True, False, None])  # None: the backend cannot be asked
 @pytest.mark.parametrize("binary", [True, False])
 @pytest.mark.parametrize("size", [100, AUTO_BINARY_MIN])
-async def test_relays_known_agrees_with_relays(
+async def test_the_relay_decision_from_the_encodings_facts(
     setting: str, listed: bool | None, binary: bool, size: int
 ) -> None:
-    """The backend's relay decision without an await (``relays_known``) is ``relays``' own
-    whenever it gives one, and it gives one for the small JSON body whatever the setting."""
-
+    """The core's one decision (``relays``) from a REST backend's facts: known without asking
+    for the small JSON body whatever the setting; else, once learnt, a binary body relays to a
+    backend that lists binary tensors, a large JSON one in ``auto`` to one that does not (or
+    cannot say), each as the setting fixes it otherwise; and what was learnt stays known."""
     answer: dict[str, Any] | Exception = (
         BackendUnavailable("no answer")
         if listed is None
         else {"extensions": ["binary_tensor_data"] if listed else []}
     )
     encoding = Encoding(setting, "http://b", BackendKnowledge(_Server(answer)))
-    known = encoding.relays_known(binary, size)
+    form = BINARY if binary else JSON
+    known = relays(form, size, encoding.facts())
     if not binary and size < AUTO_BINARY_MIN:
         assert known is (setting != "binary")
-    try:
-        asked = await encoding.relays(binary, size)
-    except BackendUnavailable:
-        assert known is None
-        return
+    facts = await encoding.learn()  # a backend that cannot say leaves its capability unknown
+    learnt = relays(form, size, facts, learnt=True)
+    takes_binary = {"json": False, "binary": True}.get(setting, bool(listed))
+    if binary:
+        expected = takes_binary
+    elif setting == "auto" and size >= AUTO_BINARY_MIN:
+        expected = not takes_binary
+    else:
+        expected = setting != "binary"
+    assert learnt is expected
     if known is not None:
-        assert known is asked
-    assert encoding.relays_known(binary, size) in (asked, None)
-    if listed is not None:  # asked once: known from then on
-        assert encoding.relays_known(binary, size) is asked
+        assert known is learnt
+    if listed is not None or setting != "auto":  # learnt once: known from then on
+        assert relays(form, size, encoding.facts()) is learnt
 
 
 @pytest.mark.parametrize(

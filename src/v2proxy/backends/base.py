@@ -24,7 +24,7 @@ from v2proxy.core.errors import (
     Unsupported,
 )
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.ports import Body, ForwardResponse, Headers
+from v2proxy.core.ports import TAKES_NOTHING, Body, ForwardResponse, Headers, RelayFacts
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
     AnswerTooLarge,
@@ -75,10 +75,16 @@ class NonRestBackend:
     def stream_call(self, decoupled: bool) -> str:
         return f"{self.name} backend's stream_infer"
 
+    def relay_facts(self, model: str, version: str) -> RelayFacts:
+        return TAKES_NOTHING  # decoded requests only (the gRPC backend takes messages)
+
+    async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
+        return self.relay_facts(model, version)
+
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse | None:
-        return None  # decoded requests only
+    ) -> ForwardResponse:
+        raise Unsupported(f"the {self.name} backend takes no REST body as it came")
 
     def relay_now(
         self,
@@ -92,9 +98,6 @@ class NonRestBackend:
     ) -> Callable[[], None] | None:
         return None  # decoded requests only
 
-    def relays_binary(self, size: int) -> bool:
-        return False
-
     def infer_now(
         self,
         request: InferRequest,
@@ -105,8 +108,8 @@ class NonRestBackend:
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
-        return None  # decoded requests only
+    ) -> bytes:
+        raise Unsupported(f"the {self.name} backend takes no gRPC message as it came")
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer

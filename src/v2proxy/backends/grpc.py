@@ -69,7 +69,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import InferRequest, InferResponse
-from v2proxy.core.ports import Headers
+from v2proxy.core.ports import Headers, RelayFacts
 
 _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNORECASE)
 
@@ -105,6 +105,10 @@ _HTTP_BY_CODE = {
     "ABORTED": 409,
     "RESOURCE_EXHAUSTED": 429,
 }
+
+
+#: no bound on the size of a relayed message (no staging)
+_ALL = 1 << 62
 
 
 def _metadata(headers: Headers) -> list[tuple[str, str]]:
@@ -157,6 +161,8 @@ class GrpcBackend(NonRestBackend):
         self.staging = staging
         if staging is not None and staging.knowledge is None:
             staging.knowledge = self.knowledge
+        #: the relay facts made, per (message bound, decoupled)
+        self._facts: dict[tuple[int, bool | None], RelayFacts] = {}
         self._timeout = timeout
         self._options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_size),
@@ -406,19 +412,12 @@ class GrpcBackend(NonRestBackend):
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
+    ) -> bytes:
         """The client's serialized ModelInferRequest sent unchanged, the backend's serialized
-        ModelInferResponse returned unchanged; None (nothing sent) for a decoupled model, or a
-        message as large as the staging threshold (an input of it might be staged). A message
-        of a client's stream (``streamed``) is asked of the backend as a unary ModelInfer, as
-        :meth:`stream_infer` asks a model that is not decoupled, and a failure to learn whether
-        the model is names streaming inference, as there."""
-        staging = self._staging()
-        if staging is not None and len(message) >= staging.threshold:
-            return None
-        asked_for = "streaming inference" if streamed else "inference"
-        if await self.is_decoupled(model, version, asked_for):
-            return None
+        ModelInferResponse returned unchanged (the core decided from :meth:`relay_facts`: not a
+        decoupled model, nor a message as large as the staging threshold, an input of which
+        might be staged). A message of a client's stream (``streamed``) is asked of the backend
+        as a unary ModelInfer, as :meth:`stream_infer` asks a model that is not decoupled."""
         answer: bytes = await self._call(
             _RAW_INFER, message, "inference", model, _metadata(headers)
         )
@@ -433,6 +432,24 @@ class GrpcBackend(NonRestBackend):
             return grpcc.response_from_proto(resp)
         except CodecError as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
+
+    def relay_facts(self, model: str, version: str) -> RelayFacts:
+        known = self.knowledge.known_config(model, version)
+        staging = self._staging()
+        key = (
+            _ALL if staging is None else staging.threshold,
+            None if known is None else known.decoupled,
+        )
+        facts = self._facts.get(key)
+        if facts is None:
+            facts = self._facts[key] = RelayFacts(False, True, 0, False, False, *key)
+        return facts
+
+    async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
+        """The facts once the model's configuration says whether it is decoupled (a failure to
+        learn it names ``asked_for``, the client's operation, as :meth:`is_decoupled` does)."""
+        await self.is_decoupled(model, version, asked_for)
+        return self.relay_facts(model, version)
 
     async def is_decoupled(self, model: str, version: str, asked_for: str = "inference") -> bool:
         """Whether the model's config says decoupled: the facts of its configuration in the

@@ -39,6 +39,8 @@ class MeteredBackend:
         self.speaks_rest = inner.speaks_rest
         self.stream_call = inner.stream_call
         self.transcodes_json = inner.transcodes_json
+        self.relay_facts = inner.relay_facts  # (asks nothing: not timed)
+        self.learn_relay_facts = inner.learn_relay_facts
         self._rec = recorder
 
     async def start(self) -> None:
@@ -73,15 +75,14 @@ class MeteredBackend:
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse | None:
+    ) -> ForwardResponse:
         t0 = perf_counter()
         try:
             answer = await self.inner.relay_infer(model, version, body, ihcl, headers)
         except BaseException as exc:
             self._rec.done("relay_infer", model, perf_counter() - t0, exc)
             raise
-        if answer is not None:  # None: declined, nothing was sent
-            self._rec.done("relay_infer", model, perf_counter() - t0, None)
+        self._rec.done("relay_infer", model, perf_counter() - t0, None)
         return answer
 
     def relay_now(
@@ -104,9 +105,6 @@ class MeteredBackend:
 
         return self.inner.relay_now(model, version, body, headers, timed, ihcl=ihcl)
 
-    def relays_binary(self, size: int) -> bool:
-        return self.inner.relays_binary(size)
-
     def infer_now(
         self,
         request: InferRequest,
@@ -126,7 +124,7 @@ class MeteredBackend:
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
+    ) -> bytes:
         t0 = perf_counter()
         try:
             answer = await self.inner.relay_message(
@@ -135,8 +133,7 @@ class MeteredBackend:
         except BaseException as exc:
             self._rec.done("relay_infer", model, perf_counter() - t0, exc)
             raise
-        if answer is not None:  # None: declined, nothing was sent
-            self._rec.done("relay_infer", model, perf_counter() - t0, None)
+        self._rec.done("relay_infer", model, perf_counter() - t0, None)
         return answer
 
     async def forward(

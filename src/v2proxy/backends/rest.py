@@ -76,11 +76,19 @@ from v2proxy.core.errors import (
     BadGateway,
     CodecError,
     ProxyError,
+    Unsupported,
 )
 from v2proxy.core.headers import answer_headers
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.ports import NO_CHUNKS, Body, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.ports import (
+    NO_CHUNKS,
+    Body,
+    ForwardResponse,
+    Headers,
+    RelayFacts,
+    StreamedBody,
+)
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import ConnectFailed, ConnectTimeout, HttpClientError
 from v2proxy.http.client_response import ClientResponse
@@ -132,6 +140,8 @@ class RestBackend:
         #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge)
+        #: what it takes as sent (the port's ``relay_facts``): the encoding's, every model's
+        self.relay_facts: Callable[[str, str], RelayFacts] = self.encoding.facts
         #: ``--backend-encoding binary``: every JSON body goes as binary tensors (``auto``
         #: relays a small one and decides for a large one by the capabilities, asked)
         self.transcodes_json = self.encoding.fixed is True
@@ -383,22 +393,15 @@ class RestBackend:
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
-        return None  # a gRPC message is decoded and sent as REST
+    ) -> bytes:
+        # its relay facts take no message: never asked (a gRPC message is decoded, sent as REST)
+        raise Unsupported("a REST backend takes no gRPC message as it came")
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse | None:
+    ) -> ForwardResponse:
         """Send a client's /infer body unchanged (piped through when it is still arriving) and
-        pass the answer back unchanged once it is seen to be a v2 answer. Binary bodies go
-        unchanged to backends that take binary tensors, JSON ones as :meth:`Encoding.relays`
-        decides; None otherwise."""
-        size = body.length if isinstance(body, StreamedBody) else len(body)
-        relays = self.encoding.relays_known(ihcl is not None, size)
-        if relays is None:
-            relays = await self.encoding.relays(ihcl is not None, size)
-        if not relays:
-            return None
+        pass the answer back unchanged once it is seen to be a v2 answer."""
         if not isinstance(body, StreamedBody):
             return await self._relay_whole(model, version, body, ihcl, headers)
         target = self._infer_target(model, version)
@@ -422,8 +425,8 @@ class RestBackend:
                 self._targets[(model, version)] = target
         return target
 
-    def relays_binary(self, size: int) -> bool:
-        return self.encoding.relays_known(True, size) is True
+    async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
+        return await self.encoding.learn()
 
     def relay_now(
         self,
@@ -438,10 +441,10 @@ class RestBackend:
         """Send a whole JSON /infer body unchanged at once, on a connection idle right now
         (:class:`~v2proxy.backends.rest_relay.RelayCall`): its outcome, the answer unchanged
         once checked or the error, goes to ``done`` later; the call's cancel is returned. None,
-        with nothing sent, when it cannot go at once (not started, the encoding not yet known
-        to relay it, no idle connection): :meth:`relay_infer` then."""
+        with nothing sent, when it cannot go at once (not started, no idle connection):
+        :meth:`relay_infer` then."""
         loop = self._loop
-        if loop is None or not self.encoding.relays_known(ihcl is not None, len(body)):
+        if loop is None:
             return None
         endpoints = self._pool.endpoints
         ep = endpoints.pick()

@@ -24,11 +24,13 @@ is kept here but the log lines already written (each said once, again only when 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Datatype, InferRequest
+from v2proxy.core.ports import RelayFacts
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def refuses_binary(status: int, message: str) -> bool:
 class Encoding:
     """The wire form of one backend's /infer requests."""
 
-    __slots__ = ("_knowledge", "_name", "_said", "fixed", "setting")
+    __slots__ = ("_facts", "_knowledge", "_name", "_said", "fixed", "setting")
 
     def __init__(self, setting: str, name: str, knowledge: BackendKnowledge) -> None:
         self.setting = setting
@@ -86,6 +88,14 @@ class Encoding:
         self.fixed: bool | None = {"json": False, "binary": True}.get(setting)
         #: the last value of each log line written (said once, again when it changes)
         self._said: dict[str, bool] = {}
+        #: the relay facts, per what is known of binary tensors
+        below, auto = {"json": (1 << 62, False), "binary": (0, False)}.get(
+            setting, (AUTO_BINARY_MIN, True)
+        )
+        self._facts = {
+            binary: RelayFacts(True, False, below, auto, binary, 0, False)
+            for binary in (True, False, None)
+        }
 
     def _say(self, key: str, value: bool, text: str) -> None:
         if self._said.get(key) is not value:
@@ -103,32 +113,21 @@ class Encoding:
             self._say("unlisted", False, "(MLServer) has no binary tensors: FP16/BF16 go as JSON")
         return binary
 
-    def relays_known(self, binary: bool, size: int) -> bool | None:
-        """:meth:`relays`' answer when it needs nothing asked of the backend (the usual small
-        JSON body, or whatever came while the backend's capabilities are known); None
-        otherwise."""
-        if binary or (self.setting == "auto" and size >= AUTO_BINARY_MIN):
-            known = self.fixed
-            if known is None:
-                caps = self._knowledge.known_server()
-                if caps is None:
-                    return None
-                known = caps.binary_tensors
-            return known if binary else not known
-        return self.setting != "binary"
+    def facts(self, _model: str = "", _version: str = "") -> RelayFacts:
+        """What the backend takes as sent, as known now (the core decides from it:
+        :func:`v2proxy.core.relay.relays`); the backend's ``relay_facts`` (of every model)."""
+        binary = self.fixed
+        if binary is None:
+            caps = self._knowledge.known_server()
+            binary = None if caps is None else caps.binary_tensors
+        return self._facts[binary]
 
-    async def relays(self, binary: bool, size: int) -> bool:
-        """Whether a client body of this form and size is best sent unchanged."""
-        if binary:
-            return await self.binary()
-        if self.setting == "binary":
-            return False
-        if self.setting == "json" or size < AUTO_BINARY_MIN:
-            return True
-        try:
-            return not await self.binary()
-        except ProxyError:  # a backend that does not say takes JSON: relay what came
-            return True
+    async def learn(self) -> RelayFacts:
+        """:meth:`facts` once the backend's capabilities are asked (left unknown when it
+        cannot say)."""
+        with contextlib.suppress(ProxyError):
+            await self.binary()
+        return self.facts()
 
     def try_unlisted(self, request: InferRequest) -> bool:
         """Whether to send this request binary to a backend that does not list binary tensors

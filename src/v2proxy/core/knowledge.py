@@ -142,8 +142,12 @@ class BackendKnowledge:
         return facts
 
     def known_server(self) -> ServerCaps | None:
-        """The server's capabilities when known within the lifetime (nothing is asked)."""
-        caps: ServerCaps | None = self.recall(_SERVER)
+        """The server's capabilities when known within the lifetime (nothing is asked; asked
+        on every relayed request: :meth:`recall`, written out)."""
+        hit = self._facts.get(_SERVER)
+        if hit is None or self._clock() - hit[0] >= self.ttl:
+            return None  # (an expired one is dropped by the next recall)
+        caps: ServerCaps = hit[1]
         return caps
 
     def known_config(self, model: str, version: str) -> ConfigFacts | None:

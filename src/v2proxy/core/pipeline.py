@@ -77,7 +77,7 @@ from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
-from v2proxy.core.relay import Relay, relays_as_sent
+from v2proxy.core.relay import JSON, Relay, relays_as_sent
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
@@ -239,9 +239,8 @@ class Pipeline:
             and relays_as_sent(sent, self.max_input_size, self.max_tensors)
         ):
             # checked without decoding: the full decoder accepts it and no stage applies
-            relayed = await self.backend.relay_infer(model, version, sent, None, headers)
-            if relayed is not None:
-                return relayed
+            if await self._relay.takes(model, version, JSON, len(sent)):
+                return await self.backend.relay_infer(model, version, sent, None, headers)
             sent = None  # the backend does not take it unchanged
         request = await decode(body, ihcl, model, version)
         if sent is not None and ihcl != 0:
@@ -311,8 +310,8 @@ class Pipeline:
 
         The pipeline decides, as for a unary ModelInfer (:meth:`infer_message`): relayed as it
         came when ``relayable``, no stage applies, it carries nothing the full path would leave
-        out and the backend takes it (:meth:`Backend.relay_message`, which declines a decoupled
-        model: its answers come over the backend's stream), the one answer being the backend's
+        out and the backend takes it (:meth:`Relay.takes`: not a decoupled model, whose answers
+        come over the backend's stream), the one answer being the backend's
         serialized ModelInferResponse, unchanged (decoded and finished when it is not what the
         full path would answer, :meth:`Relay.relay_message`); else every response of
         :meth:`stream_infer`'s path, for the frontend to encode. One backend call."""

@@ -9,12 +9,14 @@ never wire bytes or REST paths; every failure is raised as a
 :class:`~v2proxy.core.errors.ProxyError` of its own class, mapped from foreign exceptions inside the
 backend that meets them.
 
-Three operations exist for the pass-through fast paths only: ``relay_infer`` (a REST /infer
-body sent unchanged, or None when the backend does not take it so), ``relay_message`` (a gRPC
-``ModelInferRequest`` message's bytes sent unchanged, its answer's bytes returned, or None) and
-``forward`` (any other REST request, e.g. ``generate``). Backends that cannot take bytes say so
-with ``relay_infer`` and ``relay_message`` returning None and ``forward`` raising
-:class:`~v2proxy.core.errors.NotFound` or :class:`~v2proxy.core.errors.Unsupported`.
+The pass-through fast paths: what a backend takes as the client sent it is data
+(:class:`RelayFacts`, from its configuration and the knowledge store: :meth:`Backend.relay_facts`),
+which one function of the core decides from (:func:`v2proxy.core.relay.relays`); then
+``relay_infer`` (a REST /infer body sent unchanged) and ``relay_message`` (a gRPC
+``ModelInferRequest`` message's bytes sent unchanged, its answer's bytes returned) only send.
+``forward`` passes any other REST request (e.g. ``generate``); a backend that takes no REST
+request raises :class:`~v2proxy.core.errors.NotFound` or :class:`~v2proxy.core.errors.Unsupported`
+there.
 
 Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
 the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
@@ -33,6 +35,31 @@ from v2proxy.core.model import Buffer, InferRequest, InferResponse
 
 #: end-to-end request headers: (lowercase name, value as received)
 Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFacts:
+    """What a backend takes as the client sent it, as data (None: not known now; the backend
+    learns it with :meth:`Backend.learn_relay_facts`)."""
+
+    #: it takes v2 REST /infer bodies (JSON, binary-framed)
+    rest: bool
+    #: it takes gRPC ModelInferRequest messages
+    grpc: bool
+    #: a JSON body of fewer bytes than this is relayed, whatever the backend's capabilities
+    json_below: int
+    #: a larger one is relayed unless the backend takes binary tensors (``auto``), else never
+    json_auto: bool
+    #: it takes binary tensors (binary-framed bodies relayed; large JSON ones transcoded in auto)
+    binary_tensors: bool | None
+    #: messages of this many bytes or more are not relayed (their tensors may be staged)
+    message_below: int
+    #: the model is decoupled (its answers come on a stream: a message is not relayed)
+    decoupled: bool | None
+
+
+#: a backend that takes nothing as it came
+TAKES_NOTHING = RelayFacts(False, False, 0, False, False, 0, False)
 
 
 async def no_release() -> None:
@@ -133,24 +160,28 @@ class Backend(Protocol):
         self, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]: ...
 
-    # the REST↔REST pass-through fast path
+    # the pass-through fast paths
     #: whether every JSON /infer body goes to the model server transcoded, whatever its size
-    #: (:meth:`relay_infer` declines each): the pipeline then decodes such a body without first
-    #: checking it for the relay
+    #: (its relay facts' ``json`` is "binary"): the pipeline then decodes such a body without
+    #: first checking it for the relay
     transcodes_json: bool
+
+    def relay_facts(self, model: str, version: str) -> RelayFacts:
+        """What this backend takes as sent, as known now (asks nothing)."""
+        ...
+
+    async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
+        """:meth:`relay_facts` once what was not known is learnt (a backend that cannot be
+        asked leaves its capability unknown; a model whose configuration cannot be had raises,
+        naming ``asked_for``, the client's operation)."""
+        ...
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
-    ) -> ForwardResponse | None:
+    ) -> ForwardResponse:
         """Send an /infer body unchanged (it may still be arriving; ``ihcl`` None: JSON, else
-        binary-framed); the answer comes back unchanged once checked (errors raised). None,
-        with nothing sent and nothing of ``body`` read, when this backend does not take a body
-        of that form and size unchanged (it may prefer another form for a large body)."""
-        ...
-
-    def relays_binary(self, size: int) -> bool:
-        """Whether :meth:`relay_now` is known, without asking the model server, to take a
-        binary-framed body of ``size`` bytes unchanged (False: unknown, or it would not)."""
+        binary-framed), as the core decided (:func:`~v2proxy.core.relay.relays`); the answer
+        comes back unchanged once checked (errors raised)."""
         ...
 
     def relay_now(
@@ -167,8 +198,8 @@ class Backend(Protocol):
         header's length), sent at once if it can be, without a coroutine. When it was sent:
         the call's cancel (giving it up: its connection closes, no outcome follows), and its
         outcome (the answer unchanged once checked, or the error-tree error to answer) given
-        to ``done`` later, once. None, with nothing sent, when it cannot go at once (then
-        :meth:`relay_infer` it)."""
+        to ``done`` later, once. None, with nothing sent, when it cannot go at once (no idle
+        connection: then :meth:`relay_infer` it)."""
         ...
 
     def infer_now(
@@ -186,13 +217,12 @@ class Backend(Protocol):
     # the gRPC↔gRPC pass-through fast path
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
-    ) -> bytes | None:
-        """Send a serialized ``ModelInferRequest`` (checked by the caller, and needing no
-        stage) unchanged; the backend's serialized ``ModelInferResponse`` comes back unchanged
-        (errors raised). None, with nothing sent, when this backend does not take it so (it
-        speaks no gRPC, the model is decoupled, or it would stage the request's tensors).
-        ``streamed``: the message came on a client's ModelStreamInfer stream (errors name
-        streaming inference, as :meth:`stream_infer`'s do)."""
+    ) -> bytes:
+        """Send a serialized ``ModelInferRequest`` (checked by the caller, needing no stage, and
+        taken as it came: :func:`~v2proxy.core.relay.relays`) unchanged; the backend's
+        serialized ``ModelInferResponse`` comes back unchanged (errors raised). ``streamed``:
+        the message came on a client's ModelStreamInfer stream (errors name streaming
+        inference, as :meth:`stream_infer`'s do)."""
         ...
 
     async def forward(

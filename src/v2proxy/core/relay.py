@@ -1,9 +1,11 @@
 """The pass-through fast path of the pipeline (Envoy's pass-through): an /infer body that no
 stage applies to goes to the backend as the client sent it, and the answer comes back unchanged.
 
-Whether a body may be relayed is :func:`nothing_to_do`: no stage applies (asked of the
-pipeline's :class:`~v2proxy.core.stages.chain.Stages`) and the wire forms match (the answer may
-come back in the form the client's body asks for).
+Whether a body is relayed is decided once, by data: the request needs nothing
+(:func:`relays_as_sent` for a whole JSON body, else :func:`nothing_to_do`: no stage applies and
+the wire forms match) and the backend takes the body's wire form and size as they are
+(:func:`relays`, the one decision from the backend's :class:`~v2proxy.core.ports.RelayFacts`,
+:meth:`Relay.takes`); the backend's ``relay_infer`` and ``relay_message`` then only send.
 
 - :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
   checked), relayed when the request needs nothing and the backend takes that wire form.
@@ -35,7 +37,7 @@ from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.relay_check import plain_json_request
 from v2proxy.core.errors import BadGateway, CodecError, InvalidRequest, ProxyError
 from v2proxy.core.model import Datatype, InferRequest, InferResponse
-from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
+from v2proxy.core.ports import Backend, ForwardResponse, Headers, RelayFacts, StreamedBody
 from v2proxy.core.stages.chain import Stages, finish
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
@@ -97,6 +99,40 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 
 _HALF = (Datatype.FP16, Datatype.BF16)
 
+#: the wire forms a body is relayed in: a JSON or binary-framed /infer body, a gRPC message (a
+#: raw binary body is never relayed: its shape is the model's, which only decoding applies)
+JSON, BINARY, MESSAGE = "json", "binary", "message"
+
+
+def relays(form: str, size: int, facts: RelayFacts, *, learnt: bool = False) -> bool | None:
+    """The one decision: whether a body of wire form ``form`` and ``size`` bytes goes to the
+    backend as the client sent it, from what the backend takes (``facts``). None when a fact it
+    needs is not known: ask again once it is learnt (``learnt``: an unknown capability then
+    relays a JSON body, which every v2 REST server takes, and not a binary one). (A client that
+    asks for a compressed answer is never relayed: its frontend says so first.)"""
+    if form == JSON:
+        if size < facts.json_below:
+            return True
+        if not facts.json_auto:
+            return False
+        binary = facts.binary_tensors
+        if binary is None:
+            return True if learnt else None
+        return not binary
+    if form == BINARY:
+        if not facts.rest:
+            return False
+        binary = facts.binary_tensors
+        if binary is None:
+            return False if learnt else None
+        return binary
+    if form != MESSAGE or not facts.grpc or size >= facts.message_below:
+        return False
+    decoupled = facts.decoupled
+    if decoupled is None:
+        return False if learnt else None
+    return not decoupled
+
 
 def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
     """The decision for a whole JSON /infer body, made once, before any decoding: whether it may
@@ -109,8 +145,7 @@ def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: in
 
     The pipeline (:meth:`Pipeline.infer_body <v2proxy.core.pipeline.Pipeline.infer_body>`) and
     the REST frontend's quick lane (:mod:`v2proxy.frontends.rest_quick`) both ask it; whether
-    the backend takes the body so is the backend's to say (``relay_infer``/``relay_now``, from
-    what the knowledge store holds)."""
+    the backend takes the body so is :func:`relays`' to say, from the backend's facts."""
     return plain_json_request(body, max_input_size, max_tensors)
 
 
@@ -192,20 +227,33 @@ class Relay:
         headers: Headers,
     ) -> ForwardResponse | None:
         """Pass the client's /infer body through untouched when no stage applies and the
-        backend takes that wire form (one backend call, which says None when it does not);
-        None when the request must be re-encoded."""
+        backend takes that wire form (:meth:`takes`); None when the request must be
+        re-encoded."""
         if not nothing_to_do(request, ihcl is not None, self.stages):
             return None
-        return await self.backend.relay_infer(
-            request.model_name, request.model_version, body, ihcl, headers
-        )
+        model, version = request.model_name, request.model_version
+        size = body.length if isinstance(body, StreamedBody) else len(body)
+        if not await self.takes(model, version, JSON if ihcl is None else BINARY, size):
+            return None
+        return await self.backend.relay_infer(model, version, body, ihcl, headers)
+
+    async def takes(
+        self, model: str, version: str, form: str, size: int, asked_for: str = "inference"
+    ) -> bool:
+        """:func:`relays` of the backend's facts, learnt first when one it needs is unknown."""
+        backend = self.backend
+        decided = relays(form, size, backend.relay_facts(model, version))
+        if decided is None:
+            facts = await backend.learn_relay_facts(model, version, asked_for)
+            decided = relays(form, size, facts, learnt=True)
+        return bool(decided)
 
     async def relay_message(
         self, request: InferRequest, message: bytes, headers: Headers, streamed: bool = False
     ) -> bytes | InferResponse | None:
         """Pass a client's serialized ModelInferRequest ``message`` (decoded and checked as
         ``request``) through untouched when it needs nothing (:func:`message_as_is`) and the
-        backend takes it (one backend call, which says None when it does not); None when the
+        backend takes it (:meth:`takes`); None when the
         request must go through the stages. The backend's serialized answer comes back
         unchanged when it is what the full path would answer
         (:func:`~v2proxy.codecs.grpc.relayed_answer`: KServe, say, answers every output
@@ -214,11 +262,13 @@ class Relay:
         client's ModelStreamInfer stream (:meth:`Backend.relay_message`)."""
         if not message_as_is(request, self.stages):
             return None
-        answer = await self.backend.relay_message(
-            request.model_name, request.model_version, message, headers, streamed=streamed
-        )
-        if answer is None:
+        model, version = request.model_name, request.model_version
+        asked_for = "streaming inference" if streamed else "inference"
+        if not await self.takes(model, version, MESSAGE, len(message), asked_for):
             return None
+        answer = await self.backend.relay_message(
+            model, version, message, headers, streamed=streamed
+        )
         try:
             decoded = relayed_answer(answer, request)
         except CodecError as exc:
@@ -281,6 +331,8 @@ class Relay:
     async def _relay_checked(
         self, model: str, version: str, body: StreamedBody, keeper: _Keeper, headers: Headers
     ) -> ForwardResponse | None:
+        if not await self.takes(model, version, JSON, body.length):
+            return None  # (nothing of it read)
         check = StreamCheck(model, version, self.max_input_size, self.max_tensors)
         hold_from = max(body.length - HOLD_BACK, 0)
 

@@ -49,7 +49,7 @@ from v2proxy.codecs import compression
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import ForwardResponse, no_release
-from v2proxy.core.relay import nothing_to_do, relays_as_sent
+from v2proxy.core.relay import BINARY, JSON, nothing_to_do, relays, relays_as_sent
 from v2proxy.core.stages.chain import finish
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import Envelope, Exchange
@@ -161,7 +161,9 @@ class QuickLane:
         if ihcl_value is None:
             ihcl = None
             if self.takes_json:
-                if not relays_as_sent(body, self.max_input_size, self.max_tensors):
+                if not relays_as_sent(body, self.max_input_size, self.max_tensors) or (
+                    relays(JSON, len(body), self.backend.relay_facts(model, version)) is not True
+                ):
                     return False
             else:  # decoded by the full decoder (its error is the general path's to say)
                 t0 = perf_counter()
@@ -175,7 +177,7 @@ class QuickLane:
                     return False
                 decoded = perf_counter() - t0
         else:  # binary-framed: checked by the decoder (its error is the general path's to say)
-            if not self.backend.relays_binary(len(body)):
+            if relays(BINARY, len(body), self.backend.relay_facts(model, version)) is not True:
                 return False
             t0 = perf_counter()
             try:
