@@ -289,23 +289,30 @@ def _metadata(header: bool, *extra: tuple[str, str]) -> tuple[tuple[str, str], .
     return ((KEY, SECRET), *extra) if header else extra
 
 
+async def unary(
+    channel: grpc.aio.Channel, name: str, request: Any, metadata: tuple[tuple[str, str], ...]
+) -> tuple[grpc.StatusCode, str]:
+    """One call of the unary RPC ``name``: its status code and details."""
+    _req, resp_type = UNARY_RPCS[name]
+    call = channel.unary_unary(
+        f"/inference.GRPCInferenceService/{name}",
+        request_serializer=type(request).SerializeToString,
+        response_deserializer=resp_type.FromString,
+    )
+    try:
+        await call(request, metadata=metadata, timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 async def test_each_unary_rpc_is_checked_once(mode: str) -> None:
     inner, header, served = MODES[mode]
     counting = Counting(inner)
     async with _grpc(counting) as channel:
         for name, request in UNARY.items():
-            _req, resp_type = UNARY_RPCS[name]
-            call = channel.unary_unary(
-                f"/inference.GRPCInferenceService/{name}",
-                request_serializer=type(request).SerializeToString,
-                response_deserializer=resp_type.FromString,
-            )
-            code, details = grpc.StatusCode.OK, ""
-            try:
-                await call(request, metadata=_metadata(header), timeout=10)
-            except grpc.aio.AioRpcError as exc:
-                code, details = exc.code(), exc.details() or ""
+            code, details = await unary(channel, name, request, _metadata(header))
             assert counting.take() == Counter({RPCS[name].group: 1}), name
             if served:
                 assert code != grpc.StatusCode.PERMISSION_DENIED, (name, details)

@@ -10,13 +10,11 @@ edge filters (the REST /infer pass, the generic one, the gRPC metadata one)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import grpc
 import pytest
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -32,12 +30,12 @@ from tests.integration.test_access_once import (
     _grpc,
     _infer_request,
     _pipeline,
+    unary,
 )
 from tests.integration.test_quick_lane import lane_proxy, post, taken, warm
 from tests.integration.test_rest_backend import url_of
 from tests.integration.test_rest_errors import simple_json
 from v2proxy._proto import grpc_service_pb2 as pb
-from v2proxy._proto.service import UNARY_RPCS
 from v2proxy.core import headers as table
 from v2proxy.frontends import rest_infer
 from v2proxy.frontends.rest import RestFrontend
@@ -128,14 +126,7 @@ async def test_each_rpc_is_filtered_at_most_once(filterings: Filterings) -> None
     counting = Counting(CLOSED)
     async with _grpc(counting) as channel:
         for name, request in UNARY.items():
-            _req, resp_type = UNARY_RPCS[name]
-            call = channel.unary_unary(
-                f"/inference.GRPCInferenceService/{name}",
-                request_serializer=type(request).SerializeToString,
-                response_deserializer=resp_type.FromString,
-            )
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await call(request, metadata=((KEY, SECRET), ("x-trace", "t")), timeout=10)
+            await unary(channel, name, request, ((KEY, SECRET), ("x-trace", "t")))
             assert filterings.take() == (1 if name in FORWARDING_RPCS else 0), name
         stream = channel.stream_stream(
             "/inference.GRPCInferenceService/ModelStreamInfer",

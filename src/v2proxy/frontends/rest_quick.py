@@ -70,17 +70,16 @@ class QuickLane:
     """The quick lane of one REST frontend (see the module's docstring)."""
 
     __slots__ = (
-        "access",
         "backend",
         "decoded",
         "decoded_json",
         "encode",
         "envelope",
         "found",
-        "group",
         "max_body_size",
         "max_input_size",
         "max_tensors",
+        "restricted",
         "route",
         "row",
         "speaks_rest",
@@ -109,7 +108,6 @@ class QuickLane:
         self.stages = pipeline.stages
         #: the decode time of a binary-framed body checked here, as the general path records it
         self.decoded = frontend.recorder.decode["binary"]
-        self.access = frontend.access
         self.envelope: Envelope = frontend.envelope
         self.max_body_size = frontend.max_body_size
         self.max_input_size = frontend.max_input_size
@@ -118,9 +116,10 @@ class QuickLane:
         self.found = frontend._found
         self.route = frontend._route
         self.row = frontend.routing[0][2]
-        #: the row's API group: the lane takes a request only when the policy does not restrict
-        #: it (a restricted one goes to the general path, which checks it once)
-        self.group = self.row.check_first or ""
+        #: whether the policy restricts the row's API group (fixed at start-up): the lane takes
+        #: a request only when it does not (a restricted one goes to the general path, which
+        #: checks it once)
+        self.restricted = frontend.access.restricts(self.row.check_first or "")
         #: requests taken since the start
         self.taken = 0
         #: the tasks that finish an answer the lane could not write at once
@@ -133,7 +132,7 @@ class QuickLane:
             request.method == "POST"
             and self.speaks_rest
             and (self.found.get(request.path) or self.route(request.path))[2] is self.row
-            and not self.access.restricts(self.group)
+            and not self.restricted
         )
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
@@ -150,7 +149,7 @@ class QuickLane:
         if (
             encoding is not None
             or (accept is not None and compression.choose_encoding(accept) is not None)
-            or self.access.restricts(self.group)
+            or self.restricted
         ):
             return False
         model, version = found[1].group("model", "version")
