@@ -81,14 +81,19 @@ def _metrics_files(pid: int) -> dict[int, list[str]]:
 
 def test_workers_metrics_are_summed_over_workers() -> None:
     with v2proxy("serve", "--workers", "2", "--access-log", name="metrics-workers") as proxy:
-        # every metrics file a worker will use is open from its start: none opens late
-        # (the soak counts file descriptors; a gauge back to 0 at each flush opened its file
-        # whenever a flush first caught it non-zero)
+        # every metrics file a worker will use is open from its start, before any request: none
+        # opens late (the soak counts file descriptors; a gauge back to 0 at each flush opened
+        # its file whenever a flush first caught it non-zero). Polled until both workers hold
+        # all three (a worker seen while it starts holds some of them); no request is sent
+        # meanwhile, so a file opened only by traffic never comes and the wait fails.
+        want = ["counter", "gauge_livesum", "histogram"]
         deadline = time.monotonic() + 10
-        while len(files := _metrics_files(proxy.pid)) < 2 or not all(files.values()):
+        while len(files := _metrics_files(proxy.pid)) < 2 or any(
+            names != want for names in files.values()
+        ):
             assert time.monotonic() < deadline, files
             time.sleep(0.1)
-        assert list(files.values()) == [["counter", "gauge_livesum", "histogram"]] * 2
+        assert list(files.values()) == [want] * 2
         for _ in range(REST_N):
             assert _post(proxy.port, "/v2/models/simple/infer", BODY) == 200
         assert _post(proxy.port, "/v2/models/nosuch/infer", BODY) == 404
