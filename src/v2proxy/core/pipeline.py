@@ -1,62 +1,18 @@
 """The one shared core every frontend calls (in the manner of MLServer's DataPlane).
 
-``app.py`` builds exactly one :class:`Pipeline`; the REST, gRPC, MindIE and OpenAI frontends
-go through it for every operation: inference, streamed inference, health,
-metadata, config, statistics, repository, trace and log settings, and REST pass-through. It
-owns the port to the model server (:class:`~v2proxy.core.ports.Backend`). Frontends only decode wire
-bytes into the internal model and encode the answer back; backends only encode for their model
-server. Errors are :class:`~v2proxy.core.errors.ProxyError` subclasses that keep their class from
-the place they are raised to the frontend's one translator.
+One :class:`Pipeline` per process: the REST, gRPC, MindIE and OpenAI frontends go through it
+for every operation, and it owns the port to the model server
+(:class:`~v2proxy.core.ports.Backend`). Frontends decode and encode wire bytes, backends encode
+for their model server; errors are :class:`~v2proxy.core.errors.ProxyError` subclasses,
+translated once by each frontend.
 
-An inference request passes these stages, in this order:
-
-1. **decode-check** (frontend): wire bytes -> :class:`InferRequest`, every field validated; a
-   raw binary body gets its shape from the model metadata (:meth:`Pipeline.decode_raw`).
-2. **access** (frontend): the restricted API groups (``--restricted-api``) are checked once
-   per request, by the frontend as it admits it, for the group of the request's row in the
-   frontend's one table: REST ``v2proxy.frontends.routes`` (before the body is read, so before
-   stage 1), gRPC ``v2proxy.frontends.grpc_routes`` (once the message is parsed; a
-   ModelStreamInfer stream once, as it opens); MindIE's ``/infer`` after its body is validated,
-   a passed-through request once its body is read (:mod:`v2proxy.core.restricted`). The
-   pipeline checks nothing: what the proxy asks for itself (model discovery, the generate
-   mapping onto :meth:`Pipeline.stream_infer`) is never refused a client's group.
-3. **shared-memory resolution**: the client must be allowed shared memory (``--client-shm``);
-   inputs named by ``shared_memory_region`` become private copies of the client's region, and
-   outputs named so are planned into theirs; the request holds those regions until it ends
-   (:class:`~v2proxy.core.stages.shm.SharedMemoryStage`).
-4. **output planning** (classification): which outputs the backend is asked for, in which form.
-   An output with a ``classification`` parameter is classified by the proxy (the backend is
-   asked for the raw output) when labels are configured for it or the backend lacks the
-   extension, else passed through
-   (:class:`~v2proxy.core.stages.classification.ClassificationStage`).
-5. **backend call**: :meth:`Backend.infer` / :meth:`Backend.stream_infer`.
-6. **post-processing**, for every response (each message of a stream): request id and model
-   name filled in, outputs the client did not ask for dropped
-   (:func:`~v2proxy.core.stages.chain.finish`); then the outputs planned in stage 4 are
-   classified, and outputs planned into shared memory are written there. Metrics wrap stages
-   2-6.
-7. **encode** (frontend): the response in the wire form the client asked for.
-
-Stages 3 and 4 and their halves of stage 6 are the stages proper: objects behind one interface
-(:mod:`v2proxy.core.stages.base`: ``applies``, ``before``, ``after``, ``release``), composed
-in this order once, in the constructor (:attr:`Pipeline.stages`). :meth:`Pipeline.infer` and
-:meth:`Pipeline.stream_infer` share one loop that runs them around the backend call
-(:meth:`~v2proxy.core.stages.chain.Stages.run`; a unary call is a stream of one, still sent
-with :meth:`Backend.infer`); a request no stage applies to (:meth:`Stages.applies`, one pass
-over its tensors) is only finished, without the loop.
-
-What stages 1, 4 and 6 and the generate mapping need to know of the backend (its capabilities,
-a model's metadata and ``max_batch_size``) is cached, with everything else known of the backend,
-in one :class:`~v2proxy.core.knowledge.BackendKnowledge` (:attr:`Pipeline.knowledge`), which
-:meth:`Pipeline.invalidate` clears.
-The generate extension is a request mapping in front of :meth:`stream_infer`, not a stage
-(:mod:`v2proxy.core.stages` says why).
-
-The pass-through fast path (:class:`~v2proxy.core.relay.Relay`): when no stage applies and the
-backend takes the client's wire form, the client's bytes (a REST /infer body,
-:meth:`Pipeline.infer_body`; a gRPC ModelInfer message, :meth:`Pipeline.infer_message`) go to the
-backend untouched after stage 1, and the answer comes back unchanged; so does each message of a
-gRPC ModelStreamInfer stream (:meth:`Pipeline.stream_message`) whose model is not decoupled.
+An inference request is decoded and checked, and its access checked once, by its frontend;
+then the stages (shared memory, classification: :attr:`Pipeline.stages`, one loop around the
+backend call for unary and streamed inference, skipped when none applies), the backend call,
+the response finished (:func:`~v2proxy.core.stages.chain.finish`) and encoded by the frontend.
+A body no stage applies to and the backend takes as it came is relayed
+(:mod:`v2proxy.core.relay`). What is known of the backend is cached in one
+:class:`~v2proxy.core.knowledge.BackendKnowledge`. docs/architecture.md describes each stage.
 
 Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
 """

@@ -21,8 +21,8 @@ the wire forms match) and the backend takes the body's wire form and size as the
   the answer is the backend's serialized ModelInferResponse, unchanged when it is what the
   full path would answer, else decoded and finished.
 
-The request was checked before any relay (decoded, or by :func:`relays_as_sent`, the one
-decision for a whole JSON body); what is sent is the client's bytes.
+The request was checked before any relay (decoded, or by :func:`relays_as_sent`); what is sent
+is the client's bytes.
 Pure: it awaits the backend but imports no I/O library.
 """
 
@@ -135,17 +135,12 @@ def relays(form: str, size: int, facts: RelayFacts, *, learnt: bool = False) -> 
 
 
 def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
-    """The decision for a whole JSON /infer body, made once, before any decoding: whether it may
-    go to the backend as the client sent it, no stage applying to it and the full decoder
-    accepting it, limits included (:func:`~v2proxy.codecs.relay_check.plain_json_request`: a
-    parse and one look at each field, no tensor built). It never says True of a body it cannot
-    rule on: one holding parameters of any kind (where every stage's marker lives, however its
-    key is spelled), half floats or BYTES takes the decoded path, which names the field at
-    fault of a malformed one: bad input never reaches the backend.
-
-    The pipeline (:meth:`Pipeline.infer_body <v2proxy.core.pipeline.Pipeline.infer_body>`) and
-    the REST frontend's quick lane (:mod:`v2proxy.frontends.rest_quick`) both ask it; whether
-    the backend takes the body so is :func:`relays`' to say, from the backend's facts."""
+    """Whether a whole JSON /infer body needs nothing of the proxy, checked without decoding
+    it (:func:`~v2proxy.codecs.relay_check.plain_json_request`): no stage applies and the full
+    decoder accepts it, limits included. Never True of a body it cannot rule on (parameters
+    of any kind, however spelled; half floats; BYTES): that body takes the decoded path, which
+    names the field at fault, so bad input never reaches the backend. Whether the backend takes
+    it as sent is :func:`relays`' to say."""
     return plain_json_request(body, max_input_size, max_tensors)
 
 

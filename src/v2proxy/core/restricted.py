@@ -1,33 +1,19 @@
 """Restricted API groups: which operations a client may use only with a shared header.
 
-Triton fences its side APIs with ``--http-restricted-api`` / ``--grpc-restricted-protocol``
-(``<group>,<group>:<key>=<value>``); v2proxy does the same with ``--restricted-api GROUPS`` and
-``--restricted-api-header KEY=VALUE``, and restricts by default (:data:`DEFAULT_GROUPS`): a proxy
-often faces clients the model server never did, and these groups unload models or write trace
-and log files on the server. Shared memory is gated by ``--client-shm`` instead (loopback and
-unix-socket peers only, by default), which is what matches a pod's boundary.
+v2proxy fences API groups as Triton does (``--restricted-api GROUPS``,
+``--restricted-api-header KEY=VALUE``; Triton's group names, :data:`GROUPS`), and restricts by
+default (:data:`DEFAULT_GROUPS`): a proxy often faces clients the model server never did.
+Shared memory is gated by ``--client-shm`` instead.
 
 Contract:
 
-- The groups are Triton's names (:data:`GROUPS`). Each request's group comes from one table of
-  its frontend, and is checked once, by the frontend, as it admits the request (like Triton's one
-  restriction check per handler): the REST frontend's route table
-  (``v2proxy.frontends.routes``: a column of each row; MindIE's ``/infer`` is ``inference``,
-  checked where MindIE's order puts it, after the body is validated), :func:`passthrough_group`
-  for a REST request no route matches (passed through; decided per request, once its body is
-  read), and the gRPC frontend's method table (``v2proxy.frontends.grpc_routes``, as Triton's
-  grpc_server.cc groups the RPCs; a ModelStreamInfer stream is checked once, as it opens). The
-  pipeline checks nothing: what the proxy asks the backend for itself (model discovery, the
-  generate mapping) is never refused a client's group.
-- :class:`AccessPolicy` is what a frontend checks with: :class:`RestrictedPolicy` (built from
-  the settings by the composition root) or :data:`OPEN` (nothing restricted: a frontend built
-  without one).
+- Each request's group comes from one table of its frontend (REST ``frontends/routes.py``, gRPC
+  ``frontends/grpc_routes.py``, :func:`passthrough_group` for a REST path no route matches) and
+  is checked once, by the frontend, as it admits the request. The pipeline checks nothing.
 - :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
-  PERMISSION_DENIED) when the group is restricted and the request does not carry the configured
-  header with exactly the configured value. Header names match case-insensitively; the value is
-  compared in constant time. With no header configured, restricted groups are refused to all.
-  A frontend asks :meth:`~AccessPolicy.restricts` first, and gathers the request's headers only
-  for a group that is restricted.
+  PERMISSION_DENIED) unless the group is open or the request carries the configured header with
+  exactly its value (names case-insensitive, the value compared in constant time; with no header
+  configured, restricted groups are refused to all). :data:`OPEN` restricts nothing.
 
 Pure: no I/O, no asyncio, grpc or HTTP library (checked by tools/check_layers.py).
 """

@@ -1,51 +1,27 @@
 """The exchange envelope of every frontend: what happens around each request (each message of a
 gRPC stream), whatever its wire — admission, the in-flight gauge, timing, and the record of its
 outcome (metrics, log lines, access log). The frontends keep only the translation of errors to
-their wire (REST and MindIE bodies, gRPC status and trailers).
+their wire.
 
 Contract:
 
-- A frontend builds one :class:`Envelope` (per gRPC method: each names its requests' path): its
-  :class:`~v2proxy.ops.recorders.FrontendRecorder`, the process's
-  :class:`~v2proxy.core.admission.AdmissionGate`, how its log lines name a request
-  (``describe(source)``: request id, method, path; called only when a line is written), the
-  cause it records for a client that went away, and what its transport adds: the wire form its
-  bodies are recorded in by default, what its own transport errors are recorded as
-  (``classify``: the REST frontend's HTTP layer's, :mod:`v2proxy.frontends.rest_record`; this
-  module knows no transport), whether an exception that interrupts an exchange already failed
-  leaves that failure recorded (``keeps``), and the status its log lines show (``show``,
-  ``ok_shown``: gRPC's code names; by default the status).
-- Per request (per message of a stream) it opens one :class:`Exchange` on arrival,
-  ``exchange = envelope.open(op, source)`` (in flight +1, its start time taken), admits it
-  before any work, ``exchange.admit()`` (a slot of the gate;
-  :class:`~v2proxy.core.errors.Overloaded` beyond ``--max-concurrency``, which the frontend
-  answers like any error), does its work, setting on the exchange what it learns as it goes
-  (``model``, ``status``, ``wire_in``/``wire_out``, ``n_in``/``n_out``; ``fail(exc)`` for a
-  failure: :meth:`Envelope.failure`), and ends it with exactly one ``exchange.end()``: the slot
-  is given back, in flight -1, and the request is recorded once (:meth:`FrontendRecorder.done
-  <v2proxy.ops.recorders.FrontendRecorder.done>`; a WARNING line when it failed, status >= 400;
-  the access line with ``--access-log``). An exchange admitted (refused included) that failed
-  as ``overloaded`` is counted as rejected; a stream's message, never admitted, is not.
-- The coroutine frontends use its context-manager form, ``with envelope.open(op, source) as
-  exchange:``: an exception that leaves the block fails the exchange (unless it had failed
-  already and the envelope ``keeps`` that failure: an error answer cut short by the client) and
-  goes on; the block's end ends the exchange. The REST quick lane, driven by callbacks, calls
-  ``end()`` from the callback that finishes its answer (its per-request object is an Exchange),
-  and ``undo()`` to give up an exchange before any work (nothing recorded: the general path
-  serves and records it).
-- The messages of a stream are not admitted one by one: the stream holds one slot for as long as
-  it is open (:meth:`Envelope.hold`, :meth:`Envelope.release`; a refusal is counted as rejected
-  there, and recorded by an exchange of its own).
-- What an exception that ended the work is recorded as (:meth:`Envelope.failure`): a ProxyError
-  its status, kind and message; a cancelled task 499 ``client_disconnected``, unless it was
-  cancelled by the shutdown (the gate is ``closing``: past ``--drain-timeout``), then 503
-  ``shutdown``; a transport's own error what its ``classify`` says (for REST: the HTTP server's
-  ``ClientDisconnected`` 499 ``client_disconnected``, a request body it refused its status and
-  ``invalid_request``); anything else 500 ``internal``.
-
-An exchange is one small object with slots and no reference to its exception (the traceback's
-frames would make a cycle): the REST hot path pays one allocation for it, which the quick lane's
-per-request object already was.
+- A frontend builds one :class:`Envelope` with its recorder, the process's admission gate, how
+  its log lines name a request (``describe``), and what its transport adds (``classify`` its
+  own errors, ``keeps`` a failure already recorded, ``show`` a status in log lines).
+- Per request: ``exchange = envelope.open(op, source)`` on arrival (in flight +1), ``admit()``
+  before any work (:class:`~v2proxy.core.errors.Overloaded` past ``--max-concurrency``), what
+  it learns set on the exchange as it goes (``model``, ``status``, wire forms, sizes;
+  ``fail(exc)``), and exactly one ``end()``: the slot back, in flight -1, one record
+  (:meth:`FrontendRecorder.done <v2proxy.ops.recorders.FrontendRecorder.done>`, a WARNING line
+  when it failed, the access line with ``--access-log``). ``undo()`` gives an exchange up
+  before any work, recording nothing.
+- Coroutines use ``with envelope.open(op, source) as exchange:`` (an exception leaving the block
+  fails it); the REST quick lane calls ``end()`` from the callback that finishes its answer.
+- A stream holds one slot while it is open (:meth:`Envelope.hold`, :meth:`Envelope.release`);
+  its messages are not admitted one by one.
+- :meth:`Envelope.failure` says what an exception is recorded as (a ProxyError its status and
+  kind; a cancelled task 499, or 503 past ``--drain-timeout``; a transport's own error what
+  ``classify`` says; anything else 500).
 """
 
 from __future__ import annotations

@@ -1,51 +1,22 @@
 """The route table of the HTTP port: which paths the REST frontend serves, with which methods and
 handlers, under which ``operation`` label of the metrics, in which API group of
-``--restricted-api`` (:mod:`v2proxy.core.restricted`), and whether that group's check is left
-to the handler. The REST frontend routes with it, the restricted group of every REST request is
-read from it (and checked once), and ``src/v2proxy/openapi.yaml`` documents exactly its routes
-(unit tests compare them).
+``--restricted-api``, and whether that group's check is left to the handler;
+``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare them).
 
 Contract:
 
-- :data:`ROUTES` holds one :class:`Route` per path, in match order: a request's path (the query
-  left off) is matched against each row's :attr:`Route.pattern` in turn (``fullmatch``) and the
-  first row that matches serves it. The hot ``POST /v2/models/{model}/infer`` comes first, so
-  that it costs a single match.
-- A row's path is a template: ``{param}`` is a named part (:data:`PARAMS` says what each
-  matches: ``{model}`` and ``{name}`` one path segment, ``{id}`` (an OpenAI model id, which may hold
-  ``/``) the rest of the path, ``{version}`` digits, ``{kind}`` and
-  ``{action}`` one of their words) and ``[...]`` an optional part. Its paths in the OpenAPI
-  document are the template's spellings: each optional part taken and left out, ``{kind}`` and
-  ``{action}`` spelled out as their words, the others kept as OpenAPI parameters; a trailing
-  ``[/]`` (``GET /v2/``) is tolerated, not documented.
-- :attr:`Route.methods` maps each method to the name of its handler; the REST frontend
-  (:mod:`v2proxy.frontends.rest`) binds the names to its handlers, so that this table imports
-  none of them. A path that matches with another method is answered 405 with ``Allow``:
-  :attr:`Route.allow`, the row's methods in the table's order.
-- :attr:`Route.operation` is the ``operation`` label of the request's metrics and log lines.
-- :attr:`Route.group` is the API group of the route, one of
-  :data:`v2proxy.core.restricted.GROUPS`; None for the proxy's own document
-  (``GET /openapi.json``), which no group restricts. This column is the one place a REST
-  request's group comes from, and it is checked once per request: by the frontend's exchange
-  envelope as it admits the request, before the handler runs (:attr:`Route.check_first`,
-  precomputed), so before any body is read and a refused client gets 403 rather than its
-  body's 400, as Triton answers (its one restriction check per handler). A request for a
-  method the route lacks is answered 405 unchecked. A row marked :attr:`Route.deferred` is
-  checked once by its handler instead, where its API's order puts it: MindIE's ``POST /infer``
-  validates the body first and answers the 403 in MindIE's error shape.
-- :attr:`Route.frontend` is the frontend that records a route's requests: ``rest`` (v2 and
-  MindIE's ``/infer``) or ``openai`` (``/v1/...``, recorded under ``frontend="openai"``).
-- :attr:`Route.errors` is the API whose shape a route's error answers take: ``v2``
-  (``{"error": message}``), ``mindie`` (``/infer``) or ``openai`` (``/v1/...``); a 405 is in
-  v2's shape except on the OpenAI routes.
-
-Outside the table, and described here: :data:`METRICS` (``GET /metrics``, the proxy's own
-metrics, answered by the frontend before the table is consulted and never recorded) and
-:data:`PASSTHROUGH`, what serves a path no row matches, whatever its method: the request is passed
-through to the backend, recorded as ``passthrough``, and its group is decided per request by
-:func:`v2proxy.core.restricted.passthrough_group` from the words of its decoded path (so that no
-spelling of a restricted route slips through as another group), and checked once, by the
-handler, after its body is read (deferred).
+- :data:`ROUTES`: one :class:`Route` per path, in match order (the first row whose
+  :attr:`Route.pattern` fullmatches the path serves it; the hot ``POST .../infer`` first). A
+  path is a template: ``{param}`` a named part (:data:`PARAMS`), ``[...]`` an optional one.
+- :attr:`Route.methods` maps each method to its handler's name (the frontend binds them); another
+  method is answered 405 with :attr:`Route.allow`.
+- :attr:`Route.group` is the one place a REST request's API group comes from, checked once as
+  the request is admitted, before any body is read (:attr:`Route.check_first`), or by the
+  handler for a :attr:`Route.deferred` row (MindIE's ``POST /infer``, which validates its body
+  first). :attr:`Route.frontend` records it, :attr:`Route.errors` names its error shape.
+- Outside the table: :data:`METRICS` (``GET /metrics``, answered first, never recorded) and
+  :data:`PASSTHROUGH` (a path no row matches: passed through, its group decided from its words
+  by :func:`v2proxy.core.restricted.passthrough_group` and checked by the handler).
 
 Pure data and ``re``: no handler, no I/O.
 """
