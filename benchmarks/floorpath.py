@@ -20,6 +20,7 @@ Per request, on top of floorrelay.py's parse, drop and rewrite:
   buckets, in plain Python numbers (turned into metric families at scrape time).
 
     python benchmarks/floorpath.py --port 9100 --backend 127.0.0.1:8000
+    python benchmarks/floorpath.py 9100 127.0.0.1 8000
 """
 
 from __future__ import annotations
@@ -290,10 +291,12 @@ class Client(Timed):
             self.due(self.loop.time() + TIMEOUT)
 
 
-async def start(port: int, backend: str) -> asyncio.Server:
-    """A server relaying 127.0.0.1:``port`` (0: any free port) to ``backend`` (host:port)."""
-    host, _, bport = backend.rpartition(":")
-    shared = Shared(host, int(bport))
+async def start(port: int, backend: str, shared: Shared | None = None) -> asyncio.Server:
+    """A server relaying 127.0.0.1:``port`` (0: any free port) to ``backend`` (host:port);
+    ``shared``: its state (its record read by tests), made here when not given."""
+    if shared is None:
+        host, _, bport = backend.rpartition(":")
+        shared = Shared(host, int(bport))
     loop = asyncio.get_running_loop()
     return await loop.create_server(lambda: Client(shared), "127.0.0.1", port)
 
@@ -308,9 +311,16 @@ async def _main(port: int, backend: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--backend", required=True, help="host:port")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--backend", help="host:port")
+    # or positionally, PORT BACKEND_HOST BACKEND_PORT, as a floor relay is started to be counted
+    parser.add_argument("positional", nargs="*")
     args = parser.parse_args()
+    if args.positional:
+        port, host, bport = args.positional
+        args.port, args.backend = int(port), f"{host}:{bport}"
+    if args.port is None or args.backend is None:
+        parser.error("--port and --backend (or PORT HOST BACKEND_PORT) are required")
     uvloop.run(_main(args.port, args.backend))
 
 
