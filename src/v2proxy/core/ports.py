@@ -1,25 +1,13 @@
 """The port between the core and the model servers: what the
-:class:`~v2proxy.core.pipeline.Pipeline` needs from a backend, typed per operation
-(docs/architecture.md, the request path).
+:class:`~v2proxy.core.pipeline.Pipeline` needs from a backend, typed per operation.
 
-Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`. Operations take and return
-the internal model (``InferRequest``/``InferResponse``) or the canonical v2 JSON objects of the REST
-side endpoints (docs/protocol.md, endpoints: statistics, repository index, trace and log settings),
-never wire bytes or REST paths; every failure is raised as a
-:class:`~v2proxy.core.errors.ProxyError` of its own class, mapped from foreign exceptions inside the
-backend that meets them.
-
-The pass-through fast paths: what a backend takes as the client sent it is data
-(:class:`RelayFacts`, from its configuration and the knowledge store: :meth:`Backend.relay_facts`),
-which one function of the core decides from (:func:`v2proxy.core.relay.relays`); then
-``relay_infer`` (a REST /infer body sent unchanged) and ``relay_message`` (a gRPC
-``ModelInferRequest`` message's bytes sent unchanged, its answer's bytes returned) only send.
-``forward`` passes any other REST request (e.g. ``generate``); a backend that takes no REST
-request raises :class:`~v2proxy.core.errors.NotFound` or :class:`~v2proxy.core.errors.Unsupported`
-there.
-
-Headers travel as :data:`Headers`: the client's end-to-end headers, names lowercase, values as
-the bytes the client sent (gRPC metadata is ASCII, so its values are encoded as such).
+Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`: operations take and
+return the internal model or the canonical v2 JSON objects of the side endpoints, never wire
+bytes; every failure is a :class:`~v2proxy.core.errors.ProxyError` of its own class, mapped
+inside the backend that meets it. The pass-through paths: what a backend takes as sent is data
+(:class:`RelayFacts`), the core decides from it (:func:`v2proxy.core.relay.relays`), and
+``relay_infer``/``relay_message`` only send; ``forward`` passes any other REST request.
+:data:`Headers` are the client's end-to-end headers, filtered once where they came in.
 
 Pure: no I/O library is imported here.
 """

@@ -3,37 +3,20 @@ is relayed from the HTTP server's parser callback and answered from the backend 
 with no task and no coroutine (the HTTP server's ``quick`` handler,
 :data:`~v2proxy.http.server_conn.QuickHandler`).
 
-It is the same request path as :meth:`RestFrontend.dispatch
-<v2proxy.frontends.rest.RestFrontend.dispatch>`'s, taken without awaiting; every step is the one
-the general path takes, called from here:
+It is the general path (:meth:`RestFrontend.dispatch <v2proxy.frontends.rest.RestFrontend.
+dispatch>`) taken without awaiting, each step the general path's: the route row; the headers
+filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`); the request checked
+(:func:`~v2proxy.core.relay.relays_as_sent`, or the full decoder for a binary-framed body or
+one to be transcoded) and the one decision (:func:`~v2proxy.core.relay.relays`); the exchange
+envelope (admission, the one record); the backend's call at once on an idle connection
+(:meth:`Backend.relay_now <v2proxy.core.ports.Backend.relay_now>`, or :meth:`Backend.infer_now
+<v2proxy.core.ports.Backend.infer_now>` with ``--backend-encoding binary``, its response encoded
+by the general path's encoder); the answer, or the error in v2's shape, with ``x-request-id``.
 
-- the route row (the ``infer`` row, found in the frontend's route cache), its operation label;
-- the headers, filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`): the request
-  id, and no compression either way;
-- the one decision (:func:`~v2proxy.core.relay.relays_as_sent`): relayed as sent when no stage
-  applies, with the limits of the full decoder; a binary-framed body is decoded by the full
-  decoder for its checks (its decode time recorded as the general path records it) and relayed
-  as sent when no stage applies (:func:`~v2proxy.core.relay.nothing_to_do`) and the backend
-  takes binary tensors; a JSON body to a backend that takes every one in binary tensors
-  (``--backend-encoding binary``) is decoded by the full decoder and, when no stage applies,
-  sent at once (:meth:`Backend.infer_now <v2proxy.core.ports.Backend.infer_now>`), its
-  response encoded by the general path's encoder;
-- the exchange envelope (:class:`~v2proxy.frontends.exchange.Envelope`): in flight, admission,
-  the one record (metrics, failure lines, access log); the lane's object per request is the
-  request's :class:`~v2proxy.frontends.exchange.Exchange`, ended from the callback that
-  finishes its answer;
-- the backend's whole-body relay (:meth:`Backend.relay_now
-  <v2proxy.core.ports.Backend.relay_now>`, the same call as :meth:`~v2proxy.core.ports.Backend.
-  relay_infer`'s), then the answer or the error in v2's shape (:func:`~v2proxy.frontends.
-  rest_answer.error_answer`), with ``x-request-id``.
-
-It declines (the request goes to the serving task, untouched: nothing was read, admitted or
-sent) whatever would take a decision of its own: another route or method, a body not whole in
-one piece, compression, a raw binary body, an API group restricted by ``--restricted-api``, a
-request the gate refuses (the general path answers the 503), a body that needs decoding, a
-backend that cannot send it at once. An answer that cannot be written at once (the client
-reads slowly, a large answer streamed) is finished by a task running the general path's
-writer.
+Whatever would take a decision of its own is declined, untouched (nothing read, admitted or
+sent), to the serving task: another route, a body not whole, compression, a raw body,
+restricted inference, overload, a body a stage applies to, no idle connection. An answer that
+cannot be written at once is finished by a task running the general path's writer.
 """
 
 from __future__ import annotations
