@@ -20,6 +20,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,15 @@ SUM = (IN0 + IN1).reshape(-1).tolist()
 CLIENTS = 4
 
 
+def _accepts(host: str, port: int) -> bool:
+    """Whether ``host:port`` accepts a TCP connection."""
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
 @dataclass
 class Server:
     host: str
@@ -62,7 +72,11 @@ class Server:
                 start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + 30
-        while _http_status(f"http://{self.host}:{self.port}/v2/health/live") != 200:
+        # both ports: the gRPC one may open after the HTTP one, and a gRPC backend endpoint
+        # refused at the first calls is out of rotation while the test counts what it served
+        while _http_status(f"http://{self.host}:{self.port}/v2/health/live") != 200 or not _accepts(
+            self.host, self.grpc_port
+        ):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"reference server on {self.host} did not start:\n"
                                    f"{self.log.read_text()[-3000:]}")  # fmt: skip
