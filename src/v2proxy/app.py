@@ -1,10 +1,4 @@
-"""The composition root: the only place where the parts are wired together.
-
-Builds the backend named by the settings, the pipeline (both in :mod:`v2proxy.app_core`) and
-the frontends, runs them on uvloop
-(or plain asyncio) and shuts down gracefully on SIGTERM/SIGINT: stop accepting, let requests in
-flight finish, close the backend's connections.
-"""
+"""The composition root: the only place where the parts are wired together."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The in-process backend serving the builtin reference models (``--backend builtin``).
-
-It validates requests the way Triton's core does (input count, names, datatypes, shapes, byte sizes,
-with its texts; docs/protocol.md, tensor layout) and answers the v2 side endpoints itself:
-statistics, repository index/load/unload, trace and log settings.
-"""
+"""The in-process backend serving the builtin reference models (``--backend builtin``)."""
 
 from __future__ import annotations
 

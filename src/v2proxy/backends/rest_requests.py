@@ -1,16 +1,6 @@
 """What the REST backend sends: the body and headers of its /infer requests and the paths of a
 model's endpoints (quoted once per model and remembered), plus the empty body of answers read
-whole. Pure: no I/O.
-
-An /infer body (:func:`infer_body`) is all JSON, or binary: every input as binary tensor data
-and every output asked binary, both ways a v2 server may read it: each listed output's
-``binary_data`` and the request's ``binary_data_output`` (KServe 0.21 writes its response as
-its model passes on one or the other: a model that keeps only the flag has FP16 outputs it
-cannot write as JSON). Outputs staged in shared memory are never asked binary, and the
-request-level flag is then left out, so that no server applies it to them. The JSON header of
-a binary body is made once per kind of request of the plain kind and reused
-(:class:`BinaryHeads`, one per backend).
-"""
+whole. Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The binary-tensor extension framing (docs/protocol.md, binary tensors).
-
-A body is a JSON header of ``Inference-Header-Content-Length`` (IHCL) bytes followed by a binary
-section holding, in order, the bytes of every tensor that declares ``binary_data_size``. Tensors
-decoded here are views into the body (no copies); encoders return a list of buffers to be
-written with ``writelines`` plus the JSON length for the IHCL header (None when the body is
-plain JSON).
-
-Pure: no I/O.
-"""
+"""The binary-tensor extension framing (docs/protocol.md, binary tensors)."""
 
 from __future__ import annotations
 

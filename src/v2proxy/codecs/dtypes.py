@@ -1,9 +1,4 @@
-"""Datatype table and element-level helpers (docs/protocol.md, tensor layout).
-
-Maps each v2 datatype to its explicit little-endian numpy dtype and element size, validates
-that a buffer holds exactly the bytes a shape needs, and (de)serializes BYTES elements in the
-4-byte-length-prefixed layout. BF16 uses ``ml_dtypes.bfloat16``.
-"""
+"""Datatype table and element-level helpers (docs/protocol.md, tensor layout)."""
 
 from __future__ import annotations
 

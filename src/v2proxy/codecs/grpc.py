@@ -1,25 +1,5 @@
 """gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (docs/protocol.md,
-endpoints: gRPC).
-
-Requests: per input, shared-memory parameters first, then typed ``contents``, else the next unused
-``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in order).
-``contents`` together with raw contents, missing data, and contents of the wrong type are errors
-with Triton's texts; so are raw entries left over once every input has its data. Responses always
-carry every output in ``raw_output_contents`` (an empty entry for shared-memory outputs), never
-typed contents. Responses read from a backend may mix typed contents and raw entries (KServe 0.21
-does): both are accepted.
-
-Requests are held to :mod:`v2proxy.codecs.limits` (inputs and outputs per request, bytes decoded
-from typed contents).
-
-A serialized ModelInferResponse (a relayed answer) is wrapped into a ModelStreamInferResponse
-without being parsed (:func:`stream_response_bytes`).
-
-Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
-model config, statistics) to and from their messages.
-
-Pure: protobuf messages only; no grpc channels or servers.
-"""
+endpoints: gRPC)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
 """JSON text <-> Python values for v2 bodies (docs/protocol.md, JSON bodies): the parse and
-serialize primitives under the v2 codecs.
-
-- ``loads`` parses a JSON document (orjson, then the standard library for NaN/Infinity
-  literals, which Triton accepts); a body that is not JSON is a CodecError with the parser's
-  message, naming ``what`` was parsed ("request", "response"). A string holding a lone
-  surrogate escape (``"\\ud800"``: no Unicode text, refused by orjson and simdjson too) is an
-  :class:`~v2proxy.core.errors.InvalidText` naming the field at fault (``inputs[0].name``; the
-  tensor too: ``'data[0]' for input 'X'``).
-- ``parse_header`` parses a request or response header with simdjson, leaving each tensor's
-  ``data`` array a lazy simdjson array so that :func:`v2proxy.codecs.json_data.data_to_buffer`
-  can decode its numbers straight into numpy (no Python float objects); small documents, and
-  anything simdjson cannot take, go to ``loads``, which owns the messages.
-- ``dumps`` writes compact JSON; numpy arrays are serialized natively.
-
-Pure: no I/O. Errors are CodecError.
-"""
+serialize primitives under the v2 codecs."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """The check of a JSON /infer request body fed piece by piece as it arrives
-(docs/guides/sidecar.md, pass-through).
-
-Behind relaying a large JSON body while it streams: the big number arrays are parsed in pieces
-by simdjson and only counted, the rest of the document (the skeleton) is checked by
-:func:`v2proxy.codecs.json_v2.request_from_obj` as any request is; anything unusual is left to
-the full decoder, so that this check never calls valid what the full decoder would refuse.
-
-Pure: no I/O. Undecided bodies are None, never an error: the full decoder names the fault.
-"""
+(docs/guides/sidecar.md, pass-through)."""
 
 from __future__ import annotations
 

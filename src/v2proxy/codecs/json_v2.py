@@ -1,20 +1,5 @@
 """v2 inference request and response JSON objects <-> the internal model (docs/protocol.md,
-JSON bodies).
-
-- ``request_from_obj`` / ``response_from_obj`` build the model from a parsed JSON header (from
-  :func:`v2proxy.codecs.json.parse_header`); ``data`` arrays are decoded by
-  :func:`v2proxy.codecs.json_data.data_to_buffer`; inputs or outputs that carry
-  ``binary_data_size`` take their bytes from a :class:`~v2proxy.codecs.sections.BinaryReader`.
-- ``request_to_obj`` / ``response_to_obj`` build JSON headers (Triton's key order); tensors
-  marked binary are left for the binary codec to append.
-- ``request_from_obj(..., checked=...)`` takes inputs whose numbers were checked already by
-  :mod:`v2proxy.codecs.json_stream` (which relays large bodies while they arrive).
-- ``dumps_tree`` serializes a header; NaN/Infinity literals are written like Triton's.
-- Requests are held to :mod:`v2proxy.codecs.limits`: at most ``max_tensors`` inputs and
-  requested outputs, at most ``max_input_size`` bytes decoded from all ``data`` arrays together.
-
-Pure: no I/O. Errors are CodecError naming the field at fault.
-"""
+JSON bodies)."""
 
 from __future__ import annotations
 

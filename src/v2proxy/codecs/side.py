@@ -1,12 +1,5 @@
 """Request bodies of the v2 REST side endpoints (docs/protocol.md, endpoints) -> the arguments of
-the pipeline's side operations.
-
-- ``POST /v2/repository/index``: ``{"ready": bool}`` (optional; empty body means false).
-- ``POST /v2/repository/models/{m}/load|unload``: ``{"parameters": {...}}`` (optional).
-- ``POST /v2[/models/{m}]/trace/setting`` and ``POST /v2/logging``: a JSON object of settings.
-
-Errors are CodecError (400) naming the field. Pure: no I/O.
-"""
+the pipeline's side operations."""
 
 from __future__ import annotations
 

@@ -1,32 +1,5 @@
 """The generate extension through any backend (docs/protocol.md, generate extension): how a
-``generate`` / ``generate_stream`` request reaches the model server.
-
-- **Passed through** to a backend that has the extension: the client's body and headers go
-  unchanged to the backend's ``forward`` and its answer (JSON, or server-sent events as they
-  come) goes back unchanged. A body that is no JSON object is refused first (400; Triton
-  answers 500 to a client's malformed JSON); a compressed one goes as it came.
-- **Mapped** for one that has not: the body becomes an :class:`InferRequest`
-  (:func:`v2proxy.codecs.generate.request_from_generate`, the model's inputs from its metadata)
-  run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
-  (gRPC ``ModelStreamInfer``, the builtin models in process).
-
-Which one is decided from the backend's capabilities
-(:attr:`v2proxy.codecs.backend_meta.ServerCaps.generate`: Triton, which does not list ``generate``
-among its extensions, or a server that lists it, as v2proxy does) and kept in the backend's one
-:class:`~v2proxy.core.knowledge.BackendKnowledge`, whose lifetime and invalidation it shares: a
-backend that has it gets the request passed through; any other is mapped. MLServer's ``/generate``
-route is no Triton generate (it takes a v2 /infer body), so it is mapped too. A backend that takes
-no REST requests after all (``forward`` raises NotFound/Unsupported, as the gRPC backends do) or
-answers 404/405 with no error of its own (``{"detail": "Not Found"}``, ``{"error": "Not Found"}``, a
-body that is no JSON: the route does not exist) is mapped from then on. A backend whose metadata
-cannot be had gets the request forwarded (and asked again).
-
-:meth:`GenerateExtension.objects` is the same choice for a caller that holds a generate body as a
-JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
-frontend's ``generate`` profile).
-
-Pure: awaits the backend, imports no I/O library.
-"""
+``generate`` / ``generate_stream`` request reaches the model server."""
 
 from __future__ import annotations
 

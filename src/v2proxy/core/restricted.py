@@ -1,22 +1,4 @@
-"""Restricted API groups: which operations a client may use only with a shared header.
-
-v2proxy fences API groups as Triton does (``--restricted-api GROUPS``,
-``--restricted-api-header KEY=VALUE``; Triton's group names, :data:`GROUPS`), and restricts by
-default (:data:`DEFAULT_GROUPS`): a proxy often faces clients the model server never did.
-Shared memory is gated by ``--client-shm`` instead.
-
-Contract:
-
-- Each request's group comes from one table of its frontend (REST ``frontends/routes.py``, gRPC
-  ``frontends/grpc_routes.py``, :func:`passthrough_group` for a REST path no route matches) and
-  is checked once, by the frontend, as it admits the request. The pipeline checks nothing.
-- :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
-  PERMISSION_DENIED) unless the group is open or the request carries the configured header with
-  exactly its value (names case-insensitive, the value compared in constant time; with no header
-  configured, restricted groups are refused to all). :data:`OPEN` restricts nothing.
-
-Pure: no I/O, no asyncio, grpc or HTTP library (checked by tools/check_layers.py).
-"""
+"""Restricted API groups: which operations a client may use only with a shared header."""
 
 from __future__ import annotations
 

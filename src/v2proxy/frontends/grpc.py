@@ -1,34 +1,5 @@
 """The gRPC frontend (grpc.aio): every RPC of ``inference.GRPCInferenceService`` plus
-``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC).
-
-Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
-repository, trace and log settings; the shared-memory RPCs are those of
-:class:`~v2proxy.frontends.grpc_shm.SharedMemoryRpcs`, built once here). Handlers are registered
-from one table (method name -> request type, response type, handler), each wrapped by
-:func:`~v2proxy.frontends.grpc_call.guard`:
-requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC status in exactly
-one place, and each call goes through the exchange envelope of
-:mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
-message of a stream is an exchange, recorded on its own). Each call's API group
-(``--restricted-api``) is the one of its row in the method table
-:mod:`v2proxy.frontends.grpc_routes`, checked once as the call is admitted: a ModelStreamInfer
-stream once, as it opens.
-ModelInfer hands the pipeline the decoded request with the message's bytes
-(:meth:`Pipeline.infer_message`), which relays them to a gRPC backend as they came when nothing
-needs changing; the backend's answer then goes back as it came. ModelStreamInfer does the same
-with each message on the stream (:meth:`Pipeline.stream_message`: a relayed answer is wrapped into
-its ModelStreamInferResponse without being parsed; a decoupled model's responses, and those of a
-client that asks for the final-response flag, are encoded here) and answers each request on the
-stream, several times for decoupled models, with
-errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
-true`` header. At most ``--max-stream-in-flight`` messages of one stream are served at once:
-while that many are, the next is not read, so HTTP/2 flow control holds back a client that sends
-without reading; answers wait in a bounded queue. A stream that ends or is cancelled cancels and
-awaits what it still serves. Every call but health and metadata holds a slot of the process's
-:class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
-runs; a ModelStreamInfer stream holds one for as long as it is open. ``grpc.health.v1`` is
-:class:`~v2proxy.frontends.grpc_health.Health`: its Watch streams share one readiness state.
-"""
+``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC)."""
 
 from __future__ import annotations
 

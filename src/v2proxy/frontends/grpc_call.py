@@ -1,19 +1,6 @@
-"""The gRPC side of every call of the frontend: the request's bytes parsed into its message (a
-malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would be
-UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`,
-:func:`status_code`, :func:`refusal_trailers`; docs/architecture.md, the error tree), the answer
-serialized (so that its size is known), and the end-to-end request metadata forwarded to the
-backend (:func:`forwarded_headers`).
-
-Around each call (each message of a stream) is the exchange envelope of
-:mod:`v2proxy.frontends.exchange`, one :class:`CallEnvelope` per method: admission by the
-process's :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: refused, a call
-is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), the one access check of the
-call's API group (``--restricted-api``, the group of its row in the method table
-:mod:`v2proxy.frontends.grpc_routes`; :func:`check_call`), in flight, timing and the record
-(metrics and log lines), one :class:`~v2proxy.frontends.exchange.Exchange` per call (per
-message of a stream), ended as its block ends.
-"""
+"""The gRPC side of every call of the frontend: the request parsed (a malformed one is
+INVALID_ARGUMENT), the error tree translated to a gRPC status (:func:`guard`), the answer
+serialized, and the end-to-end metadata forwarded (:func:`forwarded_headers`)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """Every Prometheus metric of v2proxy, declared here and nowhere else (docs/architecture.md, rules
 the code follows): the metric families, the closed sets of their label values, and the plain cells
-that hold one label set's value on the hot path.
-
-Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total`` counters,
-``_seconds`` and ``_bytes``); every label has a small, closed set of values:
-
-- ``model``: a model name once it has answered successfully (at most :data:`MAX_MODEL_LABELS`
-  per process, :class:`ModelLabels`), ``""`` for server-level operations, ``"other"`` for
-  everything else (unknown models named by clients never become labels);
-- ``operation``: infer, stream_infer, generate, health, metadata, side, passthrough
-  (frontends), the :class:`~v2proxy.core.ports.Backend` method name (backend);
-- ``frontend``: rest | grpc; ``backend``: builtin | rest | grpc | mindie; ``code_class``: 2xx |
-  4xx | 5xx (gRPC errors by their HTTP equivalent, :func:`code_class`); ``wire``: json | binary |
-  raw | grpc; ``error``: the error class's kind (:func:`error_kind`).
-
-The hot path never touches prometheus_client: a request adds to plain cells (:class:`Counter`,
-:class:`Gauge`, :class:`Histogram`, a bisect per observation, no locks: everything runs on the
-one event loop), bound once per label set and cached (:mod:`v2proxy.ops.recorders`). The process's
-cells live in :class:`~v2proxy.ops.metrics_export.Metrics`, which exports them to Prometheus.
-"""
+that hold one label set's value on the hot path."""
 
 from __future__ import annotations
 

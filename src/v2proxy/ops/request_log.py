@@ -1,12 +1,6 @@
 """v2proxy's log lines: one WARNING per failed request (logger ``v2proxy.requests``), with
 ``--access-log`` one INFO line per request (``v2proxy.access``), and the two formats every line
-of the process is printed in (``--log-format text|json``).
-
-A request's fields travel as the record's ``request`` attribute (request_id, model, frontend,
-backend, method, path, status, duration_s, bytes_in, bytes_out and, on a failure, cause); the
-formatters print them as ``key=value`` pairs or as keys of the JSON object. Other v2proxy lines
-may carry ``request`` fields too (the start-up backend probe does).
-"""
+of the process is printed in (``--log-format text|json``)."""
 
 from __future__ import annotations
 
