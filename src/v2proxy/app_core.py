@@ -168,8 +168,7 @@ def build_pipeline(
     knowledge: BackendKnowledge | None = None,
 ) -> Pipeline:
     """The one core every frontend goes through, with the clients' shared-memory regions: this
-    process's own, or those recorded in ``shm_folder`` that every worker shares. CUDA regions go
-    through ``cuda_adapter`` ("auto": cupy when it and a GPU are there; None: none)."""
+    process's own, or those recorded in ``shm_folder`` that every worker shares."""
     gauges = cuda_gauges = tensors = None
     if isinstance(metrics, Metrics):
         gauges, cuda_gauges = (
@@ -210,8 +209,7 @@ def build_pipeline(
 
 
 def build_metrics(settings: Settings) -> AnyMetrics:
-    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder).
-    Workers of ``--workers N`` report through the supervisor's multiprocess folder."""
+    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder)."""
     if not settings.metrics:
         return NullMetrics()
     protocol = {"builtin": "builtin", "grpc": "grpc", "mindie": "mindie"}.get(

@@ -20,10 +20,7 @@ def infer_body(
     request: InferRequest, binary: bool, heads: BinaryHeads | None = None
 ) -> tuple[list[Buffer], int | None]:
     """The /infer body for ``request`` and its Inference-Header-Content-Length (None: JSON).
-    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES). ``heads``: the
-    binary headers made before, for a binary body (:class:`BinaryHeads`). A JSON body, or a
-    binary one of at most :data:`JOIN_MAX` bytes, is one buffer; a larger binary body its
-    header and then each tensor's bytes."""
+    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES)."""
     if not binary:
         return [dumps_tree(request_to_obj(request, False, False))], None
     head = _binary_head(request) if heads is None else heads.head(request)
@@ -59,13 +56,7 @@ _Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, 
 
 
 class BinaryHeads:
-    """The JSON headers of a backend's binary /infer bodies, made once per kind of request.
-
-    A request of the plain kind (no ``id``, no parameters but the binary flags, which the
-    header sets itself, on the request and its outputs; none on its inputs) has a header that
-    depends only on its inputs' names, datatypes, shapes and sizes and on the names of the
-    outputs it lists: made once for those, then reused (at most :attr:`KEPT`, the oldest
-    forgotten first). Any other request's header is made each time."""
+    """The JSON headers of a backend's binary /infer bodies, made once per kind of request."""
 
     KEPT = 256
 

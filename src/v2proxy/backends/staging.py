@@ -309,8 +309,8 @@ class Stager:
 
     @staticmethod
     def _read_outputs(plan: _Plan, response: InferResponse) -> int:
-        """Copy the staged outputs out of the region: into the client's region when it asked
-        for one, else into the response. Returns the bytes copied."""
+        """Copy the staged outputs out of the region: into the client's region when it asked for
+        one, else into the response. Returns the bytes copied."""
         total = 0
         for t in response.outputs:
             where = plan.outputs.get(t.name)

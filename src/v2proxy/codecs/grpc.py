@@ -237,8 +237,7 @@ def _output_params(output: Any) -> dict[str, Any]:
 def encodes_unchanged(req: InferRequest) -> bool:
     """Whether :func:`request_to_proto` keeps every parameter of ``req``: it carries no
     ``binary_data_output`` and no tensor parameter of one wire form only (``binary_data``,
-    ``binary_data_size``), which the encoder leaves out. A decoded message that does not may
-    still be sent as it came (the gRPC pass-through) without the backend seeing more."""
+    ``binary_data_size``), which the encoder leaves out."""
     if "binary_data_output" in req.parameters:
         return False
     for t in req.inputs:
@@ -392,12 +391,12 @@ def response_from_bytes(data: bytes) -> InferResponse:
 
 
 def relayed_answer(data: bytes, request: InferRequest) -> InferResponse | None:
-    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it
-    may go back to the client as it came, being what the full path would answer (every output
-    in ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a
-    valid datatype and shape each; the request's id when it had one, a model name, and only the
-    outputs the request listed); else the response decoded (:func:`response_from_proto`), for
-    the caller to finish as the full path does. CodecError when it is no valid answer."""
+    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it may
+    go back to the client as it came, being what the full path would answer (every output in
+    ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a valid
+    datatype and shape each; the request's id when it had one, a model name, and only the outputs
+    the request listed); else the response decoded (:func:`response_from_proto`), for the caller to
+    finish as the full path does."""
     try:
         msg = pb.ModelInferResponse.FromString(data)
     except DecodeError as exc:

@@ -60,8 +60,7 @@ def _refuse_lone_surrogate(doc: Any, what: str) -> None:
 
 
 def _find_surrogate(doc: Any) -> tuple[Path, bool, str] | None:
-    """(path, whether in a key there, the surrogate) of the first lone surrogate, or None. No
-    recursion: the document may nest as deep as the parser allowed."""
+    """(path, whether in a key there, the surrogate) of the first lone surrogate, or None."""
     stack: list[Iterator[tuple[Path, Any]]] = [iter([((), doc)])]
     while stack:
         for path, node in stack[-1]:
@@ -141,9 +140,8 @@ SMALL_DOCUMENT = 16 * 1024
 
 
 def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
-    """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays. The
-    result must be consumed (``request_from_obj``/``response_from_obj``) and dropped before the
-    next call (the binary codec does)."""
+    """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays; the result
+    must be consumed and dropped before the next call (the parser is reused)."""
     if len(buf) <= SMALL_DOCUMENT:
         return loads(buf, what)  # small: orjson's Python objects are cheaper than lazy arrays
     # simdjson takes any buffer (a view into the body, too) and keeps no reference to it
@@ -176,10 +174,7 @@ def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> 
 
 def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bool:
     """Whether ``buf`` is one JSON document that is an object (False: another JSON value);
-    CodecError when it is not JSON. Checked by simdjson without building the document (a
-    relayed answer is only looked at, never used); what simdjson refuses (NaN literals) is
-    decided by :func:`loads`, which names the fault. Its parser is its own (:data:`_CHECKER`):
-    the document is dropped before it returns, so the parser is always free for the next."""
+    CodecError when it is not JSON."""
     parser = _CHECKER if len(buf) <= REUSE_LIMIT else simdjson.Parser()
     try:
         doc = parser.parse(buf)

@@ -231,8 +231,7 @@ def data_to_buffer(
     where: str,
     max_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> bytes | memoryview:
-    """A JSON ``data`` value -> the tensor's bytes in wire layout. ``where`` names the tensor
-    in messages (e.g. "input 'INPUT0'")."""
+    """A JSON ``data`` value -> the tensor's bytes in wire layout."""
     count = element_count(shape)
     if count == 0:
         # Triton does not parse 'data' of a zero-element tensor.

@@ -64,9 +64,7 @@ def _binary_data(
     no_section: str,
 ) -> bytes | memoryview:
     """The bytes of a tensor whose ``parameters`` (``tparams``, from which the key is removed)
-    declare ``binary_data_size``. Zero bytes need no binary section: Triton accepts such a request
-    without IHCL and writes such a response without one (docs/protocol.md, content type of answers);
-    any other size without a section is a CodecError saying ``no_section``."""
+    declare ``binary_data_size``."""
     size = _uint_param(tparams, "binary_data_size", where)
     del tparams["binary_data_size"]
     if binary is not None:
@@ -108,10 +106,7 @@ def request_from_obj(
     checked: dict[int, tuple[Datatype, int]] | None = None,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Build an InferRequest from a parsed v2 JSON request header. ``checked`` names inputs
-    (by index) whose ``data`` was checked already (by :class:`StreamCheck`: its datatype and
-    element count); those tensors carry no bytes. At most ``max_tensors`` inputs and requested
-    outputs; at most ``max_input_size`` bytes decoded from the ``data`` arrays together."""
+    """Build an InferRequest from a parsed v2 JSON request header."""
     if type(obj) is not dict:
         raise CodecError("Unable to parse the request: expected a JSON object")
     req_id = obj.get("id")
@@ -236,8 +231,7 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
 
 
 def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool) -> dict[str, Any]:
-    """The JSON header for sending ``req`` to a backend. With ``binary_inputs`` every input is
-    described with ``binary_data_size`` (the caller appends the bytes in order)."""
+    """The JSON header for sending ``req`` to a backend."""
     obj: dict[str, Any] = {}
     if req.id:
         obj["id"] = req.id
@@ -323,9 +317,7 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
 def response_to_obj(
     resp: InferResponse, is_binary: Callable[[Tensor], bool], blobs: list[Buffer] | None = None
 ) -> dict[str, Any]:
-    """The JSON header of a response, in Triton's key order. Outputs for which ``is_binary`` is
-    true get ``binary_data_size`` (the caller appends their bytes in the same order: those of
-    at least one byte are appended to ``blobs`` when given)."""
+    """The JSON header of a response, in Triton's key order."""
     obj: dict[str, Any] = {}
     if resp.id:
         obj["id"] = resp.id

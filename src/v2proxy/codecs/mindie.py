@@ -33,8 +33,8 @@ class MediaItem:
 
 @dataclass(slots=True)
 class LlmRequest:
-    """A validated generation request: MindIE's ``/infer`` parsed here, or an OpenAI request
-    put so by the OpenAI frontend. Sampling knobs are None when the client gave none."""
+    """A validated generation request: MindIE's ``/infer`` parsed here, or an OpenAI request put so
+    by the OpenAI frontend."""
 
     text: str
     stream: bool = False

@@ -187,10 +187,8 @@ def error_for(status: int, body: bytes | bytearray) -> ProxyError:
 
 @dataclass(slots=True)
 class SseParser:
-    """Events of a ``text/event-stream`` body fed in arbitrary pieces: each ``data:`` event's
-    JSON (a dict), or the text of a block that is not a ``data:`` event (MindIE's raw error
-    line). Blocks end at a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); what is left when the
-    body ends is a last block."""
+    """Events of a ``text/event-stream`` body fed in arbitrary pieces: each ``data:`` event's JSON
+    (a dict), or the text of a block that is not a ``data:`` event (MindIE's raw error line)."""
 
     _buffer: bytearray = field(default_factory=bytearray)
 

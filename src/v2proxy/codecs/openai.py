@@ -33,7 +33,7 @@ LIMITS = RequestLimits()
 
 @dataclass(slots=True)
 class OpenAIRequest:
-    """A validated completions or chat request. Knobs are None when the client gave none."""
+    """A validated completions or chat request."""
 
     chat: bool
     model: str
@@ -357,8 +357,7 @@ _TOKENS_PER_MESSAGE = 32
 
 def messages_over(body: bytes | bytearray | memoryview, limit: int) -> bool:
     """Whether the body's top-level ``messages`` array holds more than ``limit`` items, told from
-    its bytes without parsing them into objects. False when it can't tell (not JSON, or too many
-    tokens before the answer): the parse and :func:`parse_chat`'s own count decide then."""
+    its bytes without parsing them into objects; False when it can't tell."""
     data = body.tobytes() if isinstance(body, memoryview) else body
     if data.count(b"{") <= limit:  # every message is an object
         return False

@@ -50,9 +50,7 @@ class _Matcher:
 
     def feed(self, piece: str, tail: str) -> int | None:
         """Where the first occurrence that ends in ``piece`` begins, from the piece's start
-        (negative: in the text before it), or None. ``tail``: the text before the piece that
-        such an occurrence may begin in, read only for a piece at least as long as the sequence
-        less one (then one search at C speed, and the state from the piece's end alone)."""
+        (negative: in the text before it), or None."""
         s, n = self.stop, len(self.stop)
         if len(piece) < n - 1:
             q = self.q
@@ -96,12 +94,8 @@ class _Matcher:
 
 class StopScanner:
     """Cuts generated text at the first stop sequence, fed piece by piece (:meth:`feed`); what it
-    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it
-    holds).
-
-    The work per piece is bounded by the piece, however long the stop sequences: each is matched
-    by an automaton fed the piece alone (:class:`_Matcher`), and the text held back stays in
-    pieces, never copied whole."""
+    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it holds).
+    """
 
     __slots__ = (
         "first", "held", "hold", "live", "pos", "sent", "shortest", "skip", "stopped", "stops",

@@ -36,9 +36,9 @@ class AdmissionGate:
         self.closing = False
 
     def enter(self, operation: str) -> bool:
-        """Admit a request of ``operation``: True when it took a slot (the caller must
-        :meth:`leave` once it is answered), False when it needs none (exempt operations, no
-        limit). Raises :class:`Overloaded` when every slot is taken."""
+        """Admit a request of ``operation``: True when it took a slot (the caller must :meth:`leave`
+        once it is answered), False when it needs none (exempt operations, no limit);
+        :class:`Overloaded` when every slot is taken."""
         if operation in EXEMPT:
             return False
         self.arrived += 1

@@ -20,8 +20,7 @@ def safe_text(text: str) -> str:
 
 
 class ProxyError(Exception):
-    """Base of every error v2proxy answers with. ``message`` is what the client sees, always
-    valid UTF-8 text (set through :func:`safe_text`)."""
+    """Base of every error v2proxy answers with."""
 
     http_status: int = 500
     grpc_code: str = "INTERNAL"
@@ -54,10 +53,8 @@ class CodecError(InvalidRequest):
 
 
 class InvalidText(CodecError):
-    """A JSON string that is no Unicode text: a ``\\ud800``-``\\udfff`` escape without its pair
-    (RFC 8259 §8.2), which no UTF-8 encoder can write. ``field`` is where, as a path
-    (``inputs[0].name``; ``""`` for the document itself); ``in_key`` when it is one of the keys
-    of the object there; ``char`` the surrogate as its ASCII escape (``\\ud800``)."""
+    """A JSON string that is no Unicode text: a ``\\ud800``-``\\udfff`` escape without its pair (RFC
+    8259 §8.2), which no UTF-8 encoder can write."""
 
     def __init__(self, message: str, field: str = "", in_key: bool = False, char: str = "") -> None:
         super().__init__(message)

@@ -166,9 +166,7 @@ class GenerateExtension:
 
     async def _native(self) -> bool:
         """Whether the backend has Triton's generate extension (asked once per lifetime of the
-        knowledge). A backend whose
-        metadata cannot be had now is asked again next time; meanwhile its requests are
-        forwarded (and mapped if the route turns out not to exist)."""
+        knowledge)."""
         native = self.native
         if native is None:
             try:
@@ -200,12 +198,10 @@ class GenerateExtension:
     async def objects(
         self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
-        """Send the generate body ``obj`` for ``model`` to the backend, passed through or
-        mapped, and yield its answers as generate JSON objects: one for ``stream`` False, one
-        per response (SSE event) otherwise. Errors are raised as ProxyError: the backend's
-        error answers as :class:`BackendError` with their status (an error event in a stream
-        as status 500). ``headers``: the end-to-end headers sent on. Closing the iterator
-        early releases the backend's answer or cancels its stream."""
+        """Send the generate body ``obj`` for ``model`` to the backend, passed through or mapped,
+        and yield its answers as generate JSON objects: one for ``stream`` False, one per response
+        (SSE event) otherwise. Errors are ProxyErrors; closing the iterator early releases the
+        backend's answer."""
         if await self._native():
             out = [(k, v) for k, v in headers if k not in _NOT_INFER]
             out.append((b"content-type", b"application/json"))

@@ -36,7 +36,7 @@ def element_count(shape: tuple[int, ...]) -> int:
 
 @dataclass(slots=True)
 class Tensor:
-    """One named tensor. ``data`` is in the binary wire layout (see module docstring)."""
+    """One named tensor; ``data`` is in the binary wire layout."""
 
     name: str
     datatype: Datatype
@@ -71,8 +71,7 @@ class RequestedOutput:
 
 @dataclass(slots=True)
 class InferRequest:
-    """An inference request. ``outputs`` is None when the client listed no outputs (all model
-    outputs are returned); ``model_version`` is "" when none was given."""
+    """An inference request. ``outputs`` None: the client listed none (all are returned)."""
 
     model_name: str
     inputs: list[Tensor]

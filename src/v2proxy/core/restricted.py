@@ -47,9 +47,8 @@ class AccessPolicy(Protocol):
 
 
 def parse_groups(value: Any) -> frozenset[str]:
-    """``"a,b"`` (or a list) -> the set of groups; ``none``, ``""`` or null -> no group.
-
-    Raises ValueError naming the unknown group."""
+    """``"a,b"`` (or a list) -> the set of groups; ``none``, ``""`` or null -> no group;
+    ValueError names an unknown group."""
     if value is None:
         return frozenset()
     items = value if isinstance(value, list | tuple) else str(value).split(",")
@@ -100,12 +99,7 @@ class RestrictedPolicy:
         return group in self.groups
 
     def check(self, group: str, headers: Headers) -> None:
-        """Raise Forbidden unless ``group`` is open or ``headers`` carry the configured header.
-
-        ``headers``: a mapping (names in any case: a dict, a CIMultiDict, gRPC metadata as a
-        dict) or an iterable of ``(name, value)`` pairs of str or bytes (raw HTTP headers, a
-        grpc.aio metadata tuple); every occurrence of the name is considered.
-        """
+        """Raise Forbidden unless ``group`` is open or ``headers`` carry the configured header."""
         if group not in self.groups:
             return
         if self.header is None:

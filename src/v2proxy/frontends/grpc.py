@@ -196,11 +196,9 @@ class GrpcFrontend:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[bytes]:
-        """Each request message is served (and recorded) on its own; answers are serialized
-        here, errors too unless the client asked for them as the stream's status. The stream
-        holds one admission slot while it is open (refused at once when none is free), and its
-        API group is checked once, as it opens (:mod:`v2proxy.frontends.grpc_routes`): a
-        refused stream answers each of its messages with the refusal."""
+        """Each request message is served (and recorded) on its own; answers are serialized here,
+        errors too unless the client asked for them as the stream's status. The stream holds one
+        admission slot while it is open."""
         env = self._stream_envelope
         try:
             held = env.hold(_STREAM)
@@ -305,11 +303,10 @@ class GrpcFrontend:
     async def _stream_one(
         self, r: pb.ModelInferRequest, msg: bytes, headers: Headers, peer: str | None
     ) -> AsyncIterator[bytes]:
-        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as
-        ``r``), decoded and checked in full, then handed to the pipeline with its bytes
+        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as ``r``),
+        decoded and checked in full, then handed to the pipeline with its bytes
         (:meth:`Pipeline.stream_message`): a relayed answer goes back as the backend wrote it,
-        wrapped without being parsed, every other response is encoded here. A client that asks
-        for the final-response flag gets it on each answer (so nothing is relayed for it)."""
+        wrapped without being parsed, every other response is encoded here."""
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)

@@ -80,9 +80,8 @@ class CallEnvelope(Envelope):
 
 
 def answerable(exc: Exception, op: str) -> ProxyError:
-    """The ProxyError a call that raised ``exc`` is answered with; anything else is logged once
-    and answered as internal. Without its traceback: its frames (the handler's among them)
-    would make a reference cycle that only the garbage collector's rare full passes free."""
+    """The ProxyError a call that raised ``exc`` is answered with; anything else is logged once and
+    answered as internal. Without its traceback, whose frames would make a reference cycle."""
     if isinstance(exc, ProxyError):
         return exc.with_traceback(None)
     log.exception("unexpected error in gRPC %s", op, exc_info=exc)
@@ -99,8 +98,8 @@ def parse(message_type: Any, data: bytes, rpc: str) -> Any:
 
 def check_call(access: AccessPolicy, group: str, context: Context) -> None:
     """The one access check of a call (a stream): ``group``, its row's in
-    :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered
-    only for a group that is restricted). Raises the policy's ProxyError."""
+    :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered only
+    for a group that is restricted). Raises the policy's ProxyError."""
     if access.restricts(group):
         access.check(group, context.invocation_metadata() or ())
 
@@ -114,13 +113,12 @@ def guard(
     with_bytes: bool = False,
     access: AccessPolicy | None = OPEN,
 ) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status; it also serializes the answer
-    (one already serialized, bytes, is answered as it is), all inside the call's exchange
-    envelope: admission, the access check of the RPC's group (its row of
+    """The one translator from the error tree to gRPC status; it also serializes the answer (one
+    already serialized, bytes, is answered as it is), all inside the call's exchange envelope:
+    admission, the access check of the RPC's group (its row of
     :data:`~v2proxy.frontends.grpc_routes.RPCS`: once, when the message is parsed, before ``fn``
     runs; ``access`` None: ``fn`` checks it itself, as the health service does), in flight, the
-    record. ``with_bytes``: ``fn`` is given the message and its bytes, ``(message, data)``, to
-    pass them on unchanged."""
+    record."""
     row = RPCS[rpc]
     op, field, group = row.operation, row.model_field, row.group
     env = CallEnvelope(rec, gate or AdmissionGate(), row.path)

@@ -97,10 +97,7 @@ class MindieFrontend:
         self, body: bytes | bytearray, headers: Headers, admit: Callable[[], None] = _open
     ) -> Answer:
         """The answer to one ``/infer`` body; its errors are raised, for the REST frontend's
-        envelope to record (their kind) and to answer in MindIE's shape
-        (:func:`error_answer`). ``admit``: the route's one access check, which raises when the
-        client may not use it, called where MindIE's order puts it: once the body is validated
-        (and the model found), before the backend is asked anything for the client."""
+        envelope to record (their kind) and to answer in MindIE's shape (:func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
         target = await self.backend_side.target()
         admit()

@@ -200,8 +200,7 @@ class OpenAIFrontend:
     def prepare(self, chat: bool, body: Buffer) -> tuple[_Served, OpenAIRequest, str]:
         """A ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body validated, its model
         found and its prompt made (a chat's rendered by the model's template): everything
-        :meth:`generate` needs, before any backend is called. Errors are raised, for the REST
-        frontend's envelope to record and answer in OpenAI's shape (:func:`error_answer`)."""
+        :meth:`generate` needs, before any backend is called."""
         if not chat:
             req = parse_completion(body, self.max_input_size, self.limits)
             return self._served(req), req, req.prompt

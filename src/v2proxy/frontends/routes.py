@@ -23,9 +23,8 @@ _PART = re.compile(r"\{(\w+)\}|\[|\]|[^{}\[\]]+")
 
 
 def compile_template(template: str) -> re.Pattern[str]:
-    """The regular expression of a path template (``{param}``, ``[optional]``, literal text).
-
-    Raises ValueError for an unknown parameter, an unbalanced bracket or a stray brace."""
+    """The regular expression of a path template (``{param}``, ``[optional]``, literal text);
+    ValueError when it is malformed."""
     out: list[str] = []
     depth = end = 0
     for part in _PART.finditer(template):

@@ -184,11 +184,8 @@ def pod_patch(pod: Mapping[str, Any], defaults: SidecarSettings) -> Decision:
 
 
 def review(body: Mapping[str, Any], defaults: SidecarSettings) -> dict[str, Any]:
-    """The AdmissionReview response to the AdmissionReview request ``body``.
-
-    ``body`` must at least be a mapping holding ``request.uid`` (else ``ValueError``: the
-    server answers 400, there is nobody to answer to).
-    """
+    """The AdmissionReview response to the AdmissionReview request ``body``;
+    ValueError when it holds no ``request.uid`` (nobody to answer to)."""
     request = body.get("request")
     if body.get("kind") != "AdmissionReview" or not isinstance(request, Mapping):
         raise ValueError("not an AdmissionReview request")

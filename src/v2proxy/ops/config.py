@@ -42,10 +42,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of ``v2proxy serve`` (and of ``reference-server``). A field named like a
-    setting of :data:`v2proxy.ops.config_spec.SETTINGS` takes its default from there; the others are
-    built from several settings (``restricted``, ``tls``, ``backend_tls``) or from the file's
-    sections (``models``, ``mindie``)."""
+    """Every setting of ``v2proxy serve`` (and of ``reference-server``)."""
 
     backend: BackendTarget = DEFAULTS["backend"]
     backend_encoding: str = DEFAULTS["backend_encoding"]

@@ -45,12 +45,10 @@ _GRPC_MAX = human_size(GRPC_MAX_MESSAGE)
 
 @dataclass(frozen=True, slots=True)
 class SettingSpec:
-    """One setting: its key, default (parsed), parser (text or YAML value -> value, ValueError
-    with the reason), help and metavar (``SIZE``: a byte size, ``SECONDS``: a duration, ``a|b``:
-    a choice). ``shown``: what a default of None means (``none: no TLS``). ``serve_only``: an
-    option of ``serve`` alone (the backend's), not of ``reference-server``. ``secret``: its value
-    is never echoed in an error. ``bare``: the value the option given alone stands for
-    (``--access-log`` is ``--access-log on``)."""
+    """One setting: its key, default (parsed), parser (text or YAML value -> value, ValueError with
+    the reason), help and metavar (``SIZE``: a byte size, ``SECONDS``: a duration, ``a|b``: a
+    choice). ``shown``: what a None default means; ``serve_only``: not of ``reference-server``;
+    ``secret``: never echoed in an error; ``bare``: the value of the option given alone."""
 
     name: str
     default: Any

@@ -43,8 +43,8 @@ def cannot_listen(
 
 
 def check_ports(host: str, ports: Iterable[tuple[str, str, int]], env: bool = True) -> None:
-    """Bind each ``(what, option, port)`` on ``host`` (SO_REUSEADDR, as the servers do) and let
-    it go; port 0 (any free port) is not checked. Raises :class:`ListenError`."""
+    """Bind each ``(what, option, port)`` on ``host`` (SO_REUSEADDR, as the servers do) and let it
+    go; port 0 (any free port) is not checked. Raises :class:`ListenError`."""
     for what, option, port in ports:
         if port == 0:
             continue

@@ -28,11 +28,7 @@ FLUSH_INTERVAL_S = 1.0
 
 
 class Metrics:
-    """The process's metric cells, exported through the injected ``registry``.
-
-    ``multiprocess_dir``: the workers' shared folder (``--workers N``); the registry then holds
-    a ``MultiProcessCollector`` over it and the cells are flushed there.
-    """
+    """The process's metric cells, exported through the injected ``registry``."""
 
     enabled = True
 

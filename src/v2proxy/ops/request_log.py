@@ -84,8 +84,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields. ``ts``
-    is RFC 3339 in UTC with milliseconds: ``2026-11-25T16:12:19.123Z``."""
+    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {

@@ -165,8 +165,8 @@ def _together(values: dict[str, Any], a: str, b: str) -> None:
 
 
 def check(values: dict[str, Any], backend_tls: bool) -> tuple[ListenerTls | None, BackendTls]:
-    """Validate the TLS settings in ``values`` (absent or None: not set); ``backend_tls``:
-    whether the backend is https:// or grpcs://. Returns the listeners' and backend's TLS."""
+    """Validate the TLS settings in ``values`` (absent or None: not set); ``backend_tls``: whether
+    the backend is https:// or grpcs://. Returns the listeners' and the backend's TLS."""
     _together(values, "tls_cert", "tls_key")
     _together(values, "backend_cert", "backend_key")
     if values.get("tls_client_ca") is not None and values.get("tls_cert") is None:

@@ -150,9 +150,8 @@ def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
 
 
 def iter_llm_tokens(prompt: str, max_tokens: int) -> Iterator[str]:
-    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces, made
-    one at a time as they are taken. Refused at once (InvalidRequest) when the whole text would
-    be longer than :data:`LLM_MAX_OUTPUT_CHARS`."""
+    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces, made one at
+    a time as they are taken. InvalidRequest when longer than :data:`LLM_MAX_OUTPUT_CHARS`."""
     words = prompt.split() or ["token"]
     cycles, rest = divmod(max_tokens, len(words))
     size = cycles * sum(map(len, words)) + sum(map(len, words[:rest])) + max_tokens - 1

@@ -148,8 +148,8 @@ def _open_object(name: str, posix_name: str) -> int:
 
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
-    """Open and map a client's object (``key`` as the client gave it; see the module's
-    contract for the errors). The descriptor is closed once mapped: the mapping keeps its own."""
+    """Open and map a client's object (``key`` as the client gave it; see the module's contract for
+    the errors)."""
     posix_name = normal_key(name, key)
     fd = _open_object(name, posix_name)
     try:

@@ -127,9 +127,9 @@ class Use:
             self.regions.release(region)
 
     def write_outputs(self, response: InferResponse) -> None:
-        """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500
-        text otherwise) and the region's object checked to still be whole. Outputs a backend
-        already wrote through their sink are ``in_shm`` and skipped."""
+        """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500 text
+        otherwise) and the region's object checked to still be whole; ``in_shm`` ones are skipped.
+        """
         written = 0
         for t in response.outputs:
             target = self.outputs.get(t.name)
@@ -179,11 +179,9 @@ def resolve(
     mode: str = "local",
     peer: str | None = UNKNOWN_PEER,
 ) -> Use | None:
-    """Stages 3 and 4 for shared memory: None when the request names no region (one dict
-    lookup per tensor that has parameters). Otherwise the client must be allowed shared memory
-    (``mode``: ``--client-shm``; ``peer`` as :func:`check_client` takes it), its shm inputs
-    become private copies of their regions' bytes and its shm outputs are planned; the regions
-    are held by the returned :class:`Use` (released here if this fails)."""
+    """Stages 3 and 4 for shared memory: None when the request names no region (one dict lookup per
+    tensor that has parameters); else a :class:`Use` holding the regions (released here on failure).
+    """
     inputs = [t for t in request.inputs if t.parameters and REGION in t.parameters]
     outputs = [o for o in request.outputs or () if o.parameters and REGION in o.parameters]
     if not inputs and not outputs:
