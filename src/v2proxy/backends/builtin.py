@@ -237,11 +237,9 @@ class BuiltinBackend(NonRestBackend):
                     # otherwise take a million in one go
                     await asyncio.sleep(0)
         finally:
-            close = getattr(produced, "close", None)  # a generator: its work stops here
+            close = getattr(produced, "close", None)
             if close is not None:
                 close()
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         if not model:

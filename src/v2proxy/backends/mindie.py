@@ -138,8 +138,6 @@ class MindieBackend(NonRestBackend):
                 raise
             raise mapped_exc from None
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def server_ready(self) -> bool:
         resp, _ = await self._call(
             "GET", "/v2/health/ready", None, "health/ready", status_only=True
@@ -168,8 +166,6 @@ class MindieBackend(NonRestBackend):
     async def model_ready(self, model: str, version: str) -> bool:
         self._check(model, version)
         return await self.server_ready()
-
-    # ------------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         return await single_response(request.model_name, self.stream_infer(request, headers))
@@ -242,8 +238,6 @@ class MindieBackend(NonRestBackend):
             resp.close()
             if sink is not None and count:
                 sink.generated(self.model, count)
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         raise Unsupported("statistics are not available from a MindIE backend")

@@ -95,7 +95,7 @@ def _fixed_size(entry: TensorMeta) -> int | None:
 
 
 class Stager:
-    """One backend's staging (see the module docstring)."""
+    """One backend's staging."""
 
     def __init__(
         self,
@@ -175,8 +175,6 @@ class Stager:
             if self.pool is not None:
                 self.pool.release(plan.region, keep)
 
-    # ------------------------------------------------------------------ probe
-
     async def _probe(self, port: StagingPort) -> bool:
         async with self._lock:
             if self.usable is None:
@@ -224,8 +222,6 @@ class Stager:
             log.warning("backend shared memory: %s; tensors are sent over the socket", why)
         self.usable = False
         await self.close(port)
-
-    # ------------------------------------------------------------------ requests
 
     async def _output_sizes(
         self, port: StagingPort, request: InferRequest

@@ -20,8 +20,7 @@ class _Known(NamedTuple):
 
 
 class AnswerHeads:
-    """The binary-framed answers' JSON headers of one backend, each decoded once (module
-    docstring)."""
+    """The binary-framed answers' JSON headers of one backend, each decoded once."""
 
     KEPT = 64
 
@@ -49,7 +48,7 @@ class AnswerHeads:
 
     def learn(self, header: Buffer, obj: Any, response: InferResponse) -> None:
         """Keep what the full decoder made (``response``) of the JSON ``header`` (parsed:
-        ``obj``), when it is an answer of the kind kept (module docstring)."""
+        ``obj``), when it is an answer of the kind kept."""
         if len(header) > MAX_HEAD or response.id is not None or response.parameters:
             return
         raw = obj.get("outputs")

@@ -136,7 +136,7 @@ def request_from_generate(
     metadata: dict[str, Any],
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> InferRequest:
-    """The inference request a generate body stands for (module docstring)."""
+    """The inference request a generate body stands for."""
     inputs = model_inputs(metadata)
     tensors: dict[str, Tensor] = {}
     parameters: dict[str, Any] = {}

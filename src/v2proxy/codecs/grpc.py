@@ -61,9 +61,6 @@ _WIRE_PARAMS = frozenset({"binary_data_size", "binary_data"})
 _INT64_MAX = 2**63 - 1
 
 
-# --------------------------------------------------------------------------- parameters
-
-
 def params_from_proto(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not params:  # the usual case, without iterating the map
@@ -97,9 +94,6 @@ def params_to_proto(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool',"
                 " 'double', or 'string'."
             )
-
-
-# --------------------------------------------------------------------------- tensors
 
 
 def _shape(dims: Iterable[int], where: str) -> tuple[int, ...]:
@@ -421,9 +415,6 @@ def _as_is(msg: pb.ModelInferResponse, request: InferRequest) -> bool:
         if out.parameters and not _WIRE_PARAMS.isdisjoint(out.parameters):
             return False
     return True
-
-
-# --------------------------------------------------------------------------- REST-side dicts
 
 
 def message_to_dict(msg: Message) -> dict[str, Any]:

@@ -29,8 +29,6 @@ from v2proxy.core.model import (
     element_count,
 )
 
-# --------------------------------------------------------------------------- params
-
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     params = obj.get("parameters")
@@ -74,9 +72,6 @@ def _binary_data(
     raise CodecError(no_section)
 
 
-# --------------------------------------------------------------------------- request
-
-
 def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tuple[int, ...]]:
     if type(obj) is not dict:
         raise CodecError(f"Unable to parse '{kind}s[{index}]': expected a JSON object")
@@ -94,7 +89,7 @@ def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tupl
 _SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
 #: each datatype's name as written (a look-up, where the enum's ``value`` is a property call)
 _NAMES = {dt: dt.value for dt in Datatype}
-_DATA_ONLY = ["data"]  # read only
+_DATA_ONLY = ["data"]
 
 
 def request_from_obj(
@@ -206,7 +201,7 @@ def _checked_data(
         return b""  # Triton does not parse 'data' of a zero-element tensor
     checked_as, got = verdict
     if checked_as is not datatype or got != count or count * ITEM_SIZE[datatype] > limit:
-        raise CodecError(f"Unable to parse 'data' for {where}: not as checked")  # full decode
+        raise CodecError(f"Unable to parse 'data' for {where}: not as checked")
     return b""
 
 
@@ -267,9 +262,6 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
             for o in req.outputs
         ]
     return obj
-
-
-# --------------------------------------------------------------------------- response
 
 
 def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:

@@ -89,7 +89,7 @@ def _prompt(tensor: Tensor) -> str | list[Any]:
 
 
 def _normalise(params: dict[str, Any]) -> dict[str, Any]:
-    """v2 LLM backends' "off" values, in the form MindIE takes (see the module docstring)."""
+    """v2 LLM backends' "off" values, in the form MindIE takes."""
     out = dict(params)
     if out.get("temperature") == 0:
         del out["temperature"]
@@ -150,9 +150,6 @@ def non_stream_response(model: str, request_id: str | None, body: bytes) -> Infe
     return text_response(model, request_id, obj["generated_text"], _details(obj))
 
 
-# ------------------------------------------------------------------ errors
-
-
 def error_message(body: bytes | bytearray, status: int) -> str:
     """MindIE's ``error`` text (its body's text when it is not MindIE's JSON shape)."""
     try:
@@ -167,7 +164,7 @@ def error_message(body: bytes | bytearray, status: int) -> str:
 
 
 def error_for(status: int, body: bytes | bytearray) -> ProxyError:
-    """The v2 error for a MindIE error answer (see the module docstring)."""
+    """The v2 error for a MindIE error answer."""
     message = error_message(body, status)
     if status in (400, 413, 422):
         return InvalidRequest(message)
@@ -180,9 +177,6 @@ def error_for(status: int, body: bytes | bytearray) -> ProxyError:
             message = "MindIE is not ready (HTTP 503)"
         return BackendUnavailable(message)
     return BackendError(message, status if 400 <= status < 600 else 502)
-
-
-# ------------------------------------------------------------------ streams
 
 
 @dataclass(slots=True)

@@ -116,7 +116,7 @@ def _error_of(body: bytes, status: int) -> str:
 
 
 class GenerateExtension:
-    """Serves generate requests through one backend (module docstring); one per pipeline."""
+    """Serves generate requests through one backend; one per pipeline."""
 
     def __init__(
         self,

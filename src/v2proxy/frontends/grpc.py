@@ -136,8 +136,6 @@ class GrpcFrontend:
         method: Callable[[Any, Context], Awaitable[Any]] = getattr(owner, name)
         return method
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def _ready(self) -> bool:
         """The readiness the health service reports (the pipeline's)."""
         return await self.pipeline.server_ready()
@@ -169,8 +167,6 @@ class GrpcFrontend:
         resp = pb.ModelConfigResponse()
         grpcc.dict_to_message(config, resp.config, "model config")
         return resp
-
-    # ------------------------------------------------------------------ inference
 
     async def ModelInfer(
         self, received: tuple[pb.ModelInferRequest, bytes], c: Context
@@ -350,8 +346,6 @@ class GrpcFrontend:
         if flag:
             msg.parameters[_FINAL].bool_param = final
         return pb.ModelStreamInferResponse(infer_response=msg).SerializeToString()
-
-    # ------------------------------------------------------------------ side RPCs
 
     async def ModelStatistics(
         self, r: pb.ModelStatisticsRequest, c: Context

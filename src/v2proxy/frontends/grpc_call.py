@@ -20,7 +20,7 @@ from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
 from v2proxy.frontends.grpc_routes import RPCS
 from v2proxy.ops.recorders import FrontendRecorder
 
-log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+log = logging.getLogger("v2proxy.frontends.grpc")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -15,7 +15,7 @@ from v2proxy.core.restricted import OPEN, AccessPolicy
 from v2proxy.frontends.grpc_call import Context, check_call
 from v2proxy.frontends.grpc_routes import RPCS
 
-log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+log = logging.getLogger("v2proxy.frontends.grpc")
 
 #: seconds between two readiness calls while a Watch stream is open
 POLL_S = 1.0

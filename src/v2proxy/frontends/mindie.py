@@ -105,8 +105,6 @@ class MindieFrontend:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)
 
-    # ------------------------------------------------------------------ non-stream
-
     async def _text(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         parts = answer.TextParts()
         reported: int | None = None
@@ -140,8 +138,6 @@ class MindieFrontend:
             why = answer.finish_reason(reason, tokens, req.max_new_tokens)
             detail = answer.details(why, tokens, req.seed)
         return 200, [JSON], answer.text_answer(text, detail)
-
-    # ------------------------------------------------------------------ stream
 
     async def _stream(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         loop = asyncio.get_running_loop()

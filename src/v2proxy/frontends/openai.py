@@ -184,8 +184,6 @@ class OpenAIFrontend:
             with contextlib.suppress(ProxyError):
                 await served.side.target()
 
-    # ------------------------------------------------------------------ models
-
     def list_models(self) -> Answer:
         """``GET /v1/models``: the list, written once at start-up (the section is fixed)."""
         return 200, [JSON], self._listed
@@ -194,8 +192,6 @@ class OpenAIFrontend:
         """``GET /v1/models/{id}``."""
         self.served(model_id)
         return 200, [JSON], dumps(openai_answer.model(model_id, self.created))
-
-    # ------------------------------------------------------------------ generation
 
     def prepare(self, chat: bool, body: Buffer) -> tuple[_Served, OpenAIRequest, str]:
         """A ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body validated, its model

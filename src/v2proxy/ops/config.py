@@ -27,8 +27,7 @@ from v2proxy.ops.config_values import BackendTarget, parse_backend
 from v2proxy.ops.tls import BackendTls, ListenerTls, TlsFileError
 from v2proxy.ops.tls import check as check_tls
 
-#: BackendTarget and parse_backend are defined in v2proxy.ops.config_values (the table of settings
-#: needs them) and still imported from here
+#: BackendTarget and parse_backend are re-exported from v2proxy.ops.config_values
 __all__ = [
     "OTHER_VARIABLES",
     "PARSERS",
@@ -97,10 +96,8 @@ PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in SETTINGS}
 #: the settings whose values are never echoed in an error
 SECRET = frozenset(spec.name for spec in SETTINGS if spec.secret)
 
-#: ``V2PROXY_*`` variables that are not settings, which v2proxy accepts in its environment and
-#: ignores, except V2PROXY_CONFIG (the --config file). The others belong to the project's own
-#: tools, whose servers inherit them: tests/interop/peers (V2PROXY_PEER*), tests/deploy
-#: (V2PROXY_DEPLOY_TOOLS), benchmarks (V2PROXY_BENCH_*, V2PROXY_SOAK_TRACEMALLOC*).
+#: ``V2PROXY_*`` variables that are not settings and are accepted: V2PROXY_CONFIG (--config), and
+#: those of the project's own tools, which their servers inherit
 OTHER_VARIABLES = frozenset(
     {
         "V2PROXY_CONFIG",

@@ -71,7 +71,7 @@ def int_range(low: int, high: int) -> Any:
 
 
 def byte_size(minimum: int = 1, maximum: int | None = None, limit: str = "") -> Any:
-    """A parser of byte sizes (see the module's docstring) from ``minimum`` to ``maximum``;
+    """A parser of byte sizes from ``minimum`` to ``maximum``;
     ``limit`` says why there is a maximum."""
 
     def parse(v: Any) -> int:

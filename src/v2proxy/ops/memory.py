@@ -1,4 +1,10 @@
-"""``--reuse-large-buffers``: large buffers' memory kept for the next request (glibc only)."""
+"""``--reuse-large-buffers``: large buffers' memory kept for the next request (glibc only).
+
+glibc maps each large block afresh and unmaps it when freed, so every large copy pays a page fault
+per 4 KiB. :func:`reuse_large_buffers` turns malloc's mmap off and raises its trim threshold so
+that the heap keeps freed memory; :meth:`Releaser.tick` gives it back (``malloc_trim``) once no
+request arrived since the tick before.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +59,8 @@ class Releaser:
 
 
 def reuse_large_buffers(arrived: Callable[[], int], libc: Any | None = None) -> Releaser | None:
-    """Keep large buffers' memory for reuse (see the module's contract); ``arrived``: the
-    count of requests so far, which :meth:`Releaser.tick` watches."""
+    """Keep large buffers' memory for reuse; ``arrived``: the count of requests so far, which
+    :meth:`Releaser.tick` watches. None where the C library is not glibc (nothing changed)."""
     libc = _glibc() if libc is None else libc
     if libc is None:
         log.warning("--reuse-large-buffers: the C library is not glibc; nothing changed")

@@ -119,7 +119,6 @@ BACKEND_ENDPOINT_UP = Family(
     ("backend_endpoint",),
     multiprocess_mode="livemax",
 )
-# Filled by the shared-memory extension (issue "shared memory").
 SHM_REGIONS = Family(
     "v2proxy_shm_registered_regions",
     "gauge",
@@ -153,8 +152,7 @@ SHM_STAGED_BYTES = Family(
     " (--backend-shm): inputs written to, outputs read from v2proxy's staging regions.",
     ("direction",),  # input | output
 )
-# Filled by the MindIE adapter (issue "MindIE"); ``direction``: frontend (MindIE clients on
-# POST /infer, a v2 model behind) | backend (v2 clients, a MindIE server behind).
+# ``direction``: frontend (MindIE clients, a v2 model behind) | backend (a MindIE server behind)
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
     "histogram",
@@ -200,7 +198,6 @@ FAMILIES = (
     TOKENS,
 )
 
-# ---------------------------------------------------------------------- label values
 
 WIRES = ("json", "binary", "raw", "grpc")
 CODE_CLASSES = ("1xx", "1xx", "2xx", "3xx", "4xx", "5xx")
@@ -260,9 +257,6 @@ class ModelLabels:
             self.known[model] = model
             return model
         return "other"
-
-
-# ---------------------------------------------------------------------- cells
 
 
 class Counter:

@@ -99,9 +99,6 @@ class NullMetrics:
 AnyMetrics = Metrics | NullMetrics
 
 
-# ---------------------------------------------------------------------- export
-
-
 class _Collector(Collector):
     """The cells as metric families, at scrape time (one process)."""
 

@@ -25,8 +25,8 @@ class TensorSpec:
     optional: bool = False
 
 
-#: each response's outputs, made as they are asked for; None: a pause (module docstring).
-#: A generator, closed by the caller when it stops early.
+#: each response's outputs, made as they are asked for (None: a pause); a generator, closed by
+#: the caller when it stops early
 Produced = Iterator[list[Tensor] | None]
 Compute = Callable[[dict[str, Tensor]], Produced]
 

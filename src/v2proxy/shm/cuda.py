@@ -108,9 +108,6 @@ def wrong_kind(name: str, registered: str, asked: str) -> str:
     )
 
 
-# ---------------------------------------------------------------------- cupy
-
-
 def _address(buf: Any) -> int:
     import numpy as np
 

@@ -68,8 +68,6 @@ class Registry:
         self._cuda = cuda_adapter
         self._entries: dict[str, _Entry] = {}
 
-    # ------------------------------------------------------------------ side operations
-
     def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
             entry = self._entries.get(name)
@@ -119,8 +117,6 @@ class Registry:
         self.unregister("", "system")
         self.unregister("", "cuda")
 
-    # ------------------------------------------------------------------ requests
-
     def served(self, direction: str, n: int) -> None:
         if self._tensors is not None:
             self._tensors[direction].inc(n)
@@ -144,8 +140,6 @@ class Registry:
         """How many requests hold ``name`` now (tests, diagnostics)."""
         entry = self._entries.get(name)
         return 0 if entry is None else entry.users
-
-    # ------------------------------------------------------------------ internals
 
     def _remove(self, name: str, entry: _Entry) -> None:
         del self._entries[name]

@@ -52,8 +52,6 @@ class SharedRegistry:
         self._old: dict[int, _Entry] = {}  # id(region) -> dropped entries still in use
         self._seq = 0
 
-    # ------------------------------------------------------------------ side operations
-
     def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
             found = self._read(self._path(name))
@@ -148,8 +146,6 @@ class SharedRegistry:
             del self._entries[name]
             entry.region.close()
 
-    # ------------------------------------------------------------------ requests
-
     def served(self, direction: str, n: int) -> None:
         if self._tensors is not None:
             self._tensors[direction].inc(n)
@@ -192,8 +188,6 @@ class SharedRegistry:
         """How many requests of this worker hold ``name`` now (tests, diagnostics)."""
         entry = self._entries.get(name)
         return 0 if entry is None else entry.users
-
-    # ------------------------------------------------------------------ internals
 
     def _path(self, name: str) -> str:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()

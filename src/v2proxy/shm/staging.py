@@ -90,7 +90,7 @@ class StagingRegion:
 
 
 class StagingPool:
-    """Regions lent to one request at a time (see the module docstring)."""
+    """Regions lent to one request at a time."""
 
     def __init__(self, max_bytes: int, prefix: str | None = None) -> None:
         self.max_bytes = max_bytes

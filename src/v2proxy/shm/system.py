@@ -1,5 +1,11 @@
 """POSIX system shared memory: a client's object opened under ``/dev/shm`` and mapped with
-``mmap`` (docs/protocol.md, shared memory)."""
+``mmap`` (docs/protocol.md, shared memory).
+
+Keys are checked before anything sees them (:func:`normal_key`). A :class:`SystemRegion` never
+hands out a view of the client's memory: it reads and writes through :mod:`v2proxy.shm.guarded`,
+so a client that truncates its object gets a 400, not the proxy a SIGBUS. The proxy never unlinks
+a client's object, and messages never contain the key.
+"""
 
 from __future__ import annotations
 
@@ -148,8 +154,7 @@ def _open_object(name: str, posix_name: str) -> int:
 
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
-    """Open and map a client's object (``key`` as the client gave it; see the module's contract for
-    the errors)."""
+    """Open and map a client's object (``key`` as the client gave it)."""
     posix_name = normal_key(name, key)
     fd = _open_object(name, posix_name)
     try:

@@ -14,7 +14,7 @@ from v2proxy.core.model import InferRequest, InferResponse
 
 
 class Applied(Protocol):
-    """A stage's state for one request it applies to (module docstring)."""
+    """A stage's state for one request it applies to."""
 
     async def before(self, request: InferRequest) -> InferRequest:
         """The request the backend is sent."""
@@ -30,7 +30,7 @@ class Applied(Protocol):
 
 
 class Stage(Protocol):
-    """One stage of the pipeline, shared by every request (module docstring)."""
+    """One stage of the pipeline, shared by every request."""
 
     @property
     def input_keys(self) -> frozenset[str]:

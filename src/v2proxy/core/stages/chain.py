@@ -14,7 +14,7 @@ Call = Callable[[InferRequest], AsyncIterator[InferResponse]]
 
 
 def finish(request: InferRequest, response: InferResponse) -> InferResponse:
-    """A backend's response as every client gets it (module docstring), changed in place."""
+    """A backend's response as every client gets it, changed in place."""
     if request.id and not response.id:
         response.id = request.id
     if not response.model_name:
@@ -27,7 +27,7 @@ def finish(request: InferRequest, response: InferResponse) -> InferResponse:
 
 
 class Stages:
-    """The pipeline's stages, in order (module docstring)."""
+    """The pipeline's stages, in order."""
 
     __slots__ = ("input_keys", "output_keys", "stages")
 
@@ -57,7 +57,7 @@ class Stages:
         self, request: InferRequest, peer: str | None, call: Call
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``call`` to what the stages make of ``request``, through the
-        stages (module docstring); ``peer`` as :meth:`Stage.applies` takes it."""
+        stages; ``peer`` as :meth:`Stage.applies` takes it."""
         applied: list[Applied] = []
         try:
             sent = request

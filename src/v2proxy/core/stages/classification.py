@@ -100,7 +100,7 @@ def plan(
 
 
 def batching(metadata: Mapping[str, Any], max_batch_size: int | None, output: str) -> bool:
-    """Whether ``output``'s first dimension is the batch (see the module docstring)."""
+    """Whether ``output``'s first dimension is the batch."""
     if max_batch_size is not None:
         return max_batch_size > 0
     entry = model_meta(metadata).output(output)
@@ -122,7 +122,7 @@ def apply(
 
 
 class ClassificationStage:
-    """Classification as a :class:`~v2proxy.core.stages.base.Stage` (module docstring): the
+    """Classification as a :class:`~v2proxy.core.stages.base.Stage`: the
     labels configured per model (``Settings.models``) and what is known of the backend."""
 
     __slots__ = ("info", "models")

@@ -24,9 +24,6 @@ CLIENT_SHM_MODES = ("off", "local", "on")
 WITH_BINARY = "Output can't set both 'shared_memory_region' and 'binary_data'"
 
 
-# ---------------------------------------------------------------------- side operations
-
-
 def is_local(peer: str | None) -> bool:
     """Whether a client address is on this host: None (a unix socket) or a loopback IP."""
     if peer is None:
@@ -59,9 +56,6 @@ def check_client(mode: str, peer: str | None) -> None:
             "Client shared memory is allowed only from loopback or a unix socket"
             " (--client-shm local): this client connected from another host"
         )
-
-
-# ---------------------------------------------------------------------- inference
 
 
 def locate(name: str, region_size: int, offset: int, byte_size: int) -> None:
@@ -221,11 +215,8 @@ def resolve(
     return use
 
 
-# ---------------------------------------------------------------------- the stage
-
-
 class SharedMemoryStage:
-    """Client shared memory as a :class:`~v2proxy.core.stages.base.Stage` (module docstring):
+    """Client shared memory as a :class:`~v2proxy.core.stages.base.Stage`:
     the clients' regions (None: none can be registered) and ``--client-shm``."""
 
     __slots__ = ("mode", "regions")
