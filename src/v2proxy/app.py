@@ -1,10 +1,4 @@
-"""The composition root: the only place where the parts are wired together.
-
-Builds the backend named by the settings, the pipeline (both in :mod:`v2proxy.app_core`) and
-the frontends, runs them on uvloop
-(or plain asyncio) and shuts down gracefully on SIGTERM/SIGINT: stop accepting, let requests in
-flight finish, close the backend's connections.
-"""
+"""The composition root: the only place where the parts are wired together."""
 
 from __future__ import annotations
 
@@ -99,9 +93,7 @@ def build_grpc_server(
     metrics: AnyMetrics | None = None,
     gate: AdmissionGate | None = None,
 ) -> grpc.aio.Server:
-    """The grpc.aio server for the v2 gRPC API (not yet bound to a port). No
-    ``maximum_concurrent_rpcs``: grpc would refuse health checks too; ``gate`` (default: one
-    of its own, of ``--max-concurrency``) refuses calls but health and metadata."""
+    """The grpc.aio server for the v2 gRPC API (not yet bound to a port)."""
     size = settings.grpc_max_message_size
     server = grpc.aio.server(
         options=[
@@ -137,9 +129,7 @@ async def serve(
     shm_folder: str | None = None,
     env_names: bool = True,
 ) -> None:
-    """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish.
-    ``shm_folder``: the shared-memory registry all workers share (``--workers N``);
-    ``env_names``: a failure to listen names the environment variable beside the option."""
+    """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     metrics = build_metrics(settings)
     knowledge = BackendKnowledge()  # one picture of the backend, shared, one invalidation
     backend = compose_backend(settings, metrics, knowledge)
@@ -307,9 +297,7 @@ def _run_one(
 
 
 def run(settings: Settings, env_names: bool = True) -> None:
-    """Run ``serve`` on the configured event loop, in ``settings.workers`` processes. A port that
-    cannot be listened on stops the start first, with one line (exit status 1); so does any
-    worker that cannot start. ``env_names``: those lines name the environment variables too."""
+    """Run ``serve`` on the configured event loop, in ``settings.workers`` processes."""
     setup_logging(settings.log_format, settings.log_level, settings.access_log)
     raise_fd_limit()
     ports = (
@@ -328,11 +316,9 @@ def run(settings: Settings, env_names: bool = True) -> None:
 
 
 def _supervise(settings: Settings, env_names: bool = True) -> None:
-    """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let
-    them share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on
-    SIGTERM/SIGINT. Their metrics meet in a fresh multiprocess folder, and the clients'
-    shared-memory registrations in another (records, :mod:`v2proxy.shm.shared`), both private
-    to this user and removed at exit."""
+    """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let them
+    share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on SIGTERM/SIGINT.
+    """
     folder = tempfile.mkdtemp(prefix="v2proxy-metrics-")
     shm_folder = tempfile.mkdtemp(prefix="v2proxy-shm-")
     enable_multiprocess(folder)

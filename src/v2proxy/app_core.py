@@ -1,20 +1,4 @@
-"""Building the core from the settings (part of the composition root, :mod:`v2proxy.app`).
-
-- :func:`build_backend`: the backend the settings name (builtin, REST, gRPC, MindIE), with its
-  TLS context, the metrics it feeds (staging counts, retries, token timings) and the one
-  :class:`~v2proxy.core.knowledge.BackendKnowledge` it shares with the pipeline, bound to it.
-- :func:`compose_backend`: that backend with its decorators, as the pipeline calls it: the one
-  place where they are composed (``MeteredBackend(RestBackend(...))`` when metrics are on;
-  ``--backend-shm`` staging is inside the REST and gRPC backends, see
-  :mod:`v2proxy.backends.staging`).
-- :func:`build_pipeline`: the one core every frontend goes through, with the clients'
-  shared-memory registries (this process's own, or the folder all workers share) and their
-  gauges, bounded by :func:`region_limit`.
-- :func:`raise_fd_limit`: the soft limit on open files raised to the hard one at start (as
-  nginx's ``worker_rlimit_nofile`` or Go's runtime do), so that connections, backend sockets
-  and registered regions do not run out at a distribution's 1024.
-- :func:`build_metrics`: the process's metrics registry (or the no-op recorder).
-"""
+"""Building the core from the settings (part of the composition root, :mod:`v2proxy.app`)."""
 
 from __future__ import annotations
 
@@ -184,8 +168,7 @@ def build_pipeline(
     knowledge: BackendKnowledge | None = None,
 ) -> Pipeline:
     """The one core every frontend goes through, with the clients' shared-memory regions: this
-    process's own, or those recorded in ``shm_folder`` that every worker shares. CUDA regions go
-    through ``cuda_adapter`` ("auto": cupy when it and a GPU are there; None: none)."""
+    process's own, or those recorded in ``shm_folder`` that every worker shares."""
     gauges = cuda_gauges = tensors = None
     if isinstance(metrics, Metrics):
         gauges, cuda_gauges = (
@@ -226,8 +209,7 @@ def build_pipeline(
 
 
 def build_metrics(settings: Settings) -> AnyMetrics:
-    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder).
-    Workers of ``--workers N`` report through the supervisor's multiprocess folder."""
+    """The process's metrics on a registry of its own (``--metrics off``: a no-op recorder)."""
     if not settings.metrics:
         return NullMetrics()
     protocol = {"builtin": "builtin", "grpc": "grpc", "mindie": "mindie"}.get(

@@ -1,16 +1,5 @@
 """Command-line parsing only: ``v2proxy serve``, ``v2proxy reference-server`` and ``v2proxy
-inject`` (the admission webhook; its options live in v2proxy.inject.command).
-
-Every option of ``serve`` is also a YAML key of ``--config FILE`` and an environment variable
-``V2PROXY_<NAME>`` (command line > environment > file > defaults; see v2proxy.ops.config). The
-options are built from the table of settings (v2proxy.ops.config_spec: name, metavar, help, and the
-default each help shows; ``reference-server`` shows its own, :data:`REFERENCE_SERVER`). The
-options' values are taken here as text and parsed by v2proxy.ops.config's parsers, the same for the
-three sources: a bad value stops the start with one line naming the option, exit status 2
-(``v2proxy: --max-body-size=lots: invalid value for 'max_body_size': ...``). What argparse itself
-refuses (an unknown option, a missing value) is one line too, without the usage; ``--help`` is
-unchanged.
-"""
+inject`` (the admission webhook; its options live in v2proxy.inject.command)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The in-process backend serving the builtin reference models (``--backend builtin``).
-
-It validates requests the way Triton's core does (input count, names, datatypes, shapes, byte sizes,
-with its texts; docs/protocol.md, tensor layout) and answers the v2 side endpoints itself:
-statistics, repository index/load/unload, trace and log settings.
-"""
+"""The in-process backend serving the builtin reference models (``--backend builtin``)."""
 
 from __future__ import annotations
 
@@ -242,11 +237,9 @@ class BuiltinBackend(NonRestBackend):
                     # otherwise take a million in one go
                     await asyncio.sleep(0)
         finally:
-            close = getattr(produced, "close", None)  # a generator: its work stops here
+            close = getattr(produced, "close", None)
             if close is not None:
                 close()
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         if not model:

@@ -1,27 +1,6 @@
 """A unary gRPC call of bytes on a grpc.aio channel, without grpc.aio's per-call wrapper: the
 gRPC backend's ModelInfer pass-through (:meth:`GrpcBackend.relay_message
-<v2proxy.backends.grpc.GrpcBackend.relay_message>`) and its decoded ModelInfer.
-
-grpc.aio's public multi-callable wraps every call in a Python call object that starts an
-asyncio task of its own, builds a ``Metadata`` object and registers the call with its channel;
-for a small message that is about 6% of the proxy's work on the call
-(``benchmarks/proxy_cpu_grpc.py --callgrind``: 752k -> 706k instructions per call). A
-:class:`RawUnary` makes the same call straight on the channel's Cython object, in the calling
-task, with what the wrapper would pass:
-
-- the deadline ``timeout`` seconds from now, the metadata as given, the channel's default
-  credentials and wait-for-ready;
-- the answer's bytes when the status is OK, else ``grpc.aio.AioRpcError`` with the status, its
-  details, trailers and debug string, as the wrapper raises it;
-- the calling task cancelled: the call is cancelled in gRPC too (CANCELLED sent to the
-  server), and CancelledError goes on; :meth:`RawUnary.cancel_all` (the channel closing)
-  cancels every call in flight, which then raise CancelledError, as the wrapper's do.
-
-Those Cython pieces are grpcio's internals: they are checked once, when this module is
-imported (the channel's ``call`` taking the method, deadline, credentials, wait-for-ready and a
-registered-call handle; the call's ``unary_unary``); when they are not what this module expects,
-:func:`raw_unary` hands out grpc.aio's own multi-callable instead, which behaves the same.
-"""
+<v2proxy.backends.grpc.GrpcBackend.relay_message>`) and its decoded ModelInfer."""
 
 from __future__ import annotations
 

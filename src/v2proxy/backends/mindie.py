@@ -1,27 +1,6 @@
-"""The MindIE backend (``--backend mindie://host:port``): a Huawei MindIE server's native
-``POST /infer`` (text, and SSE streams) served to v2 clients as one v2 model, ``mindie.model``
-(default ``llm``), with the builtin ``llm``'s tensors, metadata and config (decoupled), so that REST
-v2 infer and gRPC ``ModelInfer``/``ModelStreamInfer`` (one response per token) work in front of it
-(docs/protocol.md, MindIE: a MindIE server as backend). The mapping itself is pure and lives in
-:mod:`v2proxy.codecs.mindie_backend`.
-
-- Every call goes through v2proxy's own HTTP client pool to MindIE's service port (plain HTTP).
-  A non-stream /infer is bounded as a whole by ``--backend-timeout``; a stream by it between
-  its events. Answers read whole are bound as the REST backend's are (an inference's by
-  --max-body-size, metadata and error answers by --backend-max-answer-size, health read only
-  as far as its status). A v2 client that goes away (its stream cancelled) closes the
-  connection to MindIE, which drops the request.
-- Health follows MindIE's: ready when its ``GET /v2/health/ready`` answers 200 (it answers a
-  bare 503 while unhealthy); the model is ready when the server is. Server metadata is MindIE's
-  ``GET /v2`` (``{"name": "mindie"}`` where it has none).
-- Token timings (``tokens``, injected by app.py: the ``direction=backend`` MindIE metrics): a
-  stream's first token event is timed from the request, each later one from the one before;
-  tokens generated are counted from the token events (a non-stream answer: its
-  ``details.generated_tokens``).
-- Other model names (and versions other than "" and "1") answer Triton's ``Request for unknown
-  model``. MindIE has no statistics, repository, trace or logging API: those answer 501
-  (the repository index lists the one model), and other REST paths 404.
-"""
+"""The MindIE backend (``--backend mindie://host:port``): a MindIE server's native ``POST /infer``
+served to v2 clients as one v2 model (``mindie.model``, default ``llm``) with the builtin ``llm``'s
+tensors; the pure mapping is :mod:`v2proxy.codecs.mindie_backend`."""
 
 from __future__ import annotations
 
@@ -159,8 +138,6 @@ class MindieBackend(NonRestBackend):
                 raise
             raise mapped_exc from None
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def server_ready(self) -> bool:
         resp, _ = await self._call(
             "GET", "/v2/health/ready", None, "health/ready", status_only=True
@@ -189,8 +166,6 @@ class MindieBackend(NonRestBackend):
     async def model_ready(self, model: str, version: str) -> bool:
         self._check(model, version)
         return await self.server_ready()
-
-    # ------------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         return await single_response(request.model_name, self.stream_infer(request, headers))
@@ -263,8 +238,6 @@ class MindieBackend(NonRestBackend):
             resp.close()
             if sink is not None and count:
                 sink.generated(self.model, count)
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         raise Unsupported("statistics are not available from a MindIE backend")

@@ -1,16 +1,6 @@
 """What the REST backend sends: the body and headers of its /infer requests and the paths of a
 model's endpoints (quoted once per model and remembered), plus the empty body of answers read
-whole. Pure: no I/O.
-
-An /infer body (:func:`infer_body`) is all JSON, or binary: every input as binary tensor data
-and every output asked binary, both ways a v2 server may read it: each listed output's
-``binary_data`` and the request's ``binary_data_output`` (KServe 0.21 writes its response as
-its model passes on one or the other: a model that keeps only the flag has FP16 outputs it
-cannot write as JSON). Outputs staged in shared memory are never asked binary, and the
-request-level flag is then left out, so that no server applies it to them. The JSON header of
-a binary body is made once per kind of request of the plain kind and reused
-(:class:`BinaryHeads`, one per backend).
-"""
+whole. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -30,10 +20,7 @@ def infer_body(
     request: InferRequest, binary: bool, heads: BinaryHeads | None = None
 ) -> tuple[list[Buffer], int | None]:
     """The /infer body for ``request`` and its Inference-Header-Content-Length (None: JSON).
-    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES). ``heads``: the
-    binary headers made before, for a binary body (:class:`BinaryHeads`). A JSON body, or a
-    binary one of at most :data:`JOIN_MAX` bytes, is one buffer; a larger binary body its
-    header and then each tensor's bytes."""
+    CodecError when a tensor cannot be written as JSON (e.g. non-UTF-8 BYTES)."""
     if not binary:
         return [dumps_tree(request_to_obj(request, False, False))], None
     head = _binary_head(request) if heads is None else heads.head(request)
@@ -69,13 +56,7 @@ _Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, 
 
 
 class BinaryHeads:
-    """The JSON headers of a backend's binary /infer bodies, made once per kind of request.
-
-    A request of the plain kind (no ``id``, no parameters but the binary flags, which the
-    header sets itself, on the request and its outputs; none on its inputs) has a header that
-    depends only on its inputs' names, datatypes, shapes and sizes and on the names of the
-    outputs it lists: made once for those, then reused (at most :attr:`KEPT`, the oldest
-    forgotten first). Any other request's header is made each time."""
+    """The JSON headers of a backend's binary /infer bodies, made once per kind of request."""
 
     KEPT = 256
 

@@ -1,13 +1,4 @@
-"""Deadlines for the REST backend's answers and bodies that pass through in pieces.
-
-- :func:`streamed`: a backend answer passed on to the client as it comes, its body's failures
-  mapped to the error tree; ``--backend-timeout`` is the idle-read deadline between its pieces,
-  and with a ``deadline`` the backend's waits for the pieces, added up, must also end by then
-  (the time the client takes to read a piece does not count).
-- :func:`then_arm`: a client's request body piped to the backend, with a shared deadline armed
-  only while the backend takes a piece: a client's slow upload is not counted against the
-  backend, the backend's waits (taking the body, then answering), added up, are.
-"""
+"""Deadlines for the REST backend's answers and bodies that pass through in pieces."""
 
 from __future__ import annotations
 

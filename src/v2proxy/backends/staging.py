@@ -1,36 +1,5 @@
 """``--backend-shm``: large tensors staged in v2proxy's own shared-memory regions registered with
-the backend, so that they never cross the socket (REST and gRPC backends alike).
-
-- ``off`` never stages. ``auto`` stages when the backend lists ``system_shared_memory`` (its
-  :class:`~v2proxy.codecs.backend_meta.ServerCaps`) and registers a region v2proxy created (it
-  shares ``/dev/shm``); ``system`` skips the extension check but still registers. The probe
-  runs once, lazily, on the first request with an input of at least ``--backend-shm-threshold``
-  bytes; its region is the pool's first (kept registered and reused). Its answer is kept (it is
-  learnt by trying: registering the region, which stays registered; a repository load or
-  unload does not change it); a backend that could not be asked (down) is asked again on a
-  later request.
-- What the stager reads of the backend (its capabilities, the models' output shapes) comes
-  from the backend's one :class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime
-  and invalidation; a stager given none asks the port it is called with through one of its
-  own.
-- A staged request borrows one pooled region (:mod:`v2proxy.shm.staging`): inputs of at least
-  the threshold are copied into it at aligned offsets and sent as ``shared_memory_region``,
-  ``shared_memory_offset``, ``shared_memory_byte_size``; outputs of at least the threshold whose
-  size is known are requested into it: the model metadata fixes it (every dimension known,
-  fixed-size datatype; not classification), or, for an open shape of a fixed-size datatype, the
-  client asked the output into its own shared memory (:attr:`RequestedOutput.sink`), whose size
-  bounds the answer (the backend answers Triton's "should be at least" error otherwise, passed
-  on as the proxy's own). Once the answer is read, staged outputs are copied out of the region:
-  straight into the client's region when it has one (one copy), else into the response. Then
-  the region goes back to the pool. A request that does not fit the pool is sent as it is.
-- Relayed requests never come here: only the backends' ``infer`` stages.
-- A backend that refuses staged tensors (an error naming shared memory, or a failed register)
-  gets the request again with its data, and no staging from then on (logged once).
-- :meth:`Stager.close` unlinks the pool's objects and unregisters them from the backend.
-- Counted (``v2proxy_shm_staged_bytes_total{direction}``: the bytes that went through the
-  regions; ``v2proxy_shm_staging_total{result}``): ``hit`` (a request staged), ``miss`` (a
-  request with an input over the threshold sent over the socket), ``fallback`` (a refusal).
-"""
+the backend, so that they never cross the socket (REST and gRPC backends alike)."""
 
 from __future__ import annotations
 
@@ -126,7 +95,7 @@ def _fixed_size(entry: TensorMeta) -> int | None:
 
 
 class Stager:
-    """One backend's staging (see the module docstring)."""
+    """One backend's staging."""
 
     def __init__(
         self,
@@ -206,8 +175,6 @@ class Stager:
             if self.pool is not None:
                 self.pool.release(plan.region, keep)
 
-    # ------------------------------------------------------------------ probe
-
     async def _probe(self, port: StagingPort) -> bool:
         async with self._lock:
             if self.usable is None:
@@ -255,8 +222,6 @@ class Stager:
             log.warning("backend shared memory: %s; tensors are sent over the socket", why)
         self.usable = False
         await self.close(port)
-
-    # ------------------------------------------------------------------ requests
 
     async def _output_sizes(
         self, port: StagingPort, request: InferRequest
@@ -340,8 +305,8 @@ class Stager:
 
     @staticmethod
     def _read_outputs(plan: _Plan, response: InferResponse) -> int:
-        """Copy the staged outputs out of the region: into the client's region when it asked
-        for one, else into the response. Returns the bytes copied."""
+        """Copy the staged outputs out of the region: into the client's region when it asked for
+        one, else into the response. Returns the bytes copied."""
         total = 0
         for t in response.outputs:
             where = plan.outputs.get(t.name)

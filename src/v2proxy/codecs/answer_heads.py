@@ -1,22 +1,4 @@
-"""The JSON headers of a backend's binary-framed answers, each decoded once.
-
-A model server answers the same model's requests with the same JSON header, byte for byte,
-as long as the outputs' datatypes, shapes and sizes stay the same (no ``id``, no data inline:
-every output binary). :class:`AnswerHeads` keeps what such a header decoded to, keyed by its
-bytes, so that the next answer with that header is only cut into its outputs' views:
-:func:`v2proxy.codecs.binary.decode_response` asks :meth:`AnswerHeads.decode` first and tells
-:meth:`AnswerHeads.learn` what the full decoder made of a header that was not known.
-
-What a known header gives is what the full decoder gives for the same bytes: the header alone
-decides every check and field, and the binary section's length, which is checked against the
-one the header declares (any other length takes the full decoder, which names the fault).
-Only headers whose answer carries nothing of its own are kept: no ``id``, no response or
-output ``parameters`` besides ``binary_data_size``, every output in the binary section; at
-most :attr:`AnswerHeads.KEPT` of them, the oldest forgotten first, each at most
-:data:`MAX_HEAD` bytes long.
-
-Pure: no I/O. One is held per backend (it is no global).
-"""
+"""The JSON headers of a backend's binary-framed answers, each decoded once."""
 
 from __future__ import annotations
 
@@ -38,8 +20,7 @@ class _Known(NamedTuple):
 
 
 class AnswerHeads:
-    """The binary-framed answers' JSON headers of one backend, each decoded once (module
-    docstring)."""
+    """The binary-framed answers' JSON headers of one backend, each decoded once."""
 
     KEPT = 64
 
@@ -67,7 +48,7 @@ class AnswerHeads:
 
     def learn(self, header: Buffer, obj: Any, response: InferResponse) -> None:
         """Keep what the full decoder made (``response``) of the JSON ``header`` (parsed:
-        ``obj``), when it is an answer of the kind kept (module docstring)."""
+        ``obj``), when it is an answer of the kind kept."""
         if len(header) > MAX_HEAD or response.id is not None or response.parameters:
             return
         raw = obj.get("outputs")

@@ -1,22 +1,6 @@
 """The backend's metadata answers parsed once into typed facts: what its server can do
 (:class:`ServerCaps`, from ``GET /v2``), what a model looks like (:class:`ModelMeta`, from its
-metadata) and the facts of its configuration the proxy uses (:class:`ConfigFacts`).
-
-Every module that needs to know something of the backend reads these objects (cached by
-:class:`v2proxy.core.knowledge.BackendKnowledge`); none parses the dicts itself. Whatever a
-server is known for is decided here, as a capability, and nowhere else:
-
-- ``binary_tensors``: it lists ``binary_tensor_data``.
-- ``binary_unlisted``: whether binary tensors may be tried on it although it does not list them
-  (None: unknown, to be learnt by trying; False: never, MLServer has none).
-- ``generate``: Triton's generate extension, listed (v2proxy lists it) or Triton's own, which
-  does not list it. MLServer's ``/generate`` takes a v2 /infer body: not this extension.
-- ``classification``, ``system_shared_memory``: listed.
-
-Pure and total: an answer that is not what the protocol says (extensions that are an object,
-as MindIE sends; an entry that is no object; a shape that is no list of integers) parses to
-what can be read of it, never to an exception.
-"""
+metadata) and the facts of its configuration the proxy uses (:class:`ConfigFacts`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The binary-tensor extension framing (docs/protocol.md, binary tensors).
-
-A body is a JSON header of ``Inference-Header-Content-Length`` (IHCL) bytes followed by a binary
-section holding, in order, the bytes of every tensor that declares ``binary_data_size``. Tensors
-decoded here are views into the body (no copies); encoders return a list of buffers to be
-written with ``writelines`` plus the JSON length for the IHCL header (None when the body is
-plain JSON).
-
-Pure: no I/O.
-"""
+"""The binary-tensor extension framing (docs/protocol.md, binary tensors)."""
 
 from __future__ import annotations
 
@@ -72,9 +63,7 @@ def decode_request(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0).
-    A small JSON body of the common shape is decoded in one lean pass
-    (:func:`~v2proxy.codecs.json_plain.plain_request`), to the same request."""
+    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
     if ihcl is None and isinstance(body, (bytes, bytearray)):
@@ -148,8 +137,7 @@ def decode_response(
 def encode_response(
     resp: InferResponse, is_binary: Callable[[Tensor], bool]
 ) -> tuple[list[Buffer], int | None]:
-    """A response body for a client. IHCL (second item) is set only when at least one binary output
-    has bytes, as Triton does (docs/protocol.md, binary tensors: content type of answers)."""
+    """A response body for a client."""
     blobs: list[Buffer] = []
     head = dumps_tree(response_to_obj(resp, is_binary, blobs))
     if not blobs:

@@ -1,44 +1,10 @@
 """Chat templates: an OpenAI-style ``messages`` list rendered into one prompt string, by a Jinja2
 template in the Hugging Face ``chat_template`` form.
 
-:func:`compile_template` compiles a template's text and checks it once, at start-up: a syntax
-error, a template that fails on one user message ``Hello``, or one that renders nothing for it
-raises :class:`TemplateProblem`, one line naming where the template came from (``origin``) and,
-for a syntax error, the line. :func:`from_tokenizer_config` takes a parsed Hugging Face
-``tokenizer_config.json``: its ``chat_template`` (a string, or a list of ``{"name", "template"}``
-objects of which the one named ``default`` is used) and its ``bos_token``/``eos_token`` (strings,
-``{"content": ...}`` objects, or absent/null for ``""``). :func:`default_template` is the plain
-template below, for a model without its own. The caller reads the files; this module reads none.
-
-:meth:`ChatTemplate.render` renders ``messages`` (each a dict with ``role`` and ``content``, the
-content already a string) with the context ``messages``, ``add_generation_prompt``,
-``bos_token``, ``eos_token``, ``tools=None`` and ``documents=None``. Whatever goes wrong while
-rendering (the template's ``raise_exception``, a ``TypeError`` from data the template did not
-expect, any Jinja2 error) raises :class:`~v2proxy.core.errors.InvalidField` for the field
-``messages``: ``the chat template (<origin>) cannot render these messages: <reason>``, the
-reason being the template's own message for ``raise_exception``.
-
-The environment: Jinja2's ``ImmutableSandboxedEnvironment`` (a template file reaches no Python
-internals and mutates nothing it is given; an unsafe attribute such as ``__class__`` is an error
-at once, not a silent empty value), ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
-extension (``{% break %}``, ``{% continue %}``), no loader (a template includes no file). Beside
-Jinja2's own: ``raise_exception(message)``; ``strftime_now(format)``, the local time now; and a
-``tojson`` filter that writes non-ASCII as is (``indent``, ``separators``, ``sort_keys`` as
-``json.dumps``), instead of Jinja2's HTML-escaping one.
-
-The default (:data:`DEFAULT_TEMPLATE`) writes each message as ``<role>: <content>`` on a line of
-its own (a null or missing content as nothing), then, with ``add_generation_prompt``, the line
-``assistant:`` with no space or newline after it. A system ``S`` and a user ``U`` message::
-
-    system: S
-    user: U
-    assistant:
-
-that is ``"system: S\\nuser: U\\nassistant:"``; without ``add_generation_prompt`` it is
-``"system: S\\nuser: U\\n"``.
-
-Pure: no I/O.
-"""
+A template is compiled and checked once, at start-up (:class:`TemplateProblem`), and rendered in
+Jinja2's immutable sandbox; a failed render is :class:`~v2proxy.core.errors.InvalidField` for
+``messages``. The default renders a system ``S`` and a user ``U`` message as
+``"system: S\\nuser: U\\nassistant:"``. Pure: no I/O."""
 
 from __future__ import annotations
 

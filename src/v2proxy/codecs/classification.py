@@ -1,25 +1,4 @@
-"""The classification extension's top-k (docs/protocol.md, classification), pure.
-
-:func:`requested_count` reads ``k`` from a requested output's ``parameters`` as the REST
-frontend sees it (a JSON unsigned integer; 0 means no classification) with Triton's messages.
-gRPC requests are checked where the ``InferParameter`` type is still known, in
-:mod:`v2proxy.codecs.grpc`, so that only a positive ``int64_param`` reaches the pipeline.
-
-:func:`classify` turns an output tensor (wire layout) into Triton's BYTES result:
-
-- batch size = ``shape[0]`` when the model batches and the shape has a dimension, else 0; a row
-  is ``shape[1:]`` (batch size > 0) or the whole tensor (batch size 0: a batched model's empty
-  batch gives shape ``[0]``, as in Triton);
-- per row, indices sorted by value descending, ties by lower index first (a stable sort: what
-  Triton's ``std::sort`` gives for rows of up to 16 elements; rows of up to 16 elements holding
-  NaN follow libstdc++'s insertion sort exactly, NaN included);
-- ``k = min(requested, row elements)``; each string ``<value>:<index>[:<label>]``, floats as C's
-  ``%f`` (``std::to_string``: ``3.300000``, ``inf``, ``-nan``, ``-0.000000``), integers in plain
-  decimal, the label only when the label list has a non-empty line at that index;
-- result ``BYTES`` ``[batch, k]`` (batch size > 0) or ``[k]``;
-- FP16, BF16, BOOL and BYTES outputs, and rows of more than :data:`MAX_ROW_ELEMENTS` elements,
-  get Triton's 400 messages.
-"""
+"""The classification extension's top-k (docs/protocol.md, classification), pure."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""HTTP body compression for /infer (docs/protocol.md, compression).
-
-Requests: ``Content-Encoding`` gzip or deflate is inflated with zlib's automatic gzip/zlib header
-detection, bounded by the size limit; identity or none passes through; anything else is 415
-(UnsupportedEncoding; Triton answers 501).
-Responses: ``Accept-Encoding`` is read the way Triton reads it (identity, gzip, deflate with
-q-values; ties go to the first listed; ``*`` and others ignored).
-
-Pure: no I/O.
-"""
+"""HTTP body compression for /infer (docs/protocol.md, compression)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Datatype table and element-level helpers (docs/protocol.md, tensor layout).
-
-Maps each v2 datatype to its explicit little-endian numpy dtype and element size, validates
-that a buffer holds exactly the bytes a shape needs, and (de)serializes BYTES elements in the
-4-byte-length-prefixed layout. BF16 uses ``ml_dtypes.bfloat16``.
-"""
+"""Datatype table and element-level helpers (docs/protocol.md, tensor layout)."""
 
 from __future__ import annotations
 
@@ -153,8 +148,8 @@ def check_tensor_size(tensor: Tensor, where: str) -> None:
 
 
 def as_numpy(tensor: Tensor) -> np.ndarray:
-    """A read-only numpy view of a fixed-size tensor (no copy), shaped like the tensor.
-    BYTES tensors become an object array of ``bytes``."""
+    """A read-only numpy view of a fixed-size tensor (no copy), shaped like the tensor (BYTES:
+    an object array of ``bytes``)."""
     if tensor.datatype is Datatype.BYTES:
         arr = np.empty(element_count(tensor.shape), dtype=object)
         arr[:] = deserialize_bytes(tensor.data, f"tensor '{tensor.name}'")
@@ -163,8 +158,8 @@ def as_numpy(tensor: Tensor) -> np.ndarray:
 
 
 def from_numpy(name: str, datatype: Datatype, array: np.ndarray) -> Tensor:
-    """A Tensor holding ``array`` (converted to the datatype's wire dtype; no copy if it already
-    is one and contiguous). For BYTES, ``array`` holds ``bytes`` (or ``str``, UTF-8 encoded)."""
+    """A Tensor holding ``array`` (converted to the datatype's wire dtype; no copy if it already is
+    one and contiguous)."""
     shape = tuple(int(d) for d in array.shape)
     if datatype is Datatype.BYTES:
         elems = [e.encode() if isinstance(e, str) else bytes(e) for e in array.reshape(-1)]

@@ -1,28 +1,5 @@
 """Triton's generate extension <-> the internal model (docs/protocol.md, generate extension):
-``POST /v2/models/{m}[/versions/{v}]/generate`` and ``generate_stream``.
-
-Request (:func:`request_from_generate`): one JSON object. Every top-level key, and every key
-inside the ``parameters`` object, that names an input of the model (its metadata) becomes that
-input: a scalar or a (nested) JSON array of the input's datatype (strings for BYTES), shaped to
-the model's dims (:func:`fit_shape`: wildcard dims are 1 except the last one, which takes the
-element count). ``id`` (a string) is the request id. Any other key is a request parameter (a
-string, integer, boolean or number); the scheduler's reserved names (:data:`RESERVED`) are
-dropped, as Triton's generate path does not hand them to the scheduler either.
-
-Answer (:func:`response_to_generate`): ``id`` (when set), ``model_name``, ``model_version``,
-each response parameter, and each output as a top-level key: a one-element tensor as a scalar,
-others as a flat array, BYTES decoded as UTF-8 text (undecodable bytes replaced). Keys are
-written sorted, as Triton writes them (:func:`encode`).
-
-Streams (:func:`sse_event`, :class:`SseParser`): one ``data: {json}\\n\\n`` event per response;
-an error is the event ``data: {"error": "..."}``.
-
-Messages follow Triton's where Triton names the field (shape, parameter types, ``id``,
-``parameters``); datatype errors use the /infer codec's messages, which name the input. Triton
-answers malformed JSON and type errors with 500; here they are 400 (CodecError).
-
-Pure: no I/O.
-"""
+``POST /v2/models/{m}[/versions/{v}]/generate`` and ``generate_stream``."""
 
 from __future__ import annotations
 
@@ -159,7 +136,7 @@ def request_from_generate(
     metadata: dict[str, Any],
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> InferRequest:
-    """The inference request a generate body stands for (module docstring)."""
+    """The inference request a generate body stands for."""
     inputs = model_inputs(metadata)
     tensors: dict[str, Tensor] = {}
     parameters: dict[str, Any] = {}

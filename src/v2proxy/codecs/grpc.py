@@ -1,25 +1,5 @@
 """gRPC messages (``inference.GRPCInferenceService``) <-> the internal model (docs/protocol.md,
-endpoints: gRPC).
-
-Requests: per input, shared-memory parameters first, then typed ``contents``, else the next unused
-``raw_input_contents`` entry (raw slots are assigned only to inputs that use them, in order).
-``contents`` together with raw contents, missing data, and contents of the wrong type are errors
-with Triton's texts; so are raw entries left over once every input has its data. Responses always
-carry every output in ``raw_output_contents`` (an empty entry for shared-memory outputs), never
-typed contents. Responses read from a backend may mix typed contents and raw entries (KServe 0.21
-does): both are accepted.
-
-Requests are held to :mod:`v2proxy.codecs.limits` (inputs and outputs per request, bytes decoded
-from typed contents).
-
-A serialized ModelInferResponse (a relayed answer) is wrapped into a ModelStreamInferResponse
-without being parsed (:func:`stream_response_bytes`).
-
-Also: parameters both ways, and the JSON-like dicts of the REST side (server and model metadata,
-model config, statistics) to and from their messages.
-
-Pure: protobuf messages only; no grpc channels or servers.
-"""
+endpoints: gRPC)."""
 
 from __future__ import annotations
 
@@ -81,9 +61,6 @@ _WIRE_PARAMS = frozenset({"binary_data_size", "binary_data"})
 _INT64_MAX = 2**63 - 1
 
 
-# --------------------------------------------------------------------------- parameters
-
-
 def params_from_proto(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not params:  # the usual case, without iterating the map
@@ -117,9 +94,6 @@ def params_to_proto(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool',"
                 " 'double', or 'string'."
             )
-
-
-# --------------------------------------------------------------------------- tensors
 
 
 def _shape(dims: Iterable[int], where: str) -> tuple[int, ...]:
@@ -257,8 +231,7 @@ def _output_params(output: Any) -> dict[str, Any]:
 def encodes_unchanged(req: InferRequest) -> bool:
     """Whether :func:`request_to_proto` keeps every parameter of ``req``: it carries no
     ``binary_data_output`` and no tensor parameter of one wire form only (``binary_data``,
-    ``binary_data_size``), which the encoder leaves out. A decoded message that does not may
-    still be sent as it came (the gRPC pass-through) without the backend seeing more."""
+    ``binary_data_size``), which the encoder leaves out."""
     if "binary_data_output" in req.parameters:
         return False
     for t in req.inputs:
@@ -412,12 +385,12 @@ def response_from_bytes(data: bytes) -> InferResponse:
 
 
 def relayed_answer(data: bytes, request: InferRequest) -> InferResponse | None:
-    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it
-    may go back to the client as it came, being what the full path would answer (every output
-    in ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a
-    valid datatype and shape each; the request's id when it had one, a model name, and only the
-    outputs the request listed); else the response decoded (:func:`response_from_proto`), for
-    the caller to finish as the full path does. CodecError when it is no valid answer."""
+    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it may
+    go back to the client as it came, being what the full path would answer (every output in
+    ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a valid
+    datatype and shape each; the request's id when it had one, a model name, and only the outputs
+    the request listed); else the response decoded (:func:`response_from_proto`), for the caller to
+    finish as the full path does."""
     try:
         msg = pb.ModelInferResponse.FromString(data)
     except DecodeError as exc:
@@ -442,9 +415,6 @@ def _as_is(msg: pb.ModelInferResponse, request: InferRequest) -> bool:
         if out.parameters and not _WIRE_PARAMS.isdisjoint(out.parameters):
             return False
     return True
-
-
-# --------------------------------------------------------------------------- REST-side dicts
 
 
 def message_to_dict(msg: Message) -> dict[str, Any]:

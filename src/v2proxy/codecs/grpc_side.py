@@ -1,9 +1,6 @@
 """The side endpoints (statistics, repository, trace and log settings) between their gRPC
 messages and the v2 REST JSON, which is v2proxy's one canonical form for them: a gRPC client
-in front of a REST backend and a REST client in front of a gRPC backend both go through it.
-
-Pure: protobuf messages and dicts only.
-"""
+in front of a REST backend and a REST client in front of a gRPC backend both go through it."""
 
 from __future__ import annotations
 

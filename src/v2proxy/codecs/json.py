@@ -1,20 +1,5 @@
 """JSON text <-> Python values for v2 bodies (docs/protocol.md, JSON bodies): the parse and
-serialize primitives under the v2 codecs.
-
-- ``loads`` parses a JSON document (orjson, then the standard library for NaN/Infinity
-  literals, which Triton accepts); a body that is not JSON is a CodecError with the parser's
-  message, naming ``what`` was parsed ("request", "response"). A string holding a lone
-  surrogate escape (``"\\ud800"``: no Unicode text, refused by orjson and simdjson too) is an
-  :class:`~v2proxy.core.errors.InvalidText` naming the field at fault (``inputs[0].name``; the
-  tensor too: ``'data[0]' for input 'X'``).
-- ``parse_header`` parses a request or response header with simdjson, leaving each tensor's
-  ``data`` array a lazy simdjson array so that :func:`v2proxy.codecs.json_data.data_to_buffer`
-  can decode its numbers straight into numpy (no Python float objects); small documents, and
-  anything simdjson cannot take, go to ``loads``, which owns the messages.
-- ``dumps`` writes compact JSON; numpy arrays are serialized natively.
-
-Pure: no I/O. Errors are CodecError.
-"""
+serialize primitives under the v2 codecs."""
 
 from __future__ import annotations
 
@@ -75,8 +60,7 @@ def _refuse_lone_surrogate(doc: Any, what: str) -> None:
 
 
 def _find_surrogate(doc: Any) -> tuple[Path, bool, str] | None:
-    """(path, whether in a key there, the surrogate) of the first lone surrogate, or None. No
-    recursion: the document may nest as deep as the parser allowed."""
+    """(path, whether in a key there, the surrogate) of the first lone surrogate, or None."""
     stack: list[Iterator[tuple[Path, Any]]] = [iter([((), doc)])]
     while stack:
         for path, node in stack[-1]:
@@ -156,9 +140,8 @@ SMALL_DOCUMENT = 16 * 1024
 
 
 def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
-    """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays. The
-    result must be consumed (``request_from_obj``/``response_from_obj``) and dropped before the
-    next call (the binary codec does)."""
+    """Parse a v2 request/response header; tensors' ``data`` stay lazy simdjson arrays; the result
+    must be consumed and dropped before the next call (the parser is reused)."""
     if len(buf) <= SMALL_DOCUMENT:
         return loads(buf, what)  # small: orjson's Python objects are cheaper than lazy arrays
     # simdjson takes any buffer (a view into the body, too) and keeps no reference to it
@@ -191,10 +174,7 @@ def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> 
 
 def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bool:
     """Whether ``buf`` is one JSON document that is an object (False: another JSON value);
-    CodecError when it is not JSON. Checked by simdjson without building the document (a
-    relayed answer is only looked at, never used); what simdjson refuses (NaN literals) is
-    decided by :func:`loads`, which names the fault. Its parser is its own (:data:`_CHECKER`):
-    the document is dropped before it returns, so the parser is always free for the next."""
+    CodecError when it is not JSON."""
     parser = _CHECKER if len(buf) <= REUSE_LIMIT else simdjson.Parser()
     try:
         doc = parser.parse(buf)

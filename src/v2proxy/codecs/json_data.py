@@ -1,21 +1,5 @@
 """A tensor's JSON ``data`` value <-> its bytes in wire layout (docs/protocol.md: data
-arrays, tensor layout).
-
-- ``data_to_buffer`` turns a JSON ``data`` array (flat, nested or ragged: only the leaf count
-  matters; a lazy simdjson array from :func:`v2proxy.codecs.json.parse_header` or a list) into the
-  binary wire layout, with strict per-datatype checks: kind, integer range, element count against
-  the shape, nesting depth up to ``MAX_NESTING`` and the size limit. FP16 and BF16 are accepted as
-  JSON numbers and rounded to nearest (Triton refuses them; docs/compatibility.md). BYTES elements
-  are strings, stored as UTF-8; one that is no text (a lone surrogate) is refused.
-- ``tensor_data_json`` turns a tensor back into a flat JSON-ready value (a list of numbers for
-  a small tensor of integers, FP32 or FP64; else a numpy array, which orjson serializes
-  directly; either way FP32 is widened to double like Triton's writer, to the same text). Non-finite
-  floats come as :class:`FloatLiterals`, which the header writer splices in verbatim.
-- ``BUFFER_TYPES`` and ``INT_RANGES`` are shared with :mod:`v2proxy.codecs.json_stream`, which
-  checks number arrays in pieces by the same rules.
-
-Pure: no I/O. Errors are CodecError (PayloadTooLarge past the size limit) naming the tensor.
-"""
+arrays, tensor layout)."""
 
 from __future__ import annotations
 
@@ -247,8 +231,7 @@ def data_to_buffer(
     where: str,
     max_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> bytes | memoryview:
-    """A JSON ``data`` value -> the tensor's bytes in wire layout. ``where`` names the tensor
-    in messages (e.g. "input 'INPUT0'")."""
+    """A JSON ``data`` value -> the tensor's bytes in wire layout."""
     count = element_count(shape)
     if count == 0:
         # Triton does not parse 'data' of a zero-element tensor.

@@ -1,13 +1,4 @@
-"""msgspec types of the common small JSON ``/infer`` request, checked as it is parsed.
-
-One struct per datatype, tagged by ``datatype`` (an input is ``name``, ``shape`` of
-non-negative dimensions and ``data`` of that datatype's elements, nothing else: unknown keys are
-refused once escapes in keys are decoded), and a request type around them. The relay check
-(:mod:`v2proxy.codecs.relay_check`) and the lean decoder (:mod:`v2proxy.codecs.json_plain`)
-each make theirs from :func:`tensor_types`, with the element types they need.
-
-Pure: no I/O.
-"""
+"""msgspec types of the common small JSON ``/infer`` request, checked as it is parsed."""
 
 from __future__ import annotations
 

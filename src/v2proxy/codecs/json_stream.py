@@ -1,13 +1,5 @@
 """The check of a JSON /infer request body fed piece by piece as it arrives
-(docs/guides/sidecar.md, pass-through).
-
-Behind relaying a large JSON body while it streams: the big number arrays are parsed in pieces
-by simdjson and only counted, the rest of the document (the skeleton) is checked by
-:func:`v2proxy.codecs.json_v2.request_from_obj` as any request is; anything unusual is left to
-the full decoder, so that this check never calls valid what the full decoder would refuse.
-
-Pure: no I/O. Undecided bodies are None, never an error: the full decoder names the fault.
-"""
+(docs/guides/sidecar.md, pass-through)."""
 
 from __future__ import annotations
 
@@ -43,22 +35,10 @@ _CLOSE = frozenset({b"}", b"]"})
 
 
 class StreamCheck:
-    """Checks a JSON request body as it arrives, piece by piece, without building its tensors:
-    the check behind relaying a large JSON body while it streams (the backend gets the last
-    bytes only once the whole body passed).
-
-    ``feed`` takes the body's bytes in order; ``finish`` gives the verdict: the InferRequest
-    when the body is a valid request (tensors whose data was checked here carry no bytes), or
-    None when this check cannot tell, and ``decode_request`` on the whole body must (it names
-    the field at fault). Each input's ``data``, when it is a flat array of numbers and its
-    ``datatype`` came before it, is parsed by simdjson in pieces cut at commas: the elements
-    must all be numbers (integers in range for integer types) and their count is kept, nothing
-    else. The rest of the document (the skeleton: the same text with those arrays emptied) is
-    parsed at the end and checked by ``request_from_obj`` as any request is. Anything unusual
-    (nested or non-numeric data, datatype after data, duplicate keys, literals simdjson refuses,
-    an oversized skeleton, malformed JSON) makes the check give up, so that its "valid" never
-    differs from the full decoder's.
-    """
+    """Checks a JSON request body as it arrives, piece by piece, without building its tensors: the
+    check behind relaying a large JSON body while it streams (the backend gets the last bytes only
+    once the whole body passed). ``finish`` gives the InferRequest, or None when only the full
+    decoder can tell; anything unusual makes it give up, so its "valid" never differs from it."""
 
     #: pieces in a row that ended inside the same unfinished token
     _carried = 0

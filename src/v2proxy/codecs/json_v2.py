@@ -1,20 +1,5 @@
 """v2 inference request and response JSON objects <-> the internal model (docs/protocol.md,
-JSON bodies).
-
-- ``request_from_obj`` / ``response_from_obj`` build the model from a parsed JSON header (from
-  :func:`v2proxy.codecs.json.parse_header`); ``data`` arrays are decoded by
-  :func:`v2proxy.codecs.json_data.data_to_buffer`; inputs or outputs that carry
-  ``binary_data_size`` take their bytes from a :class:`~v2proxy.codecs.sections.BinaryReader`.
-- ``request_to_obj`` / ``response_to_obj`` build JSON headers (Triton's key order); tensors
-  marked binary are left for the binary codec to append.
-- ``request_from_obj(..., checked=...)`` takes inputs whose numbers were checked already by
-  :mod:`v2proxy.codecs.json_stream` (which relays large bodies while they arrive).
-- ``dumps_tree`` serializes a header; NaN/Infinity literals are written like Triton's.
-- Requests are held to :mod:`v2proxy.codecs.limits`: at most ``max_tensors`` inputs and
-  requested outputs, at most ``max_input_size`` bytes decoded from all ``data`` arrays together.
-
-Pure: no I/O. Errors are CodecError naming the field at fault.
-"""
+JSON bodies)."""
 
 from __future__ import annotations
 
@@ -43,8 +28,6 @@ from v2proxy.core.model import (
     Tensor,
     element_count,
 )
-
-# --------------------------------------------------------------------------- params
 
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -79,9 +62,7 @@ def _binary_data(
     no_section: str,
 ) -> bytes | memoryview:
     """The bytes of a tensor whose ``parameters`` (``tparams``, from which the key is removed)
-    declare ``binary_data_size``. Zero bytes need no binary section: Triton accepts such a request
-    without IHCL and writes such a response without one (docs/protocol.md, content type of answers);
-    any other size without a section is a CodecError saying ``no_section``."""
+    declare ``binary_data_size``."""
     size = _uint_param(tparams, "binary_data_size", where)
     del tparams["binary_data_size"]
     if binary is not None:
@@ -89,9 +70,6 @@ def _binary_data(
     if size == 0:
         return b""
     raise CodecError(no_section)
-
-
-# --------------------------------------------------------------------------- request
 
 
 def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tuple[int, ...]]:
@@ -111,7 +89,7 @@ def _tensor_header(obj: Any, kind: str, index: int) -> tuple[str, Datatype, tupl
 _SOURCE_KEYS = ("data", "binary_data_size", "shared_memory_region")
 #: each datatype's name as written (a look-up, where the enum's ``value`` is a property call)
 _NAMES = {dt: dt.value for dt in Datatype}
-_DATA_ONLY = ["data"]  # read only
+_DATA_ONLY = ["data"]
 
 
 def request_from_obj(
@@ -123,10 +101,7 @@ def request_from_obj(
     checked: dict[int, tuple[Datatype, int]] | None = None,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Build an InferRequest from a parsed v2 JSON request header. ``checked`` names inputs
-    (by index) whose ``data`` was checked already (by :class:`StreamCheck`: its datatype and
-    element count); those tensors carry no bytes. At most ``max_tensors`` inputs and requested
-    outputs; at most ``max_input_size`` bytes decoded from the ``data`` arrays together."""
+    """Build an InferRequest from a parsed v2 JSON request header."""
     if type(obj) is not dict:
         raise CodecError("Unable to parse the request: expected a JSON object")
     req_id = obj.get("id")
@@ -226,7 +201,7 @@ def _checked_data(
         return b""  # Triton does not parse 'data' of a zero-element tensor
     checked_as, got = verdict
     if checked_as is not datatype or got != count or count * ITEM_SIZE[datatype] > limit:
-        raise CodecError(f"Unable to parse 'data' for {where}: not as checked")  # full decode
+        raise CodecError(f"Unable to parse 'data' for {where}: not as checked")
     return b""
 
 
@@ -251,8 +226,7 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
 
 
 def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool) -> dict[str, Any]:
-    """The JSON header for sending ``req`` to a backend. With ``binary_inputs`` every input is
-    described with ``binary_data_size`` (the caller appends the bytes in order)."""
+    """The JSON header for sending ``req`` to a backend."""
     obj: dict[str, Any] = {}
     if req.id:
         obj["id"] = req.id
@@ -288,9 +262,6 @@ def request_to_obj(req: InferRequest, binary_inputs: bool, binary_outputs: bool)
             for o in req.outputs
         ]
     return obj
-
-
-# --------------------------------------------------------------------------- response
 
 
 def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
@@ -338,9 +309,7 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
 def response_to_obj(
     resp: InferResponse, is_binary: Callable[[Tensor], bool], blobs: list[Buffer] | None = None
 ) -> dict[str, Any]:
-    """The JSON header of a response, in Triton's key order. Outputs for which ``is_binary`` is
-    true get ``binary_data_size`` (the caller appends their bytes in the same order: those of
-    at least one byte are appended to ``blobs`` when given)."""
+    """The JSON header of a response, in Triton's key order."""
     obj: dict[str, Any] = {}
     if resp.id:
         obj["id"] = resp.id

@@ -1,19 +1,6 @@
 """Per-request limits every request decoder applies before it builds tensors (the denial of
 service Triton's 2025 hardening closed: requests naming very many outputs, and small bodies that
-decode into much larger tensors).
-
-- :func:`check_count`: at most ``--max-tensors`` inputs, and at most as many requested outputs,
-  per inference request; checked on the list's length, before any entry is looked at.
-- :class:`DecodedTotal`: the sum of the bytes of all inputs *decoded* from a textual or typed
-  form (JSON ``data`` arrays, gRPC typed ``contents``) stays within ``--max-input-size``, so
-  that a body of many small arrays cannot decode into more than one input may. A fixed-size
-  tensor is counted from its shape before its data is decoded; a BYTES tensor once decoded.
-  Binary and raw tensor data are views of the body itself (no expansion; ``--max-body-size``,
-  ``--grpc-max-message-size`` bound them) and are not counted.
-
-Both refusals are 400 / INVALID_ARGUMENT naming the tensor at fault, the limit and the option
-that sets it. Pure: no I/O.
-"""
+decode into much larger tensors)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,5 @@
 """MindIE's native ``POST /infer`` request, validated as MindIE validates it
-(docs/protocol.md, MindIE clients).
-
-:func:`parse_request` turns the body into a :class:`LlmRequest` or raises
-:class:`~v2proxy.core.errors.CodecError` with MindIE's message; the MindIE frontend answers it as
-422 ``{"error": <message>, "error_type": "Input Validation Error"}``. The checks run in MindIE's
-order: the body is a JSON object; ``inputs``/``input_id`` present and not both; ``inputs``' type
-and length (UTF-16 code units, at most ``max_input_chars``; a multimodal list is counted as its
-JSON text); ``stream``; ``parameters`` is an object; then each knob's JSON type and range, in
-the order of the table below. JSON ``null`` is the same as absent; unknown keys are ignored.
-A string anywhere in the body that is no text (a lone surrogate escape, ``"\\ud800"``) is
-refused first, naming its field (``inputs must be valid UTF-8 text, ...``).
-
-Knob types as MindIE's ``ValidateJsonType``: "float" knobs take any JSON number, "integer"
-knobs a JSON integer, "unsigned" knobs (seed, priority, timeout) a non-negative integer.
-
-Defaults: ``max_new_tokens`` and ``timeout`` from the caller (settings; MindIE's 20 and 600 s),
-``priority`` 5, ``seed`` drawn by ``draw_seed`` when absent (so that it can be sent to the
-backend and echoed in ``details.seed``).
-
-Pure: no I/O.
-"""
+(docs/protocol.md, MindIE clients)."""
 
 from __future__ import annotations
 
@@ -53,8 +33,8 @@ class MediaItem:
 
 @dataclass(slots=True)
 class LlmRequest:
-    """A validated generation request: MindIE's ``/infer`` parsed here, or an OpenAI request
-    put so by the OpenAI frontend. Sampling knobs are None when the client gave none."""
+    """A validated generation request: MindIE's ``/infer`` parsed here, or an OpenAI request put so
+    by the OpenAI frontend."""
 
     text: str
     stream: bool = False

@@ -1,25 +1,5 @@
 """What a v2 backend answers, read as generated text, and MindIE's answers written from it
-(docs/protocol.md, MindIE; docs/guides/mindie.md for what is approximated).
-
-Reading: each backend response becomes a :class:`Chunk` (its text, the tokens it reports, its
-finish reason) whether it came as a v2 :class:`~v2proxy.core.model.InferResponse` (gRPC stream,
-v2 infer, builtin) or as a generate-extension JSON object (``/generate`` or one event of
-``/generate_stream``, as :meth:`~v2proxy.core.pipeline.Pipeline.generate_objects` yields them). A
-``{"error": ...}`` object is the backend failing (:class:`~v2proxy.core.errors.BackendError`).
-
-Writing (MindIE's shapes exactly): the non-stream body ``{"generated_text", "details"?}``;
-stream events ``data: <json>\\n\\n`` (token events with ``prefill_time``/``decode_time`` in
-milliseconds, the final event adding ``generated_text``, ``details`` or null, and
-``token.text`` null; no ``[DONE]``); errors ``{"error", "error_type"}``; and
-:data:`STREAM_TIMEOUT`, the raw line MindIE writes into a stream that ran out of time.
-
-The text generated so far is kept compact by :class:`TextParts` (both LLM frontends use it).
-
-Token counts and finish reasons a backend does not report are approximated
-(:func:`finish_reason`, :func:`count_words`): a TensorRT-LLM ensemble reports neither.
-
-Pure: no I/O.
-"""
+(docs/protocol.md, MindIE; docs/guides/mindie.md for what is approximated)."""
 
 from __future__ import annotations
 

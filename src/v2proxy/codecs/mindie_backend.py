@@ -1,35 +1,6 @@
 """The MindIE backend's mapping (``--backend mindie://host:port``): a v2 inference request for
 the one model a MindIE server appears as, onto MindIE's native ``POST /infer``, and MindIE's
-answers back (docs/protocol.md, MindIE: a MindIE server as backend). Pure: no I/O.
-
-The model has the builtin ``llm``'s tensors: BYTES ``text_input`` (+ optional INT32
-``max_tokens``, BOOL ``stream``, FP32 ``temperature``, INT32 ``top_k``, FP32 ``top_p``, UINT64
-``seed``) -> BYTES ``text_output``; decoupled, one response per token when streaming.
-
-Request (:func:`infer_body`):
-
-- ``text_input`` -> ``inputs`` (UTF-8 text; a JSON list of ``{"type": ...}`` objects is sent
-  as MindIE's multimodal list); ``stream`` -> ``stream``; ``max_tokens`` -> ``max_new_tokens``;
-  ``temperature``, ``top_k``, ``top_p``, ``seed`` -> the same ``parameters``. The request's own
-  parameters may give the same knobs and MindIE's other ones (``max_new_tokens`` or
-  ``max_tokens``, ``repetition_penalty``, ``do_sample``, ``typical_p``, ``watermark``); the
-  tensors win. MindIE's priority (1..5) and timeout (s) differ from Triton's (0 = default,
-  microseconds) and are not passed.
-- Values MindIE refuses but v2 LLM backends take as "off" are translated: ``temperature`` 0
-  (greedy) -> ``do_sample`` false and no temperature; ``top_k`` 0 and ``top_p`` 1.0 (no
-  filtering) -> absent, which MindIE reads as the same.
-- ``details`` is always asked for: ``finish_reason``, ``generated_tokens`` and ``seed`` come
-  back as response parameters.
-
-Answers: a non-stream body's ``generated_text`` (:func:`non_stream_response`); a stream's
-events (:class:`SseParser`, lenient about ``data:`` with or without a space and ``\\r\\n``)
-mapped to text deltas by :class:`StreamMapper`: MindIE's final event carries the last token
-with ``token.text`` null, so its delta is what ``generated_text`` holds beyond the deltas
-already sent. MindIE's errors (:func:`error_for`): 422 and 400 -> 400 INVALID_ARGUMENT with
-MindIE's message; 404 -> 404; 424 and 500 -> 500 INTERNAL; 503 -> 503 UNAVAILABLE; a raw text
-line in a stream (MindIE's ``Engine callback timeout``) or an ``{"error"}`` event -> 500
-INTERNAL; a stream that ends without its final event -> 502.
-"""
+answers back (docs/protocol.md, MindIE: a MindIE server as backend). Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -118,7 +89,7 @@ def _prompt(tensor: Tensor) -> str | list[Any]:
 
 
 def _normalise(params: dict[str, Any]) -> dict[str, Any]:
-    """v2 LLM backends' "off" values, in the form MindIE takes (see the module docstring)."""
+    """v2 LLM backends' "off" values, in the form MindIE takes."""
     out = dict(params)
     if out.get("temperature") == 0:
         del out["temperature"]
@@ -179,9 +150,6 @@ def non_stream_response(model: str, request_id: str | None, body: bytes) -> Infe
     return text_response(model, request_id, obj["generated_text"], _details(obj))
 
 
-# ------------------------------------------------------------------ errors
-
-
 def error_message(body: bytes | bytearray, status: int) -> str:
     """MindIE's ``error`` text (its body's text when it is not MindIE's JSON shape)."""
     try:
@@ -196,7 +164,7 @@ def error_message(body: bytes | bytearray, status: int) -> str:
 
 
 def error_for(status: int, body: bytes | bytearray) -> ProxyError:
-    """The v2 error for a MindIE error answer (see the module docstring)."""
+    """The v2 error for a MindIE error answer."""
     message = error_message(body, status)
     if status in (400, 413, 422):
         return InvalidRequest(message)
@@ -211,15 +179,10 @@ def error_for(status: int, body: bytes | bytearray) -> ProxyError:
     return BackendError(message, status if 400 <= status < 600 else 502)
 
 
-# ------------------------------------------------------------------ streams
-
-
 @dataclass(slots=True)
 class SseParser:
-    """Events of a ``text/event-stream`` body fed in arbitrary pieces: each ``data:`` event's
-    JSON (a dict), or the text of a block that is not a ``data:`` event (MindIE's raw error
-    line). Blocks end at a blank line (``\\n\\n`` or ``\\r\\n\\r\\n``); what is left when the
-    body ends is a last block."""
+    """Events of a ``text/event-stream`` body fed in arbitrary pieces: each ``data:`` event's JSON
+    (a dict), or the text of a block that is not a ``data:`` event (MindIE's raw error line)."""
 
     _buffer: bytearray = field(default_factory=bytearray)
 

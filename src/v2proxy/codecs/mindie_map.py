@@ -1,31 +1,5 @@
 """A validated MindIE request mapped onto a v2 model, per backend profile (docs/protocol.md,
-MindIE; the profiles: docs/guides/mindie.md).
-
-The model is seen through :class:`ModelView`, discovered from its metadata and config: the
-inputs it declares (name -> datatype), whether it has a batch dimension (a scalar is sent as
-shape [1, 1], else [1]) and whether it is decoupled. Only inputs the model declares are sent:
-a knob the model lacks is dropped (the caller logs which, once).
-
-Profiles (``mindie.profile``):
-
-- ``trtllm``: the TensorRT-LLM ``ensemble`` tensors: ``text_input``, ``max_tokens``,
-  ``stream``, ``exclude_input_in_output`` (always true: the ensemble echoes the prompt by
-  default), ``temperature``, ``top_k``, ``top_p``, the seed (``seed`` or ``random_seed``),
-  ``repetition_penalty``, ``return_log_probs`` (with ``details``, to count tokens) and the
-  multimodal ensemble's ``image_url_input``. ``do_sample: false`` is greedy: ``top_k`` 1 and
-  no ``temperature``.
-- ``vllm``: Triton's vLLM backend: ``text_input``, ``stream``, ``exclude_input_in_output``,
-  ``return_finish_reason``/``return_num_output_tokens`` and the ``sampling_parameters`` JSON
-  string with vLLM's own keys only (``do_sample: false`` is temperature 0).
-- ``generate``: the generate-extension body ``{"text_input", "parameters": {...}}`` with
-  ``max_tokens`` and the sampling knobs in ``parameters``; ``stream`` and
-  ``exclude_input_in_output`` at the top level when the model declares them.
-
-``typical_p`` and ``watermark`` have no v2 equivalent and are dropped for trtllm and vllm;
-``priority`` and ``timeout`` are not sent (the timeout is the proxy's own deadline).
-
-Pure: no I/O.
-"""
+MindIE; the profiles: docs/guides/mindie.md)."""
 
 from __future__ import annotations
 

@@ -1,42 +1,5 @@
 """OpenAI's ``POST /v1/completions`` and ``POST /v1/chat/completions`` request bodies, validated
-before any backend is called (docs/guides/openai.md).
-
-:func:`parse_completion` and :func:`parse_chat` turn a body into an :class:`OpenAIRequest` or raise
-:class:`~v2proxy.core.errors.InvalidField` naming the field at fault as OpenAI's ``param``
-(``""`` for the body itself); the OpenAI frontend answers it as 400 in OpenAI's error shape.
-
-What is taken (JSON ``null`` is the same as absent; keys not listed are ignored):
-
-- ``model`` (required, a non-empty string);
-- completions: ``prompt``, a string or a list of exactly one string (token-id prompts and
-  batches of prompts are refused);
-- chat: ``messages``, a non-empty list of ``{"role", "content", "name"?}`` with ``role`` one of
-  :data:`ROLES` and ``content`` a string, null (an assistant turn that only called tools) or a
-  list of ``{"type": "text", "text"}`` parts, joined with newlines (other part types are
-  refused: the v2 text models take text);
-- ``stream`` (bool); ``stream_options`` (an object, only with ``stream``: true) with
-  ``include_usage`` (bool);
-- ``max_tokens`` (integer >= 1; chat's ``max_completion_tokens`` first when both are given);
-- ``temperature`` (number in [0, 2]; 0 is greedy decoding), ``top_p`` (number in [0, 1]),
-  ``seed`` (integer in [0, 2**63 - 1]);
-- ``stop``: a string or a list of at most ``max_stops`` non-empty strings (default
-  :data:`MAX_STOP`, OpenAI's limit), each at most ``max_stop_length`` characters;
-- ``n``: only 1.
-
-Features v2proxy does not provide are refused when asked for (a non-default value), rather than
-silently ignored: ``logprobs``, ``top_logprobs``, ``echo``, ``best_of`` > 1, ``suffix``,
-``logit_bias``, ``presence_penalty``/``frequency_penalty`` other than 0, ``tools``,
-``functions``, ``tool_choice`` other than ``none``, ``response_format`` other than
-``{"type": "text"}``.
-
-The prompt's size is bounded by ``max_input_size`` (``--max-input-size``, UTF-8 bytes of the
-prompt or of the messages' contents); the whole body is bounded by it too, as it is read (the
-REST frontend). The other bounds are :class:`RequestLimits` (``--max-chat-messages``,
-``--max-stops``, ``--max-stop-length``). A chat body with more messages than allowed is refused
-from its bytes (:func:`messages_over`), before it is parsed into a million objects.
-
-Pure: no I/O.
-"""
+before any backend is called (docs/guides/openai.md)."""
 
 from __future__ import annotations
 
@@ -70,7 +33,7 @@ LIMITS = RequestLimits()
 
 @dataclass(slots=True)
 class OpenAIRequest:
-    """A validated completions or chat request. Knobs are None when the client gave none."""
+    """A validated completions or chat request."""
 
     chat: bool
     model: str
@@ -394,8 +357,7 @@ _TOKENS_PER_MESSAGE = 32
 
 def messages_over(body: bytes | bytearray | memoryview, limit: int) -> bool:
     """Whether the body's top-level ``messages`` array holds more than ``limit`` items, told from
-    its bytes without parsing them into objects. False when it can't tell (not JSON, or too many
-    tokens before the answer): the parse and :func:`parse_chat`'s own count decide then."""
+    its bytes without parsing them into objects; False when it can't tell."""
     data = body.tobytes() if isinstance(body, memoryview) else body
     if data.count(b"{") <= limit:  # every message is an object
         return False

@@ -1,22 +1,6 @@
 """OpenAI's answers, written from generated text (docs/guides/openai.md): the completion and chat
-completion objects, their stream chunks and ``data: [DONE]``, the model list, the error shape
-``{"error": {"message", "type", "param", "code"}}``, and the two rules the proxy applies to the
-generated text itself: stop sequences (:class:`StopScanner`) and the finish reason
-(:func:`finish_reason`).
-
-Stop sequences are applied here, whatever the backend does with them: the text is cut before the
-first occurrence of any of them and the generation ends (``finish_reason`` ``stop``). In a stream
-the scanner holds back as many characters as a stop sequence could still need (its longest
-length less one), so that no part of a stop sequence is ever sent. The first occurrence is the
-one that begins first, however the text arrives: a stop sequence found while a longer one that
-begins before it may still be completing (``b`` in ``ab`` with the stops ``abc`` and ``b``) ends
-nothing until the text that follows decides. The work per piece follows the piece (amortized
-over the text; a piece at least as long as a stop sequence is searched with the sequence's
-length of text before it), however long the sequences are: one automaton per sequence, and the
-text held back kept in pieces, never copied whole.
-
-Pure: no I/O.
-"""
+completion objects, their stream chunks, the model list, the error shape, stop sequences
+(:class:`StopScanner`) and the finish reason (:func:`finish_reason`)."""
 
 from __future__ import annotations
 
@@ -66,9 +50,7 @@ class _Matcher:
 
     def feed(self, piece: str, tail: str) -> int | None:
         """Where the first occurrence that ends in ``piece`` begins, from the piece's start
-        (negative: in the text before it), or None. ``tail``: the text before the piece that
-        such an occurrence may begin in, read only for a piece at least as long as the sequence
-        less one (then one search at C speed, and the state from the piece's end alone)."""
+        (negative: in the text before it), or None."""
         s, n = self.stop, len(self.stop)
         if len(piece) < n - 1:
             q = self.q
@@ -112,12 +94,8 @@ class _Matcher:
 
 class StopScanner:
     """Cuts generated text at the first stop sequence, fed piece by piece (:meth:`feed`); what it
-    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it
-    holds).
-
-    The work per piece is bounded by the piece, however long the stop sequences: each is matched
-    by an automaton fed the piece alone (:class:`_Matcher`), and the text held back stays in
-    pieces, never copied whole."""
+    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it holds).
+    """
 
     __slots__ = (
         "first", "held", "hold", "live", "pos", "sent", "shortest", "skip", "stopped", "stops",

@@ -1,15 +1,5 @@
 """Raw binary requests: ``Inference-Header-Content-Length: 0`` (docs/protocol.md, raw binary
-requests).
-
-The whole body is the one input of the model. Name, datatype and shape come from the model's v2
-metadata (and ``max_batch_size`` from its config when known). Every output is returned binary.
-
-Shape deduction: a batching model (``max_batch_size > 0``) gets a leading dim of 1; at most one
-variable (-1) dim remains and is computed from the body size. When batching is unknown and two
--1 dims remain, a leading -1 is taken as the batch dim of 1. BYTES: the body is one element.
-
-Pure: no I/O.
-"""
+requests)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Readers of the binary section of a binary-framed body (docs/protocol.md, binary tensors).
-
-The binary section holds, in order, the bytes of every tensor whose JSON header entry declares
-``binary_data_size``. ``take`` hands out the next ``size`` bytes, a view (no copy); ``finish``
-refuses a section with bytes left over. A request whose section is too short or too long is a
-CodecError naming the input and the model, in Triton's words.
-
-:class:`SizeOnlyReader` checks the sizes against a section of known length that is not in
-memory (its tensors get no data): for requests relayed while their body streams.
-
-Pure: no I/O.
-"""
+"""Readers of the binary section of a binary-framed body (docs/protocol.md, binary tensors)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """Trace and log settings (Triton's trace and logging extensions): the updates a client may
-make, checked.
-
-The builtin backend keeps Triton's trace settings (``trace_level``, ``trace_rate``,
-``trace_count``, ``log_frequency``, ``trace_file``, ``trace_mode``) and log settings
-(``log_file``, ``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level``,
-``log_format``) with the value types Triton answers them with. :func:`trace_update` and
-:func:`log_update` return the checked update, or raise :class:`~v2proxy.core.errors.InvalidRequest`
-(400) naming the setting at fault: a value of the wrong type, or (``strict``, as the builtin
-backend checks) an unknown setting. The pipeline checks every log settings update with
-``strict=False`` before any backend sees it: Triton answers a bad ``log_format`` with 503. A trace
-or log setting of ``null`` is dropped from the update; a one-element list is taken for a
-string trace setting (gRPC sends every setting as a list). Nothing a
-client sends is stored unchecked, so the answers keep the documented shapes and the store
-stays bounded to the known keys.
-
-Pure: no I/O.
-"""
+make, checked."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Request bodies of the v2 REST side endpoints (docs/protocol.md, endpoints) -> the arguments of
-the pipeline's side operations.
-
-- ``POST /v2/repository/index``: ``{"ready": bool}`` (optional; empty body means false).
-- ``POST /v2/repository/models/{m}/load|unload``: ``{"parameters": {...}}`` (optional).
-- ``POST /v2[/models/{m}]/trace/setting`` and ``POST /v2/logging``: a JSON object of settings.
-
-Errors are CodecError (400) naming the field. Pure: no I/O.
-"""
+the pipeline's side operations."""
 
 from __future__ import annotations
 
@@ -45,7 +38,7 @@ def load_parameters(body: Buffer) -> dict[str, Any]:
 
 def check_load_parameters(params: dict[str, Any]) -> None:
     """A load's parameters are strings: ``config`` (a model configuration as JSON text) and
-    ``file:<path>`` (base64 contents). Triton's REST load answers any other value with 500."""
+    ``file:<path>`` (base64 contents)."""
     for key, value in params.items():
         if not isinstance(value, str):
             raise CodecError(f"Unable to parse 'parameters': the value of '{key}' must be a string")
@@ -75,8 +68,7 @@ def shm_register_body(body: Buffer) -> tuple[str, int, int]:
 def cuda_register_body(body: Buffer) -> tuple[bytes, int, int]:
     """``POST /v2/cudasharedmemory/region/{name}/register``: (raw handle, device_id, byte_size) from
     ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}`` (docs/protocol.md, CUDA regions;
-    Triton answers 500 for a missing ``b64``, ``device_id`` or ``byte_size``, v2proxy 400). The
-    base64 is decoded leniently, as libb64 does; anything but 64 bytes is Triton's 400."""
+    Triton answers 500 for a missing ``b64``, ``device_id`` or ``byte_size``, v2proxy 400)."""
     if not bytes(body).strip():
         raise CodecError("failed to parse the request JSON buffer: The document is empty.")
     obj = _object(body, "shared memory register request")

@@ -1,23 +1,9 @@
 """The admission gate: at most ``--max-concurrency`` requests in progress per process, the
 rest refused at once (Envoy's overload manager, uvicorn's ``--limit-concurrency``).
 
-One :class:`AdmissionGate` per process is shared by the REST and gRPC frontends (app.py builds
-it), so both count against the same limit; with ``--workers N`` each worker has its own gate
-(N x the limit in all). A request holds its slot from the moment its head arrives (before its
-body is read) until its answer is complete; a stream (REST ``generate_stream``, an SSE answer
-passed through, gRPC ``ModelStreamInfer``) holds one slot for as long as it is open, whatever
-number of messages it carries.
-
-Operations that probes and monitoring depend on are never refused and never counted: health
-(live, ready, model ready, grpc.health.v1) and metadata (server, model, config); ``GET
-/metrics`` does not reach the gate at all. Under overload Kubernetes must still see a live,
-ready pod, or it would restart the one that is busy.
-
-A refusal is :class:`~v2proxy.core.errors.Overloaded` (503 with ``Retry-After:``
-:data:`RETRY_AFTER_S`, gRPC RESOURCE_EXHAUSTED), raised before any work is done.
-``limit`` 0 means no limit. Pure: no I/O; everything runs on the process's one event loop, so a
-plain counter suffices.
-"""
+A request holds its slot from its head until its answer is complete (a stream: while it is open).
+Health and metadata are never refused or counted, so that an overloaded pod stays live and ready.
+A refusal is :class:`~v2proxy.core.errors.Overloaded`; ``limit`` 0 means no limit."""
 
 from __future__ import annotations
 
@@ -50,9 +36,9 @@ class AdmissionGate:
         self.closing = False
 
     def enter(self, operation: str) -> bool:
-        """Admit a request of ``operation``: True when it took a slot (the caller must
-        :meth:`leave` once it is answered), False when it needs none (exempt operations, no
-        limit). Raises :class:`Overloaded` when every slot is taken."""
+        """Admit a request of ``operation``: True when it took a slot (the caller must :meth:`leave`
+        once it is answered), False when it needs none (exempt operations, no limit);
+        :class:`Overloaded` when every slot is taken."""
         if operation in EXEMPT:
             return False
         self.arrived += 1

@@ -1,18 +1,8 @@
 """The one error tree of v2proxy.
 
-Every error a request can meet is a :class:`ProxyError`. Each class carries the HTTP status and
-the gRPC status-code *name* (``"INVALID_ARGUMENT"``; this module is pure and does not import grpc)
-that a frontend answers with. Frontends translate these in exactly one place each; foreign
-exceptions (aiohttp, grpc, OS errors) are mapped to this tree at the boundary where they occur.
-
-Status choices follow Triton (docs/protocol.md, status codes and error bodies) except where Triton
-is plainly wrong for a proxy: malformed JSON and JSON type errors are client errors here (400, not
-500).
-
-A message always encodes to UTF-8 (:func:`safe_text`): a lone surrogate that came from the
-client's or a backend's text (``"\\ud800"`` in JSON, say) is kept as its escape, so that every
-translator can write any error as JSON, a gRPC status or a log line.
-"""
+Every error a request can meet is a :class:`ProxyError` carrying its HTTP status and its gRPC
+status-code name; each frontend translates them in one place, and foreign exceptions are mapped
+to this tree where they occur. A message always encodes to UTF-8 (:func:`safe_text`)."""
 
 from __future__ import annotations
 
@@ -30,8 +20,7 @@ def safe_text(text: str) -> str:
 
 
 class ProxyError(Exception):
-    """Base of every error v2proxy answers with. ``message`` is what the client sees, always
-    valid UTF-8 text (set through :func:`safe_text`)."""
+    """Base of every error v2proxy answers with."""
 
     http_status: int = 500
     grpc_code: str = "INTERNAL"
@@ -64,10 +53,8 @@ class CodecError(InvalidRequest):
 
 
 class InvalidText(CodecError):
-    """A JSON string that is no Unicode text: a ``\\ud800``-``\\udfff`` escape without its pair
-    (RFC 8259 §8.2), which no UTF-8 encoder can write. ``field`` is where, as a path
-    (``inputs[0].name``; ``""`` for the document itself); ``in_key`` when it is one of the keys
-    of the object there; ``char`` the surrogate as its ASCII escape (``\\ud800``)."""
+    """A JSON string that is no Unicode text: a ``\\ud800``-``\\udfff`` escape without its pair (RFC
+    8259 §8.2), which no UTF-8 encoder can write."""
 
     def __init__(self, message: str, field: str = "", in_key: bool = False, char: str = "") -> None:
         super().__init__(message)

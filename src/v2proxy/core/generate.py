@@ -1,32 +1,5 @@
 """The generate extension through any backend (docs/protocol.md, generate extension): how a
-``generate`` / ``generate_stream`` request reaches the model server.
-
-- **Passed through** to a backend that has the extension: the client's body and headers go
-  unchanged to the backend's ``forward`` and its answer (JSON, or server-sent events as they
-  come) goes back unchanged. A body that is no JSON object is refused first (400; Triton
-  answers 500 to a client's malformed JSON); a compressed one goes as it came.
-- **Mapped** for one that has not: the body becomes an :class:`InferRequest`
-  (:func:`v2proxy.codecs.generate.request_from_generate`, the model's inputs from its metadata)
-  run through the pipeline's stream operation: v2 infer, or every response of a decoupled model
-  (gRPC ``ModelStreamInfer``, the builtin models in process).
-
-Which one is decided from the backend's capabilities
-(:attr:`v2proxy.codecs.backend_meta.ServerCaps.generate`: Triton, which does not list ``generate``
-among its extensions, or a server that lists it, as v2proxy does) and kept in the backend's one
-:class:`~v2proxy.core.knowledge.BackendKnowledge`, whose lifetime and invalidation it shares: a
-backend that has it gets the request passed through; any other is mapped. MLServer's ``/generate``
-route is no Triton generate (it takes a v2 /infer body), so it is mapped too. A backend that takes
-no REST requests after all (``forward`` raises NotFound/Unsupported, as the gRPC backends do) or
-answers 404/405 with no error of its own (``{"detail": "Not Found"}``, ``{"error": "Not Found"}``, a
-body that is no JSON: the route does not exist) is mapped from then on. A backend whose metadata
-cannot be had gets the request forwarded (and asked again).
-
-:meth:`GenerateExtension.objects` is the same choice for a caller that holds a generate body as a
-JSON object and wants the answers as JSON objects whichever way they travelled (the MindIE
-frontend's ``generate`` profile).
-
-Pure: awaits the backend, imports no I/O library.
-"""
+``generate`` / ``generate_stream`` request reaches the model server."""
 
 from __future__ import annotations
 
@@ -143,7 +116,7 @@ def _error_of(body: bytes, status: int) -> str:
 
 
 class GenerateExtension:
-    """Serves generate requests through one backend (module docstring); one per pipeline."""
+    """Serves generate requests through one backend; one per pipeline."""
 
     def __init__(
         self,
@@ -193,9 +166,7 @@ class GenerateExtension:
 
     async def _native(self) -> bool:
         """Whether the backend has Triton's generate extension (asked once per lifetime of the
-        knowledge). A backend whose
-        metadata cannot be had now is asked again next time; meanwhile its requests are
-        forwarded (and mapped if the route turns out not to exist)."""
+        knowledge)."""
         native = self.native
         if native is None:
             try:
@@ -227,12 +198,10 @@ class GenerateExtension:
     async def objects(
         self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
-        """Send the generate body ``obj`` for ``model`` to the backend, passed through or
-        mapped, and yield its answers as generate JSON objects: one for ``stream`` False, one
-        per response (SSE event) otherwise. Errors are raised as ProxyError: the backend's
-        error answers as :class:`BackendError` with their status (an error event in a stream
-        as status 500). ``headers``: the end-to-end headers sent on. Closing the iterator
-        early releases the backend's answer or cancels its stream."""
+        """Send the generate body ``obj`` for ``model`` to the backend, passed through or mapped,
+        and yield its answers as generate JSON objects: one for ``stream`` False, one per response
+        (SSE event) otherwise. Errors are ProxyErrors; closing the iterator early releases the
+        backend's answer."""
         if await self._native():
             out = [(k, v) for k, v in headers if k not in _NOT_INFER]
             out.append((b"content-type", b"application/json"))

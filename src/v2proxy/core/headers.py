@@ -1,22 +1,5 @@
 """Which headers go on from one side to the other: one table (:data:`DROPPED`), applied once
-where they enter.
-
-A client's request headers are filtered once, by the frontend that takes the request, into the
-:data:`~v2proxy.core.ports.Headers` the pipeline and the backends carry (names lowercase, values
-the bytes the client sent); a backend only adds its own framing to them. A backend's answer
-headers are filtered once where they come in (a passed-through answer).
-
-Each name is dropped at the edges its row says:
-
-- ``ALWAYS``: hop-by-hop fields (RFC 9110 §7.6.1) and the framing each hop writes (Host,
-  Content-Length);
-- ``BODY``: the wire form of a body that v2proxy writes itself (an inference request, a side
-  operation): Content-Type, Content-Encoding, Accept-Encoding, Inference-Header-Content-Length;
-  a body passed through keeps them;
-- ``GRPC``: what gRPC sets itself on a call (te, user-agent, the ``grpc-`` fields, which a
-  prefix rule drops too, with pseudo-headers and ``-bin`` entries), and Triton's
-  ``triton_grpc_error``.
-"""
+where they enter."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The internal model every frontend decodes into and every backend encodes from.
-
-A :class:`Tensor` holds its elements as one buffer in the v2 binary wire layout (docs/protocol.md,
-tensor layout): little-endian, row-major, no padding; BOOL one byte per element; BYTES as a sequence
-of elements each prefixed by its 4-byte little-endian length. Tensors decoded from a binary body
-keep a ``memoryview`` into that body (no copy). Python lists of numbers never live here: they exist
-only inside the JSON codec.
-
-This module is pure: no I/O, no asyncio, no third-party imports.
-"""
+"""The internal model every frontend decodes into and every backend encodes from."""
 
 from __future__ import annotations
 
@@ -45,7 +36,7 @@ def element_count(shape: tuple[int, ...]) -> int:
 
 @dataclass(slots=True)
 class Tensor:
-    """One named tensor. ``data`` is in the binary wire layout (see module docstring)."""
+    """One named tensor; ``data`` is in the binary wire layout."""
 
     name: str
     datatype: Datatype
@@ -80,8 +71,7 @@ class RequestedOutput:
 
 @dataclass(slots=True)
 class InferRequest:
-    """An inference request. ``outputs`` is None when the client listed no outputs (all model
-    outputs are returned); ``model_version`` is "" when none was given."""
+    """An inference request. ``outputs`` None: the client listed none (all are returned)."""
 
     model_name: str
     inputs: list[Tensor]

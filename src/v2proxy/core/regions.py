@@ -1,19 +1,8 @@
 """The port to client shared memory, which the shm adapters implement (docs/protocol.md).
 
-What the core needs of the regions clients registered: :class:`v2proxy.shm.registry.Registry`
-and :class:`v2proxy.shm.shared.SharedRegistry` implement it (docs/protocol.md, shared memory).
-
-Contract:
-
-- :class:`Regions` is the registry as the pipeline and its shared-memory stage
-  (:mod:`v2proxy.core.stages.shm`) use it: register, status, unregister, and per request
-  :meth:`Regions.acquire` / :meth:`Regions.release` of :class:`Region` handles.
-- :func:`cuda_register` is Triton's answer to a CUDA registration on a build without GPUs or
-  without cupy; the pipeline and the adapters without a CUDA adapter raise it alike.
-- The dependency runs one way: ``v2proxy.shm`` imports this module, never the core's stages.
-
-Pure: no I/O library (checked by tools/check_layers.py).
-"""
+:class:`Regions` is the registry as the pipeline uses it: register, status, unregister, and per
+request :meth:`Regions.acquire` / :meth:`Regions.release` of :class:`Region` handles. Pure:
+``v2proxy.shm`` imports this module, never the reverse."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""Restricted API groups: which operations a client may use only with a shared header.
-
-v2proxy fences API groups as Triton does (``--restricted-api GROUPS``,
-``--restricted-api-header KEY=VALUE``; Triton's group names, :data:`GROUPS`), and restricts by
-default (:data:`DEFAULT_GROUPS`): a proxy often faces clients the model server never did.
-Shared memory is gated by ``--client-shm`` instead.
-
-Contract:
-
-- Each request's group comes from one table of its frontend (REST ``frontends/routes.py``, gRPC
-  ``frontends/grpc_routes.py``, :func:`passthrough_group` for a REST path no route matches) and
-  is checked once, by the frontend, as it admits the request. The pipeline checks nothing.
-- :meth:`RestrictedPolicy.check` raises :class:`~v2proxy.core.errors.Forbidden` (HTTP 403, gRPC
-  PERMISSION_DENIED) unless the group is open or the request carries the configured header with
-  exactly its value (names case-insensitive, the value compared in constant time; with no header
-  configured, restricted groups are refused to all). :data:`OPEN` restricts nothing.
-
-Pure: no I/O, no asyncio, grpc or HTTP library (checked by tools/check_layers.py).
-"""
+"""Restricted API groups: which operations a client may use only with a shared header."""
 
 from __future__ import annotations
 
@@ -65,9 +47,8 @@ class AccessPolicy(Protocol):
 
 
 def parse_groups(value: Any) -> frozenset[str]:
-    """``"a,b"`` (or a list) -> the set of groups; ``none``, ``""`` or null -> no group.
-
-    Raises ValueError naming the unknown group."""
+    """``"a,b"`` (or a list) -> the set of groups; ``none``, ``""`` or null -> no group;
+    ValueError names an unknown group."""
     if value is None:
         return frozenset()
     items = value if isinstance(value, list | tuple) else str(value).split(",")
@@ -118,12 +99,7 @@ class RestrictedPolicy:
         return group in self.groups
 
     def check(self, group: str, headers: Headers) -> None:
-        """Raise Forbidden unless ``group`` is open or ``headers`` carry the configured header.
-
-        ``headers``: a mapping (names in any case: a dict, a CIMultiDict, gRPC metadata as a
-        dict) or an iterable of ``(name, value)`` pairs of str or bytes (raw HTTP headers, a
-        grpc.aio metadata tuple); every occurrence of the name is considered.
-        """
+        """Raise Forbidden unless ``group`` is open or ``headers`` carry the configured header."""
         if group not in self.groups:
             return
         if self.header is None:

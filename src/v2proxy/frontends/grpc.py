@@ -1,34 +1,5 @@
 """The gRPC frontend (grpc.aio): every RPC of ``inference.GRPCInferenceService`` plus
-``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC).
-
-Every RPC goes through the one :class:`Pipeline` (health, metadata, config, inference, statistics,
-repository, trace and log settings; the shared-memory RPCs are those of
-:class:`~v2proxy.frontends.grpc_shm.SharedMemoryRpcs`, built once here). Handlers are registered
-from one table (method name -> request type, response type, handler), each wrapped by
-:func:`~v2proxy.frontends.grpc_call.guard`:
-requests arrive as bytes and are parsed there, every ProxyError becomes a gRPC status in exactly
-one place, and each call goes through the exchange envelope of
-:mod:`v2proxy.frontends.exchange` (admission, in flight, the record: metrics, log lines; each
-message of a stream is an exchange, recorded on its own). Each call's API group
-(``--restricted-api``) is the one of its row in the method table
-:mod:`v2proxy.frontends.grpc_routes`, checked once as the call is admitted: a ModelStreamInfer
-stream once, as it opens.
-ModelInfer hands the pipeline the decoded request with the message's bytes
-(:meth:`Pipeline.infer_message`), which relays them to a gRPC backend as they came when nothing
-needs changing; the backend's answer then goes back as it came. ModelStreamInfer does the same
-with each message on the stream (:meth:`Pipeline.stream_message`: a relayed answer is wrapped into
-its ModelStreamInferResponse without being parsed; a decoupled model's responses, and those of a
-client that asks for the final-response flag, are encoded here) and answers each request on the
-stream, several times for decoupled models, with
-errors reported in-band in ``error_message`` unless the client sent the ``triton_grpc_error:
-true`` header. At most ``--max-stream-in-flight`` messages of one stream are served at once:
-while that many are, the next is not read, so HTTP/2 flow control holds back a client that sends
-without reading; answers wait in a bounded queue. A stream that ends or is cancelled cancels and
-awaits what it still serves. Every call but health and metadata holds a slot of the process's
-:class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``, shared with REST) while it
-runs; a ModelStreamInfer stream holds one for as long as it is open. ``grpc.health.v1`` is
-:class:`~v2proxy.frontends.grpc_health.Health`: its Watch streams share one readiness state.
-"""
+``grpc.health.v1.Health`` (docs/protocol.md, endpoints: gRPC)."""
 
 from __future__ import annotations
 
@@ -165,8 +136,6 @@ class GrpcFrontend:
         method: Callable[[Any, Context], Awaitable[Any]] = getattr(owner, name)
         return method
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def _ready(self) -> bool:
         """The readiness the health service reports (the pipeline's)."""
         return await self.pipeline.server_ready()
@@ -199,8 +168,6 @@ class GrpcFrontend:
         grpcc.dict_to_message(config, resp.config, "model config")
         return resp
 
-    # ------------------------------------------------------------------ inference
-
     async def ModelInfer(
         self, received: tuple[pb.ModelInferRequest, bytes], c: Context
     ) -> pb.ModelInferResponse | bytes:
@@ -225,11 +192,9 @@ class GrpcFrontend:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[bytes]:
-        """Each request message is served (and recorded) on its own; answers are serialized
-        here, errors too unless the client asked for them as the stream's status. The stream
-        holds one admission slot while it is open (refused at once when none is free), and its
-        API group is checked once, as it opens (:mod:`v2proxy.frontends.grpc_routes`): a
-        refused stream answers each of its messages with the refusal."""
+        """Each request message is served (and recorded) on its own; answers are serialized here,
+        errors too unless the client asked for them as the stream's status. The stream holds one
+        admission slot while it is open."""
         env = self._stream_envelope
         try:
             held = env.hold(_STREAM)
@@ -334,11 +299,10 @@ class GrpcFrontend:
     async def _stream_one(
         self, r: pb.ModelInferRequest, msg: bytes, headers: Headers, peer: str | None
     ) -> AsyncIterator[bytes]:
-        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as
-        ``r``), decoded and checked in full, then handed to the pipeline with its bytes
+        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as ``r``),
+        decoded and checked in full, then handed to the pipeline with its bytes
         (:meth:`Pipeline.stream_message`): a relayed answer goes back as the backend wrote it,
-        wrapped without being parsed, every other response is encoded here. A client that asks
-        for the final-response flag gets it on each answer (so nothing is relayed for it)."""
+        wrapped without being parsed, every other response is encoded here."""
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
@@ -382,8 +346,6 @@ class GrpcFrontend:
         if flag:
             msg.parameters[_FINAL].bool_param = final
         return pb.ModelStreamInferResponse(infer_response=msg).SerializeToString()
-
-    # ------------------------------------------------------------------ side RPCs
 
     async def ModelStatistics(
         self, r: pb.ModelStatisticsRequest, c: Context

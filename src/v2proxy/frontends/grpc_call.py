@@ -1,19 +1,6 @@
-"""The gRPC side of every call of the frontend: the request's bytes parsed into its message (a
-malformed one is INVALID_ARGUMENT naming the RPC, where gRPC's own deserializer failure would be
-UNKNOWN), the one translator from the error tree to a gRPC status (:func:`guard`,
-:func:`status_code`, :func:`refusal_trailers`; docs/architecture.md, the error tree), the answer
-serialized (so that its size is known), and the end-to-end request metadata forwarded to the
-backend (:func:`forwarded_headers`).
-
-Around each call (each message of a stream) is the exchange envelope of
-:mod:`v2proxy.frontends.exchange`, one :class:`CallEnvelope` per method: admission by the
-process's :class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: refused, a call
-is RESOURCE_EXHAUSTED with the trailer ``grpc-retry-pushback-ms``), the one access check of the
-call's API group (``--restricted-api``, the group of its row in the method table
-:mod:`v2proxy.frontends.grpc_routes`; :func:`check_call`), in flight, timing and the record
-(metrics and log lines), one :class:`~v2proxy.frontends.exchange.Exchange` per call (per
-message of a stream), ended as its block ends.
-"""
+"""The gRPC side of every call of the frontend: the request parsed (a malformed one is
+INVALID_ARGUMENT), the error tree translated to a gRPC status (:func:`guard`), the answer
+serialized, and the end-to-end metadata forwarded (:func:`forwarded_headers`)."""
 
 from __future__ import annotations
 
@@ -33,7 +20,7 @@ from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope
 from v2proxy.frontends.grpc_routes import RPCS
 from v2proxy.ops.recorders import FrontendRecorder
 
-log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+log = logging.getLogger("v2proxy.frontends.grpc")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -93,9 +80,8 @@ class CallEnvelope(Envelope):
 
 
 def answerable(exc: Exception, op: str) -> ProxyError:
-    """The ProxyError a call that raised ``exc`` is answered with; anything else is logged once
-    and answered as internal. Without its traceback: its frames (the handler's among them)
-    would make a reference cycle that only the garbage collector's rare full passes free."""
+    """The ProxyError a call that raised ``exc`` is answered with; anything else is logged once and
+    answered as internal. Without its traceback, whose frames would make a reference cycle."""
     if isinstance(exc, ProxyError):
         return exc.with_traceback(None)
     log.exception("unexpected error in gRPC %s", op, exc_info=exc)
@@ -112,8 +98,8 @@ def parse(message_type: Any, data: bytes, rpc: str) -> Any:
 
 def check_call(access: AccessPolicy, group: str, context: Context) -> None:
     """The one access check of a call (a stream): ``group``, its row's in
-    :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered
-    only for a group that is restricted). Raises the policy's ProxyError."""
+    :data:`~v2proxy.frontends.grpc_routes.RPCS`, with the call's forwarded metadata (gathered only
+    for a group that is restricted). Raises the policy's ProxyError."""
     if access.restricts(group):
         access.check(group, context.invocation_metadata() or ())
 
@@ -127,13 +113,12 @@ def guard(
     with_bytes: bool = False,
     access: AccessPolicy | None = OPEN,
 ) -> Callable[[bytes, Context], Any]:
-    """The one translator from the error tree to gRPC status; it also serializes the answer
-    (one already serialized, bytes, is answered as it is), all inside the call's exchange
-    envelope: admission, the access check of the RPC's group (its row of
+    """The one translator from the error tree to gRPC status; it also serializes the answer (one
+    already serialized, bytes, is answered as it is), all inside the call's exchange envelope:
+    admission, the access check of the RPC's group (its row of
     :data:`~v2proxy.frontends.grpc_routes.RPCS`: once, when the message is parsed, before ``fn``
     runs; ``access`` None: ``fn`` checks it itself, as the health service does), in flight, the
-    record. ``with_bytes``: ``fn`` is given the message and its bytes, ``(message, data)``, to
-    pass them on unchanged."""
+    record."""
     row = RPCS[rpc]
     op, field, group = row.operation, row.model_field, row.group
     env = CallEnvelope(rec, gate or AdmissionGate(), row.path)

@@ -1,20 +1,5 @@
 """``grpc.health.v1.Health`` on the gRPC frontend: one readiness state per frontend (per worker
-process), shared by every ``Watch`` stream.
-
-``Check`` asks the pipeline's readiness each time (a drain is seen at once) and updates the
-shared state. ``Watch`` streams never ask on their own: while at least one is open, one task
-asks once every :data:`POLL_S` seconds (none runs while none is open), and each stream sends the
-status when it differs from what it last sent, woken by a change. So N streams cost the backend
-one readiness call a second, not N. At most ``--max-health-watches`` streams are open at once
-(0: no limit); the next is refused with RESOURCE_EXHAUSTED naming the option. A readiness that
-cannot be asked (the backend's error) is NOT_SERVING.
-
-The ``health`` API group (``--restricted-api``; the rows of ``Check`` and ``Watch`` in
-:mod:`v2proxy.frontends.grpc_routes`) is checked here, once per ``Check`` call and once per
-``Watch`` stream, as it opens: a refused caller is told NOT_SERVING (what a probe reads; a
-refused ``Watch`` is told it once and held open) rather than given an error, and never moves
-the shared state.
-"""
+process), shared by every ``Watch`` stream."""
 
 from __future__ import annotations
 
@@ -30,7 +15,7 @@ from v2proxy.core.restricted import OPEN, AccessPolicy
 from v2proxy.frontends.grpc_call import Context, check_call
 from v2proxy.frontends.grpc_routes import RPCS
 
-log = logging.getLogger("v2proxy.frontends.grpc")  # the gRPC frontend's logger
+log = logging.getLogger("v2proxy.frontends.grpc")
 
 #: seconds between two readiness calls while a Watch stream is open
 POLL_S = 1.0

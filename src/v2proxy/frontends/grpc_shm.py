@@ -1,15 +1,5 @@
-"""The shared-memory RPCs of the gRPC frontend (docs/protocol.md, shared memory), each one call of
-the pipeline (group ``shared-memory``, checked by the frontend's call envelope as it admits the
-call): ``SystemSharedMemoryStatus/Register/Unregister`` and the
-CUDA three (the raw handle's bytes as sent; without a CUDA adapter register is Triton's CPU-build
-error).
-
-The client's address for ``--client-shm local`` comes from ``context.peer()`` (:func:`peer_host`:
-``ipv4:127.0.0.1:5000`` -> ``127.0.0.1``, ``ipv6:[::1]:5000`` -> ``::1``, ``unix:...`` -> None).
-The RPCs are the methods of :class:`SharedMemoryRpcs`, which the gRPC frontend builds once from
-what they use (the pipeline) and registers with its other RPCs, so that its call envelope applies
-to them.
-"""
+"""The shared-memory RPCs of the gRPC frontend (docs/protocol.md, shared memory): system and
+CUDA register, unregister and status, each one call of the pipeline (group ``shared-memory``)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,6 @@
 """The backend side of the LLM routes (MindIE's ``/infer``, OpenAI's ``/v1``): which v2 model
 serves a route, seen how, and over which transport (docs/protocol.md, MindIE;
-docs/guides/mindie.md, profiles and transport).
-
-:class:`LlmBackendSide` looks the model (``mindie.model``, an ``openai:`` model's) up in the
-backend's one :class:`~v2proxy.core.knowledge.BackendKnowledge` (the proxy's own questions,
-never the client-facing API: no restricted group applies) — its metadata and config give a
-:class:`~v2proxy.codecs.mindie_map.ModelView` — checks the configured profile against it (the
-seed input is taken under the name the model has, ``seed`` or ``random_seed``) and logs one
-clear line (a WARNING when the profile cannot serve the model; said again only when it
-changes). The :class:`Target` is kept in the knowledge, with its lifetime and invalidation; a
-failed look-up is tried again on the next request.
-
-:meth:`LlmBackendSide.chunks` sends one validated request (a decoupled model is always asked to
-stream, whatever the client asked) and yields each backend response as a
-:class:`~v2proxy.codecs.mindie_answer.Chunk` with the time it arrived, always through the one
-:class:`~v2proxy.core.pipeline.Pipeline`:
-
-- the ``generate`` profile, and a REST backend's decoupled model: the generate extension with
-  the profile's body, ``Pipeline.generate_objects`` (on a REST backend ``generate_stream`` when
-  the model streams, ``/generate`` otherwise; on others mapped onto the model's inputs as
-  Triton's generate extension maps them);
-- otherwise ``Pipeline.stream_infer`` (gRPC ``ModelStreamInfer`` for a decoupled model, v2
-  ``ModelInfer``/``/infer`` for one that is not, in-process for the builtin models) with the
-  profile's tensors.
-
-Leaving the iteration early (the client went away, the deadline passed) closes the backend
-call: the gRPC stream is cancelled, the HTTP answer's connection released.
-"""
+docs/guides/mindie.md, profiles and transport)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,5 @@
 """MindIE's native text/stream interface, ``POST /infer`` on the HTTP port (docs/protocol.md,
-MindIE; docs/architecture.md, the product contract): one more frontend of the one
-:class:`~v2proxy.core.pipeline.Pipeline`, served from the v2 model ``mindie.model`` with the
-``mindie.profile`` mapping (default: the builtin ``llm``, profile ``trtllm``).
-
-- The body is validated in MindIE's order (:mod:`v2proxy.codecs.mindie`); a request without
-  ``parameters.seed`` gets one drawn here, sent to the backend and echoed in ``details``.
-- The route's API group (``inference``, its row in :mod:`v2proxy.frontends.routes`) is
-  checked once, after the body is validated and the model found (the REST frontend's check,
-  handed in as ``admit``); a refusal is a 403 in MindIE's shape.
-- The backend call (:mod:`v2proxy.frontends.llm_call`) runs under the request's
-  ``timeout`` (seconds), the proxy's own deadline.
-- Non-stream: ``{"generated_text", "details"?}``.
-- Stream: ``text/event-stream`` with MindIE's framing, one event per backend response, held
-  back by one (look-ahead) so that the last token goes out as the final event, which adds
-  ``generated_text`` and ``details`` (or null) and has ``token.text`` null. ``prefill_time``
-  (first event) and ``decode_time`` (later ones) are measured here, in milliseconds, from the
-  request's dispatch to the backend and between backend responses' arrivals. Errors before the
-  first token are ordinary error answers; a failure after it is written raw into the stream
-  (no ``data:``), as MindIE does (its deadline text exactly), and the stream ends. A client
-  that goes away closes the backend call.
-- Errors: ``{"error", "error_type"}`` with MindIE's statuses, translated from the one error
-  tree in :func:`translate` (docs/protocol.md, MindIE clients).
-
-Metrics: time to first token, time per later token, tokens generated (``direction=frontend``).
-"""
+MindIE), served from the v2 model ``mindie.model`` with the ``mindie.profile`` mapping."""
 
 from __future__ import annotations
 
@@ -121,18 +97,13 @@ class MindieFrontend:
         self, body: bytes | bytearray, headers: Headers, admit: Callable[[], None] = _open
     ) -> Answer:
         """The answer to one ``/infer`` body; its errors are raised, for the REST frontend's
-        envelope to record (their kind) and to answer in MindIE's shape
-        (:func:`error_answer`). ``admit``: the route's one access check, which raises when the
-        client may not use it, called where MindIE's order puts it: once the body is validated
-        (and the model found), before the backend is asked anything for the client."""
+        envelope to record (their kind) and to answer in MindIE's shape (:func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
         target = await self.backend_side.target()
         admit()
         if req.stream:
             return await self._stream(target, req, headers)
         return await self._text(target, req, headers)
-
-    # ------------------------------------------------------------------ non-stream
 
     async def _text(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         parts = answer.TextParts()
@@ -167,8 +138,6 @@ class MindieFrontend:
             why = answer.finish_reason(reason, tokens, req.max_new_tokens)
             detail = answer.details(why, tokens, req.seed)
         return 200, [JSON], answer.text_answer(text, detail)
-
-    # ------------------------------------------------------------------ stream
 
     async def _stream(self, target: Target, req: LlmRequest, headers: Headers) -> Answer:
         loop = asyncio.get_running_loop()

@@ -1,36 +1,5 @@
-"""OpenAI's API on the HTTP port (docs/guides/openai.md): ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, one more
-frontend of the one :class:`~v2proxy.core.pipeline.Pipeline`, served from the v2 LLM models the
-``openai:`` section names (default: the model and profile MindIE's ``/infer`` uses, the builtin
-``llm`` when no ``mindie:`` section says otherwise).
-
-- Bodies are validated before any backend is called (:mod:`v2proxy.codecs.openai`); a chat's
-  messages are rendered into one prompt by the model's chat template
-  (:mod:`v2proxy.codecs.chat_template`).
-- The backend is reached exactly as MindIE's ``/infer`` reaches it
-  (:class:`~v2proxy.frontends.llm_call.LlmBackendSide`: the ``trtllm``, ``vllm`` and
-  ``generate`` profiles, over REST, gRPC, the builtin models or a MindIE server), with the
-  request's ``max_tokens`` (else the model's default), ``temperature`` (0: greedy),
-  ``top_p`` and ``seed`` (drawn here when absent), under the model's ``timeout``.
-- Stop sequences are applied here (:class:`~v2proxy.codecs.openai_answer.StopScanner`): the
-  text is cut before the first one and the backend call is closed.
-- ``usage`` counts tokens as the MindIE frontend does: the backend's own count when it reports
-  one, else one per streamed response of a decoupled model, else words; ``prompt_tokens`` are the
-  prompt's words (no v2 backend reports its input's tokens).
-- Non-stream: the ``text_completion`` / ``chat.completion`` object. Stream: ``text/event-stream``
-  (``Cache-Control: no-cache``) of ``data: {chunk}`` events, the finish reason in the last
-  chunk with choices, then (with ``stream_options.include_usage``) a chunk of ``usage`` alone,
-  then ``data: [DONE]``. Errors
-  before the first chunk are ordinary error answers; a failure after it is sent as one
-  ``data: {"error": ...}`` event before ``[DONE]``. A client that goes away closes the backend
-  call.
-- Errors: OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, translated from
-  the one error tree in :func:`translate`.
-
-Metrics: the REST frontend records these requests under ``frontend="openai"``; time to first
-token, time per later token and tokens generated as the MindIE frontend records them
-(``direction=frontend``).
-"""
+"""OpenAI's API on the HTTP port (docs/guides/openai.md): ``/v1/models``, ``/v1/completions``
+and ``/v1/chat/completions``, served from the v2 LLM models the ``openai:`` section names."""
 
 from __future__ import annotations
 
@@ -215,8 +184,6 @@ class OpenAIFrontend:
             with contextlib.suppress(ProxyError):
                 await served.side.target()
 
-    # ------------------------------------------------------------------ models
-
     def list_models(self) -> Answer:
         """``GET /v1/models``: the list, written once at start-up (the section is fixed)."""
         return 200, [JSON], self._listed
@@ -226,13 +193,10 @@ class OpenAIFrontend:
         self.served(model_id)
         return 200, [JSON], dumps(openai_answer.model(model_id, self.created))
 
-    # ------------------------------------------------------------------ generation
-
     def prepare(self, chat: bool, body: Buffer) -> tuple[_Served, OpenAIRequest, str]:
         """A ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body validated, its model
         found and its prompt made (a chat's rendered by the model's template): everything
-        :meth:`generate` needs, before any backend is called. Errors are raised, for the REST
-        frontend's envelope to record and answer in OpenAI's shape (:func:`error_answer`)."""
+        :meth:`generate` needs, before any backend is called."""
         if not chat:
             req = parse_completion(body, self.max_input_size, self.limits)
             return self._served(req), req, req.prompt

@@ -1,10 +1,4 @@
-"""The OpenAPI document of v2proxy's REST API, served at ``GET /openapi.json``.
-
-The document is written by hand as ``v2proxy/openapi.yaml`` (package data). :func:`document`
-reads and parses it once per process; :func:`document_json` is its compact JSON, the body of
-``GET /openapi.json`` (which, like ``/metrics``, is always answered by the proxy itself and never
-passed through). A missing or broken file is a packaging defect: it raises at the first call.
-"""
+"""The OpenAPI document of v2proxy's REST API, served at ``GET /openapi.json``."""
 
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
 """``POST /v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` of the REST
 frontend: Triton's generate extension (docs/protocol.md, generate extension), whatever the
-backend (:mod:`v2proxy.core.generate` decides between passing through and mapping).
-
-- A passed-through answer is written as the backend sends it, server-sent events one by one.
-- A mapped ``generate`` answers one JSON object (:mod:`v2proxy.codecs.generate`); a model that
-  answers other than once is Triton's 400 ``generate expects model to produce exactly 1
-  response...`` (Triton itself sends that with status 200).
-- A mapped ``generate_stream`` waits for the first response before it answers: an error until
-  then is a plain ``{"error"}`` answer with its status; then ``200 text/event-stream;
-  charset=utf-8`` and one ``data: {json}\\n\\n`` event per response, written as it comes; an
-  error after that is the event ``data: {"error": "..."}`` that ends the stream.
-
-While the answer waits for the backend's next piece, it also waits on the client's connection
-(:meth:`HttpRequest.gone`): a client that goes away ends the wait at once, and the backend's
-stream (or passed-through answer) is closed, which cancels it.
-
-The body is read within ``--max-input-size`` (413 beyond it, before it is parsed).
-
-The two handlers are the methods of :class:`GenerateEndpoint`, which the REST frontend builds
-once from what it uses (the pipeline and the body reader) and whose methods its route table
-binds.
-"""
+backend (:mod:`v2proxy.core.generate` decides between passing through and mapping)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
 """What the REST frontend's handlers read of a request: its body, whole and bounded by
 ``--max-body-size``, or by ``--max-input-size`` too for a route whose body is its input
 (:class:`BodyReader`), its end-to-end headers as the client sent them
-(:func:`headers_of`) and the client's address (:func:`peer_of`).
-
-Contract:
-
-- :meth:`BodyReader.read` returns the whole body (dechunked, not decompressed); one over
-  ``--max-body-size`` is :class:`~v2proxy.core.errors.BodyTooLarge` (413) naming the limit.
-  :meth:`BodyReader.read_input` is the same within ``--max-input-size`` as well (generate, MindIE
-  ``/infer``, the OpenAI routes: their body is their input, never parsed past the bound).
-- The size of a chunked body is not in its head: the reader keeps it from the read until the
-  frontend takes it for the request's record (:meth:`BodyReader.taken`; 0 when never read).
-- :func:`headers_of` keeps the header bytes as sent, hop-by-hop headers (and the ones asked)
-  left out; :func:`peer_of` is the client's IP address for ``--client-shm`` (None on a unix
-  socket).
-"""
+(:func:`headers_of`) and the client's address (:func:`peer_of`)."""
 
 from __future__ import annotations
 

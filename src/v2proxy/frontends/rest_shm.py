@@ -1,21 +1,5 @@
-"""The shared-memory endpoints of the REST frontend (docs/protocol.md, shared memory), each one call
-of the pipeline (group ``shared-memory``, checked by the frontend as it admits the request):
-
-- ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status``: 200, Triton's JSON array;
-- ``POST /v2/systemsharedmemory/region/{name}/register`` with ``{"key", "offset",
-  "byte_size"}``: 200, empty body (no name: Triton's 400);
-- ``POST /v2/cudasharedmemory/region/{name}/register`` with ``{"raw_handle": {"b64"},
-  "device_id", "byte_size"}``: 200, empty body (Triton's CPU-build 400 without a CUDA adapter);
-- ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: 200, empty body (the body
-  is ignored).
-
-The client's address (``HttpRequest.client``; None on a unix socket) goes with register and
-unregister for ``--client-shm local``. The handlers are the methods of
-:class:`SharedMemoryEndpoints`, which the REST frontend builds once from what they use (the
-pipeline and the body reader); its route table (:mod:`v2proxy.frontends.routes`, handlers
-``shm_status``, ``shm_register``, ``shm_unregister``) binds them, and their errors go through
-its one translator.
-"""
+"""The shared-memory endpoints of the REST frontend (docs/protocol.md, shared memory), each one
+call of the pipeline (group ``shared-memory``)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
 """The route table of the HTTP port: which paths the REST frontend serves, with which methods and
 handlers, under which ``operation`` label of the metrics, in which API group of
 ``--restricted-api``, and whether that group's check is left to the handler;
-``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare them).
-
-Contract:
-
-- :data:`ROUTES`: one :class:`Route` per path, in match order (the first row whose
-  :attr:`Route.pattern` fullmatches the path serves it; the hot ``POST .../infer`` first). A
-  path is a template: ``{param}`` a named part (:data:`PARAMS`), ``[...]`` an optional one.
-- :attr:`Route.methods` maps each method to its handler's name (the frontend binds them); another
-  method is answered 405 with :attr:`Route.allow`.
-- :attr:`Route.group` is the one place a REST request's API group comes from, checked once as
-  the request is admitted, before any body is read (:attr:`Route.check_first`), or by the
-  handler for a :attr:`Route.deferred` row (MindIE's ``POST /infer``, which validates its body
-  first). :attr:`Route.frontend` records it, :attr:`Route.errors` names its error shape.
-- Outside the table: :data:`METRICS` (``GET /metrics``, answered first, never recorded) and
-  :data:`PASSTHROUGH` (a path no row matches: passed through, its group decided from its words
-  by :func:`v2proxy.core.restricted.passthrough_group` and checked by the handler).
-
-Pure data and ``re``: no handler, no I/O.
-"""
+``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare them)."""
 
 from __future__ import annotations
 
@@ -41,9 +23,8 @@ _PART = re.compile(r"\{(\w+)\}|\[|\]|[^{}\[\]]+")
 
 
 def compile_template(template: str) -> re.Pattern[str]:
-    """The regular expression of a path template (``{param}``, ``[optional]``, literal text).
-
-    Raises ValueError for an unknown parameter, an unbalanced bracket or a stray brace."""
+    """The regular expression of a path template (``{param}``, ``[optional]``, literal text);
+    ValueError when it is malformed."""
     out: list[str] = []
     depth = end = 0
     for part in _PART.finditer(template):

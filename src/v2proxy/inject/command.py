@@ -1,7 +1,4 @@
-"""``v2proxy inject``: the options (added to the CLI by :func:`add_parser`) and the start.
-
-A bad option, sidecar-config file or certificate stops the start with one line (exit 2).
-"""
+"""``v2proxy inject``: the options (added to the CLI by :func:`add_parser`) and the start."""
 
 from __future__ import annotations
 

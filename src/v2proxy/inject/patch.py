@@ -1,33 +1,4 @@
-"""An ``AdmissionReview`` (admission.k8s.io/v1) request in, its response out. Pure: no I/O.
-
-:func:`review` answers every request; :func:`pod_patch` is the decision for one pod:
-
-- not annotated ``v2proxy.io/inject: "true"`` (case-insensitive), not a Pod ``CREATE``, or
-  already injected (a container or init container named ``v2proxy``, or the
-  ``v2proxy.io/injected`` annotation): allowed, no patch. So a second pass over a patched pod
-  changes nothing.
-- a bad ``v2proxy.io/`` annotation, or ports the pod's containers already use: refused (400)
-  with one line naming it.
-- else a JSON patch (RFC 6902) that adds, in this order:
-  1. the shared ``/dev/shm``: the volume some container already mounts there, or a new
-     ``emptyDir`` (``medium: Memory``, ``sizeLimit`` = shm-size) named ``v2proxy-shm``, mounted
-     at ``/dev/shm`` in every app container that has nothing there (POSIX shared memory between
-     containers needs the same tmpfs), and in the sidecar;
-  2. ``v2proxy-tmp`` (an ``emptyDir`` for ``/tmp``: the sidecar's root file system is
-     read-only; its securityContext meets the Pod Security Standard ``restricted`` by itself,
-     seccomp included, and the pod's own context is left as it is) and, with
-     ``v2proxy.io/config-map``, that ConfigMap at ``/etc/v2proxy``;
-  3. the sidecar: native (the last init container, ``restartPolicy: Always``: it starts before
-     the app containers, which wait for its startup probe, and stops after them) or classic
-     (the last container, for clusters before 1.29);
-  4. ``terminationGracePeriodSeconds`` raised to pre-stop pause + drain + 5 s when lower;
-  5. the annotation and the label ``v2proxy.io/injected: <mode>`` (the label lets a
-     PodMonitor select injected pods in any namespace).
-
-An exception inside :func:`review` is the webhook's own failure: the pod is allowed unchanged
-and the response carries a warning (pod creation never waits on this webhook's bugs; the chart
-also sets ``failurePolicy: Ignore`` for when it cannot be reached).
-"""
+"""An ``AdmissionReview`` (admission.k8s.io/v1) request in, its response out. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -213,11 +184,8 @@ def pod_patch(pod: Mapping[str, Any], defaults: SidecarSettings) -> Decision:
 
 
 def review(body: Mapping[str, Any], defaults: SidecarSettings) -> dict[str, Any]:
-    """The AdmissionReview response to the AdmissionReview request ``body``.
-
-    ``body`` must at least be a mapping holding ``request.uid`` (else ``ValueError``: the
-    server answers 400, there is nobody to answer to).
-    """
+    """The AdmissionReview response to the AdmissionReview request ``body``;
+    ValueError when it holds no ``request.uid`` (nobody to answer to)."""
     request = body.get("request")
     if body.get("kind") != "AdmissionReview" or not isinstance(request, Mapping):
         raise ValueError("not an AdmissionReview request")

@@ -1,17 +1,4 @@
-"""The webhook's HTTPS server: ``POST /mutate`` (AdmissionReview v1) and ``GET /healthz``.
-
-The Kubernetes API server is its only client and sends one small request per pod creation, so
-the stdlib suffices: :class:`http.server.ThreadingHTTPServer` (a thread per connection, each
-with a socket timeout) behind :mod:`ssl`. The TLS handshake runs in the connection's thread,
-never in the accepting one. The certificate and key are loaded at start (a bad pair stops the
-start with one line) and re-read when either file's modification time changes, so a certificate
-renewed by cert-manager (a Secret volume updated in place) is served without a restart; a pair
-that fails to load then keeps the previous one (logged).
-
-Answers: 200 with the AdmissionReview response (:func:`v2proxy.inject.patch.review`); 400 for
-a body that is not JSON or not an AdmissionReview request; 404 and 405 for other paths and
-methods; 413 beyond :data:`MAX_BODY`. SIGTERM and SIGINT stop it.
-"""
+"""The webhook's HTTPS server: ``POST /mutate`` (AdmissionReview v1) and ``GET /healthz``."""
 
 from __future__ import annotations
 

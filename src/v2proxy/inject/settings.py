@@ -1,28 +1,4 @@
-"""What the injected sidecar looks like: defaults, and per-pod annotations over them.
-
-:class:`SidecarSettings` holds everything :mod:`.patch` needs to build the container. The
-defaults come from ``--sidecar-config FILE`` (YAML or JSON with the camelCase keys of
-:data:`DEFAULT_KEYS`, rendered by the Helm chart from its values) and the command line; each pod
-may override them with annotations (:data:`ANNOTATIONS`)::
-
-    v2proxy.io/inject: "true"              # asks for the sidecar (anything else: left alone)
-    v2proxy.io/sidecar-mode: native|classic
-    v2proxy.io/backend: http://127.0.0.1:8000   # also grpc(s)://, https://, mindie(s)://, builtin
-    v2proxy.io/backend-encoding: auto|json|binary
-    v2proxy.io/ports: "9000,9001"          # HTTP[,gRPC]
-    v2proxy.io/client-shm: off|local|on
-    v2proxy.io/backend-shm: off|system|auto
-    v2proxy.io/shm-size: 1Gi               # sizeLimit of the shared /dev/shm emptyDir
-    v2proxy.io/log-format: text|json
-    v2proxy.io/drain-timeout: "30"         # seconds; the grace period follows
-    v2proxy.io/config-map: NAME            # a ConfigMap of the pod's namespace holding config.yaml
-    v2proxy.io/args: '["--access-log"]'    # extra arguments of `v2proxy serve`, a JSON list
-    v2proxy.io/image: registry/v2proxy:tag
-
-A bad value raises :class:`AnnotationError` naming the annotation (the pod is then refused
-with that line: a pod that asked for the proxy should not start silently without it). An
-unknown ``v2proxy.io/`` key is refused the same way, so that a typo is not ignored. Pure: no I/O.
-"""
+"""What the injected sidecar looks like: defaults, and per-pod annotations over them."""
 
 from __future__ import annotations
 

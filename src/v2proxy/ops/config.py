@@ -1,41 +1,4 @@
-"""Settings: parsed and validated once at start-up into frozen objects.
-
-Precedence: command line > environment (``V2PROXY_<NAME>``) > YAML file (``--config``) >
-defaults. A bad value stops the start with one clear line (:class:`ConfigError`) naming the key;
-an unknown key anywhere in the file is refused the same way. Nothing reads configuration per
-request.
-Each setting is declared once, in :data:`v2proxy.ops.config_spec.SETTINGS` (default, parser, help,
-metavar): :class:`Settings`' defaults and :data:`PARSERS` are built from it, as are the command
-line's options and docs/settings.md.
-Every value is parsed by the same parser (:data:`PARSERS`) whichever its source: the command line
-passes text, like the environment. Byte sizes (the settings whose metavar is ``SIZE``) take a
-unit: ``K``, ``M``, ``G``, ``T`` powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024,
-``B`` optional (``64Mi``, ``1GB``; :func:`v2proxy.ops.config_values.byte_size`).
-The environment holds only known ``V2PROXY_*`` names: a setting's ``V2PROXY_<KEY>``, or one of
-:data:`OTHER_VARIABLES` (``V2PROXY_CONFIG``, and those of the project's own tests and benchmarks,
-which the servers they start inherit); any other ``V2PROXY_*`` name, a misspelt setting most
-likely, stops the start like an unknown key of the file, naming the closest setting.
-The TLS files (``tls_*``, ``backend_ca/cert/key``) are read and checked here too
-(:func:`v2proxy.ops.tls.check`): a missing, unreadable or mismatched file is a ConfigError naming
-the setting.
-
-Besides the option keys, the YAML file holds three sections (see docs/architecture.md, product
-contract; their keys are listed in docs/settings.md):
-
-- ``models``: model name -> ``{outputs: {output name -> {labels: FILE}}}``. Each label file is
-  read here, once: UTF-8 (a BOM is dropped), one label per line (``\n`` or ``\r\n``; blank
-  lines inside are kept, since a label's line number is its class index), not empty. A relative
-  path is taken from the working directory when it exists there, else from the config file's
-  folder. -> ``Settings.models[m].outputs[o].labels``.
-- ``mindie``: how ``POST /infer`` (MindIE's native API) maps to a v2 model -> ``Settings.mindie``
-  (:class:`MindieSettings`; its keys are declared in
-  :data:`v2proxy.ops.config_sections.MINDIE_KEYS`; the mapping itself: see docs/protocol.md,
-  MindIE).
-- ``openai``: the model ids of the OpenAI routes (``/v1/...``) and the v2 models behind them ->
-  ``Settings.openai`` (:class:`OpenAISettings`; keys in
-  :data:`v2proxy.ops.config_sections.OPENAI_KEYS`; chat template files are read, compiled and
-  checked here; docs/guides/openai.md).
-"""
+"""Settings: parsed and validated once at start-up into frozen objects."""
 
 from __future__ import annotations
 
@@ -64,8 +27,7 @@ from v2proxy.ops.config_values import BackendTarget, parse_backend
 from v2proxy.ops.tls import BackendTls, ListenerTls, TlsFileError
 from v2proxy.ops.tls import check as check_tls
 
-#: BackendTarget and parse_backend are defined in v2proxy.ops.config_values (the table of settings
-#: needs them) and still imported from here
+#: BackendTarget and parse_backend are re-exported from v2proxy.ops.config_values
 __all__ = [
     "OTHER_VARIABLES",
     "PARSERS",
@@ -79,10 +41,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of ``v2proxy serve`` (and of ``reference-server``). A field named like a
-    setting of :data:`v2proxy.ops.config_spec.SETTINGS` takes its default from there; the others are
-    built from several settings (``restricted``, ``tls``, ``backend_tls``) or from the file's
-    sections (``models``, ``mindie``)."""
+    """Every setting of ``v2proxy serve`` (and of ``reference-server``)."""
 
     backend: BackendTarget = DEFAULTS["backend"]
     backend_encoding: str = DEFAULTS["backend_encoding"]
@@ -137,10 +96,8 @@ PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in SETTINGS}
 #: the settings whose values are never echoed in an error
 SECRET = frozenset(spec.name for spec in SETTINGS if spec.secret)
 
-#: ``V2PROXY_*`` variables that are not settings, which v2proxy accepts in its environment and
-#: ignores, except V2PROXY_CONFIG (the --config file). The others belong to the project's own
-#: tools, whose servers inherit them: tests/interop/peers (V2PROXY_PEER*), tests/deploy
-#: (V2PROXY_DEPLOY_TOOLS), benchmarks (V2PROXY_BENCH_*, V2PROXY_SOAK_TRACEMALLOC*).
+#: ``V2PROXY_*`` variables that are not settings and are accepted: V2PROXY_CONFIG (--config), and
+#: those of the project's own tools, which their servers inherit
 OTHER_VARIABLES = frozenset(
     {
         "V2PROXY_CONFIG",

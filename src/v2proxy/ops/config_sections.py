@@ -1,11 +1,5 @@
-"""The sections of the YAML config file besides the option keys (see docs/architecture.md,
-product contract), parsed and checked once at start-up into frozen objects; see config.py's
-docstring for what they hold. Label files and chat template files are read here (a template is
-compiled and checked by :mod:`v2proxy.codecs.chat_template`). A bad section stops the start with
-one line naming the file and the key (:class:`ConfigError`). The ``mindie:`` keys are declared
-once, in :data:`MINDIE_KEYS` (default, parser, meaning), from which :class:`MindieSettings`'
-defaults, :data:`MINDIE_PARSERS` and their table in docs/settings.md are built; the keys of one
-model of ``openai.models`` likewise in :data:`OPENAI_KEYS`."""
+"""The sections of the YAML config file besides the option keys, parsed and checked once at
+start-up into frozen objects (a bad section: :class:`ConfigError`, one line naming file and key)."""
 
 from __future__ import annotations
 

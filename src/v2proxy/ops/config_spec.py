@@ -1,18 +1,6 @@
 """The settings of ``v2proxy serve``, each declared once (:data:`SETTINGS`): its default, its
-parser, its help text and its metavar. Everything else is built from this table: the defaults of
-:class:`v2proxy.ops.config.Settings` and :data:`v2proxy.ops.config.PARSERS`, the options of
-``v2proxy serve`` and ``v2proxy reference-server`` (v2proxy.cli, which renders each default into the
-help), and the settings reference ``docs/settings.md`` (written by tools/gen_settings_doc.py;
-tests/unit/test_settings_doc.py fails when the page is not what the table says).
-
-A setting's three names follow from its ``name``: the YAML key ``name`` (``-`` or ``_`` alike),
-the environment variable ``V2PROXY_<NAME>`` and the option ``--name-with-dashes``. ``default`` is
-the value :class:`~v2proxy.ops.config.Settings` holds when no source gives one, already parsed
-(None: the setting is unset, and ``shown`` says what that means). :func:`show` writes a value as the
-help and the page show it: sizes with binary units (``64 MiB``), seconds with ``s``, switches
-``on`` / ``off``, API groups comma-separated. A ``help`` is a sentence or two, lowercase first and
-without the final stop, as argparse's are. Pure: no I/O.
-"""
+parser, its help text and its metavar. The defaults, the parsers, the CLI options and
+docs/settings.md are all built from this table."""
 
 from __future__ import annotations
 
@@ -57,12 +45,10 @@ _GRPC_MAX = human_size(GRPC_MAX_MESSAGE)
 
 @dataclass(frozen=True, slots=True)
 class SettingSpec:
-    """One setting: its key, default (parsed), parser (text or YAML value -> value, ValueError
-    with the reason), help and metavar (``SIZE``: a byte size, ``SECONDS``: a duration, ``a|b``:
-    a choice). ``shown``: what a default of None means (``none: no TLS``). ``serve_only``: an
-    option of ``serve`` alone (the backend's), not of ``reference-server``. ``secret``: its value
-    is never echoed in an error. ``bare``: the value the option given alone stands for
-    (``--access-log`` is ``--access-log on``)."""
+    """One setting: its key, default (parsed), parser (text or YAML value -> value, ValueError with
+    the reason), help and metavar (``SIZE``: a byte size, ``SECONDS``: a duration, ``a|b``: a
+    choice). ``shown``: what a None default means; ``serve_only``: not of ``reference-server``;
+    ``secret``: never echoed in an error; ``bare``: the value of the option given alone."""
 
     name: str
     default: Any

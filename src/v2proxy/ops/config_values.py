@@ -1,15 +1,5 @@
 """Parsers of single setting values (``ValueError`` with the reason, which config.py turns into
-one line naming the setting and where it came from). Pure: no I/O.
-
-Byte sizes (:func:`byte_size`) are an integer number of bytes or a number with a unit: ``K``,
-``M``, ``G``, ``T`` are powers of 1000, ``Ki``, ``Mi``, ``Gi``, ``Ti`` powers of 1024, either may
-end in ``B`` (``1GB``, ``1GiB``) and ``B`` alone is bytes; case does not matter, a space may
-separate the number from its unit, and a fraction is allowed when it makes whole bytes
-(``1.5Gi``). The same text is taken from the command line, the environment and the YAML file.
-
-The backend's URL (:func:`parse_backend`) becomes a :class:`BackendTarget`; a URL without a port,
-or with a bad one, is refused with an example of the server's usual port.
-"""
+one line naming the setting and where it came from). Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -81,7 +71,7 @@ def int_range(low: int, high: int) -> Any:
 
 
 def byte_size(minimum: int = 1, maximum: int | None = None, limit: str = "") -> Any:
-    """A parser of byte sizes (see the module's docstring) from ``minimum`` to ``maximum``;
+    """A parser of byte sizes from ``minimum`` to ``maximum``;
     ``limit`` says why there is a maximum."""
 
     def parse(v: Any) -> int:

@@ -1,11 +1,6 @@
-"""Before serving, each listening port is bound once and let go, so that a port another program
-holds (or an address this host lacks) stops the start with one line that names the option and its
-environment variable to change, printed once however many workers, and without grpcio's own log
-lines (``E1128 ... add_port.cc``), which a failed gRPC bind prints before any error reaches us.
-
-:func:`check_ports` raises :class:`ListenError`, whose message is that line; :func:`cannot_listen`
-writes the same line for a failure met later (the port taken between the check and the bind).
-"""
+"""Before serving, each listening port is bound once and let go, so that a port in use (or an
+address this host lacks) stops the start with one line naming the option to change, before
+grpcio can print its own errors."""
 
 from __future__ import annotations
 
@@ -48,8 +43,8 @@ def cannot_listen(
 
 
 def check_ports(host: str, ports: Iterable[tuple[str, str, int]], env: bool = True) -> None:
-    """Bind each ``(what, option, port)`` on ``host`` (SO_REUSEADDR, as the servers do) and let
-    it go; port 0 (any free port) is not checked. Raises :class:`ListenError`."""
+    """Bind each ``(what, option, port)`` on ``host`` (SO_REUSEADDR, as the servers do) and let it
+    go; port 0 (any free port) is not checked. Raises :class:`ListenError`."""
     for what, option, port in ports:
         if port == 0:
             continue

@@ -1,28 +1,9 @@
 """``--reuse-large-buffers``: large buffers' memory kept for the next request (glibc only).
 
-Why: glibc's malloc hands every block over its mmap threshold (128 KiB, rising with use to at
-most 32 MiB) out as a fresh mapping and unmaps it when it is freed, so each copy of a large
-message touches new pages and pays a page fault per 4 KiB. A 16 M FP32 (64 MiB) gRPC call
-through the proxy makes ≈ 250k of them, ≈ 0.5 s of system time: most of the proxy's CPU on that
-path (docs/performance.md). Those copies are grpcio's and protobuf's as much as v2proxy's, so
-the remedy is the allocator's.
-
-Contract:
-
-- :func:`reuse_large_buffers` (called once by ``serve`` in each worker process when the setting
-  is on) turns malloc's mmap off (``M_MMAP_MAX`` 0: large blocks come from the heap, whose freed
-  memory malloc reuses) and raises the trim threshold (``M_TRIM_THRESHOLD``), so the heap keeps
-  freed memory between requests. It returns a :class:`Releaser`, or None where the C library is
-  not glibc (nothing is changed there; the setting then does nothing, said once in the log).
-- The memory is given back: :meth:`Releaser.tick` (every :data:`RELEASE_EVERY_S` seconds, from
-  the event loop) calls ``malloc_trim(0)``, which returns the heap's free pages to the system,
-  when no request has arrived since the tick before (the admission gate's count; health and
-  metadata probes do not count) — so a run of large requests keeps its buffers, and an idle
-  proxy gives them back within two ticks.
-- On by default; off, glibc's own behaviour is untouched. What it costs: while requests keep
-  coming, the heap keeps the buffers they needed at once, and the peak is somewhat higher
-  (four 64 MiB gRPC calls: RSS 762 MiB right after against 222, peak 761 against 670; 202
-  against 222 once given back).
+glibc maps each large block afresh and unmaps it when freed, so every large copy pays a page fault
+per 4 KiB. :func:`reuse_large_buffers` turns malloc's mmap off and raises its trim threshold so
+that the heap keeps freed memory; :meth:`Releaser.tick` gives it back (``malloc_trim``) once no
+request arrived since the tick before.
 """
 
 from __future__ import annotations
@@ -78,8 +59,8 @@ class Releaser:
 
 
 def reuse_large_buffers(arrived: Callable[[], int], libc: Any | None = None) -> Releaser | None:
-    """Keep large buffers' memory for reuse (see the module's contract); ``arrived``: the
-    count of requests so far, which :meth:`Releaser.tick` watches."""
+    """Keep large buffers' memory for reuse; ``arrived``: the count of requests so far, which
+    :meth:`Releaser.tick` watches. None where the C library is not glibc (nothing changed)."""
     libc = _glibc() if libc is None else libc
     if libc is None:
         log.warning("--reuse-large-buffers: the C library is not glibc; nothing changed")

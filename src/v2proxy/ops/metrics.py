@@ -1,24 +1,6 @@
 """Every Prometheus metric of v2proxy, declared here and nowhere else (docs/architecture.md, rules
 the code follows): the metric families, the closed sets of their label values, and the plain cells
-that hold one label set's value on the hot path.
-
-Names follow Prometheus conventions (prefix ``v2proxy_``, base units, ``_total`` counters,
-``_seconds`` and ``_bytes``); every label has a small, closed set of values:
-
-- ``model``: a model name once it has answered successfully (at most :data:`MAX_MODEL_LABELS`
-  per process, :class:`ModelLabels`), ``""`` for server-level operations, ``"other"`` for
-  everything else (unknown models named by clients never become labels);
-- ``operation``: infer, stream_infer, generate, health, metadata, side, passthrough
-  (frontends), the :class:`~v2proxy.core.ports.Backend` method name (backend);
-- ``frontend``: rest | grpc; ``backend``: builtin | rest | grpc | mindie; ``code_class``: 2xx |
-  4xx | 5xx (gRPC errors by their HTTP equivalent, :func:`code_class`); ``wire``: json | binary |
-  raw | grpc; ``error``: the error class's kind (:func:`error_kind`).
-
-The hot path never touches prometheus_client: a request adds to plain cells (:class:`Counter`,
-:class:`Gauge`, :class:`Histogram`, a bisect per observation, no locks: everything runs on the
-one event loop), bound once per label set and cached (:mod:`v2proxy.ops.recorders`). The process's
-cells live in :class:`~v2proxy.ops.metrics_export.Metrics`, which exports them to Prometheus.
-"""
+that hold one label set's value on the hot path."""
 
 from __future__ import annotations
 
@@ -137,7 +119,6 @@ BACKEND_ENDPOINT_UP = Family(
     ("backend_endpoint",),
     multiprocess_mode="livemax",
 )
-# Filled by the shared-memory extension (issue "shared memory").
 SHM_REGIONS = Family(
     "v2proxy_shm_registered_regions",
     "gauge",
@@ -171,8 +152,7 @@ SHM_STAGED_BYTES = Family(
     " (--backend-shm): inputs written to, outputs read from v2proxy's staging regions.",
     ("direction",),  # input | output
 )
-# Filled by the MindIE adapter (issue "MindIE"); ``direction``: frontend (MindIE clients on
-# POST /infer, a v2 model behind) | backend (v2 clients, a MindIE server behind).
+# ``direction``: frontend (MindIE clients, a v2 model behind) | backend (a MindIE server behind)
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
     "histogram",
@@ -218,7 +198,6 @@ FAMILIES = (
     TOKENS,
 )
 
-# ---------------------------------------------------------------------- label values
 
 WIRES = ("json", "binary", "raw", "grpc")
 CODE_CLASSES = ("1xx", "1xx", "2xx", "3xx", "4xx", "5xx")
@@ -278,9 +257,6 @@ class ModelLabels:
             self.known[model] = model
             return model
         return "other"
-
-
-# ---------------------------------------------------------------------- cells
 
 
 class Counter:

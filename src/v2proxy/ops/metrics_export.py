@@ -1,14 +1,6 @@
 """The process's metrics and their export to Prometheus: :class:`Metrics` holds a cell store per
 declared family (:mod:`v2proxy.ops.metrics`) and makes the injected ``CollectorRegistry`` report
-them; :class:`NullMetrics` is ``--metrics off``.
-
-With one process a collector registered in the registry turns the cells into metric families at
-scrape time. With ``--workers N`` the cells are flushed every :data:`FLUSH_INTERVAL_S` (and
-before each scrape) into prometheus_client's multiprocess values (``PROMETHEUS_MULTIPROC_DIR``,
-set by the supervisor before forking, :func:`enable_multiprocess`), and the scrape reads every
-worker's files through ``MultiProcessCollector``: ``/metrics`` reports the sum over all workers,
-other workers' values up to one interval late. Nothing here runs per request.
-"""
+them; :class:`NullMetrics` is ``--metrics off``."""
 
 from __future__ import annotations
 
@@ -36,11 +28,7 @@ FLUSH_INTERVAL_S = 1.0
 
 
 class Metrics:
-    """The process's metric cells, exported through the injected ``registry``.
-
-    ``multiprocess_dir``: the workers' shared folder (``--workers N``); the registry then holds
-    a ``MultiProcessCollector`` over it and the cells are flushed there.
-    """
+    """The process's metric cells, exported through the injected ``registry``."""
 
     enabled = True
 
@@ -109,9 +97,6 @@ class NullMetrics:
 
 
 AnyMetrics = Metrics | NullMetrics
-
-
-# ---------------------------------------------------------------------- export
 
 
 class _Collector(Collector):

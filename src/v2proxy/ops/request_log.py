@@ -1,12 +1,6 @@
 """v2proxy's log lines: one WARNING per failed request (logger ``v2proxy.requests``), with
 ``--access-log`` one INFO line per request (``v2proxy.access``), and the two formats every line
-of the process is printed in (``--log-format text|json``).
-
-A request's fields travel as the record's ``request`` attribute (request_id, model, frontend,
-backend, method, path, status, duration_s, bytes_in, bytes_out and, on a failure, cause); the
-formatters print them as ``key=value`` pairs or as keys of the JSON object. Other v2proxy lines
-may carry ``request`` fields too (the start-up backend probe does).
-"""
+of the process is printed in (``--log-format text|json``)."""
 
 from __future__ import annotations
 
@@ -90,8 +84,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields. ``ts``
-    is RFC 3339 in UTC with milliseconds: ``2026-11-25T16:12:19.123Z``."""
+    """One JSON object per line: ts, level, logger, pid, message, the ``request`` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {

@@ -1,23 +1,4 @@
-"""TLS: the listeners' certificates and the backend's trust, from PEM files named by the settings.
-
-Contract:
-
-- :func:`check` validates every TLS setting once, at start-up (v2proxy.ops.config calls it): the
-  pairs go together (``tls_cert`` with ``tls_key``, ``backend_cert`` with ``backend_key``),
-  ``tls_client_ca`` needs ``tls_cert``, the ``backend_*`` files need an ``https://`` or
-  ``grpcs://`` backend; each file is read and parsed (a certificate, a key that is not
-  encrypted, a CA bundle holding at least one certificate) and a key must match its
-  certificate. A failure raises :class:`TlsFileError` naming the setting at fault and why.
-- :func:`server_context` (the REST listener) and :func:`server_credentials` (the gRPC
-  listener): TLS 1.2 or later with the certificate chain and key; with ``client_ca``, mutual
-  TLS: a client without a certificate that chains to one of its CAs is refused in the
-  handshake.
-- :func:`client_context` (an ``https://`` backend) and :func:`channel_credentials` (a
-  ``grpcs://`` backend): the backend's certificate verified against ``ca`` (default: the
-  system's trust store), its host name checked against the URL's host (the SNI sent is that
-  host when it is a name), and the client certificate ``cert``/``key`` presented when given.
-- Files are read when a context is made: a rotated certificate takes effect at the next start.
-"""
+"""TLS: the listeners' certificates and the backend's trust, from PEM files."""
 
 from __future__ import annotations
 
@@ -184,8 +165,8 @@ def _together(values: dict[str, Any], a: str, b: str) -> None:
 
 
 def check(values: dict[str, Any], backend_tls: bool) -> tuple[ListenerTls | None, BackendTls]:
-    """Validate the TLS settings in ``values`` (absent or None: not set); ``backend_tls``:
-    whether the backend is https:// or grpcs://. Returns the listeners' and backend's TLS."""
+    """Validate the TLS settings in ``values`` (absent or None: not set); ``backend_tls``: whether
+    the backend is https:// or grpcs://. Returns the listeners' and the backend's TLS."""
     _together(values, "tls_cert", "tls_key")
     _together(values, "backend_cert", "backend_key")
     if values.get("tls_client_ca") is not None and values.get("tls_cert") is None:

@@ -1,29 +1,4 @@
-"""The builtin reference models: their metadata, configuration and compute functions.
-
-Names and tensors are part of the product contract:
-
-- ``simple``: INT32 INPUT0, INPUT1 [16], max_batch_size 8 -> OUTPUT0 = sum, OUTPUT1 = difference
-- ``simple_string``: the same on BYTES elements holding decimal integers
-- ``simple_identity``: BYTES INPUT0 [-1], max_batch_size 8 -> OUTPUT0 identical, bytes exact
-- ``identity_fp32``: FP32 INPUT0 [-1] -> OUTPUT0 identical
-- ``classifier``: FP32 INPUT0 [10], max_batch_size 8 -> FP32 SCORES [10]
-  (SCORES = 2 * INPUT0 + 0.125 * index), labels in ``config/labels/classifier.txt``
-- ``llm``: a deterministic toy LLM shaped like the TensorRT-LLM ``ensemble``: BYTES
-  ``text_input`` [1] (+ optional ``max_tokens``, ``stream``, ``exclude_input_in_output`` and
-  sampling knobs) -> BYTES ``text_output``; decoupled: one response per token when streaming.
-  It "generates" the words of the prompt in a cycle, ``max_tokens`` of them (default 16, at most
-  1,000,000, and at most 16 Mi characters in all: 400 beyond, naming ``max_tokens``; through
-  MindIE's ``/infer`` that is ``max_new_tokens``, answered 422 as MindIE does). A generation of
-  any allowed size never holds the event loop nor memory: tokens are made one at a time as they
-  are taken (a stream keeps none of them), a whole text in slices of :data:`LLM_SLICE_TOKENS`
-  with a pause between, and a generation whose client goes away stops at its next token.
-
-Compute functions take numpy views of validated inputs and yield the outputs of each response
-(one list for ordinary models, one per token for the streaming llm), each made when the caller
-asks for it; a ``None`` between them is a pause: a bounded slice of work is done and the caller
-(the builtin backend) lets its event loop run before it asks for more. Closing the generator
-stops the work.
-"""
+"""The builtin reference models: their metadata, configuration and compute functions."""
 
 from __future__ import annotations
 
@@ -50,8 +25,8 @@ class TensorSpec:
     optional: bool = False
 
 
-#: each response's outputs, made as they are asked for; None: a pause (module docstring).
-#: A generator, closed by the caller when it stops early.
+#: each response's outputs, made as they are asked for (None: a pause); a generator, closed by
+#: the caller when it stops early
 Produced = Iterator[list[Tensor] | None]
 Compute = Callable[[dict[str, Tensor]], Produced]
 
@@ -175,9 +150,8 @@ def _scalar(inputs: dict[str, Tensor], name: str, default: Any) -> Any:
 
 
 def iter_llm_tokens(prompt: str, max_tokens: int) -> Iterator[str]:
-    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces, made
-    one at a time as they are taken. Refused at once (InvalidRequest) when the whole text would
-    be longer than :data:`LLM_MAX_OUTPUT_CHARS`."""
+    """The toy LLM's generation: the prompt's words in a cycle, space-separated pieces, made one at
+    a time as they are taken. InvalidRequest when longer than :data:`LLM_MAX_OUTPUT_CHARS`."""
     words = prompt.split() or ["token"]
     cycles, rest = divmod(max_tokens, len(words))
     size = cycles * sum(map(len, words)) + sum(map(len, words[:rest])) + max_tokens - 1

@@ -1,27 +1,6 @@
 """CUDA shared memory behind a small adapter (docs/protocol.md, CUDA regions): a client's
 ``cudaIpcMemHandle_t`` opened on a device, inputs copied device -> host before the backend call and
-outputs host -> device after it (every backend here takes host tensors).
-
-Contract:
-
-- :class:`CudaAdapter` is the one port to the GPU: :meth:`CudaAdapter.open` turns a raw handle
-  (64 bytes) and a device id into :class:`DeviceMemory` (copies at an offset, close). Failures
-  are :class:`CudaError`. :class:`CupyAdapter` implements it with cupy, imported lazily (the
-  optional extra ``v2proxy[cuda]``); :func:`default_adapter` answers None when cupy or a device
-  is missing, and the registry then answers Triton's CPU-build text to every register.
-- :func:`open_region` opens a registration: an adapter failure is Triton's ``failed to register
-  shared memory region: invalid args``, a ``byte_size`` above the allocation (when the adapter
-  knows its size) ``failed to register shared memory region '<name>': invalid args``.
-- :class:`CudaRegion` is a :class:`v2proxy.core.regions.Region`: :meth:`CudaRegion.read`
-  copies the bytes to a fresh host buffer (the tensor holds that buffer, not device memory),
-  :meth:`CudaRegion.write` copies host -> device. Bounds are checked by the caller (the core's
-  shared-memory stage, :mod:`v2proxy.core.stages.shm`) before either.
-  :meth:`CudaRegion.close` closes the IPC mapping; the registry calls it only when no request
-  holds the region.
-
-The cupy path has not been run on a GPU in this project: the tests drive this module through a
-fake adapter (tests/unit/test_shm_cuda.py); a ``gpu``-marked test covers the real path.
-"""
+outputs host -> device after it (every backend here takes host tensors)."""
 
 from __future__ import annotations
 
@@ -127,9 +106,6 @@ def wrong_kind(name: str, registered: str, asked: str) -> str:
         f"The region named '{name}' is registered as {words[registered]} shared memory, not"
         f" {words[asked]} shared memory"
     )
-
-
-# ---------------------------------------------------------------------- cupy
 
 
 def _address(buf: Any) -> int:

@@ -1,28 +1,5 @@
 """The system shared-memory regions clients registered with this process (docs/protocol.md, shared
-memory), reference counted so that no mapping is closed under a request.
-
-Contract (implements :class:`v2proxy.core.regions.Regions`):
-
-- :meth:`Registry.register` checks, in Triton's order: the key (:func:`system.normal_key`), the
-  name is new (``already in manager``, ALREADY_EXISTS; a region awaiting its deferred unregister
-  still holds its name), then that fewer than ``max_regions`` regions are registered (each holds a
-  file descriptor: :func:`full` words the 400), then opens and maps the object
-  (:func:`system.open_region`: object size, zero size).
-- :meth:`Registry.acquire` hands a region to a request and counts it as a user; an unknown name,
-  or one being unregistered, is Triton's ``Unable to find shared memory region``.
-- :meth:`Registry.unregister` of a region in use marks it: it stays listed by :meth:`status`
-  and is closed when its last user calls :meth:`release` (Triton's deferred unregister); an
-  unknown name is a no-op success; ``""`` unregisters all.
-- CUDA regions (:mod:`v2proxy.shm.cuda`, kind ``cuda``) share the names and the reference
-  counts: :meth:`Registry.register_cuda` opens a client's IPC handle through the adapter (none:
-  Triton's CPU-build text); :meth:`status` and :meth:`unregister` take the kind, a name of the
-  other kind being Triton's 404 for status and a no-op for unregister.
-- The ``v2proxy_shm_registered_regions`` / ``_bytes`` gauges (``kind="system"|"cuda"``) follow
-  the listed regions when cells are given.
-
-Single-threaded (the event loop): no locks. One process's regions: with ``--workers N`` the
-workers share :class:`v2proxy.shm.shared.SharedRegistry` instead.
-"""
+memory), reference counted so that no mapping is closed under a request."""
 
 from __future__ import annotations
 
@@ -91,8 +68,6 @@ class Registry:
         self._cuda = cuda_adapter
         self._entries: dict[str, _Entry] = {}
 
-    # ------------------------------------------------------------------ side operations
-
     def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
             entry = self._entries.get(name)
@@ -142,8 +117,6 @@ class Registry:
         self.unregister("", "system")
         self.unregister("", "cuda")
 
-    # ------------------------------------------------------------------ requests
-
     def served(self, direction: str, n: int) -> None:
         if self._tensors is not None:
             self._tensors[direction].inc(n)
@@ -167,8 +140,6 @@ class Registry:
         """How many requests hold ``name`` now (tests, diagnostics)."""
         entry = self._entries.get(name)
         return 0 if entry is None else entry.users
-
-    # ------------------------------------------------------------------ internals
 
     def _remove(self, name: str, entry: _Entry) -> None:
         del self._entries[name]

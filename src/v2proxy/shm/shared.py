@@ -1,35 +1,5 @@
 """The system shared-memory regions of ``--workers N``: one registry all workers see, kept as
-small record files in a folder the supervisor creates before forking (and removes at exit).
-
-Contract (implements :class:`v2proxy.core.regions.Regions`, same errors and texts as
-:class:`v2proxy.shm.registry.Registry`):
-
-- At most ``max_regions`` records exist (all workers together; beyond it
-  :func:`v2proxy.shm.registry.full`'s 400).
-- A registration is one record file (name, key, offset, byte_size, kind) named by the SHA-256
-  of the region's name, created complete and atomically (written to a temporary file, then
-  ``os.link``: an existing record is Triton's ``already in manager``, also when two workers race
-  for one name). :meth:`status` lists the records, :meth:`unregister` removes them, so every
-  worker answers the same.
-- Each worker maps a region lazily, on the first request that names it, and keeps its own
-  mapping and reference counts. Before it uses a cached mapping it ``stat``\\ s the record (one
-  ``stat`` per region a request names): a record removed, or replaced by a re-registration
-  (another inode or mtime), drops the cached mapping (closed when its last user ends).
-- Deferred unregister: a worker asked to unregister a region its own requests hold rewrites the
-  record as ``doomed`` (still listed, no new users anywhere, the name still taken) and removes
-  it when its last such request ends. Requests that hold the region in *other* workers keep
-  their mapping until they end, but the record goes at once (status stops listing it). A doomed
-  record whose worker died is dropped by whoever reads it next.
-- :meth:`sweep` drops cached mappings whose record went (the server calls it every second, so a
-  worker does not keep an unregistered client's memory mapped).
-- CUDA regions (kind ``cuda``) are records too (the handle base64-encoded): each worker opens
-  the IPC handle through its own adapter lazily, as it maps system regions; status and
-  unregister take the kind as :class:`v2proxy.shm.registry.Registry` does.
-- Gauges (``livesum`` over workers): +1 by the worker that creates a record, -1 by the one that
-  removes it; a worker that dies takes its part of the sums with it.
-
-Single-threaded per worker (its event loop); between workers the file system orders things.
-"""
+small record files in a folder the supervisor creates before forking (and removes at exit)."""
 
 from __future__ import annotations
 
@@ -81,8 +51,6 @@ class SharedRegistry:
         self._entries: dict[str, _Entry] = {}  # this worker's mappings
         self._old: dict[int, _Entry] = {}  # id(region) -> dropped entries still in use
         self._seq = 0
-
-    # ------------------------------------------------------------------ side operations
 
     def status(self, name: str, kind: str = "system") -> list[dict[str, Any]]:
         if name:
@@ -178,8 +146,6 @@ class SharedRegistry:
             del self._entries[name]
             entry.region.close()
 
-    # ------------------------------------------------------------------ requests
-
     def served(self, direction: str, n: int) -> None:
         if self._tensors is not None:
             self._tensors[direction].inc(n)
@@ -222,8 +188,6 @@ class SharedRegistry:
         """How many requests of this worker hold ``name`` now (tests, diagnostics)."""
         entry = self._entries.get(name)
         return 0 if entry is None else entry.users
-
-    # ------------------------------------------------------------------ internals
 
     def _path(self, name: str) -> str:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()

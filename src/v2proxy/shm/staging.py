@@ -1,24 +1,5 @@
 """v2proxy's own POSIX shared-memory regions, pooled, for staging tensors in a backend's shared
-memory (``--backend-shm``; :mod:`v2proxy.backends.staging` registers them with the backend).
-
-Contract:
-
-- A region is one POSIX object ``/v2proxy-<token>-<n>`` created by this process (``O_EXCL``,
-  mode 0600; ``<token>`` is 128 random bits drawn per pool, so no client can guess a name, and
-  :data:`STAGING_PREFIX` is reserved: no client may register a key that starts with it), sized
-  by demand: the request's bytes rounded up to a power of two, at least
-  :data:`MIN_REGION`. Its pages are reserved at creation (``posix_fallocate``): a full
-  ``/dev/shm`` is an error then, never a SIGBUS while a tensor is written.
-- :meth:`StagingPool.acquire` lends one region of at least N bytes to one request; the request
-  gives it back with :meth:`StagingPool.release` once the answer was read. Free regions are
-  reused (the smallest that fits); the pool's total size stays within ``max_bytes``: free
-  regions are dropped to make room, and a request that still does not fit gets none (it is sent
-  as it would be without staging).
-- Reads and writes go through :mod:`v2proxy.shm.guarded` (the objects live in a ``/dev/shm``
-  others can reach); :meth:`StagingRegion.view` is only ever copied from that way.
-- Dropped regions, and all of them at :meth:`StagingPool.close`, are unlinked and unmapped here;
-  the caller unregisters them from the backend (their names are handed back).
-"""
+memory (``--backend-shm``; :mod:`v2proxy.backends.staging` registers them with the backend)."""
 
 from __future__ import annotations
 
@@ -109,7 +90,7 @@ class StagingRegion:
 
 
 class StagingPool:
-    """Regions lent to one request at a time (see the module docstring)."""
+    """Regions lent to one request at a time."""
 
     def __init__(self, max_bytes: int, prefix: str | None = None) -> None:
         self.max_bytes = max_bytes

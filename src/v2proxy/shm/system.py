@@ -1,32 +1,10 @@
 """POSIX system shared memory: a client's object opened under ``/dev/shm`` and mapped with
 ``mmap`` (docs/protocol.md, shared memory).
 
-Contract:
-
-- :func:`normal_key` checks a key before anything sees it (no library is handed a key that
-  failed): valid UTF-8 text (a lone surrogate is refused), no NUL, leading slashes dropped as
-  glibc's ``shm_open`` does (``/k``, ``//k`` and ``k`` name ``/dev/shm/k``); what remains must be
-  a plain file name: not empty (Triton's ``invalid shm key`` for ``/`` and ``///``), no other
-  ``/``, not ``.`` or ``..``, at most NAME_MAX (255) bytes; nor may it start with a reserved
-  prefix (:data:`RESERVED_PREFIXES`: Triton's python backend's objects and v2proxy's own
-  staging objects). A region's name must be valid UTF-8 text too.
-- :func:`open_region` opens the object itself (``O_NOFOLLOW``, non-blocking: a symbolic link,
-  a directory or anything but a regular file is a client error, 400), maps ``byte_size`` bytes
-  from ``offset`` after checking them against the object's size (Triton's ``invalid args``); an
-  offset need not be page-aligned (the mapping starts at the page below it). ``byte_size`` 0 is
-  refused with Triton's text. Running out of descriptors or memory is the proxy's 503.
-- A :class:`SystemRegion` holds one file descriptor (the mapping's own) and never hands out a
-  view of the client's memory: :meth:`SystemRegion.read` returns a private copy and
-  :meth:`SystemRegion.write` copies in, both through :mod:`v2proxy.shm.guarded`, so a client
-  that truncates its object, even during the copy, gets a 400 naming the region instead of the
-  proxy a SIGBUS. :meth:`SystemRegion.check` compares the object's size first (a clear error
-  before any work). An object unlinked after registration stays mapped and keeps working (the
-  client still has it). The proxy never unlinks a client's object.
-- :meth:`SystemRegion.close` releases the mapping.
-- Messages never contain the key (Triton PR 8269).
-
-Not the stdlib's ``multiprocessing.shared_memory``: before Python 3.13 its resource tracker may
-unlink segments the client still uses (docs/protocol.md, shared memory: POSIX objects).
+Keys are checked before anything sees them (:func:`normal_key`). A :class:`SystemRegion` never
+hands out a view of the client's memory: it reads and writes through :mod:`v2proxy.shm.guarded`,
+so a client that truncates its object gets a 400, not the proxy a SIGBUS. The proxy never unlinks
+a client's object, and messages never contain the key.
 """
 
 from __future__ import annotations
@@ -176,8 +154,7 @@ def _open_object(name: str, posix_name: str) -> int:
 
 
 def open_region(name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
-    """Open and map a client's object (``key`` as the client gave it; see the module's
-    contract for the errors). The descriptor is closed once mapped: the mapping keeps its own."""
+    """Open and map a client's object (``key`` as the client gave it)."""
     posix_name = normal_key(name, key)
     fd = _open_object(name, posix_name)
     try:

@@ -1,29 +1,6 @@
 """The pipeline's stages in their fixed order around one backend call: the one loop that unary
 and streamed inference share (:meth:`Stages.run`), whether any stage applies
-(:meth:`Stages.applies`), and what every answer gets (:func:`finish`).
-
-Contract:
-
-- :class:`Stages` holds the stages (:class:`~v2proxy.core.stages.base.Stage`) in the order the
-  pipeline composed them (:class:`~v2proxy.core.pipeline.Pipeline`'s constructor: client shared
-  memory, then classification). It holds no state of a request.
-- :meth:`Stages.applies` says whether some stage applies to a request: one pass over its inputs
-  and requested outputs looking for the stages' keys, no allocation, no call into a stage. A
-  request whose tensors carry no parameters costs a truth test per tensor.
-- :meth:`Stages.run` applies them around a backend call that yields responses (a stream; a
-  unary call is a stream of one): per stage in order, ``applies`` and, when it applies, its
-  ``before`` (so a stage's error comes before any later stage's, and a later stage sees the
-  request as the earlier ones left it); the call with what they made of the request; for every
-  response :func:`finish`, then each applied stage's ``after``, innermost (last applied) first;
-  and every applied stage's ``release`` once when the run ends, whatever happened (an error,
-  a consumer that stops early and closes the iterator).
-- :func:`finish` is done to every response, whether a stage applies or not: the request id and
-  model name filled in when the backend left them out, outputs the client did not ask for
-  dropped (some backends, KServe over gRPC, return every output whatever was asked for). The
-  pipeline calls it directly when no stage applies, so that such a request pays for no loop.
-
-Pure: no I/O library (checked by tools/check_layers.py).
-"""
+(:meth:`Stages.applies`), and what every answer gets (:func:`finish`)."""
 
 from __future__ import annotations
 
@@ -37,7 +14,7 @@ Call = Callable[[InferRequest], AsyncIterator[InferResponse]]
 
 
 def finish(request: InferRequest, response: InferResponse) -> InferResponse:
-    """A backend's response as every client gets it (module docstring), changed in place."""
+    """A backend's response as every client gets it, changed in place."""
     if request.id and not response.id:
         response.id = request.id
     if not response.model_name:
@@ -50,7 +27,7 @@ def finish(request: InferRequest, response: InferResponse) -> InferResponse:
 
 
 class Stages:
-    """The pipeline's stages, in order (module docstring)."""
+    """The pipeline's stages, in order."""
 
     __slots__ = ("input_keys", "output_keys", "stages")
 
@@ -80,7 +57,7 @@ class Stages:
         self, request: InferRequest, peer: str | None, call: Call
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response of ``call`` to what the stages make of ``request``, through the
-        stages (module docstring); ``peer`` as :meth:`Stage.applies` takes it."""
+        stages; ``peer`` as :meth:`Stage.applies` takes it."""
         applied: list[Applied] = []
         try:
             sent = request

@@ -1,28 +1,4 @@
-"""The classification stage of the pipeline, pure (stages 4 and 6 of :mod:`v2proxy.core.pipeline`).
-
-Stage 4, per requested output with a ``classification`` parameter (``k``, checked by
-:func:`~v2proxy.codecs.classification.requested_count`):
-
-- ``k`` is 0 (REST: no classification): the parameter is dropped, the output returned as is;
-- labels are configured for (model, output) (``models.<m>.outputs.<o>.labels``): the proxy
-  classifies: the backend is asked for the raw output, without the parameter;
-- no labels here and the backend lists the ``classification`` extension: the parameter passes
-  through and the backend classifies (with its own labels, e.g. Triton's ``label_filename``);
-- otherwise the proxy classifies, without labels.
-
-Stage 6 replaces each output the proxy classifies by its classification. Whether the model
-batches comes from its configuration (``max_batch_size > 0``) or, without one, from its
-metadata (the output's shape has a leading -1 and at least two dimensions: a lone ``[-1]`` is
-taken as a variable-length vector).
-
-:class:`ClassificationStage` is the stage (:class:`~v2proxy.core.stages.base.Stage`): it
-applies to a request one of whose requested outputs carries ``classification``
-(:func:`requested`); its ``before`` is stage 4 (:func:`plan`, asking the backend's extensions
-only when some output has no labels here), its ``after`` stage 6 (:func:`apply`, for every
-response of a stream, the batching asked of the model's metadata and config only when the
-response holds an output to classify). Requests without the parameter pay one dict lookup per
-requested output that has parameters.
-"""
+"""The classification stage of the pipeline (its stages 4 and 6), pure."""
 
 from __future__ import annotations
 
@@ -124,7 +100,7 @@ def plan(
 
 
 def batching(metadata: Mapping[str, Any], max_batch_size: int | None, output: str) -> bool:
-    """Whether ``output``'s first dimension is the batch (see the module docstring)."""
+    """Whether ``output``'s first dimension is the batch."""
     if max_batch_size is not None:
         return max_batch_size > 0
     entry = model_meta(metadata).output(output)
@@ -146,7 +122,7 @@ def apply(
 
 
 class ClassificationStage:
-    """Classification as a :class:`~v2proxy.core.stages.base.Stage` (module docstring): the
+    """Classification as a :class:`~v2proxy.core.stages.base.Stage`: the
     labels configured per model (``Settings.models``) and what is known of the backend."""
 
     __slots__ = ("info", "models")

@@ -1,42 +1,6 @@
 """Client shared memory as stages of the pipeline (docs/protocol.md, shared memory): who may use
 it, and per inference request stage 3 (inputs read from the client's registered regions), stage 4
-(outputs planned into them) and stage 6 (the backend's outputs written there).
-
-:class:`SharedMemoryStage` is the stage (:class:`~v2proxy.core.stages.base.Stage`): it applies
-to a request one of whose inputs or outputs names a region (``shared_memory_region``); its
-``before`` is :func:`resolve`, its ``after`` :meth:`Use.write_outputs` (every response of a
-stream), its ``release`` :meth:`Use.release`.
-
-Contract:
-
-- The regions live behind the :class:`~v2proxy.core.regions.Regions` port
-  (:class:`v2proxy.shm.registry.Registry`, or :class:`v2proxy.shm.shared.SharedRegistry` with
-  ``--workers N``; wired by ``app.py``); this module only sees
-  :class:`~v2proxy.core.regions.Region` handles. A request holds every region it names from
-  :func:`resolve` until :meth:`Use.release` (the pipeline calls it when the request ends,
-  whatever happens), so an unregister meanwhile is deferred and no mapping is ever closed under
-  a request.
-- Who may use shared memory (``--client-shm``, :func:`check_client`) is checked for every use:
-  register, status, unregister, and every inference request that names a region (a client off
-  the pod's boundary may neither read a region's bytes as an input nor overwrite them as an
-  output), over REST and gRPC alike.
-- Inputs become private copies of the region's bytes (:meth:`Region.read`: no view of a client's
-  memory ever reaches other code, so a client truncating its object cannot fault the process);
-  their shm parameters are dropped, so the backend sees ordinary tensors. Outputs in shm lose
-  their shm parameters too: the backend is asked for them normally and :meth:`Use.write_outputs`
-  copies its answer into the region, marking the tensor ``in_shm`` (REST: name, datatype, shape
-  only; gRPC: an empty raw slot). Each such output also carries a ``sink`` (its place in the
-  region, with the same checks), so that a backend that staged it in its own shared memory copies
-  it across once, marking it ``in_shm``.
-- Every offset and size is checked with Triton's rules and texts before memory is touched
-  (:func:`locate`: offset, integer overflow against 2^64-1, end), and each region's object is
-  checked to still hold the registered bytes (:meth:`Region.check`) before the proxy reads or
-  writes it; a truncation after that check is caught by the copy itself (a 400 naming the
-  region either way).
-- Errors never name the shared-memory key (Triton PR 8269).
-
-Pure: no I/O library (checked by tools/check_layers.py).
-"""
+(outputs planned into them) and stage 6 (the backend's outputs written there)."""
 
 from __future__ import annotations
 
@@ -58,9 +22,6 @@ SHM_PARAMS = frozenset({REGION, OFFSET, BYTE_SIZE})
 SIZE_MAX = 2**64 - 1
 CLIENT_SHM_MODES = ("off", "local", "on")
 WITH_BINARY = "Output can't set both 'shared_memory_region' and 'binary_data'"
-
-
-# ---------------------------------------------------------------------- side operations
 
 
 def is_local(peer: str | None) -> bool:
@@ -95,9 +56,6 @@ def check_client(mode: str, peer: str | None) -> None:
             "Client shared memory is allowed only from loopback or a unix socket"
             " (--client-shm local): this client connected from another host"
         )
-
-
-# ---------------------------------------------------------------------- inference
 
 
 def locate(name: str, region_size: int, offset: int, byte_size: int) -> None:
@@ -163,9 +121,9 @@ class Use:
             self.regions.release(region)
 
     def write_outputs(self, response: InferResponse) -> None:
-        """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500
-        text otherwise) and the region's object checked to still be whole. Outputs a backend
-        already wrote through their sink are ``in_shm`` and skipped."""
+        """Stage 6: each planned output's bytes into its region, checked to fit (Triton's 500 text
+        otherwise) and the region's object checked to still be whole; ``in_shm`` ones are skipped.
+        """
         written = 0
         for t in response.outputs:
             target = self.outputs.get(t.name)
@@ -215,11 +173,9 @@ def resolve(
     mode: str = "local",
     peer: str | None = UNKNOWN_PEER,
 ) -> Use | None:
-    """Stages 3 and 4 for shared memory: None when the request names no region (one dict
-    lookup per tensor that has parameters). Otherwise the client must be allowed shared memory
-    (``mode``: ``--client-shm``; ``peer`` as :func:`check_client` takes it), its shm inputs
-    become private copies of their regions' bytes and its shm outputs are planned; the regions
-    are held by the returned :class:`Use` (released here if this fails)."""
+    """Stages 3 and 4 for shared memory: None when the request names no region (one dict lookup per
+    tensor that has parameters); else a :class:`Use` holding the regions (released here on failure).
+    """
     inputs = [t for t in request.inputs if t.parameters and REGION in t.parameters]
     outputs = [o for o in request.outputs or () if o.parameters and REGION in o.parameters]
     if not inputs and not outputs:
@@ -259,11 +215,8 @@ def resolve(
     return use
 
 
-# ---------------------------------------------------------------------- the stage
-
-
 class SharedMemoryStage:
-    """Client shared memory as a :class:`~v2proxy.core.stages.base.Stage` (module docstring):
+    """Client shared memory as a :class:`~v2proxy.core.stages.base.Stage`:
     the clients' regions (None: none can be registered) and ``--client-shm``."""
 
     __slots__ = ("mode", "regions")
