@@ -8,29 +8,18 @@ stick that skipped a duty would measure less than the path costs."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_module import bench_module
 
 pytestmark = pytest.mark.both_loops
 
 
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("floorpath", ROOT / "benchmarks/floorpath.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-floorpath = _module()
+floorpath = bench_module("floorpath")
 
 BODY = json.dumps(
     {"inputs": [{"name": "X", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}

@@ -7,27 +7,16 @@ is gone. A benchmark's compared system that relays wrongly would measure the wro
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.bench_module import bench_module
 
 pytestmark = pytest.mark.both_loops
 
 
-def _relay_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("floorrelay", ROOT / "benchmarks/floorrelay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-floorrelay = _relay_module()
+floorrelay = bench_module("floorrelay")
 
 #: the backend's answer: chunked, with hop-by-hop headers the relay must drop
 CHUNKED = (

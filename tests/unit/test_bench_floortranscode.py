@@ -8,33 +8,20 @@ wrong thing."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.unit.bench_module import bench_module
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.dtypes import as_numpy, from_numpy
 from v2proxy.core.model import Datatype, InferResponse
 
-ROOT = Path(__file__).resolve().parents[2]
-
 pytestmark = pytest.mark.both_loops
 
 
-def _module() -> ModuleType:
-    path = ROOT / "benchmarks/floortranscode.py"
-    spec = importlib.util.spec_from_file_location("floortranscode", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-floortranscode = _module()
+floortranscode = bench_module("floortranscode")
 
 BODY = (
     b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":[%s]},'

@@ -70,7 +70,6 @@ class QuickLane:
         "taken",
         "takes_json",
         "tasks",
-        "transcodes",
     )
 
     def __init__(self, frontend: RestFrontend) -> None:
@@ -81,10 +80,9 @@ class QuickLane:
         #: it straight away, with no relay check)
         self.speaks_rest = self.backend.speaks_rest
         self.takes_json = self.speaks_rest and not self.backend.transcodes_json
-        #: a JSON body to a backend that takes every one in binary tensors: decoded here by
-        #: the full decoder, sent at once (:meth:`Backend.infer_now`), its answer encoded as
-        #: the general path encodes it (``encode``)
-        self.transcodes = self.speaks_rest and self.backend.transcodes_json
+        #: a JSON body to a backend that takes every one in binary tensors (``takes_json``
+        #: False) is decoded here by the full decoder, sent at once (:meth:`Backend.infer_now`)
+        #: and its answer encoded as the general path encodes it (``encode``)
         self.encode = frontend.infer_endpoint.encode
         self.decoded_json = frontend.recorder.decode["json"]
         #: the stages, which a binary-framed body decoded for its check must not need
@@ -143,9 +141,10 @@ class QuickLane:
         if ihcl_value is None:
             ihcl = None
             if self.takes_json:
-                if not relays_as_sent(body, self.max_input_size, self.max_tensors) or (
-                    relays(JSON, len(body), self.backend.relay_facts(model, version)) is not True
-                ):
+                # the decision (data) first: the check parses the body
+                if relays(
+                    JSON, len(body), self.backend.relay_facts(model, version)
+                ) is not True or not relays_as_sent(body, self.max_input_size, self.max_tensors):
                     return False
             else:  # decoded by the full decoder (its error is the general path's to say)
                 t0 = perf_counter()
