@@ -228,3 +228,63 @@ async def test_the_backend_sees_each_header_once_on_every_way(
         _once(seen[-1])
     # passed through: the client's Content-Type goes with its body, once
     assert seen[-1].getall("Content-Type") == ["text/x-mine"]
+
+
+@pytest.mark.parametrize("way", ["lane", "general"])
+async def test_an_infer_request_reads_its_id_and_wire_form_once(
+    make_client: Factory,
+    filterings: Filterings,
+    monkeypatch: pytest.MonkeyPatch,
+    way: str,
+) -> None:
+    """The request id and the Inference-Header-Content-Length of an /infer request are found by
+    the pass that filters its headers, once, and never looked up again (the quick lane's pass
+    is kept for the general path when the lane declines), whatever way it then goes: relayed
+    in the lane, or through the general path (compression asked)."""
+    from v2proxy.http.request import HttpRequest
+
+    url, seen = await _recording_backend(make_client)
+    proxy = await lane_proxy(make_client, url)
+    await warm(proxy)
+    filterings.take()
+    looked_up: list[bytes] = []
+    header = HttpRequest.header
+
+    def counted(self: HttpRequest, name: bytes, *args: Any) -> Any:
+        looked_up.append(name)
+        return header(self, name, *args)
+
+    monkeypatch.setattr(HttpRequest, "header", counted)
+    extra = {"Accept-Encoding": "gzip"} if way == "general" else {}
+    before = taken(proxy)
+    async with proxy.post(
+        "/v2/models/simple/infer",
+        data=simple_json(),
+        headers={"x-request-id": "r1", "x-trace": "t1", **extra},
+        skip_auto_headers=["Accept-Encoding"],
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers.getall("x-request-id") == ["r1"]
+    assert taken(proxy) == before + (1 if way == "lane" else 0)
+    assert filterings.take() == 1
+    assert b"x-request-id" not in looked_up
+    assert b"inference-header-content-length" not in looked_up
+    _once(seen[-1])
+
+
+def test_one_value_for_http_and_grpc() -> None:
+    """The edge's one value: bytes pairs for HTTP; as gRPC metadata, ready when they came as
+    gRPC metadata (the same list, no conversion), made from an HTTP request's pairs otherwise,
+    and a value gRPC cannot carry refused by name."""
+    came = [("x-trace", "t1"), ("user-agent", "grpc-python"), ("te", "trailers"), ("k-bin", "x")]
+    value = table.call_headers(came)
+    assert value == [(b"x-trace", b"t1")]
+    assert table.metadata(value) is value.grpc
+    assert value.grpc == [("x-trace", "t1")]
+    rest = table.forwarded([(b"x-trace", b"t1"), (b"connection", b"close")], table.WRITTEN)
+    assert rest == [(b"x-trace", b"t1")]
+    assert table.metadata(rest) == [("x-trace", "t1")]
+    from v2proxy.core.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="'x-name'"):
+        table.metadata(table.forwarded([(b"x-name", "é".encode())], table.WRITTEN))

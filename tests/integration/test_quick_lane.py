@@ -465,7 +465,9 @@ async def test_the_lane_obeys_the_one_decision(
     await warm(proxy)
     asked: list[str] = []
 
-    def declines(form: str, size: int, facts: Any, *, learnt: bool = False) -> bool:
+    def declines(
+        form: str, size: int, facts: Any, *, rewritten: bool = False, learnt: bool = False
+    ) -> bool:
         asked.append(form)
         return False
 

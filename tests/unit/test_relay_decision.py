@@ -1,16 +1,24 @@
 """``core.relay.relays``: the one decision whether a body goes to the backend as the client sent
-it, from the backend's relay facts (data), as a table; and every way a request goes asks it:
-the pipeline's whole and streamed bodies, gRPC messages, and the REST quick lane."""
+it, from its wire form, its size, whether the frontend rewrites the answer and the backend's
+relay facts (data), as a table; and every way a request goes asks it and does what it says:
+the pipeline's whole and streamed bodies, gRPC messages (unary and of a stream), and the REST
+quick lane (tests/integration/test_quick_lane.py)."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from tests.unit import test_pipeline_table as pt
+from tests.unit.fake_backend import Answers, FakeBackend
 from tests.unit.test_pipeline_table import regions  # noqa: F401  (the fixture)
+from v2proxy.codecs.binary import decode_request
 from v2proxy.core import relay as relay_module
-from v2proxy.core.ports import TAKES_NOTHING, RelayFacts
-from v2proxy.core.relay import BINARY, JSON, MESSAGE, relays
+from v2proxy.core.model import Buffer, InferRequest
+from v2proxy.core.pipeline import Pipeline
+from v2proxy.core.ports import TAKES_NOTHING, RelayFacts, StreamedBody
+from v2proxy.core.relay import BINARY, JSON, MESSAGE, RAW, relays
 
 SMALL = 16 * 1024
 ALL = 1 << 62
@@ -46,7 +54,7 @@ TABLE = [
     (BINARY, 100, rest("auto", False), False, False),
     (BINARY, 100, rest("auto", True), True, True),
     # a raw binary body: never (its shape is the model's)
-    ("raw", 100, rest("json", True), False, False),
+    (RAW, 100, rest("json", True), False, False),
     # a REST backend takes no message, a gRPC one no REST body
     (MESSAGE, 100, rest("json", True), False, False),
     (JSON, 100, grpc(ALL, False), False, False),
@@ -70,6 +78,16 @@ def test_the_decision_table(
 ) -> None:
     assert relays(form, size, facts) is before
     assert relays(form, size, facts, learnt=True) is learnt
+
+
+@pytest.mark.parametrize(("form", "size", "facts", "before", "learnt"), TABLE)
+def test_a_rewritten_answer_is_never_relayed(
+    form: str, size: int, facts: RelayFacts, before: bool | None, learnt: bool
+) -> None:
+    """Whatever the backend takes: an answer the frontend compresses, or adds a flag to, is
+    never the backend's as it wrote it, so nothing goes as sent (and nothing needs learning)."""
+    assert relays(form, size, facts, rewritten=True) is False
+    assert relays(form, size, facts, rewritten=True, learnt=True) is False
 
 
 # ---- every way a request goes asks it, once, and does what it says
@@ -99,10 +117,99 @@ async def test_every_way_obeys_the_one_decision(
     sent as the pipeline encodes it: the same table row, its relay call gone."""
     asked: list[str] = []
 
-    def declines(form: str, size: int, facts: RelayFacts, *, learnt: bool = False) -> bool:
+    def declines(
+        form: str, size: int, facts: RelayFacts, *, rewritten: bool = False, learnt: bool = False
+    ) -> bool:
         asked.append(form)
         return False
 
     monkeypatch.setattr(relay_module, "relays", declines)
     await pt.test_pipeline_table(row, regions)
     assert asked == [form]
+
+
+# ---- every way a body comes goes as the one decision says, yes or no
+
+
+async def _chunks(body: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), 7):
+        yield body[i : i + 7]
+
+
+async def _decode(data: Buffer, ihcl: int | None, model: str, version: str) -> InferRequest:
+    return decode_request(data, ihcl, model, version, pt.LIMIT, 64)
+
+
+async def _json_whole(pipeline: Pipeline) -> None:
+    body, _ = pt._rest_body(pt.NONE, binary=False)
+    await pipeline.infer_body(pt.MODEL, "", body, None, False, _decode, [], None)
+
+
+async def _binary_whole(pipeline: Pipeline) -> None:
+    body, ihcl = pt._rest_body(pt.NONE, binary=True)
+    await pipeline.infer_body(pt.MODEL, "", body, ihcl, False, _decode, [], None)
+
+
+async def _json_arriving(pipeline: Pipeline) -> None:
+    body, _ = pt._rest_body(pt.NONE, binary=False)
+    streamed = StreamedBody(len(body), _chunks(body))
+    await pipeline.infer_body(pt.MODEL, "", streamed, None, False, _decode, [], None)
+
+
+async def _binary_arriving(pipeline: Pipeline) -> None:
+    body, ihcl = pt._rest_body(pt.NONE, binary=True)
+    streamed = StreamedBody(len(body), _chunks(body))
+    await pipeline.infer_body(pt.MODEL, "", streamed, ihcl, False, _decode, [], None)
+
+
+async def _message(pipeline: Pipeline) -> None:
+    await pipeline.infer_message(b"the message", pt._decoded(pt.NONE), [], None)
+
+
+async def _stream_message(pipeline: Pipeline) -> None:
+    async for _ in pipeline.stream_message(b"the message", pt._decoded(pt.NONE), True, [], None):
+        pass
+
+
+#: (the way, the form it asks about, the backend's relay call, its call when transcoded)
+WAYS = [
+    ("rest-json-whole", _json_whole, JSON, "relay_infer", "infer"),
+    ("rest-binary-whole", _binary_whole, BINARY, "relay_infer", "infer"),
+    ("rest-json-arriving", _json_arriving, JSON, "relay_infer", "infer"),
+    ("rest-binary-arriving", _binary_arriving, BINARY, "relay_infer", "infer"),
+    ("grpc-message", _message, MESSAGE, "relay_message", "infer"),
+    ("grpc-stream-message", _stream_message, MESSAGE, "relay_message", "stream_infer"),
+]
+
+
+@pytest.mark.parametrize("says", [True, False], ids=["yes", "no"])
+@pytest.mark.parametrize(
+    ("way", "form", "relayed", "transcoded"),
+    [pytest.param(w, f, r, t, id=i) for i, w, f, r, t in WAYS],
+)
+async def test_the_one_decision_rules_every_way(
+    says: bool,
+    way: Callable[[Pipeline], Awaitable[None]],
+    form: str,
+    relayed: str,
+    transcoded: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever the backend's facts (here: it would take nothing as sent), the one function's
+    answer alone says whether a body no stage applies to goes as sent or transcoded: asked once,
+    about the body's wire form, on every way of the REST general path (whole or still
+    arriving, JSON or binary-framed) and of gRPC (ModelInfer, ModelStreamInfer). The REST quick
+    lane: tests/integration/test_quick_lane.py."""
+    asked: list[str] = []
+
+    def decides(
+        form: str, size: int, facts: RelayFacts, *, rewritten: bool = False, learnt: bool = False
+    ) -> bool:
+        asked.append(form)
+        return says
+
+    monkeypatch.setattr(relay_module, "relays", decides)
+    backend = FakeBackend(Answers(relay={False: False, True: False}, relay_message=False))
+    await way(Pipeline(backend, pt.LIMIT))  # type: ignore[arg-type]
+    assert asked == [form]
+    assert backend.names() == [relayed if says else transcoded]

@@ -62,11 +62,11 @@ from v2proxy.core.errors import (
     BadGateway,
     CodecError,
     GatewayTimeout,
-    InvalidRequest,
     NotFound,
     ProxyError,
     Unsupported,
 )
+from v2proxy.core.headers import metadata
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import Headers, RelayFacts
@@ -109,21 +109,6 @@ _HTTP_BY_CODE = {
 
 #: no bound on the size of a relayed message (no staging)
 _ALL = 1 << 62
-
-
-def _metadata(headers: Headers) -> list[tuple[str, str]]:
-    """The client's headers as gRPC metadata, which carries printable ASCII only: a header
-    whose value is not is refused, naming it (nothing is re-encoded behind the client's back)."""
-    out = []
-    for name, value in headers:  # (filtered where they came in: v2proxy.core.headers)
-        try:
-            out.append((name.decode("ascii"), value.decode("ascii")))
-        except UnicodeDecodeError:
-            raise InvalidRequest(
-                f"header '{name.decode('latin-1')}' has a value that is not ASCII, which a gRPC"
-                " backend cannot take"
-            ) from None
-    return out
 
 
 class GrpcBackend(NonRestBackend):
@@ -406,7 +391,7 @@ class GrpcBackend(NonRestBackend):
         # (grpcc.request_bytes), where protobuf's own serializer copies them twice, slowly
         data = grpcc.request_bytes(request)
         answer: bytes = await self._call(
-            _RAW_INFER, data, "inference", request.model_name, _metadata(headers)
+            _RAW_INFER, data, "inference", request.model_name, metadata(headers)
         )
         return self._decode(answer)
 
@@ -418,9 +403,7 @@ class GrpcBackend(NonRestBackend):
         decoupled model, nor a message as large as the staging threshold, an input of which
         might be staged). A message of a client's stream (``streamed``) is asked of the backend
         as a unary ModelInfer, as :meth:`stream_infer` asks a model that is not decoupled."""
-        answer: bytes = await self._call(
-            _RAW_INFER, message, "inference", model, _metadata(headers)
-        )
+        answer: bytes = await self._call(_RAW_INFER, message, "inference", model, metadata(headers))
         return answer
 
     @staticmethod
@@ -482,7 +465,7 @@ class GrpcBackend(NonRestBackend):
         # --backend-timeout. The backend has that long for each response instead.
         ep = self._pick([])
         assert ep is not None
-        call = ep.client.calls["ModelStreamInfer"](iter([msg]), metadata=_metadata(headers))
+        call = ep.client.calls["ModelStreamInfer"](iter([msg]), metadata=metadata(headers))
         ep.outstanding += 1
         answered = False
         try:
@@ -536,12 +519,12 @@ class GrpcBackend(NonRestBackend):
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         req = pb.ModelStatisticsRequest(name=model, version=version)
-        resp = await self._call("ModelStatistics", req, "statistics", model, _metadata(headers))
+        resp = await self._call("ModelStatistics", req, "statistics", model, metadata(headers))
         return grpc_side.statistics_to_json(resp)
 
     async def repository_index(self, ready: bool, headers: Headers) -> list[dict[str, Any]]:
         req = pb.RepositoryIndexRequest(ready=ready)
-        resp = await self._call("RepositoryIndex", req, "repository index", "", _metadata(headers))
+        resp = await self._call("RepositoryIndex", req, "repository index", "", metadata(headers))
         return grpc_side.index_to_json(resp)
 
     async def repository_load(
@@ -552,7 +535,7 @@ class GrpcBackend(NonRestBackend):
             model_name=model
         )
         grpc_side.repository_params_to_proto({"parameters": parameters}, req.parameters)
-        await self._call(name, req, name, "", _metadata(headers))
+        await self._call(name, req, name, "", metadata(headers))
 
     async def trace_settings(
         self, model: str, update: dict[str, Any] | None, headers: Headers
@@ -561,7 +544,7 @@ class GrpcBackend(NonRestBackend):
         for key, value in (update or {}).items():
             values = value if isinstance(value, list) else [value]
             req.settings[key].value.extend(str(v) for v in values if v is not None)
-        resp = await self._call("TraceSetting", req, "trace settings", "", _metadata(headers))
+        resp = await self._call("TraceSetting", req, "trace settings", "", metadata(headers))
         return grpc_side.trace_settings_to_json(resp.settings)
 
     async def log_settings(self, update: dict[str, Any] | None, headers: Headers) -> dict[str, Any]:
@@ -569,7 +552,7 @@ class GrpcBackend(NonRestBackend):
         if update:  # the response's SettingValue has the request's fields, not its class
             for key, value in grpc_side.log_settings_to_proto(update).settings.items():
                 req.settings[key].ParseFromString(value.SerializeToString())
-        resp = await self._call("LogSettings", req, "log settings", "", _metadata(headers))
+        resp = await self._call("LogSettings", req, "log settings", "", metadata(headers))
         return grpc_side.log_settings_to_json(resp.settings)
 
 

@@ -18,7 +18,7 @@ from v2proxy.core.errors import (
     ProxyError,
     Unsupported,
 )
-from v2proxy.core.headers import WRITTEN
+from v2proxy.core.headers import INFERRED
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers
@@ -26,9 +26,6 @@ from v2proxy.core.ports import Backend, ForwardResponse, Headers
 #: the pipeline's stream operation
 StreamFn = Callable[[InferRequest, Headers], AsyncIterator[InferResponse]]
 
-#: headers of the client's generate request that do not describe the inference request it is
-#: mapped onto (v2proxy writes that body: the one table's, and what the client accepts)
-_NOT_INFER = WRITTEN | {b"accept"}
 #: the most of a 404/405 answer read to decide whether the route exists
 _PROBE_READ = 64 * 1024
 #: the knowledge's key of whether the backend has the generate extension
@@ -161,7 +158,7 @@ class GenerateExtension:
         """A generate body mapped onto the pipeline's inference (errors named by field)."""
         metadata = (await self.knowledge.model(model, version)).raw
         request = gc.request_from_generate(obj, model, version, metadata, self.max_input_size)
-        sent = [(k, v) for k, v in headers if k not in _NOT_INFER]
+        sent = [(k, v) for k, v in headers if k not in INFERRED]
         return Mapped(request, self._stream(request, sent))
 
     async def _native(self) -> bool:
@@ -203,7 +200,7 @@ class GenerateExtension:
         (SSE event) otherwise. Errors are ProxyErrors; closing the iterator early releases the
         backend's answer."""
         if await self._native():
-            out = [(k, v) for k, v in headers if k not in _NOT_INFER]
+            out = [(k, v) for k, v in headers if k not in INFERRED]
             out.append((b"content-type", b"application/json"))
             answer = await self._forward(
                 generate_target(model, version, stream), out, gc.encode(obj)

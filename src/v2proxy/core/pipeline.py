@@ -33,7 +33,7 @@ from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
-from v2proxy.core.relay import JSON, Relay, relays_as_sent
+from v2proxy.core.relay import BINARY, JSON, RAW, Relay, nothing_to_do, relays_as_sent
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
@@ -149,7 +149,7 @@ class Pipeline:
         version: str,
         body: Buffer | StreamedBody,
         ihcl: int | None,
-        relayable: bool,
+        rewritten: bool,
         decode: Decode,
         headers: Headers,
         peer: str | None,
@@ -158,51 +158,62 @@ class Pipeline:
         (its API group checked before the body was read, ``RestFrontend.dispatch``): ``body``
         as the client sent it (decompressed), still arriving (:class:`StreamedBody`, a large
         one) or whole; ``ihcl`` its JSON header's length (None: JSON, 0: raw binary);
-        ``relayable``: it and its answer may pass untouched (nothing to compress); ``decode``:
-        the frontend's decoder, called only when the request is needed.
+        ``rewritten``: the frontend rewrites the answer (compresses it), so it is never relayed;
+        ``decode``: the frontend's decoder, called only when the request is needed.
 
-        The pipeline decides, in this order:
+        The pipeline decides, in this order, each relay asking the one decision
+        (:func:`~v2proxy.core.relay.relays`, through :class:`Relay`):
 
         - a body still arriving is relayed while it arrives (JSON checked on the way,
           :meth:`Relay.relay_json`; a binary-framed one once its JSON header is checked,
           :meth:`Relay.relay_framed`), else read whole;
+        - a whole body the decision rules out (the backend takes its wire form transcoded, a
+          raw one, a rewritten answer) is decoded straight away;
         - a small JSON body that :func:`~v2proxy.codecs.relay_check.plain_json_request`
           accepts (the full decoder would take it, and no stage applies) is relayed untouched
-          without being decoded; when the backend takes every JSON body transcoded
-          (:attr:`Backend.transcodes_json`) it is not checked so, but decoded straight away;
-        - any other body is decoded and relayed untouched when no stage applies and the
-          backend takes its wire form (:meth:`Relay.relay`; never a raw binary one);
+          without being decoded;
+        - any other body is decoded and relayed untouched when no stage applies
+          (:func:`~v2proxy.core.relay.nothing_to_do`);
         - else the decoded request goes through the stages (:meth:`_staged`) and is answered
           with it, for the frontend to encode.
 
         One call of the frontend, one backend call."""
+        relay = self._relay
         if isinstance(body, StreamedBody):
             if ihcl is None:
-                outcome = await self._relay.relay_json(model, version, body, headers)
+                outcome = await relay.relay_json(model, version, body, headers, rewritten)
                 if isinstance(outcome, ForwardResponse):
                     return outcome
                 return Answered(outcome, await self._staged(outcome, headers, peer))
-            relayed, whole = await self._relay.relay_framed(model, version, body, ihcl, headers)
+            relayed, whole = await relay.relay_framed(
+                model, version, body, ihcl, headers, rewritten
+            )
             if relayed is not None:
                 return relayed
-            body, relayable = whole, False  # declined after its header: not offered again
-        sent = body if relayable and isinstance(body, (bytes, bytearray)) else None
-        if sent is not None and ihcl is None and self.backend.transcodes_json:
-            sent = None  # the backend takes it transcoded: decoded straight away
+            request = await decode(whole, ihcl, model, version)  # declined: not asked again
+            return Answered(request, await self._staged(request, headers, peer))
+        form = JSON if ihcl is None else BINARY if ihcl else RAW
+        sent = body if isinstance(body, (bytes, bytearray)) else None
+        decided = (
+            False if sent is None else relay.decides(model, version, form, len(sent), rewritten)
+        )
         if (
             sent is not None
+            and decided is not False
             and ihcl is None
             and relays_as_sent(sent, self.max_input_size, self.max_tensors)
         ):
             # checked without decoding: the full decoder accepts it and no stage applies
-            if await self._relay.takes(model, version, JSON, len(sent)):
-                return await self.backend.relay_infer(model, version, sent, None, headers)
-            sent = None  # the backend does not take it unchanged
+            if decided or await relay.learns(model, version, form, len(body)):
+                return await self.backend.relay_infer(model, version, body, None, headers)
+            decided = False  # the backend does not take it unchanged
         request = await decode(body, ihcl, model, version)
-        if sent is not None and ihcl != 0:
-            relayed = await self._relay.relay(request, sent, ihcl, headers)
-            if relayed is not None:
-                return relayed
+        if (
+            decided is not False
+            and nothing_to_do(request, ihcl is not None, self.stages)
+            and (decided or await relay.learns(model, version, form, len(body)))
+        ):
+            return await self.backend.relay_infer(model, version, body, ihcl, headers)
         return Answered(request, await self._staged(request, headers, peer))
 
     async def infer_message(
@@ -271,11 +282,12 @@ class Pipeline:
         serialized ModelInferResponse, unchanged (decoded and finished when it is not what the
         full path would answer, :meth:`Relay.relay_message`); else every response of
         :meth:`stream_infer`'s path, for the frontend to encode. One backend call."""
-        if relayable:
-            relayed = await self._relay.relay_message(request, message, headers, streamed=True)
-            if relayed is not None:
-                yield relayed
-                return
+        relayed = await self._relay.relay_message(
+            request, message, headers, streamed=True, rewritten=not relayable
+        )
+        if relayed is not None:
+            yield relayed
+            return
         async with aclosing(self._streamed(request, headers, peer)) as responses:
             async for response in responses:
                 yield response

@@ -150,8 +150,8 @@ class Backend(Protocol):
 
     # the pass-through fast paths
     #: whether every JSON /infer body goes to the model server transcoded, whatever its size
-    #: (its relay facts' ``json`` is "binary"): the pipeline then decodes such a body without
-    #: first checking it for the relay
+    #: (what its relay facts say of every JSON body, known at start-up): the REST quick lane
+    #: then transcodes such a body itself
     transcodes_json: bool
 
     def relay_facts(self, model: str, version: str) -> RelayFacts:

@@ -3,9 +3,12 @@ stage applies to goes to the backend as the client sent it, and the answer comes
 
 Whether a body is relayed is decided once, by data: the request needs nothing
 (:func:`relays_as_sent` for a whole JSON body, else :func:`nothing_to_do`: no stage applies and
-the wire forms match) and the backend takes the body's wire form and size as they are
-(:func:`relays`, the one decision from the backend's :class:`~v2proxy.core.ports.RelayFacts`,
-:meth:`Relay.takes`); the backend's ``relay_infer`` and ``relay_message`` then only send.
+the wire forms match) and :func:`relays` says yes: the one decision, from the body's wire form
+and size, whether the frontend rewrites the answer (compression, a flag) and the backend's
+:class:`~v2proxy.core.ports.RelayFacts` (:meth:`Relay.decides`, :meth:`Relay.takes`). Every
+way a body comes asks it (the REST quick lane, the REST general path whole or still arriving,
+gRPC ModelInfer and ModelStreamInfer); the backend's ``relay_infer`` and ``relay_message`` then
+only send.
 
 - :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
   checked), relayed when the request needs nothing and the backend takes that wire form.
@@ -99,17 +102,22 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 
 _HALF = (Datatype.FP16, Datatype.BF16)
 
-#: the wire forms a body is relayed in: a JSON or binary-framed /infer body, a gRPC message (a
-#: raw binary body is never relayed: its shape is the model's, which only decoding applies)
-JSON, BINARY, MESSAGE = "json", "binary", "message"
+#: the wire forms of a body: a JSON or binary-framed /infer body, a raw binary one (never
+#: relayed: its shape is the model's, which only decoding applies), a gRPC message
+JSON, BINARY, RAW, MESSAGE = "json", "binary", "raw", "message"
 
 
-def relays(form: str, size: int, facts: RelayFacts, *, learnt: bool = False) -> bool | None:
+def relays(
+    form: str, size: int, facts: RelayFacts, *, rewritten: bool = False, learnt: bool = False
+) -> bool | None:
     """The one decision: whether a body of wire form ``form`` and ``size`` bytes goes to the
-    backend as the client sent it, from what the backend takes (``facts``). None when a fact it
-    needs is not known: ask again once it is learnt (``learnt``: an unknown capability then
-    relays a JSON body, which every v2 REST server takes, and not a binary one). (A client that
-    asks for a compressed answer is never relayed: its frontend says so first.)"""
+    backend as the client sent it, from what the backend takes (``facts``); never when the
+    frontend rewrites the answer (``rewritten``: compressed as the client asked, given a flag
+    the client asked for). None when a fact it needs is not known: ask again once it is learnt
+    (``learnt``: an unknown capability then relays a JSON body, which every v2 REST server
+    takes, and not a binary one)."""
+    if rewritten:
+        return False
     if form == JSON:
         if size < facts.json_below:
             return True
@@ -220,6 +228,7 @@ class Relay:
         body: bytes | bytearray | StreamedBody,
         ihcl: int | None,
         headers: Headers,
+        rewritten: bool = False,
     ) -> ForwardResponse | None:
         """Pass the client's /infer body through untouched when no stage applies and the
         backend takes that wire form (:meth:`takes`); None when the request must be
@@ -228,23 +237,52 @@ class Relay:
             return None
         model, version = request.model_name, request.model_version
         size = body.length if isinstance(body, StreamedBody) else len(body)
-        if not await self.takes(model, version, JSON if ihcl is None else BINARY, size):
+        form = JSON if ihcl is None else BINARY
+        if not await self.takes(model, version, form, size, rewritten=rewritten):
             return None
         return await self.backend.relay_infer(model, version, body, ihcl, headers)
 
+    def decides(
+        self, model: str, version: str, form: str, size: int, rewritten: bool = False
+    ) -> bool | None:
+        """:func:`relays` of the backend's facts as known now (None: learn them, :meth:`takes`)."""
+        return relays(form, size, self.backend.relay_facts(model, version), rewritten=rewritten)
+
     async def takes(
-        self, model: str, version: str, form: str, size: int, asked_for: str = "inference"
+        self,
+        model: str,
+        version: str,
+        form: str,
+        size: int,
+        asked_for: str = "inference",
+        rewritten: bool = False,
     ) -> bool:
         """:func:`relays` of the backend's facts, learnt first when one it needs is unknown."""
-        backend = self.backend
-        decided = relays(form, size, backend.relay_facts(model, version))
+        decided = relays(form, size, self.backend.relay_facts(model, version), rewritten=rewritten)
         if decided is None:
-            facts = await backend.learn_relay_facts(model, version, asked_for)
-            decided = relays(form, size, facts, learnt=True)
-        return bool(decided)
+            return await self.learns(model, version, form, size, asked_for, rewritten)
+        return decided
+
+    async def learns(
+        self,
+        model: str,
+        version: str,
+        form: str,
+        size: int,
+        asked_for: str = "inference",
+        rewritten: bool = False,
+    ) -> bool:
+        """:func:`relays` once the facts it needs are learnt (after :meth:`decides` said None)."""
+        facts = await self.backend.learn_relay_facts(model, version, asked_for)
+        return bool(relays(form, size, facts, rewritten=rewritten, learnt=True))
 
     async def relay_message(
-        self, request: InferRequest, message: bytes, headers: Headers, streamed: bool = False
+        self,
+        request: InferRequest,
+        message: bytes,
+        headers: Headers,
+        streamed: bool = False,
+        rewritten: bool = False,
     ) -> bytes | InferResponse | None:
         """Pass a client's serialized ModelInferRequest ``message`` (decoded and checked as
         ``request``) through untouched when it needs nothing (:func:`message_as_is`) and the
@@ -254,12 +292,13 @@ class Relay:
         (:func:`~v2proxy.codecs.grpc.relayed_answer`: KServe, say, answers every output
         whatever was asked), else decoded and finished as the full path finishes it; an answer
         that is no valid ModelInferResponse is BadGateway. ``streamed``: a message of a
-        client's ModelStreamInfer stream (:meth:`Backend.relay_message`)."""
+        client's ModelStreamInfer stream (:meth:`Backend.relay_message`); ``rewritten``: the
+        frontend adds to each answer (:func:`relays` then says no)."""
         if not message_as_is(request, self.stages):
             return None
         model, version = request.model_name, request.model_version
         asked_for = "streaming inference" if streamed else "inference"
-        if not await self.takes(model, version, MESSAGE, len(message), asked_for):
+        if not await self.takes(model, version, MESSAGE, len(message), asked_for, rewritten):
             return None
         answer = await self.backend.relay_message(
             model, version, message, headers, streamed=streamed
@@ -271,7 +310,13 @@ class Relay:
         return answer if decoded is None else finish(request, decoded)
 
     async def relay_framed(
-        self, model: str, version: str, body: StreamedBody, ihcl: int, headers: Headers
+        self,
+        model: str,
+        version: str,
+        body: StreamedBody,
+        ihcl: int,
+        headers: Headers,
+        rewritten: bool = False,
     ) -> tuple[ForwardResponse | None, bytearray]:
         """A binary-framed /infer body still arriving (``ihcl`` > 0): its JSON header is read
         and checked (every check but the tensors' bytes: a CodecError names the field at
@@ -283,7 +328,7 @@ class Relay:
             header, body.length - ihcl, model, version, self.max_input_size, self.max_tensors
         )
         streamed = StreamedBody(body.length, _then(bytes(header) + extra, chunks))
-        relayed = await self.relay(probe, streamed, ihcl, headers)
+        relayed = await self.relay(probe, streamed, ihcl, headers, rewritten)
         if relayed is not None:
             return relayed, bytearray()
         whole = header + extra  # refused after the header: the rest is read as it comes
@@ -292,7 +337,12 @@ class Relay:
         return None, whole
 
     async def relay_json(
-        self, model: str, version: str, body: StreamedBody, headers: Headers
+        self,
+        model: str,
+        version: str,
+        body: StreamedBody,
+        headers: Headers,
+        rewritten: bool = False,
     ) -> ForwardResponse | InferRequest:
         """A JSON /infer body still arriving, relayed while it arrives when nothing needs
         changing; the decoded request when it must go through the stages instead.
@@ -309,7 +359,7 @@ class Relay:
         # more than the copy.
         keeper = _Keeper(length, self._take_buffer(length))
         try:
-            relayed = await self._relay_checked(model, version, body, keeper, headers)
+            relayed = await self._relay_checked(model, version, body, keeper, headers, rewritten)
             if relayed is not None:
                 return relayed
             # the backend does not take it unchanged (nothing of it was read): decoded whole
@@ -324,9 +374,15 @@ class Relay:
             self._give_back(keeper.buf)
 
     async def _relay_checked(
-        self, model: str, version: str, body: StreamedBody, keeper: _Keeper, headers: Headers
+        self,
+        model: str,
+        version: str,
+        body: StreamedBody,
+        keeper: _Keeper,
+        headers: Headers,
+        rewritten: bool,
     ) -> ForwardResponse | None:
-        if not await self.takes(model, version, JSON, body.length):
+        if not await self.takes(model, version, JSON, body.length, rewritten=rewritten):
             return None  # (nothing of it read)
         check = StreamCheck(model, version, self.max_input_size, self.max_tensors)
         hold_from = max(body.length - HOLD_BACK, 0)

@@ -71,7 +71,7 @@ from v2proxy.frontends.rest_answer import (
     write_forwarded,
 )
 from v2proxy.frontends.rest_generate import GenerateEndpoint
-from v2proxy.frontends.rest_infer import InferEndpoint
+from v2proxy.frontends.rest_infer import InferEndpoint, infer_headers
 from v2proxy.frontends.rest_quick import QuickLane
 from v2proxy.frontends.rest_request import BodyReader, headers_of
 from v2proxy.frontends.rest_shm import SharedMemoryEndpoints
@@ -219,7 +219,10 @@ class RestFrontend:
             if route.names_model:
                 x.model = m.group("model") or ""
             if op == "infer":
-                rid, x.wire_in = rest_record.infer_facts(request)
+                # its headers' one pass (the quick lane's, kept when it declined): the request
+                # id and the wire form found as they are filtered
+                seen = request.state or infer_headers(request)
+                rid, x.wire_in = seen[4], rest_record.wire_in(seen[2])
             else:
                 rid = request.header(REQUEST_ID)
             try:

@@ -9,13 +9,14 @@ quick lane (:mod:`v2proxy.frontends.rest_quick`), with the same decision and hea
 (:func:`infer_headers`). Every body is checked before anything of it reaches the backend. In
 this order:
 
-- a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, no compression
-  either way) is relayed while it arrives once its JSON header is checked;
+- a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, not
+  compressed) is relayed while it arrives once its JSON header is checked;
 - a JSON body of that size is relayed while it arrives, checked on the way
   (:meth:`Pipeline.relay_json`);
 - a smaller body is read whole and decompressed, and the pipeline decides
-  (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the backend takes its
-  wire form (a plain JSON body checked without being decoded:
+  (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the one decision
+  (:func:`~v2proxy.core.relay.relays`, told whether the answer is to be compressed) says so (a
+  plain JSON body checked without being decoded:
   :func:`~v2proxy.core.relay.relays_as_sent`), else
   decoded here when the pipeline asks for it, and put through the stages; their answer is encoded
   as the client asked (JSON, binary outputs, compression).
@@ -112,7 +113,6 @@ class InferEndpoint:
         if (
             length is not None
             and STREAM_RELAY_MIN <= length <= self.max_body_size
-            and encoding is None
             and (content_encoding or "identity").strip().lower() == "identity"
         ):
             ihcl = binc.parse_ihcl(ihcl_value, length)
@@ -122,7 +122,7 @@ class InferEndpoint:
                     version,
                     StreamedBody(length, r.chunks()),
                     ihcl,
-                    True,
+                    encoding is not None,
                     decode,
                     forwarded,
                     peer,
@@ -137,7 +137,7 @@ class InferEndpoint:
             body = compression.decompress(body, content_encoding, self.max_input_size)
         ihcl = None if ihcl_value is None else binc.parse_ihcl(ihcl_value, len(body))
         answer = await self.pipeline.infer_body(
-            model, version, body, ihcl, encoding is None, decode, forwarded, peer
+            model, version, body, ihcl, encoding is not None, decode, forwarded, peer
         )
         if type(answer) is ForwardResponse:
             return answer

@@ -33,7 +33,8 @@ _IHCL = b"inference-header-content-length"
 def describe(request: Any) -> tuple[str | None, str, str]:
     """How the log lines name a request: its ``x-request-id``, method and path."""
     r: HttpRequest = request
-    rid = r.header(REQUEST_ID)
+    seen = r.state  # an /infer request's headers' one pass, when it was made
+    rid = r.header(REQUEST_ID) if seen is None else seen[4]
     return None if rid is None else rid.decode("latin-1"), r.method, r.path
 
 
@@ -58,27 +59,12 @@ def answer_error(op: str, status: int) -> str:
     return "backend_error" if op == "passthrough" else _STATUS_ERRORS.get(status, "other")
 
 
-def wire_in(request: HttpRequest) -> str:
-    """The wire form of an /infer request, from its headers."""
-    ihcl = request.header(_IHCL)
+def wire_in(ihcl: str | None) -> str:
+    """The wire form of an /infer request, from its Inference-Header-Content-Length (found by
+    the pass that filters its headers: :func:`~v2proxy.frontends.rest_infer.infer_headers`)."""
     if ihcl is None:
         return "json"
-    return "raw" if ihcl.strip() == b"0" else "binary"
-
-
-def infer_facts(request: HttpRequest) -> tuple[bytes | None, str]:
-    """The ``x-request-id`` of an /infer request (its first value) and its wire form
-    (:func:`wire_in`), in one pass over its headers."""
-    rid = ihcl = None
-    for name, value in request.headers:
-        if name == REQUEST_ID:
-            if rid is None:
-                rid = value
-        elif name == _IHCL and ihcl is None:
-            ihcl = value
-    if ihcl is None:
-        return rid, "json"
-    return rid, "raw" if ihcl.strip() == b"0" else "binary"
+    return "raw" if ihcl.strip() == "0" else "binary"
 
 
 def wire_out(headers: list[tuple[bytes, bytes]]) -> str:
