@@ -336,9 +336,12 @@ class RestBackend:
         """The response of a 200 /infer answer (BadGateway when it is not a v2 one)."""
         resp_ihcl = _header_value(headers, IHCL)
         try:
-            return binc.decode_response(
-                body, int(resp_ihcl) if resp_ihcl is not None else None, self._answer_heads
-            )
+            ihcl = int(resp_ihcl) if resp_ihcl is not None else None
+            if ihcl is not None and ihcl > 0:  # an answer header decoded before, asked first
+                known = self._answer_heads.decode(body, ihcl)
+                if known is not None:
+                    return known
+            return binc.decode_response(body, ihcl, self._answer_heads)
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
 
@@ -356,13 +359,18 @@ class RestBackend:
         loop = self._loop
         if loop is None or self.encoding.fixed is not True:
             return None
-        staging = self.staging
-        if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
-            return None
         chunks, ihcl = infer_body(request, True, self._binary_heads)
         if len(chunks) != 1:
             return None
         body = chunks[0]
+        staging = self.staging
+        if (
+            staging is not None
+            and len(body) >= staging.threshold  # (else no input reaches it)
+            and self._pool.endpoints.one_server
+            and staging.wanted(request)
+        ):
+            return None
         endpoints = self._pool.endpoints
         ep = endpoints.pick()
         if ep is None:

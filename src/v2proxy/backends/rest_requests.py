@@ -27,9 +27,10 @@ def infer_body(
     chunks: list[Buffer] = [head]
     size = len(head)
     for t in request.inputs:
-        nbytes = memoryview(t.data).nbytes
+        data = t.data
+        nbytes = len(data) if type(data) is bytes else memoryview(data).nbytes
         if nbytes:
-            chunks.append(t.data)
+            chunks.append(data)
             size += nbytes
     if size <= JOIN_MAX:
         return [b"".join(chunks)], len(head)
@@ -66,10 +67,26 @@ class BinaryHeads:
         self._heads: dict[_Key, bytes] = {}
 
     def head(self, request: InferRequest) -> bytes:
-        """The JSON header of the binary /infer body for ``request``."""
-        key = _plain_key(request)
-        if key is None:
+        """The JSON header of the binary /infer body for ``request``: kept by its key when the
+        request is of the plain kind (no id, and no parameters but those the header sets)."""
+        params = request.parameters
+        if request.id or (params and not params.keys() <= _PLAIN_REQUEST):
             return _binary_head(request)
+        inputs = []
+        for t in request.inputs:
+            data = t.data
+            if t.parameters or type(t.shape) is not tuple:
+                return _binary_head(request)
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
+            inputs.append((t.name, t.datatype, t.shape, size))
+        names = None
+        if request.outputs is not None:
+            names = []
+            for o in request.outputs:
+                if o.parameters and not o.parameters.keys() <= _PLAIN_OUTPUT:
+                    return _binary_head(request)
+                names.append(o.name)
+        key: _Key = (tuple(inputs), None if names is None else tuple(names))
         heads = self._heads
         head = heads.get(key)
         if head is None:
@@ -78,26 +95,6 @@ class BinaryHeads:
                 del heads[next(iter(heads))]
             heads[key] = head
         return head
-
-
-def _plain_key(request: InferRequest) -> _Key | None:
-    """The key of a request of the plain kind (:class:`BinaryHeads`); None for another."""
-    params = request.parameters
-    if request.id or (params and not params.keys() <= _PLAIN_REQUEST):
-        return None
-    inputs = []
-    for t in request.inputs:
-        if t.parameters or type(t.shape) is not tuple:
-            return None
-        inputs.append((t.name, t.datatype, t.shape, memoryview(t.data).nbytes))
-    if request.outputs is None:
-        return tuple(inputs), None
-    names = []
-    for o in request.outputs:
-        if o.parameters and not o.parameters.keys() <= _PLAIN_OUTPUT:
-            return None
-        names.append(o.name)
-    return tuple(inputs), tuple(names)
 
 
 #: what infer_headers adds: a tuple, so that the HTTP client remembers the head it makes

@@ -135,9 +135,9 @@ def decode_response(
 
 
 def encode_response(
-    resp: InferResponse, is_binary: Callable[[Tensor], bool]
+    resp: InferResponse, is_binary: Callable[[Tensor], bool] | None
 ) -> tuple[list[Buffer], int | None]:
-    """A response body for a client."""
+    """A response body for a client (``is_binary``: :func:`binary_output_rule`'s)."""
     blobs: list[Buffer] = []
     head = dumps_tree(response_to_obj(resp, is_binary, blobs))
     if not blobs:
@@ -145,12 +145,18 @@ def encode_response(
     return [head, *blobs], len(head)
 
 
-def binary_output_rule(req: InferRequest) -> Callable[[Tensor], bool]:
+def binary_output_rule(req: InferRequest) -> Callable[[Tensor], bool] | None:
     """Which response outputs go binary, exactly per docs/protocol.md (which outputs go binary): an
     output listed in ``outputs`` follows its own ``binary_data`` (default false); when ``outputs``
-    is absent, the request's ``binary_data_output`` decides for all."""
+    is absent, the request's ``binary_data_output`` decides for all. None: none does."""
     if req.outputs is None:
-        flag = req.parameters.get("binary_data_output") is True
-        return lambda _t: flag
+        params = req.parameters
+        if not params or params.get("binary_data_output") is not True:
+            return None
+        return _all_binary
     listed = {o.name: o.parameters.get("binary_data") is True for o in req.outputs}
     return lambda t: listed.get(t.name, False)
+
+
+def _all_binary(_t: Tensor) -> bool:
+    return True

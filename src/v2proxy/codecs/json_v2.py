@@ -307,9 +307,12 @@ def response_from_obj(obj: Any, binary: BinaryReader | None) -> InferResponse:
 
 
 def response_to_obj(
-    resp: InferResponse, is_binary: Callable[[Tensor], bool], blobs: list[Buffer] | None = None
+    resp: InferResponse,
+    is_binary: Callable[[Tensor], bool] | None,
+    blobs: list[Buffer] | None = None,
 ) -> dict[str, Any]:
-    """The JSON header of a response, in Triton's key order."""
+    """The JSON header of a response, in Triton's key order (``is_binary`` None: no output is
+    binary)."""
     obj: dict[str, Any] = {}
     if resp.id:
         obj["id"] = resp.id
@@ -324,7 +327,7 @@ def response_to_obj(
         # using regions in inference)
         if t.in_shm:
             pass
-        elif is_binary(t):
+        elif is_binary is not None and is_binary(t):
             size = memoryview(t.data).nbytes
             entry["parameters"] = {**t.parameters, "binary_data_size": size}
             if blobs is not None and size:
@@ -332,7 +335,10 @@ def response_to_obj(
         else:
             if t.parameters:
                 entry["parameters"] = t.parameters
-            entry["data"] = _data_json(t)
+            data = tensor_data_json(t)  # (_data_json, written out)
+            if type(data) is FloatLiterals:
+                data = orjson.Fragment(("[" + ",".join(data) + "]").encode())
+            entry["data"] = data
         outputs.append(entry)
     obj["outputs"] = outputs
     return obj
@@ -348,7 +354,6 @@ def _data_json(t: Tensor) -> Any:
     return data
 
 
-def dumps_tree(obj: dict[str, Any]) -> bytes:
-    """Serialize a request/response header of :func:`request_to_obj` or
-    :func:`response_to_obj` (their NaN/Infinity literals are written already)."""
-    return dumps(obj)
+#: serializes a request/response header of :func:`request_to_obj` or :func:`response_to_obj`
+#: (their NaN/Infinity literals are written already)
+dumps_tree = dumps
