@@ -173,20 +173,13 @@ class QuickLane:
             if not nothing_to_do(checked, True, self.stages):
                 return False
             decoded = perf_counter() - t0
-        exchange = _Exchange(self.envelope, _OP, request)
+        exchange = _Exchange(self, request, response, rid, model, len(body), transcoded)
         try:
-            exchange.admit()
+            exchange.held = self.envelope.enter(_OP)  # (Exchange.admit, written out)
         except Overloaded:
+            exchange.held = False
             exchange.undo()
             return False
-        exchange.lane = self
-        exchange.response = response
-        exchange.rid = rid
-        exchange.n_in = len(body)
-        exchange.cancel = exchange.task = None
-        exchange.over = False
-        exchange.model = model
-        exchange.request = transcoded
         if transcoded is None:
             cancel = self.backend.relay_now(
                 model, version, body, forwarded, exchange.answered, ihcl=ihcl
@@ -228,6 +221,37 @@ class _Exchange(Exchange):
     over: bool
     #: the decoded request of a transcoded call, until its answer is encoded
     request: InferRequest | None
+
+    def __init__(
+        self,
+        lane: QuickLane,
+        source: HttpRequest,
+        response: HttpResponse,
+        rid: bytes | None,
+        model: str,
+        n_in: int,
+        request: InferRequest | None,
+    ) -> None:
+        # (Exchange.__init__, written out with the lane's own)
+        envelope = self.envelope = lane.envelope
+        envelope.inflight.value += 1
+        self.op = _OP
+        self.source = source
+        self.held = None
+        self.model = model
+        self.status = 500
+        self.error = "internal"
+        self.cause = None
+        self.wire_in = self.wire_out = "json"
+        self.n_in = n_in
+        self.n_out = 0
+        self.lane = lane
+        self.response = response
+        self.rid = rid
+        self.cancel = self.task = None
+        self.over = False
+        self.request = request
+        self.t0 = perf_counter()
 
     def cut(self) -> None:
         """The server cut the client's connection (shutdown past ``--drain-timeout``): the

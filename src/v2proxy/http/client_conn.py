@@ -151,7 +151,7 @@ class ClientConnection(asyncio.Protocol):
         self.whole = False
         self.limit: int | None = None
         #: set for one answer (after :meth:`begin`): one up to this size, or not a 200, is read
-        #: whole within ``read_limit`` with no event at its head (see :meth:`_read_at_head`)
+        #: whole within ``read_limit`` with no event at its head (see :meth:`on_headers_complete`)
         self.read_upto: int | None = None
         self.read_limit: int | None = None
         self.pieces: deque[bytes] = deque()
@@ -320,26 +320,20 @@ class ClientConnection(asyncio.Protocol):
         self._state = _BODY
         if self._head_only:
             self._complete()
-        elif self.read_upto is not None and self._read_at_head():
-            return
+        elif self.read_upto is not None:
+            # read whole with no event at its head: not a 200 over read_upto bytes or of
+            # unknown length (streamed), nor one over read_limit (its event fails it)
+            size = self.content_length
+            if self.status != 200 or (size is not None and size <= self.read_upto):
+                limit = self.read_limit
+                if limit is None or size is None or size <= limit:
+                    self.whole = True
+                    self.limit = limit
+                    return
         if self._waiter is not None or self.on_event is not None:
             self._wake()
         if self._drain is not None:
             self._wake_drain()  # a body still being sent may stop (see stop_sending)
-
-    def _read_at_head(self) -> bool:
-        """Whether the answer whose head came is read whole with no event at its head (by
-        ``read_upto``): not a 200 over ``read_upto`` bytes or of unknown length (streamed), nor
-        one whose Content-Length is over ``read_limit`` (its event fails it)."""
-        size = self.content_length
-        if self.status == 200 and (size is None or size > self.read_upto):  # type: ignore[operator]
-            return False
-        limit = self.read_limit
-        if limit is not None and size is not None and size > limit:
-            return False
-        self.whole = True
-        self.limit = limit
-        return True
 
     def _keep_alive(self) -> bool:
         """Keep-alive by the version and ``Connection``'s tokens (for answers to HEAD, which
@@ -361,11 +355,25 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._remaining:
             self._remaining -= len(body)
+        if self.whole:  # (_push, written out for an answer read whole)
+            self.pieces.append(body)
+            self.buffered += len(body)
+            if self.limit is not None and self.buffered > self.limit:
+                self._fail(AnswerTooLarge(self.limit))
+            return
         self._push(body)
 
     def on_message_complete(self) -> None:
-        if self._state == _BODY:
-            self._complete()
+        if self._state == _BODY:  # (_complete, written out)
+            self._state = _IDLE
+            self.body_done = True
+            self._deadline = None
+            if self._waiter is not None:
+                self._wake()
+            else:
+                event = self.on_event
+                if event is not None:
+                    event()
 
     # ------------------------------------------------------------------ state changes
 
