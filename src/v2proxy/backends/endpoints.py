@@ -312,10 +312,12 @@ class Endpoints(Generic[C]):
 
     def answered(self, ep: Endpoint[C], status: int) -> None:
         """The endpoint answered with ``status``: :meth:`ok`, or a 5xx :meth:`failed`."""
-        if status < 500:
-            self.ok(ep)
-        else:
+        if status >= 500:
             self.failed(ep, "5xx")
+        elif ep.failures:
+            self.ok(ep)
+        else:  # (ok, written out for an endpoint with no failure on record)
+            ep._ok.inc()
 
     def failed(self, ep: Endpoint[C], outcome: str = "unreachable") -> None:
         """A call to the endpoint failed (``outcome``, one of :data:`OUTCOMES` but ok): out of

@@ -77,6 +77,9 @@ _RAW = 3  # the rest of a Content-Length body: counted here, handed out as the t
 
 #: a streamed answer pauses reading from the socket above this many unconsumed bytes...
 _HIGH_WATER = 1 << 20
+#: the answer's fields that frame it or bear on keeping the connection (noted as they come)
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+_V11 = (1, 1)
 #: ...and resumes below this many
 _LOW_WATER = 256 * 1024
 
@@ -102,10 +105,12 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_deadline",
         "_drain",
+        "_framed",
         "_head_only",
         "_http2",
         "_idle_limit",
         "_last_read",
+        "_length_field",
         "_loop",
         "_max_head",
         "_parser",
@@ -171,6 +176,10 @@ class ClientConnection(asyncio.Protocol):
         self._state = _IDLE
         self._head_only = self._http2 = False
         self._seen = self._remaining = 0
+        #: what on_header saw of the framing fields: Content-Length's (first) value, and
+        #: whether any other framing field (or a second Content-Length) came
+        self._length_field: bytes | None = None
+        self._framed = False
         self.reused = self.closed = self.got_answer = self.head_done = self.body_done = False
         self.reusable = self.keep = True
         self.error: HttpClientError | None = None
@@ -263,6 +272,8 @@ class ClientConnection(asyncio.Protocol):
         if self._state != _HEAD:
             raise ProtocolError("bytes past the end of the answer")  # stops llhttp there
         self.headers = []
+        self._length_field = None
+        self._framed = False
 
     def on_status(self, reason: bytes) -> None:
         self.reason = reason
@@ -270,13 +281,48 @@ class ClientConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
             return  # a chunked answer's trailer: not one of its headers (and not forwarded)
-        self.headers.append((name.lower(), value))
+        name = name.lower()
+        self.headers.append((name, value))
+        if name in _FRAMING:
+            if name == b"content-length" and self._length_field is None:
+                self._length_field = value
+            else:
+                self._framed = True
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         if self._seen > self._max_head and self._head_length() > self._max_head:
             raise ProtocolError(f"answer head longer than {self._max_head} bytes")
         status = parser.get_status_code()
+        length = self._length_field
+        if (
+            200 <= status < 500
+            and length is not None
+            and not self._framed
+            and not self._head_only
+            and status not in {204, 304}
+            and parser.should_keep_alive()
+        ):
+            # the usual answer: only Content-Length frames it, and llhttp keeps it alive with
+            # no Connection field, so it is HTTP/1.1 (an HTTP/1.0 one needs that field)
+            self.version = _V11
+            self.status = status
+            self.keep = True
+            size = self.content_length = self._remaining = int(length)
+            self.head_done = True
+            self._state = _BODY
+            upto = self.read_upto
+            if upto is not None:  # (the read-whole rule below)
+                limit = self.read_limit
+                if (status != 200 or size <= upto) and (limit is None or size <= limit):
+                    self.whole = True
+                    self.limit = limit
+                    return
+            if self._waiter is not None or self.on_event is not None:
+                self._wake()
+            if self._drain is not None:
+                self._wake_drain()
+            return
         if not 100 <= status <= 599 or status == 101:
             raise ProtocolError(f"invalid status {status} in the answer")
         if status < 200:
@@ -323,10 +369,10 @@ class ClientConnection(asyncio.Protocol):
         elif self.read_upto is not None:
             # read whole with no event at its head: not a 200 over read_upto bytes or of
             # unknown length (streamed), nor one over read_limit (its event fails it)
-            size = self.content_length
-            if self.status != 200 or (size is not None and size <= self.read_upto):
+            known = self.content_length
+            if self.status != 200 or (known is not None and known <= self.read_upto):
                 limit = self.read_limit
-                if limit is None or size is None or size <= limit:
+                if limit is None or known is None or known <= limit:
                     self.whole = True
                     self.limit = limit
                     return
