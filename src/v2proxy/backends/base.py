@@ -24,7 +24,7 @@ from v2proxy.core.errors import (
     Unsupported,
 )
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.ports import TAKES_NOTHING, Body, ForwardResponse, Headers, RelayFacts
+from v2proxy.core.ports import TAKES_NOTHING, Body, ForwardResponse, Headers, Record, RelayFacts
 from v2proxy.http.client import HttpClient, StreamBody
 from v2proxy.http.client_errors import (
     AnswerTooLarge,
@@ -85,6 +85,9 @@ class NonRestBackend:
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse:
         raise Unsupported(f"the {self.name} backend takes no REST body as it came")
+
+    def time_now(self, record: Record) -> None:
+        return None  # (nothing runs without a coroutine)
 
     def relay_now(
         self,

@@ -7,18 +7,19 @@ Timed: ``infer``, ``stream_infer`` (to its last response), ``relay_infer`` and `
 the answer's head; its body streams on afterwards), ``relay_message`` (recorded as
 ``relay_infer``: a relayed inference), and every side operation. A call that
 fails is timed too; BackendUnavailable, GatewayTimeout and BadGateway (and their subclasses)
-count as connection errors.
+count as connection errors. The calls made without a coroutine (``relay_now``, ``infer_now``:
+no frame to wrap) are timed by the backend itself and told to the same recorder
+(:meth:`Backend.time_now <v2proxy.core.ports.Backend.time_now>`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import Any
 
-from v2proxy.core.errors import ProxyError
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
-from v2proxy.core.ports import Backend, Body, ForwardResponse, Headers
+from v2proxy.core.ports import Backend, Body, ForwardResponse, Headers, Record
 from v2proxy.ops.metrics_export import AnyMetrics, Metrics
 from v2proxy.ops.recorders import BackendRecorder
 
@@ -42,6 +43,13 @@ class MeteredBackend:
         self.relay_facts = inner.relay_facts  # (asks nothing: not timed)
         self.learn_relay_facts = inner.learn_relay_facts
         self._rec = recorder
+        # the calls that run without a coroutine are timed by the backend, told to the recorder
+        inner.time_now(recorder.done)
+        self.relay_now = inner.relay_now
+        self.infer_now = inner.infer_now
+
+    def time_now(self, record: Record) -> None:
+        self.inner.time_now(record)
 
     async def start(self) -> None:
         await self.inner.start()
@@ -84,43 +92,6 @@ class MeteredBackend:
             raise
         self._rec.done("relay_infer", model, perf_counter() - t0, None)
         return answer
-
-    def relay_now(
-        self,
-        model: str,
-        version: str,
-        body: bytes | bytearray,
-        headers: Headers,
-        done: Callable[[ForwardResponse | ProxyError], None],
-        *,
-        ihcl: int | None = None,
-    ) -> Callable[[], None] | None:
-        t0 = perf_counter()
-        rec = self._rec
-
-        def timed(outcome: ForwardResponse | ProxyError) -> None:
-            failed = outcome if isinstance(outcome, ProxyError) else None
-            rec.done("relay_infer", model, perf_counter() - t0, failed)
-            done(outcome)
-
-        return self.inner.relay_now(model, version, body, headers, timed, ihcl=ihcl)
-
-    def infer_now(
-        self,
-        request: InferRequest,
-        headers: Headers,
-        done: Callable[[InferResponse | ProxyError], None],
-    ) -> Callable[[], None] | None:
-        t0 = perf_counter()
-        rec = self._rec
-        model = request.model_name
-
-        def timed(outcome: InferResponse | ProxyError) -> None:
-            failed = outcome if isinstance(outcome, ProxyError) else None
-            rec.done("infer", model, perf_counter() - t0, failed)
-            done(outcome)
-
-        return self.inner.infer_now(request, headers, timed)
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False

@@ -86,6 +86,7 @@ from v2proxy.core.ports import (
     Body,
     ForwardResponse,
     Headers,
+    Record,
     RelayFacts,
     StreamedBody,
 )
@@ -388,6 +389,7 @@ class RestBackend:
             return None
         due = loop.time() + self._timeout
         call = RelayCall(self._relay_side, ep, conn, model, done, due, self._decoded)
+        call.timed(self._relay_side.record)
         call.send(head, body)
         return call.abandon
 
@@ -436,6 +438,9 @@ class RestBackend:
     async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
         return await self.encoding.learn()
 
+    def time_now(self, record: Record) -> None:
+        self._relay_side.record = record
+
     def relay_now(
         self,
         model: str,
@@ -470,6 +475,7 @@ class RestBackend:
             endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
             return None
         call = RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout)
+        call.timed(self._relay_side.record)
         call.send(head, body)
         return call.abandon
 

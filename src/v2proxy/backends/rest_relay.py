@@ -32,6 +32,7 @@ or failure.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from v2proxy.backends.base import OUTCOME
@@ -39,7 +40,7 @@ from v2proxy.backends.endpoints import Endpoint, Endpoints
 from v2proxy.backends.rest_answers import failure, raise_for_status, relayed_headers
 from v2proxy.backends.rest_stream import streamed
 from v2proxy.core.errors import BadGateway, ProxyError
-from v2proxy.core.ports import NO_CHUNKS, ForwardResponse
+from v2proxy.core.ports import NO_CHUNKS, ForwardResponse, Record
 from v2proxy.http.client import HttpClient
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import AnswerTooLarge
@@ -59,7 +60,7 @@ class RelaySide:
     """What every relayed call to one REST backend shares: its endpoints, its URL (named in
     errors), ``--backend-timeout`` and the bound on an answer read whole."""
 
-    __slots__ = ("base_url", "endpoints", "limit", "timeout")
+    __slots__ = ("base_url", "endpoints", "limit", "record", "timeout")
 
     def __init__(
         self,
@@ -72,6 +73,9 @@ class RelaySide:
         self.base_url = base_url
         self.timeout = timeout
         self.limit = limit
+        #: told of each call once it is over (:meth:`Backend.time_now
+        #: <v2proxy.core.ports.Backend.time_now>`), if anything asked
+        self.record: Record | None = None
 
     def failed(self, exc: BaseException) -> ProxyError:
         """The error-tree error of a failure of the call (an unexpected one is a 502)."""
@@ -88,7 +92,19 @@ class RelaySide:
 class RelayCall:
     """One relayed call on one connection of one endpoint (see the module's contract)."""
 
-    __slots__ = ("client", "conn", "done", "due", "ep", "finish", "model", "side", "upto")
+    __slots__ = (
+        "client",
+        "conn",
+        "done",
+        "due",
+        "ep",
+        "finish",
+        "model",
+        "record",
+        "side",
+        "t0",
+        "upto",
+    )
 
     def __init__(
         self,
@@ -112,6 +128,25 @@ class RelayCall:
         #: never streamed, becomes (a transcoded call's decoder)
         self.finish = finish
         self.upto = READ_WHOLE if finish is None else None
+        #: told of the call once it is over (a call made without a coroutine: relay_now,
+        #: infer_now), from when it was made
+        self.record: Record | None = None
+        self.t0 = 0.0
+
+    def timed(self, record: Record | None) -> None:
+        """Tell ``record`` of this call once it is over (None: nobody is told)."""
+        if record is not None:
+            self.record = record
+            self.t0 = perf_counter()
+
+    def _over(self, outcome: Any) -> None:
+        """The outcome given to ``done``, the call told to its ``record`` first."""
+        record = self.record
+        if record is not None:
+            failed = outcome if isinstance(outcome, ProxyError) else None
+            op = "relay_infer" if self.finish is None else "infer"
+            record(op, self.model, perf_counter() - self.t0, failed)
+        self.done(outcome)
 
     def send(self, head: bytes, body: bytes | bytearray | memoryview) -> None:
         """The request out, in one write; the answer comes to :meth:`event`."""
@@ -163,7 +198,7 @@ class RelayCall:
                 side.endpoints.answered(ep, conn.status)
             else:
                 side.endpoints.failed(ep, OUTCOME.get(type(error), "malformed"))
-            self.done(side.failed(error))
+            self._over(side.failed(error))
             return
         status = conn.status
         headers = conn.headers
@@ -180,9 +215,9 @@ class RelayCall:
                 length = len(content)
                 outcome = ForwardResponse(200, relayed, NO_CHUNKS, content=content, length=length)
         except ProxyError as exc:
-            self.done(exc)
+            self._over(exc)
             return
-        self.done(outcome)
+        self._over(outcome)
 
     def _stream(self) -> None:
         """A 200 too large to read whole: handed on as it comes."""
@@ -196,6 +231,6 @@ class RelayCall:
             relayed = relayed_headers(resp.headers, resp.content_length, None, side.base_url)
         except ProxyError as exc:
             resp.close()
-            self.done(exc)
+            self._over(exc)
             return
-        self.done(streamed(resp, side.base_url, side.timeout, "inference", relayed, self.due))
+        self._over(streamed(resp, side.base_url, side.timeout, "inference", relayed, self.due))

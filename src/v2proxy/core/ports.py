@@ -96,6 +96,10 @@ class StreamedBody:
 Body = Buffer | StreamedBody
 
 
+#: told of a call once it is over: (operation, model, seconds, the failure or None)
+Record = Callable[[str, str, float, BaseException | None], None]
+
+
 class Backend(Protocol):
     """What the pipeline needs from a model server."""
 
@@ -170,6 +174,11 @@ class Backend(Protocol):
         """Send an /infer body unchanged (it may still be arriving; ``ihcl`` None: JSON, else
         binary-framed), as the core decided (:func:`~v2proxy.core.relay.relays`); the answer
         comes back unchanged once checked (errors raised)."""
+        ...
+
+    def time_now(self, record: Record) -> None:
+        """Have ``record`` told of every :meth:`relay_now` and :meth:`infer_now` call once it is
+        over (the metered backend's timing of the calls that run without a coroutine)."""
         ...
 
     def relay_now(
