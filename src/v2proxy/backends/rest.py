@@ -335,7 +335,10 @@ class RestBackend:
         self, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
     ) -> InferResponse:
         """The response of a 200 /infer answer (BadGateway when it is not a v2 one)."""
-        resp_ihcl = _header_value(headers, IHCL)
+        resp_ihcl = None
+        for k, v in headers:  # (_header_value, written out)
+            if k == IHCL:
+                resp_ihcl = v if resp_ihcl is None else resp_ihcl + b", " + v
         try:
             ihcl = int(resp_ihcl) if resp_ihcl is not None else None
             if ihcl is not None and ihcl > 0:  # an answer header decoded before, asked first
@@ -388,8 +391,9 @@ class RestBackend:
             endpoints.unpick()
             return None
         due = loop.time() + self._timeout
-        call = RelayCall(self._relay_side, ep, conn, model, done, due, self._decoded)
-        call.timed(self._relay_side.record)
+        side = self._relay_side
+        call = RelayCall(side, ep, conn, model, done, due, self._decoded)
+        call.timed(side.record)
         call.send(head, body)
         return call.abandon
 

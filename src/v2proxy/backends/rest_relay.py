@@ -207,7 +207,8 @@ class RelayCall:
         side.endpoints.answered(ep, status)
         finish = self.finish
         try:
-            raise_for_status(status, content, self.model)
+            if status != 200:
+                raise_for_status(status, content, self.model)
             if finish is not None:
                 outcome = finish(headers, content)
             else:

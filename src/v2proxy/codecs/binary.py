@@ -62,11 +62,14 @@ def decode_request(
     model_version: str = "",
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     max_tensors: int = DEFAULT_MAX_TENSORS,
+    *,
+    plain: bool = True,
 ) -> InferRequest:
-    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0)."""
+    """Decode a JSON or binary-framed request body (not a raw one: ``ihcl`` must not be 0);
+    ``plain=False``: a JSON body :func:`plain_request` said None of already."""
     if ihcl == 0:
         raise ValueError("raw requests are decoded by codecs.raw")
-    if ihcl is None and isinstance(body, (bytes, bytearray)):
+    if plain and ihcl is None and isinstance(body, (bytes, bytearray)):
         request = plain_request(body, model_name, model_version, max_input_size, max_tensors)
         if request is not None:
             return request

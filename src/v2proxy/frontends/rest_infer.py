@@ -48,6 +48,8 @@ from v2proxy.ops.recorders import FrontendRecorder
 STREAM_RELAY_MIN = 4 * 1024 * 1024
 _IHCL = binc.IHCL_HEADER.lower().encode()
 _REQUEST_ID = b"x-request-id"
+#: the dropped headers whose first value infer_headers says
+_NOTED = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
 
 
 def infer_headers(
@@ -64,6 +66,8 @@ def infer_headers(
             forwarded.append((name, value))
             if name == _REQUEST_ID and rid is None:
                 rid = value
+        elif name not in _NOTED:
+            continue
         elif name == b"accept-encoding":
             if accept is None:
                 accept = value.decode("latin-1")

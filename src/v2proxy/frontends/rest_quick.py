@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
+from v2proxy.codecs.json_plain import plain_request
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import ForwardResponse, no_release
@@ -148,12 +149,22 @@ class QuickLane:
                     return False
             else:  # decoded by the full decoder (its error is the general path's to say)
                 t0 = perf_counter()
-                try:
-                    transcoded = binc.decode_request(
-                        body, None, model, version, self.max_input_size, self.max_tensors
-                    )
-                except ProxyError:
-                    return False
+                transcoded = plain_request(
+                    body, model, version, self.max_input_size, self.max_tensors
+                )
+                if transcoded is None:  # not of the plain shape: the full decoder's
+                    try:
+                        transcoded = binc.decode_request(
+                            body,
+                            None,
+                            model,
+                            version,
+                            self.max_input_size,
+                            self.max_tensors,
+                            plain=False,
+                        )
+                    except ProxyError:
+                        return False
                 if self.stages.applies(transcoded):
                     return False
                 decoded = perf_counter() - t0

@@ -166,6 +166,11 @@ class HttpClient:
         #: the origin as connect failures name it (with the address when not the name)
         self._at = self._name + (f" ({self.address})" if self.address != host else "")
         self._head = heads.build
+        #: head(method, target, headers, length): the head of a request (as :meth:`request`
+        #: writes it; remembered for headers given as a tuple: :mod:`v2proxy.http.client_head`)
+        self.head: Callable[[str, str, Sequence[tuple[bytes, bytes]], int | None], bytes] = (
+            heads.build
+        )
 
     async def request(
         self,
@@ -276,13 +281,6 @@ class HttpClient:
         if conn is None:
             conn = await self._acquire(deadline)
         return conn
-
-    def head(
-        self, method: str, target: str, headers: Sequence[tuple[bytes, bytes]], length: int | None
-    ) -> bytes:
-        """The head of a request (as :meth:`request` writes it; remembered for headers given as
-        a tuple: :mod:`v2proxy.http.client_head`)."""
-        return self._head(method, target, headers, length)
 
     def release(self, conn: ClientConnection) -> None:
         """An exchange on ``conn`` (from :meth:`idle_now` or :meth:`connection`) is over: back
