@@ -42,6 +42,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
+from time import perf_counter
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -393,7 +394,9 @@ class RestBackend:
         due = loop.time() + self._timeout
         side = self._relay_side
         call = RelayCall(side, ep, conn, model, done, due, self._decoded)
-        call.timed(side.record)
+        record = call.record = side.record
+        if record is not None:
+            call.t0 = perf_counter()
         call.send(head, body)
         return call.abandon
 
@@ -469,17 +472,19 @@ class RestBackend:
             return None
         client = ep.client
         try:
-            head = client.head(
-                "POST", self._infer_target(model, version), infer_headers(headers, ihcl), len(body)
-            )
+            target = self._targets.get((model, version)) or self._infer_target(model, version)
+            head = client.head("POST", target, infer_headers(headers, ihcl), len(body))
             conn = client.idle_now()
         except ValueError:
             conn = None  # (relay_infer says why)
         if conn is None:
             endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
             return None
-        call = RelayCall(self._relay_side, ep, conn, model, done, loop.time() + self._timeout)
-        call.timed(self._relay_side.record)
+        side = self._relay_side
+        call = RelayCall(side, ep, conn, model, done, loop.time() + self._timeout)
+        record = call.record = side.record
+        if record is not None:
+            call.t0 = perf_counter()
         call.send(head, body)
         return call.abandon
 

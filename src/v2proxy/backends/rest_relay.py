@@ -128,16 +128,10 @@ class RelayCall:
         #: never streamed, becomes (a transcoded call's decoder)
         self.finish = finish
         self.upto = READ_WHOLE if finish is None else None
-        #: told of the call once it is over (a call made without a coroutine: relay_now,
-        #: infer_now), from when it was made
+        #: told of the call once it is over, timed from ``t0`` (set by the callers made
+        #: without a coroutine: relay_now, infer_now)
         self.record: Record | None = None
         self.t0 = 0.0
-
-    def timed(self, record: Record | None) -> None:
-        """Tell ``record`` of this call once it is over (None: nobody is told)."""
-        if record is not None:
-            self.record = record
-            self.t0 = perf_counter()
 
     def _over(self, outcome: Any) -> None:
         """The outcome given to ``done``, the call told to its ``record`` first."""

@@ -142,14 +142,14 @@ def relays(
     return not decoupled
 
 
-def relays_as_sent(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
-    """Whether a whole JSON /infer body needs nothing of the proxy, checked without decoding
-    it (:func:`~v2proxy.codecs.relay_check.plain_json_request`): no stage applies and the full
-    decoder accepts it, limits included. Never True of a body it cannot rule on (parameters
-    of any kind, however spelled; half floats; BYTES): that body takes the decoded path, which
-    names the field at fault, so bad input never reaches the backend. Whether the backend takes
-    it as sent is :func:`relays`' to say."""
-    return plain_json_request(body, max_input_size, max_tensors)
+#: relays_as_sent(body, max_input_size, max_tensors): whether a whole JSON /infer body needs
+#: nothing of the proxy, checked without decoding it (:func:`~v2proxy.codecs.relay_check.
+#: plain_json_request` itself): no stage applies and the full decoder accepts it, limits
+#: included. Never True of a body it cannot rule on (parameters of any kind, however spelled;
+#: half floats; BYTES): that body takes the decoded path, which names the field at fault, so
+#: bad input never reaches the backend. Whether the backend takes it as sent is
+#: :func:`relays`' to say.
+relays_as_sent = plain_json_request
 
 
 def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:

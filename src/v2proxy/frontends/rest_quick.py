@@ -286,7 +286,8 @@ class _Exchange(Exchange):
                 if content is None or outcome.release is not no_release:
                     self._later(self._stream(outcome))
                     return
-                headers = forwarded_headers(outcome, self.rid)
+                rid = self.rid
+                headers = outcome.headers if rid is None else forwarded_headers(outcome, rid)
                 self._write(outcome.status, headers, content, rest_record.wire_out(outcome.headers))
             elif isinstance(outcome, InferResponse):
                 self._encoded(outcome)
