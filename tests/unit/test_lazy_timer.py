@@ -111,3 +111,20 @@ def test_close_forgets_the_owner() -> None:
     t.at(50.0)  # set after the end: fires into nothing
     run_due(loop)
     assert calls == [] and not t.pending
+
+
+def test_due_says_when_the_pending_handle_fires() -> None:
+    # an owner asks at() only for a deadline earlier than due: due must never be later than
+    # the live handle, nor finite without one
+    t, loop, _ = timer([None, None])
+    assert t.due == float("inf")
+    t.at(10.0)
+    t.at(20.0)
+    assert t.due == 10.0 == min(loop.live())
+    t.at(5.0)
+    assert t.due == 5.0 == min(loop.live())
+    run_due(loop)
+    assert t.due == float("inf") and not t.pending
+    t.at(7.0)
+    t.cancel()
+    assert t.due == float("inf") and loop.live() == []

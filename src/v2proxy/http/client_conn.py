@@ -471,7 +471,9 @@ class ClientConnection(asyncio.Protocol):
         self.content_length = self.limit = self.read_upto = None
         if deadline is not None:
             self._deadline = deadline
-            self._timer.at(deadline)
+            timer = self._timer
+            if deadline < timer.due:  # (else it fires first: no call)
+                timer.at(deadline)
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the

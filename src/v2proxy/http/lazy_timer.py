@@ -12,6 +12,8 @@ Contract:
   deadline may have moved since) and returns the time it wants to be called again at (a
   deadline not yet reached), or None. ``fire`` may call ``at`` itself (a new deadline of
   another kind); it then returns None.
+- ``timer.due`` is when the pending handle fires (infinity when none is): an owner on a hot
+  path asks ``at`` only ``if when < timer.due`` (the same effect, without the call).
 - ``timer.cancel()`` drops the pending handle; ``timer.pending`` tells whether one is pending.
 - ``timer.close()`` (the connection ended) drops it and forgets ``fire``: the owner's bound
   method would otherwise keep a reference cycle (owner -> timer -> owner) for the garbage
@@ -23,26 +25,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+_NEVER = float("inf")
+
 
 class LazyTimer:
     """One :class:`asyncio.TimerHandle` at a time, re-armed lazily (see the module's contract)."""
 
-    __slots__ = ("_call_at", "_due", "_fire", "_handle")
+    __slots__ = ("_call_at", "_fire", "_handle", "due")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], float | None]) -> None:
         self._call_at = loop.call_at
         self._fire = fire
         self._handle: asyncio.TimerHandle | None = None
-        self._due = 0.0  # when ``_handle`` fires
+        #: when ``_handle`` fires (infinity: no handle)
+        self.due = _NEVER
 
     def at(self, when: float) -> None:
         """Fire no later than ``when``."""
         handle = self._handle
         if handle is not None:
-            if self._due <= when:
+            if self.due <= when:
                 return  # it fires first, and the owner's fire() asks again for ``when``
             handle.cancel()
-        self._due = when
+        self.due = when
         self._handle = self._call_at(when, self._run)
 
     @property
@@ -53,6 +58,7 @@ class LazyTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+            self.due = _NEVER
 
     def close(self) -> None:
         self.cancel()
@@ -60,6 +66,7 @@ class LazyTimer:
 
     def _run(self) -> None:
         self._handle = None
+        self.due = _NEVER
         again = self._fire()
         if again is not None:
             self.at(again)

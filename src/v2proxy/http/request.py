@@ -82,6 +82,8 @@ class ConnectionSide(Protocol):
     body_paused: bool
     #: the transport's write buffer is over its high-water mark
     writing_paused: bool
+    #: the connection closes after the answer in progress
+    closing_after: bool
 
     def watch_gone(self) -> asyncio.Future[None]:
         """Done when the client goes away or half-closes (at once if it has)."""

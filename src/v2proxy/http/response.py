@@ -31,6 +31,7 @@ STATUS_LINES: dict[int, bytes] = {
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus
 }
 _NO_BODY = frozenset((204, 304))
+_V11 = (1, 1)
 
 
 def nbytes(buf: Buffer) -> int:
@@ -120,9 +121,18 @@ class HttpResponse:
             raise ValueError("CR or LF in a response header")
         self.started = self._ended = True
         framing = b"\r\nContent-Length: %d\r\n" % size
-        conn.transport.write(
-            b"".join((line, fields, framing, conn.connection_header(self._req), body))
-        )
+        req = self._req
+        if (
+            req._complete
+            and req.keep_alive
+            and req.version == _V11
+            and not req._expect
+            and not conn.closing_after
+        ):
+            end = b"\r\n"  # (connection_header's usual answer, written out)
+        else:
+            end = conn.connection_header(req)
+        conn.transport.write(b"".join((line, fields, framing, end, body)))
         return True
 
     @property

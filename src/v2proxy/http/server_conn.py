@@ -701,7 +701,14 @@ class Connection(asyncio.Protocol):
         else:
             self.serving = False
             self.answer = None
-            self._arm()
+            if self.in_head or self.parsing is not None or self.reading_paused or self.broken:
+                self._arm()
+            else:  # idle: _arm's keep-alive deadline, written out
+                self.timer_kind = IDLE
+                self.deadline = when = self.loop.time() + self.limits.keepalive_timeout
+                timer = self.timer
+                if when < timer.due:
+                    timer.at(when)
 
     # -- the one timer --
 
@@ -719,14 +726,18 @@ class Connection(asyncio.Protocol):
         elif not self.serving and not self.queue:  # idle (_set_timer, written out)
             self.timer_kind = IDLE
             self.deadline = when = self.loop.time() + self.limits.keepalive_timeout
-            self.timer.at(when)
+            timer = self.timer
+            if when < timer.due:  # (else it fires first: no call)
+                timer.at(when)
         else:
             self.timer_kind = NONE
 
     def _set_timer(self, kind: int, delay: float) -> None:
         self.timer_kind = kind
         self.deadline = when = self.loop.time() + delay
-        self.timer.at(when)
+        timer = self.timer
+        if when < timer.due:
+            timer.at(when)
 
     def _on_timer(self) -> float | None:
         """The timer came due: the deadline's action once it has passed (else when it will)."""
