@@ -7,11 +7,17 @@ from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 
+from v2proxy.codecs.json_data import SMALL_ARRAY
 from v2proxy.core.model import Datatype
 
 #: what a decode of these types raises for a body not of their shape, kinds or ranges (a string
 #: that is not UTF-8 included)
 DecodeErrors = (msgspec.MsgspecError, UnicodeDecodeError)
+
+
+#: the length of a ``data`` array of the common shape (the elements a shape of 1 to SMALL_ARRAY
+#: elements holds: a caller compares it with the shape's product)
+_DATA_LENGTH = msgspec.Meta(min_length=1, max_length=SMALL_ARRAY)
 
 
 class Input(msgspec.Struct, tag_field="datatype", forbid_unknown_fields=True):
@@ -28,14 +34,15 @@ def tensor_types(
     element: Callable[[Datatype], Any],
     namespace: Callable[[Datatype], dict[str, Any]],
 ) -> Any:
-    """The union of one input struct per datatype, its ``data`` a list of ``element(dt)``, the
-    struct's ``datatype_of`` its datatype and its other class attributes ``namespace(dt)``
-    (what a caller needs per datatype, found on the input: no look-up keyed by an enum)."""
+    """The union of one input struct per datatype, its ``data`` a list of ``element(dt)`` of 1 to
+    :data:`~v2proxy.codecs.json_data.SMALL_ARRAY` elements, the struct's ``datatype_of`` its
+    datatype and its other class attributes ``namespace(dt)`` (what a caller needs per
+    datatype, found on the input: no look-up keyed by an enum)."""
     return Union[  # noqa: UP007
         tuple(
             msgspec.defstruct(
                 f"_{dt.value}",
-                [("data", list[element(dt)])],  # type: ignore[misc]
+                [("data", Annotated[list[element(dt)], _DATA_LENGTH])],  # type: ignore[misc]
                 bases=(Input,),
                 tag=dt.value,
                 namespace={**namespace(dt), "datatype_of": dt},

@@ -42,6 +42,8 @@ from v2proxy.core.model import Datatype
 #: the largest finite FP32 (a number past it would not pack)
 _FP32_MAX = 3.4028234663852886e38
 _UINT64_MAX = (1 << 64) - 1
+#: the most bytes one input of the common shape decodes to (SMALL_ARRAY elements of 8 bytes)
+_MOST = SMALL_ARRAY * max(ITEM_SIZE.values())
 
 
 def _element(dt: Datatype) -> Any:
@@ -99,17 +101,21 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
     if not 0 < n <= max_tensors:
         return False
     names = set()
-    decoded = 0
     for tensor in inputs:
-        count = prod(tensor.shape)
-        if len(tensor.data) != count or not 0 < count <= SMALL_ARRAY:
+        # (the decoder holds data to 1..SMALL_ARRAY elements: equal to the shape's count, so is it)
+        if len(tensor.data) != prod(tensor.shape):
             return False
         if tensor.top and max(tensor.data) > tensor.top:
             return False
         names.add(tensor.name)
-        decoded += count * tensor.itemsize
-    if len(names) != n or decoded > max_input_size:
+    if len(names) != n:
         return False
+    if n * _MOST > max_input_size:  # only then may the decoded bytes pass the limit
+        decoded = 0
+        for tensor in inputs:
+            decoded += len(tensor.data) * tensor.itemsize
+        if decoded > max_input_size:
+            return False
     outputs = request.outputs
     return outputs is None or (
         len(outputs) <= max_tensors and len({o.name for o in outputs}) == len(outputs)
