@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 _OP = "infer"
 _IHCL = b"inference-header-content-length"
+#: paths whose model and version the lane keeps (a client mostly asks for the same few)
+_TARGETS_KEPT = 1024
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +72,7 @@ class QuickLane:
         "stages",
         "taken",
         "takes_json",
+        "targets",
         "tasks",
     )
 
@@ -98,6 +101,8 @@ class QuickLane:
         self.found = frontend._found
         self.route = frontend._route
         self.row = frontend.routing[0][2]
+        #: path -> (model, version), for the paths of the lane's row
+        self.targets: dict[str, tuple[str, str]] = {}
         #: whether the policy restricts the row's API group (fixed at start-up): the lane takes
         #: a request only when it does not (a restricted one goes to the general path, which
         #: checks it once)
@@ -113,16 +118,30 @@ class QuickLane:
         return (
             request.method == "POST"
             and self.speaks_rest
-            and (self.found.get(request.path) or self.route(request.path))[2] is self.row
             and not self.restricted
+            and self._target(request.path) is not None
         )
+
+    def _target(self, path: str) -> tuple[str, str] | None:
+        """The model and version of ``path`` when it is the lane's row (the route's match, kept
+        per path), else None."""
+        target = self.targets.get(path)
+        if target is None:
+            found = self.found.get(path) or self.route(path)
+            if found[2] is not self.row:
+                return None
+            model, version = found[1].group("model", "version")
+            target = (model or "", version or "")
+            if len(self.targets) < _TARGETS_KEPT:
+                self.targets[path] = target
+        return target
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
         """The HTTP server's quick handler: True when the lane has taken ``request``."""
         if request.method != "POST" or not self.speaks_rest:
             return False
-        found = self.found.get(request.path) or self.route(request.path)
-        if found[2] is not self.row:
+        target = self.targets.get(request.path) or self._target(request.path)
+        if target is None:
             return False
         body = request.whole(self.max_body_size, take=False)
         if body is None:
@@ -134,9 +153,7 @@ class QuickLane:
             or self.restricted
         ):
             return False
-        model, version = found[1].group("model", "version")
-        model = model or ""
-        version = version or ""
+        model, version = target
         decoded = 0.0
         transcoded: InferRequest | None = None
         if ihcl_value is None:
