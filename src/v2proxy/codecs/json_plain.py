@@ -55,7 +55,7 @@ def _element(dt: Datatype) -> Any:
     return int
 
 
-class _Output(msgspec.Struct, forbid_unknown_fields=True):
+class _Output(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str
     parameters: dict[str, Any] | None = None
 

@@ -63,7 +63,7 @@ def _element(dt: Datatype) -> Any:
     return Annotated[int, msgspec.Meta(ge=-(1 << (bits - 1)), le=(1 << (bits - 1)) - 1)]
 
 
-class _Output(msgspec.Struct, forbid_unknown_fields=True):
+class _Output(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str
 
 
