@@ -6,9 +6,10 @@ with no task and no coroutine (the HTTP server's ``quick`` handler,
 It is the general path (:meth:`RestFrontend.dispatch <v2proxy.frontends.rest.RestFrontend.
 dispatch>`) taken without awaiting, each step the general path's: the route row; the headers
 filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`); the request checked
-(:func:`~v2proxy.core.relay.relays_as_sent`, or the full decoder for a binary-framed body or
-one to be transcoded) and the one decision (:func:`~v2proxy.core.relay.relays`); the exchange
-envelope (admission, the one record); the backend's call at once on an idle connection
+(:func:`~v2proxy.core.relay.relays_as_sent` for JSON, :func:`~v2proxy.codecs.framed_check.
+plain_framed_request` for a binary-framed body, the full decoder for one to be transcoded)
+and the one decision (:func:`~v2proxy.core.relay.relays`); the exchange envelope
+(admission, the one record); the backend's call at once on an idle connection
 (:meth:`Backend.relay_now <v2proxy.core.ports.Backend.relay_now>`, or :meth:`Backend.infer_now
 <v2proxy.core.ports.Backend.infer_now>` with ``--backend-encoding binary``, its response encoded
 by the general path's encoder); the answer, or the error in v2's shape, with ``x-request-id``.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
+from v2proxy.codecs.framed_check import plain_framed_request
 from v2proxy.codecs.json_plain import plain_request
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.model import InferRequest, InferResponse
@@ -62,6 +64,7 @@ class QuickLane:
         "encode",
         "envelope",
         "found",
+        "framed_plain",
         "max_body_size",
         "max_input_size",
         "max_tensors",
@@ -91,6 +94,13 @@ class QuickLane:
         self.decoded_json = frontend.recorder.decode["json"]
         #: the stages, which a binary-framed body decoded for its check must not need
         self.stages = pipeline.stages
+        #: a binary-framed body is checked by plain_framed_request, which lets through the
+        #: parameters binary_data_size (inputs) and binary_data (outputs): only while no stage
+        #: applies by either
+        self.framed_plain = (
+            "binary_data_size" not in self.stages.input_keys
+            and "binary_data" not in self.stages.output_keys
+        )
         #: the decode time of a binary-framed body checked here, as the general path records it
         self.decoded = frontend.recorder.decode["binary"]
         self.envelope: Envelope = frontend.envelope
@@ -185,21 +195,28 @@ class QuickLane:
                 if self.stages.applies(transcoded):
                     return False
                 decoded = perf_counter() - t0
-        else:  # binary-framed: checked by the decoder (its error is the general path's to say)
+        else:  # binary-framed (a fault is the general path's to say)
             if relays(BINARY, len(body), self.backend.relay_facts(model, version)) is not True:
                 return False
             t0 = perf_counter()
             try:
                 ihcl = binc.parse_ihcl(ihcl_value, len(body))
-                if not ihcl:  # raw: its shape comes from the model's metadata
-                    return False
-                checked = binc.decode_request(
-                    body, ihcl, model, version, self.max_input_size, self.max_tensors
-                )
             except ProxyError:
                 return False
-            if not nothing_to_do(checked, True, self.stages):
+            if not ihcl:  # raw: its shape comes from the model's metadata
                 return False
+            if self.framed_plain:  # the header's common shape, checked in one typed parse
+                if not plain_framed_request(body, ihcl, self.max_input_size, self.max_tensors):
+                    return False
+            else:  # checked by the full decoder
+                try:
+                    checked = binc.decode_request(
+                        body, ihcl, model, version, self.max_input_size, self.max_tensors
+                    )
+                except ProxyError:
+                    return False
+                if not nothing_to_do(checked, True, self.stages):
+                    return False
             decoded = perf_counter() - t0
         exchange = _Exchange(self, request, response, rid, model, len(body), transcoded)
         try:
