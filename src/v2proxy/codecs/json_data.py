@@ -345,7 +345,7 @@ _LISTED: dict[Datatype, tuple[Any, int, bool]] = (
 
 class FloatLiterals(list[str]):
     """A tensor's ``data`` as float literals, some of which (NaN, Infinity) orjson cannot
-    write: :func:`v2proxy.codecs.json_v2.dumps` splices them in."""
+    write: :mod:`v2proxy.codecs.json_v2` splices them in."""
 
 
 def _float_literal(v: float) -> str:
