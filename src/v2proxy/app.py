@@ -53,8 +53,8 @@ def build_rest(
     metrics: AnyMetrics | None = None,
     gate: AdmissionGate | None = None,
 ) -> RestFrontend:
-    """The REST frontend on ``pipeline`` (serve it with :func:`build_http_server`); ``gate``:
-    the process's admission gate (default: one of its own, of ``--max-concurrency``)."""
+    """The REST frontend on ``pipeline``; ``gate``: the process's admission gate (default: one
+    of its own)."""
     if metrics is None:
         metrics = build_metrics(settings)
     return RestFrontend(
@@ -99,8 +99,7 @@ def build_grpc_server(
         options=[
             ("grpc.max_send_message_length", size),
             ("grpc.max_receive_message_length", size),
-            # gRPC sets SO_REUSEPORT by default: a second server would silently share the port.
-            # Only several workers of ours share it on purpose.
+            # gRPC's default SO_REUSEPORT would let a second server silently share the port
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
@@ -131,11 +130,11 @@ async def serve(
 ) -> None:
     """Serve REST and gRPC until SIGTERM or SIGINT; requests in flight are let finish."""
     metrics = build_metrics(settings)
-    knowledge = BackendKnowledge()  # one picture of the backend, shared, one invalidation
+    knowledge = BackendKnowledge()  # shared, so one invalidation reaches every part
     backend = compose_backend(settings, metrics, knowledge)
     await backend.start()
     pipeline = build_pipeline(settings, backend, metrics, shm_folder, knowledge=knowledge)
-    gate = AdmissionGate(settings.max_concurrency)  # one per process, REST and gRPC together
+    gate = AdmissionGate(settings.max_concurrency)  # REST and gRPC together
     rest = build_rest(settings, pipeline, metrics, gate)
     http_server = build_http_server(settings, rest)
     grpc_server = build_grpc_server(settings, pipeline, reuse_port, metrics, gate)
@@ -195,7 +194,7 @@ async def serve(
 async def _listen_http(
     settings: Settings, server: HttpServer, reuse_port: bool, env_names: bool
 ) -> int:
-    """Start the HTTP listener; a failure is a StartError naming --http-port."""
+    """Start the HTTP listener; a failure is a StartError."""
     try:
         return await server.start(
             settings.host, settings.http_port, reuse_port=reuse_port, backlog=2048
@@ -208,8 +207,8 @@ async def _listen_http(
 
 
 def _listen_grpc(settings: Settings, server: grpc.aio.Server, env_names: bool) -> int:
-    """Bind the gRPC port; a failure is a StartError naming --grpc-port (grpcio says only that
-    the bind failed: :func:`v2proxy.ops.listen_check.check_ports` found the cause before)."""
+    """Bind the gRPC port; a failure is a StartError (grpcio gives no cause: check_ports found
+    it before)."""
     address = f"[{settings.host}]" if ":" in settings.host else settings.host
     target = f"{address}:{settings.grpc_port}"
     try:
@@ -228,8 +227,8 @@ def _listen_grpc(settings: Settings, server: grpc.aio.Server, env_names: bool) -
 
 
 def _release_memory(settings: Settings, gate: AdmissionGate) -> asyncio.Task[None] | None:
-    """``--reuse-large-buffers``: malloc set to keep large blocks, and the task that gives the
-    memory back when the process is idle (:mod:`v2proxy.ops.memory`)."""
+    """``--reuse-large-buffers``: malloc keeps large blocks; the task returned gives the memory
+    back when the process is idle."""
     if not settings.reuse_large_buffers:
         return None
     releaser = memory.reuse_large_buffers(lambda: gate.arrived)
@@ -260,9 +259,8 @@ async def _probe_backend(
     mindie: MindieFrontend | None = None,
     openai: OpenAIFrontend | None = None,
 ) -> None:
-    """Warn once at start-up when the backend cannot be reached (serving goes on); once it
-    answers, look up the model of a configured ``mindie:`` section and those of a configured
-    ``openai:`` section (their checks log a line each)."""
+    """Warn once at start-up when the backend cannot be reached (serving goes on); else look up
+    the models of the ``mindie:`` and ``openai:`` sections."""
     try:
         async with asyncio.timeout(settings.backend_connect_timeout + 1):
             await backend.server_ready()
@@ -316,9 +314,8 @@ def run(settings: Settings, env_names: bool = True) -> None:
 
 
 def _supervise(settings: Settings, env_names: bool = True) -> None:
-    """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), let them
-    share the ports with SO_REUSEPORT, respawn any that dies, and stop them all on SIGTERM/SIGINT.
-    """
+    """Fork the workers (before any event loop or gRPC object exists, as gRPC requires), respawn
+    any that dies, and stop them all on SIGTERM/SIGINT."""
     folder = tempfile.mkdtemp(prefix="v2proxy-metrics-")
     shm_folder = tempfile.mkdtemp(prefix="v2proxy-shm-")
     enable_multiprocess(folder)

@@ -1,13 +1,8 @@
-"""Helpers shared by the backends (the interface itself, :class:`v2proxy.core.ports.Backend`,
-belongs to the core that calls it): a unary answer from a decoupled model, the mixin of
-backends that do not speak v2 REST, and the HTTP client pool the REST and MindIE
-backends open on ``start`` and close on ``close``: one keep-alive pool per backend endpoint
-(:mod:`v2proxy.backends.endpoints`), each call on the endpoint picked for it, and sent to
-another one when the picked one could not be reached (the request never left: refused, or no
-connection within the connect timeout) or, for a question asked again safely (health,
-metadata), when it failed in any way. Each call's outcome counts for or against its endpoint;
-an answer read whole is read within a bound (:meth:`BalancedClient.fetch`, and
-:meth:`BalancedClient.post_whole` for a POST of one buffer, counted alike)."""
+"""Helpers shared by the backends (the interface itself is :class:`v2proxy.core.ports.Backend`):
+a unary answer from a decoupled model, the mixin of backends that do not speak v2 REST, and the
+HTTP client pool of the REST and MindIE backends, one keep-alive pool per backend endpoint.
+A call that never left goes to the next endpoint; each call's outcome counts for or against its
+endpoint."""
 
 from __future__ import annotations
 
@@ -39,9 +34,8 @@ from v2proxy.http.client_response import ClientResponse
 
 
 async def single_response(model: str, responses: AsyncIterator[InferResponse]) -> InferResponse:
-    """The one response of a (decoupled) model to a unary request; a request that makes it
-    answer several times (or none) belongs on a stream. Only the first response is kept, the
-    others are counted for the message (there may be a million); the iterator is closed."""
+    """The one response of a (decoupled) model to a unary request; several (or none) is an
+    error. Only the first is kept, the others just counted (there may be a million)."""
     first: InferResponse | None = None
     count = 0
     try:
@@ -62,21 +56,20 @@ async def single_response(model: str, responses: AsyncIterator[InferResponse]) -
 
 
 class NonRestBackend:
-    """For backends that do not speak v2 REST: no REST body is relayed as bytes, REST requests
-    that are not v2 operations have nowhere to go, and a gRPC message is not relayed either
-    unless the backend overrides :meth:`relay_message` (the gRPC backend does)."""
+    """For backends that do not speak v2 REST: nothing is relayed as bytes (unless the backend
+    overrides :meth:`relay_message`) and non-v2 REST requests have nowhere to go."""
 
-    #: what a REST path under /v2 that is no v2 operation gets from this backend
+    #: the error of a REST path under /v2 that is no v2 operation
     other_v2_error: type[NotFound] | type[Unsupported] = NotFound
     speaks_rest = False
-    transcodes_json = True  # decoded requests only
+    transcodes_json = True
     name = ""
 
     def stream_call(self, decoupled: bool) -> str:
         return f"{self.name} backend's stream_infer"
 
     def relay_facts(self, model: str, version: str) -> RelayFacts:
-        return TAKES_NOTHING  # decoded requests only (the gRPC backend takes messages)
+        return TAKES_NOTHING
 
     async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
         return self.relay_facts(model, version)
@@ -99,7 +92,7 @@ class NonRestBackend:
         *,
         ihcl: int | None = None,
     ) -> Callable[[], None] | None:
-        return None  # decoded requests only
+        return None
 
     def infer_now(
         self,
@@ -107,7 +100,7 @@ class NonRestBackend:
         headers: Headers,
         done: Callable[[InferResponse | ProxyError], None],
     ) -> Callable[[], None] | None:
-        return None  # (awaited: infer)
+        return None
 
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
@@ -124,10 +117,8 @@ class NonRestBackend:
 
 
 class HttpPool:
-    """One backend's keep-alive pools, one per endpoint of ``names`` (TLS with ``ssl_context``
-    when given; ``connections`` per endpoint): built on :meth:`start`, closed on
-    :meth:`close`; :attr:`client` before ``start`` or after ``close`` is
-    :class:`BackendUnavailable` naming ``what``."""
+    """One backend's keep-alive pools, one per endpoint of ``names``; :attr:`client` outside
+    :meth:`start`..:meth:`close` raises :class:`BackendUnavailable`."""
 
     def __init__(
         self,
@@ -186,7 +177,7 @@ async def _close(client: HttpClient) -> None:
     await client.close()
 
 
-#: what a failure of the HTTP client says of the endpoint (:data:`endpoints.OUTCOMES`)
+#: what a failure of the HTTP client says of the endpoint
 OUTCOME: dict[type[HttpClientError], str] = {
     ConnectFailed: "unreachable",
     ConnectTimeout: "unreachable",
@@ -194,22 +185,16 @@ OUTCOME: dict[type[HttpClientError], str] = {
     ReadTimeout: "timeout",
     ProtocolError: "malformed",
 }
-#: a request body up to this size is written with its head in one piece
 _JOIN_MAX = 64 * 1024
-#: how much of an answer whose status is all that is needed is read before its connection is
-#: closed instead (a health check answered with a huge body)
+#: the most of an answer read when only its status matters (else its connection is closed)
 DRAIN_MAX = 64 * 1024
 
 
 class BalancedClient:
-    """:meth:`HttpClient.request <v2proxy.http.client.HttpClient.request>` over the endpoints:
-    each call on the endpoint :meth:`Endpoints.pick` gives; one that cannot be reached
-    (:class:`ConnectFailed`, :class:`ConnectTimeout`: nothing was sent) is taken out of rotation
-    and the call goes to the next, within what is left of ``call_timeout``. A connection lost
-    once the request may have gone out (:class:`RemoteClosed`), a timeout, a malformed answer
-    or a 5xx counts against the endpoint and the call fails: an inference is never sent twice.
-    :meth:`fetch` also reads the body, within a limit, and sends an idempotent call on to the
-    next endpoint whatever the failure."""
+    """:meth:`HttpClient.request <v2proxy.http.client.HttpClient.request>` over the endpoints.
+    A call that could not be sent goes to the next endpoint within what is left of
+    ``call_timeout``; any other failure counts against the endpoint and fails the call, so an
+    inference is never sent twice (only :meth:`fetch` of an idempotent call tries again)."""
 
     __slots__ = ("endpoints",)
 
@@ -233,7 +218,7 @@ class BalancedClient:
         timeout = call_timeout
         while True:
             ep = endpoints.next(tried, last)
-            if tried and call_timeout is not None:  # the next endpoint has what is left
+            if tried and call_timeout is not None:
                 timeout = max(call_timeout - (time.monotonic() - first), 0.001)
             ep.outstanding += 1
             try:
@@ -262,13 +247,9 @@ class BalancedClient:
         deadline: float,
         limit: int | None,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes | bytearray]:
-        """:meth:`fetch` of a POST whose body is one buffer, in one exchange on a connection
-        of the endpoint's pool (:func:`_post_whole`: no response object): (status, headers,
-        body) of the whole answer, whatever its length or framing, over ``limit`` bytes an
-        :class:`AnswerTooLarge`, all of it by ``deadline`` (``loop.time()``); the outcomes
-        counted as :meth:`fetch` counts those of a call that is not idempotent (one that could
-        not be sent goes to the next endpoint, with what is left of the deadline; a failure
-        before the whole answer is in counts against its endpoint, the head or not)."""
+        """:meth:`fetch` of a POST of one buffer without a response object: (status, headers,
+        body) of the whole answer within ``limit`` bytes, by ``deadline`` (``loop.time()``);
+        never sent twice."""
         endpoints = self.endpoints
         tried: list[Endpoint[HttpClient]] = []
         last: Exception | None = None
@@ -282,7 +263,7 @@ class BalancedClient:
                     endpoints.failed(ep, OUTCOME.get(type(exc), "malformed"))
                     if not isinstance(exc, ConnectFailed | ConnectTimeout):
                         raise
-                    tried.append(ep)  # never sent: the next endpoint
+                    tried.append(ep)
                     last = exc
                     continue
                 finally:
@@ -304,11 +285,9 @@ class BalancedClient:
         idempotent: bool = False,
         status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call and its whole answer, over ``limit`` bytes an :class:`AnswerTooLarge` (that
-        counts as malformed); ``status_only``: at most :data:`DRAIN_MAX` of it read, the
-        connection closed when more remains. ``idempotent``: a call that failed, or answered
-        a 5xx, is asked of the next endpoint not yet tried, with the whole ``call_timeout``
-        again (the last 5xx answer is returned when no endpoint is left)."""
+        """One call and its whole answer within ``limit`` bytes (``status_only``: at most
+        :data:`DRAIN_MAX` read). ``idempotent``: a failure or a 5xx is asked of the next
+        endpoint, with the whole ``call_timeout`` again (the last 5xx returned if none is left)."""
         endpoints = self.endpoints
         tried: list[Endpoint[HttpClient]] = []
         last: Exception | None = None
@@ -324,7 +303,7 @@ class BalancedClient:
                     if last is None:
                         raise BackendUnavailable("the backend has no endpoint")
                     raise last
-                if tried and not idempotent:  # unreachable only: the next has what is left
+                if tried and not idempotent:
                     timeout = max(call_timeout - (time.monotonic() - first), 0.001)
                 ep.outstanding += 1
                 try:
@@ -365,11 +344,8 @@ async def _post_whole(
     deadline: float,
     limit: int | None,
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """One POST of one buffer to ``client``'s origin and its whole answer (status, headers,
-    body), all of it by ``deadline``: a connection of its pool (an idle one at once, else one
-    waited for or opened), the request in one write, the answer read to its end within
-    ``limit`` (:class:`AnswerTooLarge` past it, by its Content-Length when it has one); the
-    connection back in the pool when it may be kept, closed after any failure."""
+    """One POST of one buffer and its whole answer (status, headers, body) by ``deadline``,
+    within ``limit``; the connection is closed after any failure."""
     length = memoryview(body).nbytes
     conn = await client.connection(deadline)
     head = client.head("POST", target, headers, length)
@@ -388,7 +364,7 @@ async def _post_whole(
         size = conn.content_length
         if limit is not None and size is not None and size > limit:
             raise AnswerTooLarge(limit, size)
-        if not conn.body_done:  # (the usual small answer came whole with its head)
+        if not conn.body_done:
             conn.read_whole(limit)
             while not conn.body_done:
                 if conn.error is not None:
@@ -406,8 +382,7 @@ async def _post_whole(
 
 
 async def _drain(resp: ClientResponse) -> bytes | bytearray:
-    """At most :data:`DRAIN_MAX` of the body; a longer one is given up (its connection closed)
-    and reads as empty."""
+    """At most :data:`DRAIN_MAX` of the body; a longer one reads as empty."""
     length = resp.content_length
     if length is not None and length > DRAIN_MAX:
         resp.close()

@@ -63,12 +63,10 @@ _BATCH_NOTE = (
 
 
 def _dims(shape: tuple[int, ...]) -> str:
-    """A shape as Triton writes it: ``[-1,16]``."""
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _names(names: list[str]) -> str:
-    """Input names as Triton lists them: ``['INPUT0','INPUT1']``."""
     return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
@@ -144,7 +142,7 @@ def select_outputs(spec: ModelSpec, request: InferRequest, outputs: list[Tensor]
 
 
 async def _next(spec: ModelSpec, request: InferRequest, produced: Produced) -> list[Tensor] | None:
-    """The outputs of the model's next response (None: no more), letting the event loop run at
+    """The outputs of the model's next response (None: no more), yielding to the event loop at
     each of the model's pauses."""
     while True:
         item = next(produced, _END)
@@ -203,10 +201,8 @@ class BuiltinBackend(NonRestBackend):
     async def stream_infer(
         self, request: InferRequest, headers: Headers
     ) -> AsyncIterator[InferResponse]:
-        """Every response of the model to the request (several for the streaming llm), each
-        made when the caller asks for the next: the model's work never holds the event loop
-        for more than a slice (it runs between responses and at the model's pauses), and
-        closing this iterator (the client went away) stops it."""
+        """Every response of the model to the request, each made when the caller asks for the
+        next; closing this iterator stops the model."""
         spec = self.spec(request.model_name, request.model_version)
         stats = self._stats[spec.name]
         start = time.perf_counter_ns()
@@ -215,9 +211,7 @@ class BuiltinBackend(NonRestBackend):
             try:
                 inputs = validate_inputs(spec, request)
                 produced = spec.compute(inputs)
-                # the first response is made before any is sent, so that a bad request fails
-                # whole; the rest are made one at a time as the client takes them (a long
-                # stream starts at once and never sits in memory)
+                # the first response is made before any is sent, so a bad request fails whole
                 outputs = await _next(spec, request, produced)
             except ProxyError:
                 stats.failure += 1
@@ -232,9 +226,7 @@ class BuiltinBackend(NonRestBackend):
                 )
                 outputs = await _next(spec, request, produced)
                 if outputs is not None:
-                    # the event loop's turn between two responses (none after a model's only
-                    # one): a consumer that never waits (its writes all fit in buffers) would
-                    # otherwise take a million in one go
+                    # a consumer that never waits would otherwise take a million in one go
                     await asyncio.sleep(0)
         finally:
             close = getattr(produced, "close", None)

@@ -1,35 +1,19 @@
 """Several addresses behind one backend URL: the endpoints a backend spreads its calls over.
 
-A backend URL names one or more ``host:port`` (``grpc://10.0.0.1:8001,10.0.0.2:8001``); each
-host that is a name (a headless Service) stands for every address it resolves to. The backend
-holds one client per address (an HTTP pool, a gRPC channel) in an :class:`Endpoints`, which:
+A backend URL names one or more ``host:port``; a host name (a headless Service) stands for every
+address it resolves to, one client per address. :class:`Endpoints`:
 
-- **resolves** the names at :meth:`Endpoints.start` and again every ``resolve_every`` seconds
-  (0: never again): an address that appears gets a client, one that is gone is dropped and its
-  client closed. An IP literal is its own address. A name that does not resolve (yet) is kept as
-  the name, the client connecting by name, so a backend that comes up after the proxy behaves as
-  with one address (the failure is the call's, and the next resolution finds the addresses); a
-  name that stops resolving keeps its last addresses;
-- **picks** an endpoint per call (:meth:`Endpoints.pick`): the one with the fewest calls
-  outstanding among those in rotation, ties going round-robin (so an idle proxy still spreads
-  its calls evenly);
-- judges each endpoint by what its calls did (:meth:`Endpoints.failed`, passive health: no
-  probes of its own). One that could not be **reached** (refused, reset, a connect timeout,
-  gRPC UNAVAILABLE before sending) is out of rotation at once; one that **misbehaves** (a
-  timeout, a malformed or oversized answer, a 5xx) is out after :data:`EJECT_AFTER` failures in
-  a row (outlier detection, as Envoy's consecutive 5xx), unless that would take out more than
-  :data:`MAX_EJECTED_SHARE` of the endpoints or the last one in rotation. Out means for a
-  back-off that doubles per ejection in a row (from :data:`BACKOFF_S` to :data:`BACKOFF_MAX_S`
-  when unreachable, from :data:`EJECT_BACKOFF_S` to :data:`EJECT_BACKOFF_MAX_S` otherwise),
-  after which the next call tries it again (one more failure takes it out again); one answer
-  from it (:meth:`Endpoints.ok`) puts it back and clears its record. When every endpoint is
-  out, the one due back first is tried anyway: a backend that has come back is found at once.
+- **resolves** the names at start and every ``resolve_every`` seconds; a name that does not
+  resolve (yet) is used as is, and one that stops resolving keeps its last addresses;
+- **picks** the endpoint with the fewest calls outstanding, ties going round-robin;
+- judges each endpoint by what its calls did (passive health, no probes). An unreachable one is
+  out of rotation at once; one that misbehaves (timeout, malformed answer, 5xx) after
+  :data:`EJECT_AFTER` failures in a row, unless that would take out more than
+  :data:`MAX_EJECTED_SHARE` of them or the last one. Out means for a back-off that doubles per
+  ejection; one answer puts it back. When every endpoint is out, the one due back first is tried.
 
-Whether a failed call may be sent to another endpoint is the backend's decision (never once it
-may have reached the model: an inference is not sent twice); :meth:`Endpoints.pick` takes the
-endpoints already tried to leave out. The endpoint count, addresses in and out of rotation and
-the calls per endpoint and outcome (:data:`OUTCOMES`) are reported to an :class:`EndpointCells`
-(the ``backend_endpoint`` metrics), one label value per current address.
+Whether a failed call may go to another endpoint is the backend's decision (an inference is
+never sent twice).
 """
 
 from __future__ import annotations
@@ -47,21 +31,15 @@ from v2proxy.core.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
-#: first back-off of an endpoint that could not be reached (s), doubled per failure in a row
+#: back-offs in seconds, doubled per ejection in a row
 BACKOFF_S = 0.5
-#: the longest back-off (s)
 BACKOFF_MAX_S = 10.0
-#: failures in a row (timeouts, malformed answers, 5xx) that take an endpoint out
 EJECT_AFTER = 3
-#: first back-off of an endpoint taken out for misbehaving (s), doubled per ejection in a row:
-#: longer than :data:`BACKOFF_S`, since the call that tries it again may cost a whole timeout
+#: longer for misbehaving: the call that tries it again may cost a whole timeout
 EJECT_BACKOFF_S = 5.0
-#: the longest back-off of an endpoint taken out for misbehaving (s)
 EJECT_BACKOFF_MAX_S = 60.0
-#: the largest share of the endpoints out of rotation for misbehaving (Envoy's
-#: max_ejection_percent): a further ejection waits while this many are out
+#: Envoy's max_ejection_percent, as a share
 MAX_EJECTED_SHARE = 0.5
-#: how a call to an endpoint ended: answered, or one of the failures that count against it
 OUTCOMES = ("ok", "unreachable", "timeout", "malformed", "5xx")
 
 C = TypeVar("C")
@@ -80,8 +58,7 @@ class HostPort:
 
 
 def split_hosts(netloc: str) -> list[HostPort]:
-    """The host:port of a backend URL's authority, one or several separated by commas (each
-    with its port: the configuration has checked them)."""
+    """The host:port of a backend URL's authority, separated by commas (already checked)."""
     out = []
     for one in netloc.rpartition("@")[2].split(","):
         host, _, port = one.rpartition(":")
@@ -130,16 +107,14 @@ class Endpoint(Generic[C]):
     )
 
     def __init__(self, name: HostPort, address: str, client: C, cells: dict[str, _Cell]) -> None:
-        #: the URL's host:port this address is of (its name: Host header, TLS server name)
+        #: the URL's host:port (Host header, TLS server name)
         self.name = name
-        #: the address connected to (an IP literal, or the name when it did not resolve)
+        #: an IP literal, or the name when it did not resolve
         self.address = address
         self.label = HostPort(address, name.port).authority
         self.client = client
         self.outstanding = 0
-        #: failures in a row (any outcome but ok)
         self.failures = 0
-        #: times taken out since its last answer (the back-off doubles with each)
         self.ejections = 0
         #: loop time before which it is out of rotation (0.0: in)
         self.down_until = 0.0
@@ -176,9 +151,8 @@ class Endpoints(Generic[C]):
 
     @property
     def one_server(self) -> bool:
-        """Whether the endpoints are one server: one host:port whose addresses are one, or all
-        loopback (``localhost``'s 127.0.0.1 and ::1). What staging in the backend's shared
-        memory needs: a region registered with one server is unknown to the next."""
+        """Whether the endpoints are one server (one address, or all loopback): staging needs
+        it, since a region registered with one server is unknown to the next."""
         eps = self.all
         if len(self.names) != 1:
             return False
@@ -206,7 +180,7 @@ class Endpoints(Generic[C]):
             await asyncio.sleep(self._resolve_every)
             try:
                 await self.resolve()
-            except Exception:  # never ends the loop: the next round tries again
+            except Exception:
                 log.exception("re-resolving the backend's addresses failed")
 
     async def resolve(self) -> None:
@@ -221,7 +195,7 @@ class Endpoints(Generic[C]):
                 except OSError as exc:
                     addresses = []
                     log.warning("backend host %s does not resolve: %s", name.host, exc)
-                if not addresses:  # kept: its last addresses, or the name itself
+                if not addresses:
                     addresses = self._last.get(name) or [name.host]
                 else:
                     self._last[name] = addresses
@@ -255,8 +229,6 @@ class Endpoints(Generic[C]):
         if self._cells is not None:
             self._cells.forget(ep.label)
 
-    # ------------------------------------------------------------------ per call
-
     def pick(self, tried: Iterable[Endpoint[C]] = ()) -> Endpoint[C] | None:
         """The endpoint for the next call, leaving out ``tried``; None when none is left."""
         eps = self.all
@@ -269,7 +241,7 @@ class Endpoints(Generic[C]):
         start = self._next
         self._next = (start + 1) % n if n else 0
         best: Endpoint[C] | None = None
-        due: Endpoint[C] | None = None  # out of rotation, due back first
+        due: Endpoint[C] | None = None
         for i in range(n):
             ep = eps[(start + i) % n]
             if tried and ep in tried:
@@ -282,9 +254,7 @@ class Endpoints(Generic[C]):
         return best if best is not None else due
 
     def next(self, tried: Sequence[Endpoint[C]], last: Exception | None) -> Endpoint[C]:
-        """:meth:`pick` for a call that goes on to the next endpoint when one fails (``tried``:
-        those it failed on, ``last``: the last failure); when none is left, that failure is
-        raised, or :class:`~v2proxy.core.errors.BackendUnavailable` when there was none."""
+        """:meth:`pick`, raising ``last`` (or BackendUnavailable) when none is left."""
         ep = self.pick(tried)
         if ep is None:
             if last is None:
@@ -293,14 +263,13 @@ class Endpoints(Generic[C]):
         return ep
 
     def unpick(self) -> None:
-        """The last :meth:`pick` was not used (the call went nowhere): the rotation steps back,
-        so that the next call is picked as that one would have been."""
+        """The last :meth:`pick` was not used: the rotation steps back."""
         n = len(self.all)
         if n > 1:
             self._next = (self._next - 1) % n
 
     def ok(self, ep: Endpoint[C]) -> None:
-        """The endpoint answered (whatever the answer, but a 5xx): in rotation, record cleared."""
+        """The endpoint answered (anything but a 5xx): in rotation, record cleared."""
         ep._ok.inc()
         if ep.failures:
             ep.failures = ep.ejections = 0
@@ -311,7 +280,6 @@ class Endpoints(Generic[C]):
                     self._cells.up(ep.label, 1.0)
 
     def answered(self, ep: Endpoint[C], status: int) -> None:
-        """The endpoint answered with ``status``: :meth:`ok`, or a 5xx :meth:`failed`."""
         if status >= 500:
             self.failed(ep, "5xx")
         elif ep.failures:
@@ -320,9 +288,7 @@ class Endpoints(Generic[C]):
             ep._ok.inc()
 
     def failed(self, ep: Endpoint[C], outcome: str = "unreachable") -> None:
-        """A call to the endpoint failed (``outcome``, one of :data:`OUTCOMES` but ok): out of
-        rotation for its back-off when unreachable, or after :data:`EJECT_AFTER` failures in a
-        row within the ejection cap."""
+        """A call to the endpoint failed with ``outcome``; it may go out of rotation."""
         ep._cells[outcome].inc()
         ep.failures += 1
         if outcome != "unreachable" and (ep.failures < EJECT_AFTER or not self._may_eject(ep)):
@@ -347,13 +313,12 @@ class Endpoints(Generic[C]):
                 self._cells.up(ep.label, 0.0)
 
     def _may_eject(self, ep: Endpoint[C]) -> bool:
-        """Whether one more endpoint may go out for misbehaving: fewer than
-        :data:`MAX_EJECTED_SHARE` of them are out, and another one stays in rotation."""
+        """Whether one more endpoint may go out for misbehaving."""
         loop = self._loop
         now = loop.time() if loop is not None else 0.0
         eps = self.all
         out = sum(1 for e in eps if e is not ep and e.down_until > now)
-        if ep.down_until > now:  # already out (a call that was in flight): stays out
+        if ep.down_until > now:
             return True
         return out < len(eps) - 1 and out < MAX_EJECTED_SHARE * len(eps)
 

@@ -1,39 +1,17 @@
-"""The gRPC backend (``--backend grpc://host:port``): one grpc.aio channel (HTTP/2 multiplexes
-every request over it) per backend endpoint (:mod:`v2proxy.backends.endpoints`: several
-host:port in the URL, or a name with several addresses), each call (each stream) on the one
-picked for it.
+"""The gRPC backend (``--backend grpc://host:port``): one grpc.aio channel per backend endpoint
+(:mod:`v2proxy.backends.endpoints`), each call (each stream) on the one picked for it.
 
-- An endpoint that cannot be reached (UNAVAILABLE while connecting: the request never left) is
-  taken out of rotation and the call goes to the next one; a call that fails once it may have
-  reached the model is never sent again (it fails, and takes its endpoint out of rotation
-  when the connection was lost). DEADLINE_EXCEEDED (or the watchdog's end) and INTERNAL (what
-  grpcio makes of an answer that is not gRPC) count against the endpoint, which is out after
-  a few in a row (:mod:`v2proxy.backends.endpoints`); health and metadata questions go on to
-  the next endpoint after any of these, with the whole deadline again.
-- Deadlines come from ``--backend-timeout``; a client that goes away cancels the handler task and
-  with it the call in flight. A unary call is also cancelled :data:`DEADLINE_GRACE_S` after its
-  deadline from the event loop: grpcio leaves a call whose request is blocked on a backend that
-  stopped reading waiting past its deadline.
-- While the backend cannot be reached, calls fail at once (503) and the channel tries to connect
-  again at most :data:`RECONNECT_BACKOFF_MS` apart, so that it recovers within about a second of
-  the backend's return (gRPC's own backoff grows to 2 minutes).
-- gRPC status codes are mapped to the error tree here (UNAVAILABLE -> 503, DEADLINE_EXCEEDED ->
-  504, NOT_FOUND -> 404 with Triton's ``Request for unknown model`` text, ...). Their messages
-  name the operation the client asked for and its model (``backend at host:port is unavailable
-  for inference of model 'simple': ...``), also when an RPC the proxy makes on its own behalf
-  failed (the ModelConfig that tells a decoupled model, asked before an inference).
-- ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses.
-- ``relay_message``: a client's serialized ModelInferRequest sent as it came and the answer's
-  bytes returned as they came (the gRPC pass-through: one generic unary call, no serializer),
-  through the same endpoints, deadline, metadata and error mapping as every other call; not
-  for a decoupled model (its ModelInfer goes over the stream) nor for a message that staging
-  (``--backend-shm``) might want (one of at least its threshold's size), which go decoded.
-- The side operations (statistics, repository, trace, logging) go through the matching RPCs and
-  come back in the canonical REST JSON form; other REST-only paths answer 501.
+- A call that never left (UNAVAILABLE before connecting) goes to the next endpoint; one that may
+  have reached the model is sent again only when idempotent (health, metadata).
+- Deadlines come from ``--backend-timeout``; a unary call is also cancelled from the event loop
+  :data:`DEADLINE_GRACE_S` after its deadline, since grpcio can leave a call whose request is
+  blocked on a backend that stopped reading waiting past it.
+- gRPC status codes map onto the error tree; messages name the client's operation and model,
+  also for an RPC the proxy makes on its own behalf.
+- ``stream_infer`` uses ModelStreamInfer, so decoupled models produce all their responses;
+  ``relay_message`` sends a client's serialized ModelInferRequest as it came.
 - Every RPC but the inferences goes on a second channel per endpoint whose receive limit is
-  ``max_answer_size`` (--backend-max-answer-size; grpcio sets the limit per channel, not per
-  call): a larger answer is a 502 naming the option and counts against the endpoint as
-  malformed. Inference answers are bound by ``max_message_size``.
+  ``max_answer_size`` (grpcio sets the limit per channel, not per call).
 """
 
 from __future__ import annotations
@@ -76,20 +54,16 @@ _NOT_FOUND_TEXT = re.compile(r"not found|does not exist|ModelNotFound", re.IGNOR
 #: how long after its gRPC deadline a unary call is cancelled from the event loop (s)
 DEADLINE_GRACE_S = 0.5
 
-#: the channel's reconnect backoff, first and longest (ms): a backend that comes back is used
-#: again within about a second, whatever the length of its outage
+#: the channel's reconnect backoff, first and longest (ms); gRPC's own grows to 2 minutes
 RECONNECT_BACKOFF_MS = (100, 1000)
 
-#: the operation the client asked for while the proxy makes an RPC of its own for it (set by
-#: is_decoupled): the RPC's errors name that operation, not the RPC
+#: the client's operation while the proxy makes an RPC of its own for it: errors name it
 _ASKED_FOR: ContextVar[str | None] = ContextVar("v2proxy_grpc_asked_for", default=None)
 
-#: the key of the ModelInfer callable that takes and returns bytes (no serializer)
 _RAW_INFER = "ModelInfer bytes"
 
-#: the failures of a call that count against its endpoint (:data:`endpoints.OUTCOMES`); any
-#: other status is an answer. INTERNAL is what grpcio reports for an answer that is not gRPC
-#: (and a server's own internal error, a 500 over REST: it counts as a 5xx does there).
+#: the failures that count against an endpoint; any other status is an answer. INTERNAL is what
+#: grpcio reports for an answer that is not gRPC (and for a server's own 500).
 _OUTCOME = {
     grpc.StatusCode.UNAVAILABLE: "unreachable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
@@ -107,7 +81,6 @@ _HTTP_BY_CODE = {
 }
 
 
-#: no bound on the size of a relayed message (no staging)
 _ALL = 1 << 62
 
 
@@ -134,26 +107,18 @@ class GrpcBackend(NonRestBackend):
         max_answer_size: int | None = None,
     ):
         self.target = target
-        #: --backend-max-answer-size: the receive limit of the side channel (None: no side
-        #: channel, every call on the one channel)
+        #: the side channel's receive limit (None: no side channel)
         self._max_answer = max_answer_size if (max_answer_size or 0) < max_message_size else None
-        #: what is known of this backend (the composition root's one; standalone: its own):
-        #: which models are decoupled is read from its configuration facts, with its lifetime
         self.knowledge = knowledge or BackendKnowledge(self)
-        #: grpcs://: TLS to the backend (None: a plain channel)
         self._credentials = credentials
-        #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
         self.staging = staging
         if staging is not None and staging.knowledge is None:
             staging.knowledge = self.knowledge
-        #: the relay facts made, per (message bound, decoupled)
         self._facts: dict[tuple[int, bool | None], RelayFacts] = {}
         self._timeout = timeout
         self._options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_size),
             ("grpc.max_receive_message_length", max_message_size),
-            # gRPC's reconnect backoff (1 s growing to 120 s) would keep failing requests for
-            # up to 2 minutes after the backend is back; a channel to one backend retries often
             ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
@@ -162,7 +127,6 @@ class GrpcBackend(NonRestBackend):
         )
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: the event loop's end of the unary calls (set by start)
         self._watchdog: Watchdog | None = None
 
     def _open(self, name: HostPort, address: str) -> _Channel:
@@ -263,17 +227,14 @@ class GrpcBackend(NonRestBackend):
         *,
         idempotent: bool = False,
     ) -> Any:
-        """One unary call on the endpoint picked for it, sent to the next one when it never
-        left (UNAVAILABLE before connecting) or, ``idempotent``, when it failed in a way that
-        counts against the endpoint (:data:`_OUTCOME`), with the whole deadline again."""
+        """One unary call, sent to the next endpoint when it never left or, ``idempotent``,
+        when it failed against its endpoint (with the whole deadline again)."""
         endpoints = self.endpoints
         tried: list[Endpoint[_Channel]] = []
         last: grpc.aio.AioRpcError | None = None
         loop = self._loop or asyncio.get_running_loop()
         watchdog = self._watchdog or Watchdog(loop)
-        # grpcio's deadline does not end a call whose request cannot be sent (a backend that
-        # stops reading mid-message): the call would wait forever, so the loop's own watchdog,
-        # a little later, cancels it. One deadline for every endpoint tried.
+        # grpcio's deadline does not end a call whose request cannot be sent; the watchdog does.
         deadline = loop.time() + self._timeout
         watch = watchdog.watch(deadline + DEADLINE_GRACE_S)
         try:
@@ -334,11 +295,8 @@ class GrpcBackend(NonRestBackend):
         deadline = loop.time() + self._timeout
         return deadline, watchdog.watch(deadline + DEADLINE_GRACE_S)
 
-    # ------------------------------------------------------------------ structured calls
-
     async def server_ready(self) -> bool:
-        """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
-        does; one that cannot be reached passes the question on by itself."""
+        """Ready while one endpoint says so (each asked in turn until one does)."""
         for _ in range(len(self.endpoints.all) or 1):
             resp = await self._call(
                 "ServerReady", pb.ServerReadyRequest(), "server readiness", idempotent=True
@@ -377,9 +335,7 @@ class GrpcBackend(NonRestBackend):
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         if await self.is_decoupled(request.model_name, request.model_version):
-            # ModelInfer refuses decoupled models (Triton: UNIMPLEMENTED); the proxy asks over
-            # the stream and answers when the model gave exactly one response, as the builtin
-            # models do.
+            # ModelInfer refuses decoupled models (Triton: UNIMPLEMENTED): ask over the stream.
             return await single_response(request.model_name, self.stream_infer(request, headers))
         staging = self._staging()
         if staging is not None and staging.wanted(request):
@@ -387,8 +343,7 @@ class GrpcBackend(NonRestBackend):
         return await self._model_infer(request, headers)
 
     async def _model_infer(self, request: InferRequest, headers: Headers) -> InferResponse:
-        # serialized here and sent as bytes: the tensors' bytes copied once each way
-        # (grpcc.request_bytes), where protobuf's own serializer copies them twice, slowly
+        # serialized here: protobuf's own serializer copies the tensors' bytes twice, slowly
         data = grpcc.request_bytes(request)
         answer: bytes = await self._call(
             _RAW_INFER, data, "inference", request.model_name, metadata(headers)
@@ -398,11 +353,8 @@ class GrpcBackend(NonRestBackend):
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes:
-        """The client's serialized ModelInferRequest sent unchanged, the backend's serialized
-        ModelInferResponse returned unchanged (the core decided from :meth:`relay_facts`: not a
-        decoupled model, nor a message as large as the staging threshold, an input of which
-        might be staged). A message of a client's stream (``streamed``) is asked of the backend
-        as a unary ModelInfer, as :meth:`stream_infer` asks a model that is not decoupled."""
+        """The client's serialized ModelInferRequest sent unchanged, the serialized answer
+        returned unchanged (a stream's message too, as a unary ModelInfer)."""
         answer: bytes = await self._call(_RAW_INFER, message, "inference", model, metadata(headers))
         return answer
 
@@ -429,17 +381,13 @@ class GrpcBackend(NonRestBackend):
         return facts
 
     async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
-        """The facts once the model's configuration says whether it is decoupled (a failure to
-        learn it names ``asked_for``, the client's operation, as :meth:`is_decoupled` does)."""
+        """The facts once the model's configuration says whether it is decoupled."""
         await self.is_decoupled(model, version, asked_for)
         return self.relay_facts(model, version)
 
     async def is_decoupled(self, model: str, version: str, asked_for: str = "inference") -> bool:
-        """Whether the model's config says decoupled: the facts of its configuration in the
-        :attr:`knowledge`, asked once per model and lifetime (an error answer, such as a
-        server without ModelConfig, counts as no config: not decoupled, for the lifetime too).
-        A backend that could not be asked raises, naming ``asked_for``, the client's
-        operation, rather than the ModelConfig asked for it."""
+        """Whether the model's config says decoupled, asked once per model and lifetime (no
+        config: not decoupled). Errors name ``asked_for``, the client's operation."""
         known = self.knowledge.known_config(model, version)
         if known is not None:
             return known.decoupled
@@ -461,8 +409,7 @@ class GrpcBackend(NonRestBackend):
             return
         msg = grpcc.request_to_proto(request)
         msg.parameters["triton_enable_empty_final_response"].bool_param = True
-        # No deadline on the whole call: an LLM stream may last far longer than
-        # --backend-timeout. The backend has that long for each response instead.
+        # No deadline on the whole call (an LLM stream may last long): one per response instead.
         ep = self._pick([])
         assert ep is not None
         call = ep.client.calls["ModelStreamInfer"](iter([msg]), metadata=metadata(headers))
@@ -504,8 +451,6 @@ class GrpcBackend(NonRestBackend):
             ep.outstanding -= 1
             call.cancel()
 
-    # ------------------------------------------------------------------ staging regions
-
     async def register_staging(self, name: str, key: str, byte_size: int) -> None:
         """Register one of v2proxy's own regions (``--backend-shm``) with the backend."""
         req = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=byte_size)
@@ -514,8 +459,6 @@ class GrpcBackend(NonRestBackend):
     async def unregister_staging(self, name: str) -> None:
         req = pb.SystemSharedMemoryUnregisterRequest(name=name)
         await self._call("SystemSharedMemoryUnregister", req, "a staging region's removal")
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         req = pb.ModelStatisticsRequest(name=model, version=version)
@@ -558,8 +501,7 @@ class GrpcBackend(NonRestBackend):
 
 class _Channel:
     """One endpoint's channel and the callables of every RPC on it: the inferences on
-    ``channel``, every other unary RPC on ``side`` when there is one (a channel whose receive
-    limit is --backend-max-answer-size; grpcio sets the limit per channel, not per call)."""
+    ``channel``, every other unary RPC on ``side`` when there is one."""
 
     __slots__ = ("calls", "channel", "raw", "side")
 
@@ -574,11 +516,9 @@ class _Channel:
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString,
             )
-        # bytes in, bytes out, without grpc.aio's per-call wrapper: the pass-through
-        # (relay_message) and the decoded ModelInfer
+        # bytes in, bytes out, without grpc.aio's per-call wrapper
         call, raw = raw_unary(channel, f"/{SERVICE}/ModelInfer")
         self.calls[_RAW_INFER] = call
-        #: the calls of ``call`` in flight are cancelled through it when the channel closes
         self.raw: RawUnary | None = raw
         self.calls["ModelStreamInfer"] = channel.stream_stream(
             f"/{SERVICE}/ModelStreamInfer",
@@ -603,6 +543,6 @@ def _too_large(exc: grpc.aio.AioRpcError) -> bool:
 
 
 def _not_sent(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether an UNAVAILABLE call never left the proxy: gRPC found no connection to send it
-    on (its load balancer's text), as opposed to a connection lost during the call."""
+    """Whether an UNAVAILABLE call never left the proxy (no connection to send it on), as
+    opposed to a connection lost during the call."""
     return "failed to connect to all addresses" in (exc.details() or "")

@@ -1,6 +1,5 @@
 """The MindIE backend (``--backend mindie://host:port``): a MindIE server's native ``POST /infer``
-served to v2 clients as one v2 model (``mindie.model``, default ``llm``) with the builtin ``llm``'s
-tensors; the pure mapping is :mod:`v2proxy.codecs.mindie_backend`."""
+served to v2 clients as one v2 model with the builtin ``llm``'s tensors."""
 
 from __future__ import annotations
 
@@ -25,12 +24,12 @@ PLATFORM = "mindie"
 _JSON = ((b"content-type", b"application/json"),)  # a tuple: the client remembers its head
 
 
-def _no_compute(inputs: Any) -> Iterator[Any]:  # the model runs in MindIE, never here
+def _no_compute(inputs: Any) -> Iterator[Any]:
     raise Unsupported("the MindIE model is computed by MindIE")
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The builtin ``llm``'s tensors under ``name`` (its exclude_input_in_output aside: MindIE
+    """The builtin ``llm``'s tensors under ``name`` (without exclude_input_in_output: MindIE
     never echoes the prompt)."""
 
     def opt(n: str, d: Datatype) -> TensorSpec:
@@ -80,10 +79,8 @@ class MindieBackend(NonRestBackend):
         max_answer_size: int = 1 << 20,
         max_infer_answer: int | None = None,
     ) -> None:
-        #: --backend-max-answer-size (metadata, an error answer), --max-body-size (an answer)
         self._max_answer = max_answer_size
         self._max_infer = max_infer_answer
-        # mindies://: HTTPS, verified against ``ssl_context``'s CAs (None: plain HTTP)
         self._pool = HttpPool(
             "MindIE", split_hosts(address), ssl_context, connect_timeout, connections
         )
@@ -119,8 +116,7 @@ class MindieBackend(NonRestBackend):
         infer: bool = False,
         status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call read whole within --backend-timeout and its bound (``infer``:
-        --max-body-size, else --backend-max-answer-size; ``status_only``: a little of it)."""
+        """One call read whole within --backend-timeout and its size bound."""
         try:
             return await self.client.fetch(
                 method,
@@ -149,7 +145,7 @@ class MindieBackend(NonRestBackend):
         obj: Any = {}
         if resp.status == 200:
             obj = json_answer(body, "/v2", "backend response")
-        elif resp.status != 404:  # a MindIE without the route: its name only
+        elif resp.status != 404:  # 404: a MindIE without the route
             raise mb.error_for(resp.status, body)
         if not isinstance(obj, dict):
             obj = {}

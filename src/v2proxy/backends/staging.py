@@ -48,8 +48,6 @@ class StagingPort(MetadataSource, Protocol):
 
 
 class Cell(Protocol):
-    """A counter cell (:class:`v2proxy.ops.metrics.Counter`)."""
-
     def inc(self, amount: float = 1.0) -> None: ...
 
 
@@ -62,7 +60,6 @@ class _Plan:
     request: InferRequest
     #: staged outputs: name -> (offset, capacity, the client's destination or None)
     outputs: dict[str, tuple[int, int, OutputSink | None]]
-    #: bytes of the staged inputs
     in_bytes: int
 
 
@@ -110,13 +107,12 @@ class Stager:
         self.threshold = threshold
         self.max_bytes = max_bytes
         self.counts = counts
-        #: "input" / "output" -> bytes that went through the staging regions
         self.staged_bytes = staged_bytes
         #: whether the backend takes staged tensors (None: not asked yet)
         self.usable: bool | None = False if mode == "off" else None
         self.pool: StagingPool | None = None
         self._lock = asyncio.Lock()
-        #: what is known of the backend (None: one of its own, bound to the first port)
+        #: None: one of its own, bound to the first port
         self.knowledge = knowledge
 
     def _count(self, result: str) -> None:
@@ -130,7 +126,7 @@ class Stager:
         return knowledge
 
     def wanted(self, request: InferRequest) -> bool:
-        """Whether ``request`` has an input of at least the threshold (cheap)."""
+        """Whether ``request`` has an input of at least the threshold."""
         threshold = self.threshold
         for t in request.inputs:  # noqa: SIM110 - a plain loop: no generator per request
             if memoryview(t.data).nbytes >= threshold:
@@ -157,8 +153,7 @@ class Stager:
                 if isinstance(exc, _NOT_A_REFUSAL) or "shared memory" not in exc.message.lower():
                     raise
                 if TOO_SMALL in exc.message and plan.outputs:
-                    # the client's region is too small for the answer (the staged place has
-                    # its size): the client's error, in the words the proxy uses for it
+                    # the client's region is too small for the answer: the client's error
                     _, sep, text = exc.message.partition("shared memory size")
                     raise ProxyError(sep + text) from None
                 keep = False
@@ -180,7 +175,7 @@ class Stager:
             if self.usable is None:
                 try:
                     self.usable = await self._ask(port)
-                except ProxyError as exc:  # the backend could not be asked: again later
+                except ProxyError as exc:  # asked again later
                     log.debug("backend shared memory not probed: %s", exc)
                     return False
                 log.info(
@@ -305,8 +300,8 @@ class Stager:
 
     @staticmethod
     def _read_outputs(plan: _Plan, response: InferResponse) -> int:
-        """Copy the staged outputs out of the region: into the client's region when it asked for
-        one, else into the response. Returns the bytes copied."""
+        """Copy the staged outputs into the client's region, or else the response; returns the
+        bytes copied."""
         total = 0
         for t in response.outputs:
             where = plan.outputs.get(t.name)

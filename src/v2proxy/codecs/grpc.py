@@ -45,7 +45,6 @@ CONTENTS: dict[Datatype, tuple[str, str]] = {
     Datatype.FP64: ("fp64_contents", "<f8"),
     Datatype.BYTES: ("bytes_contents", ""),
 }
-#: the datatype a typed-contents field stands for, in messages
 _FIELD_TYPE = {
     "bool_contents": "BOOL",
     "int_contents": "INT32",
@@ -148,9 +147,8 @@ def request_from_proto(
     max_tensors: int = DEFAULT_MAX_TENSORS,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> InferRequest:
-    """Decode a ModelInferRequest (raw slots in order, typed contents, shm references): at
-    most ``max_tensors`` inputs and requested outputs, at most ``max_input_size`` bytes decoded
-    from typed contents together (:mod:`v2proxy.codecs.limits`)."""
+    """Decode a ModelInferRequest (raw slots in order, typed contents, shm references) within
+    ``max_tensors`` tensors and ``max_input_size`` bytes decoded from typed contents."""
     model = msg.model_name
     check_count(len(msg.inputs), max_tensors, "inputs")
     check_count(len(msg.outputs), max_tensors, "outputs")
@@ -163,8 +161,7 @@ def request_from_proto(
         datatype = parse_datatype(inp.datatype, where)
         shape = _shape(inp.shape, where)
         params = params_from_proto(inp.parameters)
-        # empty contents are data (zero elements) only where no raw data can be meant: MLServer
-        # sends an empty ``contents`` beside raw data
+        # MLServer sends an empty ``contents`` beside raw data: data only when no raw is sent
         has_contents = inp.HasField("contents") and (
             bool(_contents_fields(inp.contents)) or not raw
         )
@@ -182,7 +179,7 @@ def request_from_proto(
                     f" '{inp.name}' for model '{model}'"
                 )
             size = expected_byte_size(datatype, shape)
-            if size is not None:  # known from the shape: counted before converting
+            if size is not None:  # counted before converting
                 decoded.add(size, where)
             data = contents_to_bytes(inp.contents, datatype, shape, where)
             if size is None:
@@ -194,7 +191,6 @@ def request_from_proto(
             next_raw += 1
         inputs.append(Tensor(inp.name, datatype, shape, data, params))
     if next_raw != len(raw):
-        # Nothing may be dropped silently: every raw entry belongs to one input.
         raise CodecError(
             f"expected {next_raw} raw_input_contents (one per input of model '{model}' sent"
             f" without contents or shared memory) but got {len(raw)}"
@@ -211,9 +207,8 @@ def request_from_proto(
 
 
 def _output_params(output: Any) -> dict[str, Any]:
-    """A requested output's parameters; ``classification`` checked as Triton's gRPC frontend does
-    (docs/protocol.md, classification), here where the parameter's type is still known: only a
-    positive ``int64_param`` reaches the pipeline."""
+    """A requested output's parameters; ``classification`` checked here, where its proto type is
+    still known, as Triton's gRPC frontend does."""
     params = params_from_proto(output.parameters)
     if "classification" in params:
         p = output.parameters["classification"]
@@ -229,9 +224,8 @@ def _output_params(output: Any) -> dict[str, Any]:
 
 
 def encodes_unchanged(req: InferRequest) -> bool:
-    """Whether :func:`request_to_proto` keeps every parameter of ``req``: it carries no
-    ``binary_data_output`` and no tensor parameter of one wire form only (``binary_data``,
-    ``binary_data_size``), which the encoder leaves out."""
+    """Whether :func:`request_to_proto` keeps every parameter of ``req`` (it leaves out those
+    of one wire form only)."""
     if "binary_data_output" in req.parameters:
         return False
     for t in req.inputs:
@@ -301,10 +295,9 @@ _RAW_OUTPUT_TAG = _length_delimited_tag(pb.ModelInferResponse, "raw_output_conte
 
 def _with_raw(head: bytes, tag: bytes, contents: list[Buffer]) -> bytes:
     """``head`` (a message serialized without its raw contents) followed by each buffer as one
-    more element of the repeated bytes field ``tag`` names: the tensors' bytes copied once, into
-    the result. protobuf's own append and SerializeToString copy a large buffer twice, slowly
-    (≈ 0.6 s for 64 MiB here); the result parses to the same message (fields may come in any
-    order, and these are the messages' last fields, so it is also what protobuf writes)."""
+    more element of the repeated bytes field ``tag``: the tensors' bytes copied once, where
+    protobuf copies them twice, slowly. These are the messages' last fields, so the bytes are
+    what protobuf would write."""
     parts: list[Buffer] = [head]
     for data in contents:
         size = data.nbytes if isinstance(data, memoryview) else len(data)
@@ -331,10 +324,8 @@ _STREAM_ANSWER_TAG = _length_delimited_tag(pb.ModelStreamInferResponse, "infer_r
 
 
 def stream_response_bytes(answer: bytes) -> bytes:
-    """A serialized ModelStreamInferResponse whose ``infer_response`` is the serialized
-    ModelInferResponse ``answer``, written by hand (the field's tag and length in front of
-    ``answer``: exactly what protobuf writes for that message), so that a relayed answer goes
-    back on a stream without being parsed and serialized again."""
+    """A serialized ModelStreamInferResponse around the serialized ModelInferResponse
+    ``answer``, written by hand so a relayed answer is not parsed and serialized again."""
     return b"".join((_STREAM_ANSWER_TAG, _varint(len(answer)), answer))
 
 
@@ -375,8 +366,7 @@ def response_from_proto(msg: pb.ModelInferResponse) -> InferResponse:
 
 
 def response_from_bytes(data: bytes) -> InferResponse:
-    """A backend's serialized ModelInferResponse decoded (:func:`response_from_proto`);
-    CodecError when it is no valid answer."""
+    """A backend's serialized ModelInferResponse decoded; CodecError when it is none."""
     try:
         msg = pb.ModelInferResponse.FromString(data)
     except DecodeError as exc:
@@ -385,11 +375,8 @@ def response_from_bytes(data: bytes) -> InferResponse:
 
 
 def relayed_answer(data: bytes, request: InferRequest) -> InferResponse | None:
-    """A backend's serialized ModelInferResponse to a relayed ``request``, checked: None when it may
-    go back to the client as it came, being what the full path would answer (every output in
-    ``raw_output_contents``, one entry each, no typed contents and no wire-only parameter; a valid
-    datatype and shape each; the request's id when it had one, a model name, and only the outputs
-    the request listed); else the response decoded (:func:`response_from_proto`), for the caller to
+    """A backend's serialized answer to a relayed ``request``: None when it may go back as it
+    came, being what the full path would answer; else the response decoded, for the caller to
     finish as the full path does."""
     try:
         msg = pb.ModelInferResponse.FromString(data)
@@ -418,8 +405,8 @@ def _as_is(msg: pb.ModelInferResponse, request: InferRequest) -> bool:
 
 
 def message_to_dict(msg: Message) -> dict[str, Any]:
-    """A message as the v2 REST JSON shows it: proto field names, integers as numbers (protobuf's
-    JSON mapping would write 64-bit integers as strings), enums by name."""
+    """A message as the v2 REST JSON shows it: proto field names, integers as numbers (not
+    protobuf's 64-bit strings), enums by name."""
     out: dict[str, Any] = {}
     for fd, value in msg.ListFields():
         out[fd.name] = _value_to_json(fd, value)

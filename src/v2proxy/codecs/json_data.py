@@ -1,5 +1,5 @@
-"""A tensor's JSON ``data`` value <-> its bytes in wire layout (docs/protocol.md: data
-arrays, tensor layout)."""
+"""A tensor's JSON ``data`` value <-> its bytes in wire layout (docs/protocol.md, tensor
+layout)."""
 
 from __future__ import annotations
 
@@ -27,15 +27,13 @@ from v2proxy.core.model import Datatype, Tensor, element_count
 
 MAX_NESTING = 100
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
-#: arrays up to this many elements are checked and packed in plain Python (numpy's per-call
-#: overhead dominates below that)
+#: arrays up to this many elements are packed in plain Python (numpy's overhead dominates)
 SMALL_ARRAY = 256
 
 _INT_TYPES = INTEGER_TYPES
 _FLOAT_TYPES = {Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16}
 
 
-#: simdjson buffer type and the numpy dtype it yields, per datatype family
 BUFFER_TYPES: dict[Datatype, tuple[str, str]] = {
     **{dt: ("d", "<f8") for dt in (Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16)},
     **{dt: ("i", "<i8") for dt in (Datatype.INT8, Datatype.INT16, Datatype.INT32, Datatype.INT64)},
@@ -50,7 +48,7 @@ def _fast_numbers(
     data: Any, datatype: Datatype, count: int, where: str
 ) -> bytes | memoryview | None:
     """Numbers of a lazy simdjson array straight into the wire layout; None when the array
-    holds anything else (the slow path then names the problem)."""
+    holds anything else."""
     kind = BUFFER_TYPES.get(datatype)
     if kind is None:
         return None
@@ -102,7 +100,6 @@ def _leaves(data: Any, where: str) -> list[Any]:
     return data
 
 
-#: struct codes of the datatypes the small-array path packs, and integer ranges
 STRUCT_CODES = {
     Datatype.BOOL: "?",
     Datatype.UINT8: "B",
@@ -117,7 +114,6 @@ STRUCT_CODES = {
     Datatype.FP32: "f",
     Datatype.FP64: "d",
 }
-#: the values each integer datatype holds (JSON numbers outside them are refused)
 INT_RANGES = {
     dt: (int(np.iinfo(NUMPY_DTYPE[dt]).min), int(np.iinfo(NUMPY_DTYPE[dt]).max))  # type: ignore[type-var]
     for dt in _INT_TYPES
@@ -127,14 +123,12 @@ _NUMBER_TYPES = frozenset({int, float})
 
 _INTS = frozenset({int})
 _BOOLS = frozenset({bool})
-#: struct packers of small arrays, per (struct code, element count)
 _PACKERS: dict[tuple[str, int], Callable[..., bytes]] = {}
 
 
 def _small_numbers(leaves: list[Any], datatype: Datatype) -> bytes | None:
     """A short flat list packed with struct when every element is of the right kind and in
-    range (struct refuses integers outside the code's range); None otherwise (the numpy path
-    then decides, and names any problem)."""
+    range; None otherwise (the numpy path then names any problem)."""
     code = STRUCT_CODES.get(datatype)
     if code is None or not leaves:
         return None
@@ -237,8 +231,7 @@ def data_to_buffer(
         # Triton does not parse 'data' of a zero-element tensor.
         return b""
     if type(data) is list and len(data) == count and count <= SMALL_ARRAY:
-        # the usual small flat array: packed straight away; anything else (nested, another
-        # kind, out of range, over the size limit) takes the full path, which names it
+        # the usual small flat array; anything else takes the full path, which names it
         packed = _small_numbers(data, datatype)
         if packed is not None and len(packed) <= max_size:
             return packed
@@ -298,10 +291,8 @@ def tensor_data_json(tensor: Tensor) -> Any:
     datatype = tensor.datatype
     listed = _LISTED.get(datatype)
     if listed is not None:
-        # small: the numbers as a list (numpy's calls cost more than the elements), the very
-        # values numpy gives (FP32 widened to double); a sum that is not finite (a NaN or an
-        # infinity among them, or finite values that add up past the largest double) takes
-        # the numpy path, which writes the literals; so does a size that does not match
+        # small: a plain list; a sum that is not finite (NaN, infinity, overflow) takes the
+        # numpy path, which writes the literals
         code, itemsize, floats = listed
         view = memoryview(tensor.data)
         count = prod(tensor.shape)
@@ -331,8 +322,7 @@ def tensor_data_json(tensor: Tensor) -> Any:
         )
     arr = np.frombuffer(tensor.data, dtype=npdt)
     if datatype in _FLOAT_TYPES:
-        # Triton widens to double; BF16/FP16 become numbers. A signalling NaN stays a NaN
-        # (numpy would warn about it) and is written as the NaN literal below.
+        # Triton widens to double; a signalling NaN would make numpy warn
         with np.errstate(invalid="ignore"):
             arr = arr.astype(np.float64)
         if not np.isfinite(arr).all():
@@ -340,9 +330,8 @@ def tensor_data_json(tensor: Tensor) -> Any:
     return arr
 
 
-#: the datatypes whose small tensors (up to SMALL_ARRAY elements) are listed: the memoryview
-#: format (native byte order, so only where it is the wire's little-endian), the item size,
-#: whether they are floats
+#: datatype -> (memoryview format, item size, is float) for small tensors listed directly;
+#: the format is native order, so only on little-endian hosts
 _LISTED: dict[Datatype, tuple[Any, int, bool]] = (
     {
         dt: (STRUCT_CODES[dt], ITEM_SIZE[dt], dt in _FLOAT_TYPES)
@@ -356,7 +345,7 @@ _LISTED: dict[Datatype, tuple[Any, int, bool]] = (
 
 class FloatLiterals(list[str]):
     """A tensor's ``data`` as float literals, some of which (NaN, Infinity) orjson cannot
-    write: the header writer (:func:`v2proxy.codecs.json_v2.dumps_tree`) splices them in."""
+    write: :mod:`v2proxy.codecs.json_v2` splices them in."""
 
 
 def _float_literal(v: float) -> str:

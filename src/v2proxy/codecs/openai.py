@@ -11,17 +11,15 @@ from typing import Any
 from v2proxy.codecs.json import loads
 from v2proxy.core.errors import CodecError, InvalidField, InvalidText
 
-#: the roles a chat message may have
 ROLES = ("system", "developer", "user", "assistant", "tool")
-#: the most stop sequences a request may give (OpenAI's limit), by default
+#: OpenAI's limit
 MAX_STOP = 4
 SEED_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """What the deployment bounds in a request beside its size (the settings of the same
-    names)."""
+    """What the deployment bounds in a request beside its size (the settings of these names)."""
 
     max_chat_messages: int = 1024
     max_stops: int = MAX_STOP
@@ -39,7 +37,7 @@ class OpenAIRequest:
     model: str
     #: completions: the prompt; chat: empty (rendered from ``messages`` by the chat template)
     prompt: str = ""
-    #: chat: the messages, each ``{"role", "content"[, "name"]}`` with ``content`` a string
+    #: chat: each ``{"role", "content"[, "name"]}`` with ``content`` a string
     messages: list[dict[str, Any]] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -144,7 +142,7 @@ def _stop(doc: dict[str, Any], limits: RequestLimits) -> tuple[str, ...]:
     return tuple(items)
 
 
-#: key -> what it asks for, refused unless it asks for nothing (null, false, 0, "", [], {})
+#: key -> what it asks for, refused unless it asks for nothing
 _REFUSED: tuple[tuple[str, str], ...] = (
     ("logprobs", "log probabilities"),
     ("top_logprobs", "log probabilities"),
@@ -159,7 +157,6 @@ _REFUSED: tuple[tuple[str, str], ...] = (
 
 
 def _asks(value: Any) -> bool:
-    """Whether a value of a refused feature asks for something (is not its default)."""
     return not (value is None or value is False or value in ("", [], {})) and (
         isinstance(value, bool) or value != 0
     )
@@ -233,7 +230,6 @@ def _common(doc: dict[str, Any], chat: bool, limits: RequestLimits) -> OpenAIReq
 
 
 def too_large(what: str, size: int, limit: int) -> InvalidField:
-    """The error of a prompt (or messages) over ``--max-input-size``."""
     return InvalidField(
         f"'{what}' is {size} bytes, over the limit of {limit} bytes (--max-input-size)", what
     )
@@ -348,10 +344,8 @@ def parse_chat(
     return req
 
 
-#: JSON's tokens, as far as :func:`messages_over` needs them: a string, a bracket, a separator,
-#: anything else (literals, numbers, white space)
+#: JSON's tokens, as far as :func:`messages_over` needs them
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]|[^\[\]{}:,"]+')
-#: tokens :func:`messages_over` reads per allowed message before it gives up (the parse decides)
 _TOKENS_PER_MESSAGE = 32
 
 
@@ -359,7 +353,7 @@ def messages_over(body: bytes | bytearray | memoryview, limit: int) -> bool:
     """Whether the body's top-level ``messages`` array holds more than ``limit`` items, told from
     its bytes without parsing them into objects; False when it can't tell."""
     data = body.tobytes() if isinstance(body, memoryview) else body
-    if data.count(b"{") <= limit:  # every message is an object
+    if data.count(b"{") <= limit:
         return False
     depth, key, items, inside = 0, b"", 0, False
     budget = _TOKENS_PER_MESSAGE * (limit + 1) + 1024

@@ -1,6 +1,5 @@
-"""OpenAI's answers, written from generated text (docs/guides/openai.md): the completion and chat
-completion objects, their stream chunks, the model list, the error shape, stop sequences
-(:class:`StopScanner`) and the finish reason (:func:`finish_reason`)."""
+"""OpenAI's answers, written from generated text (docs/guides/openai.md): completion objects,
+stream chunks, the model list, errors, stop sequences and the finish reason."""
 
 from __future__ import annotations
 
@@ -9,11 +8,9 @@ from typing import Any
 
 from v2proxy.codecs.json import dumps
 
-#: the last event of every stream
 DONE = b"data: [DONE]\n\n"
-#: the owner named in ``/v1/models``
 OWNED_BY = "v2proxy"
-#: backend finish reasons (as the MindIE mapping reads them) -> OpenAI's
+#: backend finish reasons -> OpenAI's
 _REASONS = {
     "length": "length",
     "eos_token": "stop",
@@ -24,9 +21,8 @@ _REASONS = {
 
 
 class _Matcher:
-    """One stop sequence's matching state (Knuth-Morris-Pratt): ``q``, the length of its longest
-    proper prefix that ends the text so far; the failure table is built only as far as ``q`` has
-    gone, so the work per piece follows the piece, not the sequence's length."""
+    """One stop sequence's Knuth-Morris-Pratt state: ``q``, the length of its longest proper
+    prefix ending the text so far; the failure table grows only as far as ``q`` has gone."""
 
     __slots__ = ("fail", "q", "stop")
 
@@ -37,7 +33,6 @@ class _Matcher:
         self.fail = [0]
 
     def _grow(self, upto: int) -> None:
-        """The failure table up to index ``upto`` (excluded)."""
         s, fail = self.stop, self.fail
         k = fail[-1]
         for i in range(len(fail), min(upto, len(s))):
@@ -68,13 +63,12 @@ class _Matcher:
         return None
 
     def _step(self, text: str, i: int) -> int | None:
-        """The automaton run over ``text[i:]``: where an occurrence ends it begins (from the
-        start of ``text``), or None."""
+        """The automaton run over ``text[i:]``: where an occurrence begins, or None."""
         s, n, fail = self.stop, len(self.stop), self.fail
         q, end = self.q, len(text)
         while i < end:
             if q == 0:
-                i = text.find(s[0], i)  # nothing under way: on to where one may begin
+                i = text.find(s[0], i)
                 if i < 0:
                     break
             c = text[i]
@@ -93,9 +87,8 @@ class _Matcher:
 
 
 class StopScanner:
-    """Cuts generated text at the first stop sequence, fed piece by piece (:meth:`feed`); what it
-    holds back is given by :meth:`flush` when the generation ends (up to a stop sequence it holds).
-    """
+    """Cuts generated text at the first stop sequence, fed piece by piece; :meth:`flush` gives
+    what it held back when the generation ends."""
 
     __slots__ = (
         "first", "held", "hold", "live", "pos", "sent", "shortest", "skip", "stopped", "stops",
@@ -109,9 +102,7 @@ class StopScanner:
         self.held: deque[str] = deque()
         self.skip = 0
         self.sent = 0
-        #: the length of the text so far
         self.pos = 0
-        #: a matcher of each stop sequence not found yet
         self.live = [_Matcher(s) for s in stops]
         #: where the first stop sequence found begins (-1: none yet)
         self.first = -1
@@ -126,7 +117,7 @@ class StopScanner:
             return piece
         size = len(piece)
         tail = ""
-        if size >= self.shortest:  # a piece as long as a sequence less one: its search needs
+        if size >= self.shortest:  # a long piece is searched with the text before it
             need = max((k for m in self.live if size >= (k := len(m.stop) - 1)), default=0)
             tail = self._last(need)
         for m in list(self.live):
@@ -140,8 +131,8 @@ class StopScanner:
         self.held.append(piece)
         if self.first < 0:
             return self._take(self.pos - self.hold)
-        # a longer stop sequence that begins before this one may still be under way ("abc" when
-        # "b" is found in "ab"): send what comes before it, and wait for the text that decides
+        # an earlier-starting longer sequence may still be under way ("abc" when "b" is found in
+        # "ab"): send only what comes before it
         under_way = min(
             (b for m in self.live if m.q and (b := self.pos - m.q) < self.first), default=-1
         )
@@ -151,15 +142,13 @@ class StopScanner:
         return self._take(under_way)
 
     def flush(self) -> str:
-        """What was held back, once the generation has ended, up to a stop sequence it holds
-        (then :attr:`stopped` is set)."""
+        """What was held back, once the generation has ended, up to any stop sequence."""
         if self.first >= 0:
             self.stopped = True
             return self._take(self.first)
         return self._take(self.pos)
 
     def _take(self, upto: int) -> str:
-        """The held text up to position ``upto`` of the text, no longer held."""
         n = upto - self.sent
         if n <= 0:
             return ""
@@ -179,7 +168,6 @@ class StopScanner:
         return "".join(out)
 
     def _last(self, n: int) -> str:
-        """The last ``n`` characters held (all of them when fewer are held)."""
         if n <= 0 or not self.held:
             return ""
         out: list[str] = []
@@ -194,9 +182,8 @@ class StopScanner:
 
 
 def finish_reason(reported: str | None, stopped: bool, tokens: int, max_tokens: int) -> str:
-    """``stop`` when a stop sequence ended the text; else the backend's reason in OpenAI's words
-    when it gives one; else ``length`` when ``max_tokens`` were generated and ``stop`` otherwise
-    (an approximation)."""
+    """``stop`` when a stop sequence ended the text; else the backend's reason; else ``length``
+    when ``max_tokens`` were generated (an approximation)."""
     if stopped:
         return "stop"
     if reported is not None and reported in _REASONS:
@@ -215,8 +202,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def whole(
     chat: bool, rid: str, created: int, model: str, text: str, reason: str, counts: dict[str, int]
 ) -> bytes:
-    """The non-stream answer: a ``chat.completion`` (the text as the assistant's message) or a
-    ``text_completion``."""
+    """The non-stream answer: a ``chat.completion`` or a ``text_completion``."""
     choice: dict[str, Any] = {"index": 0}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
@@ -242,9 +228,8 @@ def event(obj: Any) -> bytes:
 
 
 class Chunks:
-    """The chunks of one stream: completions (``text_completion``) or chat
-    (``chat.completion.chunk``, the first carrying the assistant's role); with ``include_usage``
-    every chunk has ``"usage": null`` and :meth:`usage` writes the last one, with no choices."""
+    """The chunks of one stream; with ``include_usage`` every chunk has ``"usage": null`` and
+    :meth:`usage` writes the last one."""
 
     __slots__ = ("base", "chat", "include_usage", "started")
 
@@ -267,7 +252,6 @@ class Chunks:
         return event(obj)
 
     def text(self, text: str) -> bytes:
-        """A chunk of generated text."""
         if not self.chat:
             return self._event({"index": 0, "text": text, "logprobs": None, "finish_reason": None})
         delta: dict[str, Any] = {"content": text}
@@ -277,8 +261,7 @@ class Chunks:
         return self._event({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
 
     def finish(self, reason: str) -> bytes:
-        """The chunk that carries the finish reason (chat: with an empty delta, or the role's
-        when no text came)."""
+        """The chunk that carries the finish reason."""
         if not self.chat:
             return self._event({"index": 0, "text": "", "logprobs": None, "finish_reason": reason})
         delta: dict[str, Any] = {} if self.started else {"role": "assistant", "content": ""}
@@ -299,7 +282,7 @@ def models(ids: list[str], created: int) -> bytes:
 
 
 def model(model_id: str, created: int) -> dict[str, Any]:
-    """One model object (``GET /v1/models/{model}`` answers it alone)."""
+    """One model object."""
     return {"id": model_id, "object": "model", "created": created, "owned_by": OWNED_BY}
 
 

@@ -23,12 +23,10 @@ from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers
 
-#: the pipeline's stream operation
 StreamFn = Callable[[InferRequest, Headers], AsyncIterator[InferResponse]]
 
 #: the most of a 404/405 answer read to decide whether the route exists
 _PROBE_READ = 64 * 1024
-#: the knowledge's key of whether the backend has the generate extension
 _NATIVE = ("generate native",)
 
 
@@ -39,23 +37,21 @@ async def _no_chunks() -> AsyncIterator[bytes]:
 
 @dataclass(slots=True)
 class Mapped:
-    """A generate request mapped onto v2 inference: the request and its responses (not
-    started; closing the iterator cancels the backend call)."""
+    """A generate request mapped onto v2 inference: the request and its responses (closing
+    the iterator cancels the backend call)."""
 
     request: InferRequest
     responses: AsyncIterator[InferResponse]
 
 
 def generate_target(model: str, version: str, stream: bool) -> str:
-    """The origin-form path of a generate request."""
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
     return path + ("/generate_stream" if stream else "/generate")
 
 
 async def single(responses: AsyncIterator[InferResponse]) -> InferResponse:
-    """The one response a (non-stream) generate request needs; Triton's message otherwise,
-    at the second response (the stream is closed then: a model asked to stream may have a
-    million more to make)."""
+    """The one response a (non-stream) generate request needs; Triton's error at the second
+    (the stream is closed then: there may be a million more)."""
     got: InferResponse | None = None
     try:
         async for response in responses:
@@ -140,8 +136,8 @@ class GenerateExtension:
     async def run(
         self, model: str, version: str, target: str, body: Buffer, headers: Headers, stream: bool
     ) -> ForwardResponse | Mapped:
-        """A client's generate request (``target``: its origin-form path, ``body`` as sent):
-        the backend's answer passed through, or the request mapped onto v2 inference."""
+        """A client's generate request: the backend's answer passed through, or the request
+        mapped onto v2 inference."""
         encoding = next((v for k, v in headers if k == b"content-encoding"), None)
         if await self._native():
             if encoding is None or encoding.strip().lower() in (b"", b"identity"):
@@ -162,8 +158,7 @@ class GenerateExtension:
         return Mapped(request, self._stream(request, sent))
 
     async def _native(self) -> bool:
-        """Whether the backend has Triton's generate extension (asked once per lifetime of the
-        knowledge)."""
+        """Whether the backend has Triton's generate extension (asked once per lifetime)."""
         native = self.native
         if native is None:
             try:
@@ -177,7 +172,7 @@ class GenerateExtension:
         """The backend's answer, or None when it has no generate extension (remembered)."""
         try:
             answer = await self.backend.forward("POST", target, headers, body)
-        except (NotFound, Unsupported):  # a backend that takes no REST requests
+        except (NotFound, Unsupported):
             self.native = False
             return None
         if answer.status not in (404, 405):
@@ -195,10 +190,8 @@ class GenerateExtension:
     async def objects(
         self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
-        """Send the generate body ``obj`` for ``model`` to the backend, passed through or mapped,
-        and yield its answers as generate JSON objects: one for ``stream`` False, one per response
-        (SSE event) otherwise. Errors are ProxyErrors; closing the iterator early releases the
-        backend's answer."""
+        """Send the generate body ``obj`` to the backend, passed through or mapped, and yield
+        its answers as generate JSON objects (one per response when ``stream``)."""
         if await self._native():
             out = [(k, v) for k, v in headers if k not in INFERRED]
             out.append((b"content-type", b"application/json"))
@@ -225,7 +218,6 @@ class GenerateExtension:
     async def _answers(
         self, answer: ForwardResponse, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
-        """The generate objects of a passed-through answer."""
         if answer.status != 200 or not stream:
             body = await read_answer(answer, self.max_input_size)
             if answer.status != 200:

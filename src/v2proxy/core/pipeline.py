@@ -1,20 +1,9 @@
 """The one shared core every frontend calls (in the manner of MLServer's DataPlane).
 
-One :class:`Pipeline` per process: the REST, gRPC, MindIE and OpenAI frontends go through it
-for every operation, and it owns the port to the model server
-(:class:`~v2proxy.core.ports.Backend`). Frontends decode and encode wire bytes, backends encode
-for their model server; errors are :class:`~v2proxy.core.errors.ProxyError` subclasses,
-translated once by each frontend.
-
-An inference request is decoded and checked, and its access checked once, by its frontend;
-then the stages (shared memory, classification: :attr:`Pipeline.stages`, one loop around the
-backend call for unary and streamed inference, skipped when none applies), the backend call,
-the response finished (:func:`~v2proxy.core.stages.chain.finish`) and encoded by the frontend.
-A body no stage applies to and the backend takes as it came is relayed
-(:mod:`v2proxy.core.relay`). What is known of the backend is cached in one
-:class:`~v2proxy.core.knowledge.BackendKnowledge`. docs/architecture.md describes each stage.
-
-Pure with respect to I/O libraries: it awaits the backend but imports no asyncio, aiohttp or grpc.
+One :class:`Pipeline` per process owns the port to the model server; frontends decode and
+encode wire bytes and translate its :class:`~v2proxy.core.errors.ProxyError` subclasses. An
+inference runs the stages around one backend call, or is relayed untouched when no stage applies
+(:mod:`v2proxy.core.relay`). Pure: it awaits the backend but imports no asyncio or grpc.
 """
 
 from __future__ import annotations
@@ -39,13 +28,10 @@ from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels
 from v2proxy.core.stages.shm import SharedMemoryStage
 
-#: The extensions v2proxy provides to clients whatever the backend has.
 PROXY_EXTENSIONS = ("binary_tensor_data", "classification", "system_shared_memory", "generate")
 
 
-#: the frontend's decoder of a REST /infer body (whole, its JSON header's length, the model and
-#: version): the checked request (raw binary bodies get their shape from
-#: :meth:`Pipeline.decode_raw`)
+#: the frontend's decoder of a REST /infer body (body, JSON header length, model, version)
 Decode = Callable[[Buffer, int | None, str, str], Awaitable[InferRequest]]
 
 
@@ -73,23 +59,17 @@ class Pipeline:
         #: set when the proxy stops: readiness turns false while requests in flight finish
         self.draining = False
         self.max_input_size = max_input_size
-        #: --max-tensors: inputs, and requested outputs, per request at most (the decoders')
         self.max_tensors = max_tensors
-        #: per-model settings (``Settings.models``): the label files of the outputs
         self.models: Mapping[str, ModelLabels] = models or {}
         #: the clients' system shared-memory regions (None: none can be registered)
         self.shm = shm
         self.client_shm = client_shm
-        #: everything known of the backend, cached with one lifetime
-        #: (:mod:`v2proxy.core.knowledge`): the one the composition root shares with the backend,
-        #: else the backend's own (one built alone keeps one), else a new one, which asks
-        #: ``backend`` unless it was bound to the undecorated backend already
+        # The composition root's shared one, else the backend's own, else a new one.
         self.knowledge: BackendKnowledge = (
             knowledge or getattr(backend, "knowledge", None) or BackendKnowledge()
         )
         if self.knowledge.source is None:
             self.knowledge.bind(backend)
-        #: the stages around every inference, in their order (stages 3-6 of the docstring)
         self.stages = Stages(
             (
                 SharedMemoryStage(shm, client_shm),
@@ -101,15 +81,12 @@ class Pipeline:
             backend, self.knowledge, self.stream_infer, max_input_size
         )
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def server_live(self) -> bool:
         """The proxy's own liveness: it answers, so it lives."""
         return True
 
     async def server_ready(self) -> bool:
-        """Ready when the backend is (a backend that cannot be asked raises its error), and
-        never while the proxy drains before it stops."""
+        """Ready when the backend is, and never while the proxy drains before it stops."""
         if self.draining:
             return False
         return await self.backend.server_ready()
@@ -134,8 +111,6 @@ class Pipeline:
     async def model_ready(self, model: str, version: str) -> bool:
         return await self.backend.model_ready(model, version)
 
-    # ------------------------------------------------------------------ inference
-
     async def infer(
         self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
     ) -> InferResponse:
@@ -154,30 +129,12 @@ class Pipeline:
         headers: Headers,
         peer: str | None,
     ) -> ForwardResponse | Answered:
-        """One REST /infer of ``model``/``version`` in its wire form, admitted by the frontend
-        (its API group checked before the body was read, ``RestFrontend.dispatch``): ``body``
-        as the client sent it (decompressed), still arriving (:class:`StreamedBody`, a large
-        one) or whole; ``ihcl`` its JSON header's length (None: JSON, 0: raw binary);
-        ``rewritten``: the frontend rewrites the answer (compresses it), so it is never relayed;
-        ``decode``: the frontend's decoder, called only when the request is needed.
+        """One REST /infer in its wire form: ``body`` decompressed, whole or still arriving;
+        ``ihcl`` its JSON header's length (None: JSON, 0: raw binary); ``rewritten``: the
+        frontend rewrites the answer, so it is never relayed; ``decode`` runs only if needed.
 
-        The pipeline decides, in this order, each relay asking the one decision
-        (:func:`~v2proxy.core.relay.relays`, through :class:`Relay`):
-
-        - a body still arriving is relayed while it arrives (JSON checked on the way,
-          :meth:`Relay.relay_json`; a binary-framed one once its JSON header is checked,
-          :meth:`Relay.relay_framed`), else read whole;
-        - a whole body the decision rules out (the backend takes its wire form transcoded, a
-          raw one, a rewritten answer) is decoded straight away;
-        - a small JSON body that :func:`~v2proxy.codecs.relay_check.plain_json_request`
-          accepts (the full decoder would take it, and no stage applies) is relayed untouched
-          without being decoded;
-        - any other body is decoded and relayed untouched when no stage applies
-          (:func:`~v2proxy.core.relay.nothing_to_do`);
-        - else the decoded request goes through the stages (:meth:`_staged`) and is answered
-          with it, for the frontend to encode.
-
-        One call of the frontend, one backend call."""
+        Relayed untouched when no stage applies and the backend takes the wire form (a small
+        plain JSON body without being decoded); else decoded and run through the stages."""
         relay = self._relay
         if isinstance(body, StreamedBody):
             if ihcl is None:
@@ -203,7 +160,6 @@ class Pipeline:
             and ihcl is None
             and relays_as_sent(sent, self.max_input_size, self.max_tensors)
         ):
-            # checked without decoding: the full decoder accepts it and no stage applies
             if decided or await relay.learns(model, version, form, len(body)):
                 return await self.backend.relay_infer(model, version, body, None, headers)
             decided = False  # the backend does not take it unchanged
@@ -219,16 +175,9 @@ class Pipeline:
     async def infer_message(
         self, message: bytes, request: InferRequest, headers: Headers, peer: str | None
     ) -> bytes | InferResponse:
-        """One gRPC ModelInfer: ``message`` the client's serialized ModelInferRequest,
-        ``request`` what the frontend decoded and checked of it (every check of the decoder,
-        whatever path it then takes). The pipeline decides: relayed as it came when no stage
-        applies and it carries nothing the full path would leave out
-        (:func:`~v2proxy.core.relay.message_as_is`) and the backend takes it
-        (:meth:`Backend.relay_message`), the answer being the backend's serialized
-        ModelInferResponse, unchanged (decoded and finished instead when it is not what the
-        full path would answer, :meth:`Relay.relay_message`); else through the stages
-        (:meth:`_staged`), the answer an InferResponse for the frontend to encode. One backend
-        call."""
+        """One gRPC ModelInfer: ``message`` the client's serialized request, ``request`` its
+        decoded, checked form. Relayed as it came when no stage applies and the backend takes it
+        (answer: serialized ModelInferResponse bytes), else run through the stages."""
         relayed = await self._relay.relay_message(request, message, headers)
         if relayed is not None:
             return relayed
@@ -237,9 +186,7 @@ class Pipeline:
     async def _staged(
         self, request: InferRequest, headers: Headers, peer: str | None
     ) -> InferResponse:
-        """Stages 3-6 around :meth:`Backend.infer`: the stages' loop
-        (:meth:`Stages.run`) over a stream of one; a request no stage applies to is only
-        finished (no loop, nothing allocated)."""
+        """The stages around :meth:`Backend.infer`, as a stream of one."""
         if not self.stages.applies(request):
             return finish(request, await self.backend.infer(request, headers))
 
@@ -256,8 +203,7 @@ class Pipeline:
         self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
     ) -> AsyncIterator[InferResponse]:
         """Every response of a (possibly decoupled) model to one request (``peer`` as for
-        :meth:`infer`): stages 3-6 around :meth:`Backend.stream_infer`, the same loop as
-        :meth:`infer`'s (:meth:`Stages.run`)."""
+        :meth:`infer`), through the stages."""
         async with aclosing(self._streamed(request, headers, peer)) as responses:
             async for response in responses:
                 yield response
@@ -270,18 +216,9 @@ class Pipeline:
         headers: Headers,
         peer: str | None,
     ) -> AsyncIterator[bytes | InferResponse]:
-        """One message of a gRPC ModelStreamInfer stream: ``message`` the client's serialized
-        ModelInferRequest, ``request`` what the frontend decoded and checked of it;
-        ``relayable``: its answer may go back as the backend writes it (the client did not ask
-        for anything the frontend adds to each answer, such as the final-response flag).
-
-        The pipeline decides, as for a unary ModelInfer (:meth:`infer_message`): relayed as it
-        came when ``relayable``, no stage applies, it carries nothing the full path would leave
-        out and the backend takes it (:meth:`Relay.takes`: not a decoupled model, whose answers
-        come over the backend's stream), the one answer being the backend's
-        serialized ModelInferResponse, unchanged (decoded and finished when it is not what the
-        full path would answer, :meth:`Relay.relay_message`); else every response of
-        :meth:`stream_infer`'s path, for the frontend to encode. One backend call."""
+        """One message of a gRPC ModelStreamInfer stream, as :meth:`infer_message`;
+        ``relayable``: the answer may go back as the backend writes it (the frontend adds
+        nothing to it, such as the final-response flag)."""
         relayed = await self._relay.relay_message(
             request, message, headers, streamed=True, rewritten=not relayable
         )
@@ -295,7 +232,7 @@ class Pipeline:
     async def _streamed(
         self, request: InferRequest, headers: Headers, peer: str | None
     ) -> AsyncGenerator[InferResponse, None]:
-        """Stages 3-6 around :meth:`Backend.stream_infer`."""
+        """The stages around :meth:`Backend.stream_infer`."""
         if not self.stages.applies(request):
             async for answer in self.backend.stream_infer(request, headers):
                 yield finish(request, answer)
@@ -309,14 +246,11 @@ class Pipeline:
                 yield response
 
     async def decode_raw(self, body: Buffer, model: str, version: str) -> InferRequest:
-        """The request a raw binary body (IHCL 0) stands for (docs/protocol.md, raw binary
-        requests)."""
+        """The request a raw binary body (IHCL 0) stands for."""
         metadata, max_batch_size = await self.knowledge.shape_info(model, version)
         return decode_raw_request(
             body, model, version, metadata, max_batch_size, self.max_input_size
         )
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         return await self.backend.statistics(model, version, headers)
@@ -368,17 +302,12 @@ class Pipeline:
     def generate_objects(
         self, model: str, version: str, obj: dict[str, Any], headers: Headers, stream: bool
     ) -> AsyncIterator[dict[str, Any]]:
-        """A generate body (a JSON object) sent through whichever way the backend takes it;
-        the answers as generate JSON objects (:meth:`GenerateExtension.objects`)."""
+        """A generate body sent whichever way the backend takes it; answers as JSON objects."""
         return self.generation.objects(model, version, obj, headers, stream)
 
     def invalidate(self) -> None:
-        """Forget everything known of the backend (after a repository load or unload): the
-        one :attr:`knowledge`, where the backends and frontends keep what they learn too
-        (binary tensors learnt by trying, the MindIE/OpenAI targets)."""
+        """Forget everything known of the backend (after a repository load or unload)."""
         self.knowledge.invalidate()
-
-    # ------------------------------------------------------------------ shared memory
 
     async def shm_status(self, kind: str, name: str, peer: str | None) -> list[dict[str, Any]]:
         """Status of the ``kind`` ("system" | "cuda") regions, all or the one named."""

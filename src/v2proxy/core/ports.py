@@ -1,15 +1,10 @@
 """The port between the core and the model servers: what the
 :class:`~v2proxy.core.pipeline.Pipeline` needs from a backend, typed per operation.
 
-Every backend (builtin, REST, gRPC, MindIE) implements :class:`Backend`: operations take and
-return the internal model or the canonical v2 JSON objects of the side endpoints, never wire
-bytes; every failure is a :class:`~v2proxy.core.errors.ProxyError` of its own class, mapped
-inside the backend that meets it. The pass-through paths: what a backend takes as sent is data
-(:class:`RelayFacts`), the core decides from it (:func:`v2proxy.core.relay.relays`), and
-``relay_infer``/``relay_message`` only send; ``forward`` passes any other REST request.
-:data:`Headers` are the client's end-to-end headers, filtered once where they came in.
-
-Pure: no I/O library is imported here.
+Operations take and return the internal model or the canonical v2 JSON objects of the side
+endpoints, never wire bytes; every failure is a :class:`~v2proxy.core.errors.ProxyError`. What a
+backend takes as sent is data (:class:`RelayFacts`); the core decides from it, and
+``relay_infer``/``relay_message`` only send. Pure: no I/O library is imported here.
 """
 
 from __future__ import annotations
@@ -27,26 +22,21 @@ Headers = list[tuple[bytes, bytes]]
 
 @dataclass(frozen=True, slots=True)
 class RelayFacts:
-    """What a backend takes as the client sent it, as data (None: not known now; the backend
-    learns it with :meth:`Backend.learn_relay_facts`)."""
+    """What a backend takes as the client sent it, as data (None: not known now; see
+    :meth:`Backend.learn_relay_facts`)."""
 
-    #: it takes v2 REST /infer bodies (JSON, binary-framed)
     rest: bool
-    #: it takes gRPC ModelInferRequest messages
     grpc: bool
     #: a JSON body of fewer bytes than this is relayed, whatever the backend's capabilities
     json_below: int
     #: a larger one is relayed unless the backend takes binary tensors (``auto``), else never
     json_auto: bool
-    #: it takes binary tensors (binary-framed bodies relayed; large JSON ones transcoded in auto)
     binary_tensors: bool | None
     #: messages of this many bytes or more are not relayed (their tensors may be staged)
     message_below: int
-    #: the model is decoupled (its answers come on a stream: a message is not relayed)
     decoupled: bool | None
 
 
-#: a backend that takes nothing as it came
 TAKES_NOTHING = RelayFacts(False, False, 0, False, False, 0, False)
 
 
@@ -56,7 +46,7 @@ async def no_release() -> None:
 
 
 class _NoChunks:
-    """The body of an answer read whole: no pieces (stateless, so one serves every answer)."""
+    """The body of an answer read whole: no pieces (stateless, one serves every answer)."""
 
     __slots__ = ()
 
@@ -72,8 +62,8 @@ NO_CHUNKS = _NoChunks()
 
 @dataclass(slots=True)
 class ForwardResponse:
-    """A passed-through HTTP answer: status, end-to-end headers (lowercase names, values as the
-    backend sent them; no framing or hop-by-hop headers) and a body stream."""
+    """A passed-through HTTP answer: status, end-to-end headers (no framing or hop-by-hop ones)
+    and a body stream."""
 
     status: int
     headers: Headers
@@ -81,7 +71,6 @@ class ForwardResponse:
     release: Callable[[], Awaitable[None]] = field(default=no_release)
     #: the whole body when it was small enough to read at once (``body`` is then empty)
     content: bytes | bytearray | None = None
-    #: the body's length when the backend said it (Content-Length), else None
     length: int | None = None
 
 
@@ -104,32 +93,27 @@ class Backend(Protocol):
     """What the pipeline needs from a model server."""
 
     name: str
-    #: whether the backend speaks v2 REST itself, so that REST requests (``forward``: the
-    #: generate extension, unknown paths) reach it as they are
+    #: whether the backend speaks v2 REST itself, so ``forward`` reaches it
     speaks_rest: bool
 
     def stream_call(self, decoupled: bool) -> str:
-        """How a :meth:`stream_infer` to a model reaches the server, in a log line's words
-        (``decoupled``: the model answers a request with several responses)."""
+        """How a :meth:`stream_infer` to a model reaches the server, in a log line's words."""
         ...
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
 
-    # health and metadata
     async def server_ready(self) -> bool: ...
     async def server_metadata(self) -> dict[str, Any]: ...
     async def model_metadata(self, model: str, version: str) -> dict[str, Any]: ...
     async def model_config(self, model: str, version: str) -> dict[str, Any]: ...
     async def model_ready(self, model: str, version: str) -> bool: ...
 
-    # inference
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse: ...
     def stream_infer(self, request: InferRequest, headers: Headers) -> AsyncIterator[InferResponse]:
         """One or more responses (several for decoupled models)."""
         ...
 
-    # side operations, in the canonical v2 REST JSON form (docs/protocol.md, endpoints)
     async def statistics(self, model: str, version: str, headers: Headers) -> dict[str, Any]:
         """``{"model_stats": [...]}``; every model when ``model`` is ""."""
         ...
@@ -144,18 +128,15 @@ class Backend(Protocol):
     async def trace_settings(
         self, model: str, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]:
-        """The trace settings (of one model when ``model`` is not ""), updated first when
-        ``update`` is given."""
+        """The trace settings (of one model unless ``model`` is ""), updated first if asked."""
         ...
 
     async def log_settings(
         self, update: dict[str, Any] | None, headers: Headers
     ) -> dict[str, Any]: ...
 
-    # the pass-through fast paths
-    #: whether every JSON /infer body goes to the model server transcoded, whatever its size
-    #: (what its relay facts say of every JSON body, known at start-up): the REST quick lane
-    #: then transcodes such a body itself
+    #: whether every JSON /infer body goes to the server transcoded, known at start-up (the
+    #: REST quick lane then transcodes it itself)
     transcodes_json: bool
 
     def relay_facts(self, model: str, version: str) -> RelayFacts:
@@ -163,17 +144,15 @@ class Backend(Protocol):
         ...
 
     async def learn_relay_facts(self, model: str, version: str, asked_for: str) -> RelayFacts:
-        """:meth:`relay_facts` once what was not known is learnt (a backend that cannot be
-        asked leaves its capability unknown; a model whose configuration cannot be had raises,
-        naming ``asked_for``, the client's operation)."""
+        """:meth:`relay_facts` once what was not known is learnt; errors name ``asked_for``,
+        the client's operation."""
         ...
 
     async def relay_infer(
         self, model: str, version: str, body: Body, ihcl: int | None, headers: Headers
     ) -> ForwardResponse:
-        """Send an /infer body unchanged (it may still be arriving; ``ihcl`` None: JSON, else
-        binary-framed), as the core decided (:func:`~v2proxy.core.relay.relays`); the answer
-        comes back unchanged once checked (errors raised)."""
+        """Send an /infer body unchanged (it may still be arriving; ``ihcl`` None: JSON); the
+        answer comes back unchanged once checked."""
         ...
 
     def time_now(self, record: Record) -> None:
@@ -191,12 +170,9 @@ class Backend(Protocol):
         *,
         ihcl: int | None = None,
     ) -> Callable[[], None] | None:
-        """:meth:`relay_infer` of a whole body (JSON, or binary-framed: ``ihcl``, its JSON
-        header's length), sent at once if it can be, without a coroutine. When it was sent:
-        the call's cancel (giving it up: its connection closes, no outcome follows), and its
-        outcome (the answer unchanged once checked, or the error-tree error to answer) given
-        to ``done`` later, once. None, with nothing sent, when it cannot go at once (no idle
-        connection: then :meth:`relay_infer` it)."""
+        """:meth:`relay_infer` of a whole body, sent at once without a coroutine: returns the
+        call's cancel and gives its outcome (answer or error) to ``done`` later, once. None,
+        with nothing sent, when it cannot go at once (then :meth:`relay_infer` it)."""
         ...
 
     def infer_now(
@@ -205,26 +181,20 @@ class Backend(Protocol):
         headers: Headers,
         done: Callable[[InferResponse | ProxyError], None],
     ) -> Callable[[], None] | None:
-        """:meth:`infer` of a request no stage applies to, sent at once if it can be, without a
-        coroutine: the call's cancel (as :meth:`relay_now`'s), its outcome (the response, or
-        the error-tree error) given to ``done`` later, once. None, with nothing sent, when it
-        cannot go at once (then :meth:`infer` it)."""
+        """:meth:`infer` of a request no stage applies to, sent at once without a coroutine,
+        as :meth:`relay_now` (None: then :meth:`infer` it)."""
         ...
 
-    # the gRPC↔gRPC pass-through fast path
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes:
-        """Send a serialized ``ModelInferRequest`` (checked by the caller, needing no stage, and
-        taken as it came: :func:`~v2proxy.core.relay.relays`) unchanged; the backend's
-        serialized ``ModelInferResponse`` comes back unchanged (errors raised). ``streamed``:
-        the message came on a client's ModelStreamInfer stream (errors name streaming
-        inference, as :meth:`stream_infer`'s do)."""
+        """Send a checked, serialized ``ModelInferRequest`` unchanged; the serialized answer
+        comes back unchanged. ``streamed``: it came on a client's ModelStreamInfer stream."""
         ...
 
     async def forward(
         self, method: str, target: str, headers: Headers, body: Buffer
     ) -> ForwardResponse:
-        """Any other REST request (``generate``, unknown paths), passed through; ``target`` is
-        origin-form ("/..."). Backends that do not speak REST raise NotFound/Unsupported."""
+        """Any other REST request, passed through; ``target`` is origin-form ("/..."). Backends
+        that do not speak REST raise NotFound/Unsupported."""
         ...

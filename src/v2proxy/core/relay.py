@@ -1,31 +1,12 @@
 """The pass-through fast path of the pipeline (Envoy's pass-through): an /infer body that no
 stage applies to goes to the backend as the client sent it, and the answer comes back unchanged.
 
-Whether a body is relayed is decided once, by data: the request needs nothing
-(:func:`relays_as_sent` for a whole JSON body, else :func:`nothing_to_do`: no stage applies and
-the wire forms match) and :func:`relays` says yes: the one decision, from the body's wire form
-and size, whether the frontend rewrites the answer (compression, a flag) and the backend's
-:class:`~v2proxy.core.ports.RelayFacts` (:meth:`Relay.decides`, :meth:`Relay.takes`). Every
-way a body comes asks it (the REST quick lane, the REST general path whole or still arriving,
-gRPC ModelInfer and ModelStreamInfer); the backend's ``relay_infer`` and ``relay_message`` then
-only send.
-
-- :meth:`Relay.relay`: a whole body (or a binary-framed one still arriving, its JSON header
-  checked), relayed when the request needs nothing and the backend takes that wire form.
-- :meth:`Relay.relay_framed`: a large binary-framed body still arriving: its JSON header read
-  and checked, then the body relayed while the rest arrives, or read whole when it is not.
-- :meth:`Relay.relay_json`: a large JSON body still arriving, relayed while it arrives and checked
-  piece by piece (:class:`~v2proxy.codecs.json_stream.StreamCheck`); its last
-  :data:`HOLD_BACK` bytes are sent only once the whole of it has passed, so that a malformed body
-  gets the full decoder's error and the backend never has it whole.
-
-- :meth:`Relay.relay_message`: a gRPC ModelInferRequest's bytes, relayed when its decoded
-  request needs nothing (:func:`message_as_is`) and the backend takes the message as it came;
-  the answer is the backend's serialized ModelInferResponse, unchanged when it is what the
-  full path would answer, else decoded and finished.
-
-The request was checked before any relay (decoded, or by :func:`relays_as_sent`); what is sent
-is the client's bytes.
+Whether a body is relayed is decided once, by :func:`relays`, from the body's wire form and
+size, whether the frontend rewrites the answer, and the backend's
+:class:`~v2proxy.core.ports.RelayFacts`; the backend's ``relay_infer`` and ``relay_message`` then
+only send. The request is always checked before it is relayed (decoded, or by
+:func:`relays_as_sent`); a JSON body relayed while it arrives keeps its last :data:`HOLD_BACK`
+bytes until the whole has passed the check, so a malformed body never reaches the backend whole.
 Pure: it awaits the backend but imports no I/O library.
 """
 
@@ -45,8 +26,7 @@ from v2proxy.core.stages.chain import Stages, finish
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
 HOLD_BACK = 64 * 1024
-#: buffers that kept such bodies are reused, this many at a time, up to this size (so that one
-#: huge request does not pin its buffer for the life of the process)
+#: buffers of such bodies reused, this many, up to this size (a huge one is not kept for good)
 BUFFERS_KEPT = 2
 BUFFER_REUSE_LIMIT = 32 * 1024 * 1024
 
@@ -60,9 +40,8 @@ class _NotRelayed(ProxyError):
 
 
 class _Keeper:
-    """Keeps the bytes of a body as they arrive: in a buffer reused from an earlier body when
-    one is at hand, else in one that grows with what has arrived (memory follows the bytes
-    received, never the Content-Length a client announced)."""
+    """Keeps the bytes of a body as they arrive, in a reused buffer or one that grows with what
+    arrived (never sized by the Content-Length a client announced)."""
 
     __slots__ = ("buf", "length", "received")
 
@@ -92,8 +71,7 @@ class _Keeper:
 
 
 async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
-    """The chunks of ``body``, each kept on the way; failing when they do not add up to exactly
-    its length."""
+    """The chunks of ``body``, each kept on the way; failing unless they add up to its length."""
     async for chunk in body.chunks:
         keeper.keep(chunk)
         yield chunk
@@ -102,20 +80,16 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 
 _HALF = (Datatype.FP16, Datatype.BF16)
 
-#: the wire forms of a body: a JSON or binary-framed /infer body, a raw binary one (never
-#: relayed: its shape is the model's, which only decoding applies), a gRPC message
+#: the wire forms of a body (a raw binary one is never relayed: only decoding gives its shape)
 JSON, BINARY, RAW, MESSAGE = "json", "binary", "raw", "message"
 
 
 def relays(
     form: str, size: int, facts: RelayFacts, *, rewritten: bool = False, learnt: bool = False
 ) -> bool | None:
-    """The one decision: whether a body of wire form ``form`` and ``size`` bytes goes to the
-    backend as the client sent it, from what the backend takes (``facts``); never when the
-    frontend rewrites the answer (``rewritten``: compressed as the client asked, given a flag
-    the client asked for). None when a fact it needs is not known: ask again once it is learnt
-    (``learnt``: an unknown capability then relays a JSON body, which every v2 REST server
-    takes, and not a binary one)."""
+    """Whether a body of wire form ``form`` and ``size`` bytes goes to the backend as sent, never
+    when the frontend rewrites the answer. None when a fact is unknown: ask again once it is
+    ``learnt`` (an unknown capability then relays JSON, which every v2 REST server takes)."""
     if rewritten:
         return False
     if form == JSON:
@@ -142,26 +116,18 @@ def relays(
     return not decoupled
 
 
-#: relays_as_sent(body, max_input_size, max_tensors): whether a whole JSON /infer body needs
-#: nothing of the proxy, checked without decoding it (:func:`~v2proxy.codecs.relay_check.
-#: plain_json_request` itself): no stage applies and the full decoder accepts it, limits
-#: included. Never True of a body it cannot rule on (parameters of any kind, however spelled;
-#: half floats; BYTES): that body takes the decoded path, which names the field at fault, so
-#: bad input never reaches the backend. Whether the backend takes it as sent is
-#: :func:`relays`' to say.
+#: relays_as_sent(body, max_input_size, max_tensors) is plain_json_request itself: whether a
+#: whole JSON /infer body needs nothing of the proxy, checked without decoding: no stage
+#: applies and the full decoder would accept it. Never True of a body it cannot rule on, which
+#: then takes the decoded path, so bad input never reaches the backend.
 relays_as_sent = plain_json_request
 
 
 def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:
     """Whether no stage applies and the answer may be relayed as the backend writes it.
 
-    No stage applies: no input carries one of ``stages.input_keys``, no requested output one
-    of ``stages.output_keys`` (:meth:`Stages.applies`, asked here in the same pass as the
-    wire-form checks: a request with no parameters costs a truth test per tensor). The wire
-    forms match: a JSON body relays only if its answer may be JSON too (no
-    ``binary_data_output``, no output's ``binary_data``), and holds no FP16/BF16 numbers (which
-    v2proxy accepts in JSON but binary backends such as Triton refuse); a binary body always
-    does."""
+    A JSON body relays only if its answer may be JSON too and it holds no FP16/BF16 numbers
+    (which v2proxy accepts in JSON but binary backends such as Triton refuse)."""
     for t in request.inputs:
         params = t.parameters
         if params and not stages.input_keys.isdisjoint(params):
@@ -179,10 +145,8 @@ def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:
 
 
 def message_as_is(request: InferRequest, stages: Stages) -> bool:
-    """Whether a decoded gRPC message may go to the backend as it came: no stage applies
-    (:func:`nothing_to_do`; its tensors are bytes, so the wire forms always match) and it
-    carries nothing the full path would leave out of what it sends
-    (:func:`~v2proxy.codecs.grpc.encodes_unchanged`)."""
+    """Whether a decoded gRPC message may go to the backend as it came: no stage applies and
+    it carries nothing the full path would leave out."""
     return nothing_to_do(request, True, stages) and encodes_unchanged(request)
 
 
@@ -216,7 +180,6 @@ class Relay:
         max_tensors: int = DEFAULT_MAX_TENSORS,
     ) -> None:
         self.backend = backend
-        #: the pipeline's stages, asked whether one applies (:func:`nothing_to_do`)
         self.stages = stages
         self.max_input_size = max_input_size
         self.max_tensors = max_tensors
@@ -231,8 +194,7 @@ class Relay:
         rewritten: bool = False,
     ) -> ForwardResponse | None:
         """Pass the client's /infer body through untouched when no stage applies and the
-        backend takes that wire form (:meth:`takes`); None when the request must be
-        re-encoded."""
+        backend takes that wire form; None when the request must be re-encoded."""
         if not nothing_to_do(request, ihcl is not None, self.stages):
             return None
         model, version = request.model_name, request.model_version
@@ -284,16 +246,10 @@ class Relay:
         streamed: bool = False,
         rewritten: bool = False,
     ) -> bytes | InferResponse | None:
-        """Pass a client's serialized ModelInferRequest ``message`` (decoded and checked as
-        ``request``) through untouched when it needs nothing (:func:`message_as_is`) and the
-        backend takes it (:meth:`takes`); None when the
-        request must go through the stages. The backend's serialized answer comes back
-        unchanged when it is what the full path would answer
-        (:func:`~v2proxy.codecs.grpc.relayed_answer`: KServe, say, answers every output
-        whatever was asked), else decoded and finished as the full path finishes it; an answer
-        that is no valid ModelInferResponse is BadGateway. ``streamed``: a message of a
-        client's ModelStreamInfer stream (:meth:`Backend.relay_message`); ``rewritten``: the
-        frontend adds to each answer (:func:`relays` then says no)."""
+        """Pass a client's serialized ModelInferRequest through untouched when it needs nothing
+        and the backend takes it; None when it must go through the stages. The answer comes
+        back unchanged when it is what the full path would answer, else decoded and finished
+        (KServe, say, answers every output whatever was asked)."""
         if not message_as_is(request, self.stages):
             return None
         model, version = request.model_name, request.model_version
@@ -318,10 +274,8 @@ class Relay:
         headers: Headers,
         rewritten: bool = False,
     ) -> tuple[ForwardResponse | None, bytearray]:
-        """A binary-framed /infer body still arriving (``ihcl`` > 0): its JSON header is read
-        and checked (every check but the tensors' bytes: a CodecError names the field at
-        fault), then the body is relayed while the rest arrives when :meth:`relay` takes it,
-        answered (the answer, and nothing read); else the whole body, read (None, body)."""
+        """A binary-framed /infer body still arriving: its JSON header checked, then relayed
+        while the rest arrives (the answer, nothing read), else read whole (None, body)."""
         chunks = aiter(body.chunks)
         header, extra = await _prefix(chunks, ihcl)
         probe = decode_request_header(
@@ -331,7 +285,7 @@ class Relay:
         relayed = await self.relay(probe, streamed, ihcl, headers, rewritten)
         if relayed is not None:
             return relayed, bytearray()
-        whole = header + extra  # refused after the header: the rest is read as it comes
+        whole = header + extra
         async for chunk in chunks:
             whole += chunk
         return None, whole
@@ -345,24 +299,19 @@ class Relay:
         rewritten: bool = False,
     ) -> ForwardResponse | InferRequest:
         """A JSON /infer body still arriving, relayed while it arrives when nothing needs
-        changing; the decoded request when it must go through the stages instead.
+        changing; else the decoded request, for the stages.
 
-        Each chunk goes on to the backend as it comes and is checked after, but the body's last
-        :data:`HOLD_BACK` bytes are sent only once the whole of it has passed. A malformed body
-        is answered with the error that names the field at fault (CodecError, raised here) and
-        the backend connection is dropped with the request incomplete; so is one that turns out
-        to need a stage, which is then decoded in full and returned."""
+        The last :data:`HOLD_BACK` bytes are sent only once the whole body passed its check; a
+        body that fails it, or turns out to need a stage, leaves the backend's request
+        incomplete."""
         length = body.length
-        check_json_size(length, self.max_input_size)  # known from the length: nothing is read
-        # The body is kept (for the full decoder, when it must decide) in a buffer reused from
-        # one request to the next when there is one: fresh memory for every big body costs
-        # more than the copy.
+        check_json_size(length, self.max_input_size)
+        # kept for the full decoder; fresh memory for every big body costs more than the copy
         keeper = _Keeper(length, self._take_buffer(length))
         try:
             relayed = await self._relay_checked(model, version, body, keeper, headers, rewritten)
             if relayed is not None:
                 return relayed
-            # the backend does not take it unchanged (nothing of it was read): decoded whole
             async for _ in _kept(body, keeper):
                 pass
             return decode_request(
@@ -383,7 +332,7 @@ class Relay:
         rewritten: bool,
     ) -> ForwardResponse | None:
         if not await self.takes(model, version, JSON, body.length, rewritten=rewritten):
-            return None  # (nothing of it read)
+            return None
         check = StreamCheck(model, version, self.max_input_size, self.max_tensors)
         hold_from = max(body.length - HOLD_BACK, 0)
 
@@ -392,14 +341,13 @@ class Relay:
             async for chunk in _kept(body, keeper):
                 start, received = received, received + len(chunk)
                 if received <= hold_from:
-                    yield chunk  # to the backend first, checked after: the two overlap
+                    yield chunk  # sent first, checked after: the two overlap
                 elif start < hold_from:
                     yield chunk[: hold_from - start]
                 check.feed(chunk)
             request = check.finish()
             if request is None or not nothing_to_do(request, False, self.stages):
-                # undecided, or the tensors' bytes are needed: the full decoder decides (and
-                # names the field at fault)
+                # undecided: the full decoder decides (and names the field at fault)
                 view = keeper.view()
                 request = decode_request(
                     view, None, model, version, self.max_input_size, self.max_tensors

@@ -41,11 +41,10 @@ from v2proxy.ops.metrics_export import AnyMetrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
 
 log = logging.getLogger(__name__)
-#: answers of one ModelStreamInfer call serialized ahead of the client at most
+#: answers of one ModelStreamInfer call queued ahead of the client at most
 _STREAM_QUEUE = 16
 
 _STREAM_RPC = RPCS["ModelStreamInfer"]
-#: the ``operation`` label of a stream's messages (and its admission)
 _STREAM = _STREAM_RPC.operation
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -75,18 +74,13 @@ class GrpcFrontend:
     ) -> None:
         self.pipeline = pipeline
         self.recorder = FrontendRecorder(metrics or NullMetrics(), "grpc", access_log)
-        #: --max-concurrency, shared with the REST frontend (default: no limit)
+        #: --max-concurrency, shared with the REST frontend
         self.gate = gate or AdmissionGate()
-        #: --restricted-api: each call's group (its row of grpc_routes.RPCS) checked once
         self.access = access
         self._stream_envelope = CallEnvelope(self.recorder, self.gate, _STREAM_RPC.path)
-        #: --max-tensors, --max-input-size (the request decoder's limits)
         self._limits = (pipeline.max_tensors, pipeline.max_input_size)
-        #: the shared-memory RPCs (registered with this frontend's own)
         self.shm = SharedMemoryRpcs(pipeline)
-        #: --max-stream-in-flight: messages of one ModelStreamInfer served at once
         self._stream_in_flight = stream_in_flight
-        #: grpc.health.v1, its Watch streams limited by --max-health-watches
         self.health = Health(self._ready, health_watches, access)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
@@ -108,7 +102,7 @@ class GrpcFrontend:
         }
         unary[_STREAM_RPC.name] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
         health = {
-            # the health service checks its calls itself: a refused one is told NOT_SERVING
+            # the health service checks access itself: a refused call is told NOT_SERVING
             "Check": grpc.unary_unary_rpc_method_handler(
                 guard(
                     self.health.Check,
@@ -131,13 +125,11 @@ class GrpcFrontend:
         ]
 
     def _rpc(self, name: str) -> Callable[[Any, Context], Awaitable[Any]]:
-        """The method serving the unary RPC ``name``: the shared-memory ones are ``self.shm``'s."""
         owner: Any = self.shm if name in SharedMemoryRpcs.NAMES else self
         method: Callable[[Any, Context], Awaitable[Any]] = getattr(owner, name)
         return method
 
     async def _ready(self) -> bool:
-        """The readiness the health service reports (the pipeline's)."""
         return await self.pipeline.server_ready()
 
     async def ServerLive(self, _r: pb.ServerLiveRequest, _c: Context) -> pb.ServerLiveResponse:
@@ -171,9 +163,8 @@ class GrpcFrontend:
     async def ModelInfer(
         self, received: tuple[pb.ModelInferRequest, bytes], c: Context
     ) -> pb.ModelInferResponse | bytes:
-        """Decoded and checked in full, then handed to the pipeline with its bytes
-        (:meth:`Pipeline.infer_message`): the backend's answer as it came when the message was
-        relayed, else the pipeline's response, encoded here."""
+        """Decoded and checked in full, then handed to the pipeline with its bytes; a relayed
+        answer goes back as the backend wrote it."""
         r, data = received
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
@@ -183,23 +174,22 @@ class GrpcFrontend:
             data, request, forwarded_headers(c), peer_of(c)
         )
         if isinstance(response, bytes):
-            return response  # relayed: the backend's serialized answer
+            return response
         t0 = perf_counter()
-        out = grpcc.response_bytes(response)  # the outputs' bytes copied once
+        out = grpcc.response_bytes(response)
         self.recorder.encode["grpc"].observe(perf_counter() - t0)
         return out
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[bytes]:
-        """Each request message is served (and recorded) on its own; answers are serialized here,
-        errors too unless the client asked for them as the stream's status. The stream holds one
-        admission slot while it is open."""
+        """Each message is served and recorded on its own; errors are answered in band unless
+        the client asked for them as the stream's status. The stream holds one admission slot."""
         env = self._stream_envelope
         try:
             held = env.hold(_STREAM)
         except Overloaded as exc:
-            refusal = env.open(_STREAM, context)  # recorded, not admitted: no second count
+            refusal = env.open(_STREAM, context)
             refusal.fail(exc)
             refusal.end()
             await context.abort(status_code(exc), exc.message, refusal_trailers(exc))
@@ -223,21 +213,19 @@ class GrpcFrontend:
         )
         headers = forwarded_headers(context)
         peer = peer_of(context)
-        # bounded: a client that reads slowly holds the models back (each put waits), never
-        # the proxy's memory
+        # bounded: a slow reader holds the models back, never the proxy's memory
         queue: asyncio.Queue[bytes | ProxyError | None] = asyncio.Queue(_STREAM_QUEUE)
         tasks: set[asyncio.Task[None]] = set()
         env = self._stream_envelope
 
         async def serve_one(msg: bytes) -> None:
-            # each message is an exchange of its own, not admitted (the stream holds a slot); a
-            # failure answered in band stays recorded whatever interrupts its answer
+            # an exchange of its own, not admitted (the stream holds the slot)
             with env.open(_STREAM, context) as x:
                 x.n_in = len(msg)
                 try:
                     r = parse(pb.ModelInferRequest, msg, _STREAM_RPC.name)
                     x.model = r.model_name
-                    if refused is not None:  # the stream's one access check refused it
+                    if refused is not None:
                         raise refused
                     async for data in self._stream_one(r, msg, headers, peer):
                         x.n_out += len(data)
@@ -248,7 +236,6 @@ class GrpcFrontend:
                     x.status = 200
                     return
                 x.fail(failure)
-                # as the stream's status, or in band
                 if raise_errors:
                     await queue.put(failure)
                 else:
@@ -258,8 +245,8 @@ class GrpcFrontend:
                     x.n_out += len(data)
                     await queue.put(data)
 
-        # at most N messages served at once: while N are, the next is not read, and HTTP/2
-        # flow control holds the client back (a client that never reads costs N, not all)
+        # at most N messages served at once: the next is not read, so HTTP/2 flow control
+        # holds the client back
         slots = asyncio.Semaphore(self._stream_in_flight)
 
         def served(task: asyncio.Task[None]) -> None:
@@ -277,7 +264,7 @@ class GrpcFrontend:
                 if tasks:
                     await asyncio.gather(*list(tasks))
             except asyncio.CancelledError:
-                raise  # by the writer below, which is gone: nobody waits for the end
+                raise  # by the writer below, which is gone
             except BaseException:
                 await queue.put(None)
                 raise
@@ -289,7 +276,7 @@ class GrpcFrontend:
                 if isinstance(item, ProxyError):
                     await context.abort(status_code(item), item.message)
                 yield item
-        finally:  # everything of the stream released before the call ends
+        finally:
             pending = [reader, *tasks]
             for task in pending:
                 task.cancel()
@@ -299,15 +286,12 @@ class GrpcFrontend:
     async def _stream_one(
         self, r: pb.ModelInferRequest, msg: bytes, headers: Headers, peer: str | None
     ) -> AsyncIterator[bytes]:
-        """The serialized ModelStreamInferResponses answering the message ``msg`` (parsed as ``r``),
-        decoded and checked in full, then handed to the pipeline with its bytes
-        (:meth:`Pipeline.stream_message`): a relayed answer goes back as the backend wrote it,
-        wrapped without being parsed, every other response is encoded here."""
+        """The serialized ModelStreamInferResponses answering ``msg`` (parsed as ``r``); a
+        relayed answer is wrapped without being parsed."""
         t0 = perf_counter()
         request = grpcc.request_from_proto(r, *self._limits)
         self.recorder.decode["grpc"].observe(perf_counter() - t0)
-        # the flag (even false) is this frontend's: a message that carries it is not sent on
-        # as it came, and its answers are given the final-response parameter here
+        # the flag (even false) is this frontend's: such a message is never relayed
         relayable = _EMPTY_FINAL not in request.parameters
         flag = request.parameters.pop(_EMPTY_FINAL, False) is True
         _no_reserved_keys(request.parameters)
@@ -319,17 +303,17 @@ class GrpcFrontend:
                 if previous is not None:
                     yield self._stream_response(previous, flag, final=False)
                 if isinstance(response, bytes):
-                    previous = response  # relayed: the backend's serialized answer
+                    previous = response
                     continue
                 t0 = perf_counter()
                 previous = grpcc.response_to_proto(response)
                 encode.observe(perf_counter() - t0)
         except ProxyError:
-            # a response held back for the final flag is still sent before the error
+            # one held back for the final flag is still sent before the error
             if previous is not None:
                 yield self._stream_response(previous, flag, final=False)
             raise
-        if previous is None:  # nothing produced: an empty final response
+        if previous is None:
             previous = pb.ModelInferResponse(
                 model_name=request.model_name,
                 model_version=request.model_version,
@@ -339,8 +323,7 @@ class GrpcFrontend:
 
     @staticmethod
     def _stream_response(msg: pb.ModelInferResponse | bytes, flag: bool, final: bool) -> bytes:
-        """One answer as a serialized ModelStreamInferResponse: a relayed one (bytes, never
-        with the flag: it is not relayed) wrapped as it came."""
+        """One answer as a serialized ModelStreamInferResponse."""
         if isinstance(msg, bytes):
             return grpcc.stream_response_bytes(msg)
         if flag:

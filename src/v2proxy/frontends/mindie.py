@@ -44,8 +44,7 @@ def _open() -> None:
 
 
 def translate(exc: ProxyError) -> tuple[int, str, str]:
-    """An error as MindIE answers it: status, ``error_type``, message (docs/protocol.md, MindIE
-    clients)."""
+    """An error as MindIE answers it: status, ``error_type``, message."""
     status, message = exc.http_status, exc.message
     if isinstance(exc, BodyTooLarge):
         status = 413
@@ -85,8 +84,7 @@ class MindieFrontend:
         self._rng = rng or random.SystemRandom()
 
     async def check(self) -> None:
-        """Look the model up now (at start-up): the line saying what serves ``/infer``, or a
-        warning; a failed look-up is tried again on the first request."""
+        """Look the model up at start-up, so what serves ``/infer`` (or a warning) is logged."""
         with contextlib.suppress(ProxyError):
             await self.backend_side.target()
 
@@ -96,8 +94,7 @@ class MindieFrontend:
     async def infer(
         self, body: bytes | bytearray, headers: Headers, admit: Callable[[], None] = _open
     ) -> Answer:
-        """The answer to one ``/infer`` body; its errors are raised, for the REST frontend's
-        envelope to record (their kind) and to answer in MindIE's shape (:func:`error_answer`)."""
+        """The answer to one ``/infer`` body; errors are raised (see :func:`error_answer`)."""
         req = parse_request(body, self.limits, self._draw_seed)
         target = await self.backend_side.target()
         admit()
@@ -123,13 +120,11 @@ class MindieFrontend:
         n_chunks = parts.count
         del parts
         if not target.view.decoupled and not target.view.has("exclude_input_in_output"):
-            # one answer of a model that cannot be told not to echo the prompt (streamed
-            # pieces never repeat it)
+            # a model that cannot be told not to echo the prompt
             text = answer.strip_echo(text, req.text)
         if reported is not None:
             tokens = reported
         else:
-            # a decoupled model streamed one token per response; else approximated
             tokens = n_chunks if target.view.decoupled else answer.count_words(text)
         if self.tokens is not None:
             self.tokens.generated(target.view.name, tokens)
@@ -157,7 +152,7 @@ class MindieFrontend:
 
         async def release() -> None:
             await events.aclose()  # type: ignore[attr-defined]
-            await chunks.aclose()  # type: ignore[attr-defined]  # events may never have started
+            await chunks.aclose()  # type: ignore[attr-defined]
 
         return ForwardResponse(200, [SSE], events, release=release)
 
@@ -172,7 +167,7 @@ class MindieFrontend:
         model = target.view.name
         rec = self.tokens
         try:
-            if held is None:  # no token at all: the final event alone
+            if held is None:
                 yield state.final(None, time.perf_counter())
                 return
             if rec is not None:
@@ -231,7 +226,6 @@ class _StreamState:
     async def next_token(
         self, chunks: AsyncIterator[tuple[answer.Chunk, float]], deadline: float
     ) -> _Token | None:
-        """The next backend response that carries text (None: the stream ended)."""
         while True:
             async with asyncio.timeout_at(deadline):
                 try:

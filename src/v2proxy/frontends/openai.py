@@ -48,7 +48,6 @@ log = logging.getLogger("v2proxy.openai")
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes] | ForwardResponse
 JSON = (b"content-type", b"application/json")
 SSE = (b"content-type", b"text/event-stream")
-#: a stream is never stored by a cache on the way, as OpenAI's are marked
 NO_CACHE = (b"cache-control", b"no-cache")
 #: the backend's responses to one generation, each with the time it arrived
 _Chunks = AsyncIterator[tuple[mindie_answer.Chunk, float]]
@@ -72,8 +71,7 @@ def translate(exc: ProxyError) -> tuple[int, str, str | None, str | None]:
 
 
 def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The error answer, with the header fields every API's error carries
-    (:func:`~v2proxy.frontends.rest_answer.error_fields`: ``Retry-After``, ``Accept-Encoding``)."""
+    """The error answer in OpenAI's shape, with the header fields every API's error carries."""
     status, kind, param, code = translate(exc)
     body = dumps(openai_answer.error(exc.message, kind, param, code))
     return status, [JSON, *error_fields(exc)], body
@@ -88,9 +86,8 @@ class _Served:
 
 
 class _Generation:
-    """One generation under way: what was asked (the request, its mapping onto the model, the
-    model's target) and the running account — the text sent, the stop scanner, the token counts
-    and the backend's finish reason."""
+    """One generation under way: what was asked and the running account (text sent, stop
+    scanner, token counts, finish reason)."""
 
     __slots__ = ("count", "echo", "gen", "parts", "reason", "reported", "req", "scanner", "target")
 
@@ -108,7 +105,6 @@ class _Generation:
         self.reason: str | None = None
 
     def take(self, chunk: mindie_answer.Chunk) -> str:
-        """The text of a backend response that can be sent now."""
         if chunk.tokens is not None:
             self.reported = (self.reported or 0) + chunk.tokens
         self.reason = chunk.finish_reason or self.reason
@@ -124,7 +120,6 @@ class _Generation:
         return text
 
     def rest(self) -> str:
-        """What the stop scanner held back, once the backend has finished."""
         text = self.scanner.flush()
         if text:
             self.parts.append(text)
@@ -140,7 +135,6 @@ class _Generation:
         return mindie_answer.count_words(self.parts.text())
 
     def outcome(self) -> tuple[str, dict[str, int]]:
-        """The finish reason and the usage, once the generation is over."""
         tokens = self.tokens()
         reason = openai_answer.finish_reason(
             self.reason, self.scanner.stopped, tokens, self.gen.max_new_tokens
@@ -161,7 +155,6 @@ class OpenAIFrontend:
         limits: RequestLimits = LIMITS,
     ) -> None:
         self.max_input_size = max_input_size
-        #: --max-chat-messages, --max-stops, --max-stop-length
         self.limits = limits
         self.models: dict[str, _Served] = {
             m.id: _Served(
@@ -178,24 +171,21 @@ class OpenAIFrontend:
         self._rng = rng or random.SystemRandom()
 
     async def check(self) -> None:
-        """Look each model up now (at start-up): its LlmBackendSide logs what serves it, or a
-        warning."""
+        """Look each model up at start-up, so what serves it (or a warning) is logged."""
         for served in self.models.values():
             with contextlib.suppress(ProxyError):
                 await served.side.target()
 
     def list_models(self) -> Answer:
-        """``GET /v1/models``: the list, written once at start-up (the section is fixed)."""
+        """``GET /v1/models``: the list, written once at start-up."""
         return 200, [JSON], self._listed
 
     def get_model(self, model_id: str) -> Answer:
-        """``GET /v1/models/{id}``."""
         self.served(model_id)
         return 200, [JSON], dumps(openai_answer.model(model_id, self.created))
 
     def prepare(self, chat: bool, body: Buffer) -> tuple[_Served, OpenAIRequest, str]:
-        """A ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` body validated, its model
-        found and its prompt made (a chat's rendered by the model's template): everything
+        """A completions or chat body validated, its model found and its prompt made: what
         :meth:`generate` needs, before any backend is called."""
         if not chat:
             req = parse_completion(body, self.max_input_size, self.limits)
@@ -212,7 +202,7 @@ class OpenAIFrontend:
         return self.served(req.model)
 
     def served(self, model_id: str) -> _Served:
-        """The model of an id; NotFound (``model_not_found``) for an id the section lacks."""
+        """The model of an id; NotFound for an unknown one."""
         served = self.models.get(model_id)
         if served is None:
             raise NotFound(f"The model '{model_id}' does not exist")
@@ -223,7 +213,7 @@ class OpenAIFrontend:
         gen = LlmRequest(prompt, stream=req.stream, timeout=s.timeout)
         gen.max_new_tokens = req.max_tokens or s.max_tokens
         if req.temperature == 0.0:
-            gen.do_sample = False  # greedy
+            gen.do_sample = False
         else:
             gen.temperature = req.temperature
         gen.top_p = req.top_p
@@ -233,7 +223,7 @@ class OpenAIFrontend:
     async def generate(
         self, prepared: tuple[_Served, OpenAIRequest, str], headers: Headers
     ) -> Answer:
-        """The answer to a request :meth:`prepare` made ready: one JSON object, or a stream."""
+        """The answer to a prepared request: one JSON object, or a stream."""
         served, req, prompt = prepared
         gen = self._generation_request(served, req, prompt)
         target = await served.side.target()
@@ -253,7 +243,7 @@ class OpenAIFrontend:
                 async for chunk, _ in chunks:
                     acc.take(chunk)
                     if acc.scanner.stopped:
-                        break  # the backend call is closed below
+                        break
         except TimeoutError:
             raise self._timeout(acc.gen) from None
         finally:
@@ -272,7 +262,7 @@ class OpenAIFrontend:
         deadline = loop.time() + acc.gen.timeout
         t0 = time.perf_counter()
         try:
-            # the first response before the answer's status: an error there is an error answer
+            # awaited before the status, so an error there is still an error answer
             async with asyncio.timeout_at(deadline):
                 first = await anext(chunks, None)
         except TimeoutError:
@@ -330,7 +320,6 @@ class OpenAIFrontend:
                     failure = exc
                     break
             if failure is not None:
-                # the answer is under way: whatever broke it is the server's side
                 code = translate(failure)[3]
                 error = openai_answer.error(failure.message, "server_error", None, code)
                 yield openai_answer.event(error)

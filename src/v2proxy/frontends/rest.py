@@ -1,37 +1,12 @@
 """The REST frontend: every v2 REST endpoint (docs/protocol.md, endpoints), on v2proxy's own
-HTTP/1.1 server (:mod:`v2proxy.http.server`, llhttp under an ``asyncio.Protocol``).
+HTTP/1.1 server (:mod:`v2proxy.http.server`).
 
-Each endpoint is decoded here into a call of the one :class:`Pipeline` (health, metadata,
-config, statistics, repository, trace and log settings, ``/infer`` in all its wire forms: JSON,
-binary tensors, raw binary, gzip/deflate both ways — the /infer path is
-:class:`~v2proxy.frontends.rest_infer.InferEndpoint`; ``generate`` and ``generate_stream``
-:class:`~v2proxy.frontends.rest_generate.GenerateEndpoint`; the shared-memory endpoints
-:class:`~v2proxy.frontends.rest_shm.SharedMemoryEndpoints`; MindIE's native ``POST /infer``
-:mod:`v2proxy.frontends.mindie`). The frontend builds each endpoint once, from what it uses (the
-pipeline, its recorder, its :class:`~v2proxy.frontends.rest_request.BodyReader`, the limits).
-Any other path is passed through to the backend untouched and streamed back.
-
-Routing is the one route table of :mod:`v2proxy.frontends.routes` (path, methods, operation
-label, API group, deferred flag per row), whose handler names the frontend binds to its
-endpoints' methods and its own (:attr:`RestFrontend.handlers`, matched by
-:meth:`RestFrontend.find`); a known path with the wrong method is 405. Every ProxyError becomes
-``{"error": message}`` with its status in exactly one place
-(:func:`~v2proxy.frontends.rest_answer.error_answer`); nothing a
-client sends yields a traceback or a 500. Headers reach the backend as the bytes the client
-sent; ``x-request-id`` is echoed on every answer.
-
-``GET /metrics`` is always the proxy's own Prometheus text (404 with ``--metrics off``), never
-passed through. Every other request goes through the exchange envelope in
-:meth:`RestFrontend.dispatch` (:mod:`v2proxy.frontends.exchange`): admitted first by the process's
-:class:`~v2proxy.core.admission.AdmissionGate` (``--max-concurrency``: 503 with ``Retry-After``
-beyond it, before the body is read), then by the access policy (``--restricted-api``,
-:mod:`v2proxy.core.restricted`): the group of the request's row, checked once, before the handler
-runs (403 before a body's 400; a 405 is not checked), except where the row defers it to the
-handler (MindIE's ``/infer`` after its body is validated) and for a passed-through request
-(its group decided from its path once its body is read, :meth:`RestFrontend.check_access`), and
-recorded once answered (metrics of
-:mod:`v2proxy.ops.metrics`, a WARNING line per failed request, the access log; what REST tells the
-envelope of a request is in :mod:`v2proxy.frontends.rest_record`).
+Each endpoint becomes a call of the one :class:`Pipeline`, routed by the table of
+:mod:`v2proxy.frontends.routes`; a known path with the wrong method is 405, and any other path
+is passed through to the backend untouched. Every request but ``GET /metrics`` (always the
+proxy's own) goes through the exchange envelope (:mod:`v2proxy.frontends.exchange`): admission,
+then the access policy of its row's API group, checked once, then the record. Every ProxyError
+becomes one error answer in its API's shape; nothing a client sends yields a 500.
 """
 
 from __future__ import annotations
@@ -93,7 +68,7 @@ def _model(m: re.Match[str]) -> tuple[str, str]:
 
 class RestFrontend:
     """Serves the v2 REST API on top of a :class:`Pipeline`; records every request but
-    ``/metrics`` scrapes (:class:`~v2proxy.ops.recorders.FrontendRecorder`)."""
+    ``/metrics`` scrapes."""
 
     def __init__(
         self,
@@ -109,25 +84,19 @@ class RestFrontend:
         access: AccessPolicy = OPEN,
     ) -> None:
         self.pipeline = pipeline
-        #: --restricted-api: checked once per request, for its row's group (default: none)
         self.access = access
-        #: --max-concurrency, shared with the gRPC frontend (default: no limit)
+        #: --max-concurrency, shared with the gRPC frontend
         self.gate = gate or AdmissionGate()
         self.max_input_size = max_input_size
         self.max_body_size = max_body_size
         self.metrics: AnyMetrics = metrics or NullMetrics()
         self.recorder = FrontendRecorder(self.metrics, "rest", access_log)
-        #: admission, in flight, timing and the record of every request but /metrics
         self.envelope = self._envelope(self.recorder)
         #: the same for the OpenAI routes, recorded under frontend="openai"
         self.openai_envelope = self._envelope(FrontendRecorder(self.metrics, "openai", access_log))
-        #: request bodies, whole and bounded by --max-body-size (and --max-input-size where
-        #: the body is the input; chunked ones' sizes kept for the record, taken by dispatch)
         self.body = BodyReader(max_body_size, max_input_size)
         self.read_body = self.body.read
-        #: MindIE's POST /infer (the mindie: settings; default: the builtin llm)
         self.mindie = MindieFrontend(pipeline, mindie, self.metrics)
-        #: OpenAI's /v1 routes (the openai: settings; default: the model /infer serves)
         self.openai = OpenAIFrontend(
             pipeline,
             openai or default_openai(mindie),
@@ -140,8 +109,7 @@ class RestFrontend:
         )
         generate = GenerateEndpoint(pipeline, self.body)
         shm = SharedMemoryEndpoints(pipeline, self.body)
-        #: the handlers the route table names (:attr:`v2proxy.frontends.routes.Route.methods`),
-        #: bound to the endpoints that serve them
+        #: the handler names of the route table, bound to the endpoints that serve them
         self.handlers: dict[str, Handler] = {
             "infer": infer.infer,
             "generate": generate.generate,
@@ -168,12 +136,11 @@ class RestFrontend:
             "openapi_document": self.openapi_document,
         }
         handlers = self.handlers
-        #: the route table bound, in its order: (the row's fullmatch, {method: handler}, row)
+        #: (the row's fullmatch, {method: handler}, row), in the table's order
         self.routing = [
             (row.pattern.fullmatch, {m: handlers[name] for m, name in row.methods.items()}, row)
             for row in routes.ROUTES
         ]
-        #: what serves a known path with another method (405), and a path no row matches
         self.method_not_allowed: Handler = self.not_allowed
         self.passed_through: Handler = self.passthrough
         self._passthrough_found: _Found = (
@@ -181,16 +148,13 @@ class RestFrontend:
             None,
             routes.PASSTHROUGH,
         )
-        #: path -> its route (:meth:`_route`): a client mostly asks for the same few paths
+        #: path -> its route: a client mostly asks for the same few paths
         self._found: dict[str, _Found] = {}
-        #: the small relayed /infer taken from the HTTP server's callbacks (the server's
-        #: ``quick`` handler: :meth:`QuickLane.take <v2proxy.frontends.rest_quick.QuickLane.take>`)
+        #: the small relayed /infer, taken straight from the HTTP server's callbacks
         self.quick = QuickLane(self)
 
     def _envelope(self, recorder: FrontendRecorder) -> Envelope:
-        """An exchange envelope of this frontend: its requests named by ``x-request-id``,
-        method and path, the HTTP layer's errors classified by :mod:`~v2proxy.frontends.
-        rest_record`."""
+        """An exchange envelope of this frontend."""
         return Envelope(
             recorder,
             self.gate,
@@ -202,7 +166,7 @@ class RestFrontend:
 
     async def dispatch(self, request: HttpRequest, response: HttpResponse) -> None:
         """The HTTP server's handler: route, answer, translate errors, all inside the request's
-        exchange envelope (:mod:`v2proxy.frontends.exchange`: admission, in flight, the record)."""
+        exchange envelope."""
         if request.path == "/metrics":
             await self.scrape(request, response)
             return
@@ -213,14 +177,11 @@ class RestFrontend:
         handler = methods.get(request.method, self.method_not_allowed)
         env = self.envelope if route.frontend == "rest" else self.openai_envelope
         op = route.operation
-        # an exception that leaves the block fails the exchange (an error answer cut short by
-        # the client stays that error) and goes on
         with env.open(op, request) as x:
             if route.names_model:
                 x.model = m.group("model") or ""
             if op == "infer":
-                # its headers' one pass (the quick lane's, kept when it declined): the request
-                # id and the wire form found as they are filtered
+                # the quick lane's one pass over the headers, kept when it declined
                 seen = request.state or infer_headers(request)
                 rid, x.wire_in = seen[4], rest_record.wire_in(seen[2])
             else:
@@ -230,14 +191,12 @@ class RestFrontend:
                     x.admit()
                     group = route.check_first
                     if group is not None and handler is not self.method_not_allowed:
-                        # the row's API group, once, before the handler reads a body: 403, not
-                        # a body's 400 (headers gathered only for a group that is restricted)
+                        # before the handler reads a body: a 403, not a body's 400
                         access = self.access
                         if access.restricts(group):
                             access.check(group, request.headers)
                     answer = await handler(request, m, x)
                 except ProxyError as exc:
-                    # each API answers errors in its own shape (the route's errors column)
                     answer = _ERROR_ANSWERS[route.errors](exc)
                     x.fail(exc)
                 if isinstance(answer, ForwardResponse):
@@ -263,14 +222,12 @@ class RestFrontend:
                     self.body.taken(request) if request.chunked else request.content_length or 0
                 )
                 if not x.cause and x.status >= 400:
-                    # an error answer of no ProxyError: the handler's own (405, not ready), the
-                    # backend's
+                    # an error answer of no ProxyError: a 405, not ready, the backend's
                     x.error = rest_record.answer_error(op, x.status)
 
     def check_access(self, group: str | None, request: HttpRequest) -> None:
-        """The one access check of a request whose row defers it to its handler (MindIE's
-        ``/infer``) or that no row matches (passed through): ``group`` checked once, where the
-        handler's order puts it (headers gathered only for a group that is restricted)."""
+        """The access check of a request whose row defers it to its handler, or that no row
+        matches (passed through)."""
         access = self.access
         if group is not None and access.restricts(group):
             access.check(group, request.headers)
@@ -281,9 +238,8 @@ class RestFrontend:
         return methods.get(request.method, self.method_not_allowed), m, route
 
     def _route(self, path: str) -> _Found:
-        """The route of ``path`` (its handlers by method, its match, its row); a row's path is
-        remembered for the next request of it (at most :data:`ROUTES_KEPT` paths of at most
-        :data:`ROUTE_KEPT_MAX` characters: a bounded memory whatever clients ask)."""
+        """The route of ``path``; a matched path is remembered, within bounds whatever clients
+        ask."""
         for fullmatch, methods, route in self.routing:
             m = fullmatch(path)
             if m is not None:
@@ -309,8 +265,6 @@ class RestFrontend:
             headers.append((REQUEST_ID, rid))
         await response.send(status, headers, body)
 
-    # ------------------------------------------------------------------ health and metadata
-
     async def live(self, _r: HttpRequest, _m: re.Match[str], _x: Exchange) -> Answer:
         await self.pipeline.server_live()
         return 200, [], b""
@@ -332,8 +286,6 @@ class RestFrontend:
         if await self.pipeline.model_ready(*_model(m)):
             return 200, [], b""
         return json_answer(400, {"error": "Model version not ready"})
-
-    # ------------------------------------------------------------------ side operations
 
     async def statistics(self, r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
         return json_answer(200, await self.pipeline.statistics(*_model(m), headers_of(r, WRITTEN)))
@@ -364,22 +316,19 @@ class RestFrontend:
         update = await self._update(r, "log settings")
         return json_answer(200, await self.pipeline.log_settings(update, headers_of(r, WRITTEN)))
 
-    # ------------------------------------------------------------------ pass-through
-
     async def passthrough(self, request: HttpRequest, _m: Any, _x: Exchange) -> Answer:
         target = request.target.decode("latin-1")
         if not target.startswith("/"):  # the HTTP layer refuses these already: never a host
             raise InvalidRequest("the request target must be a path starting with '/'")
         body = await self.read_body(request)
-        # no row: the group of the path's words, checked once the body is read
         self.check_access(passthrough_group(target), request)
         return await self.pipeline.passthrough(request.method, target, headers_of(request), body)
 
     async def mindie_infer(self, r: HttpRequest, _m: Any, x: Exchange) -> Answer:
-        """MindIE's native ``POST /infer`` (:mod:`v2proxy.frontends.mindie`): its row's group
-        checked once, where MindIE's order puts it (after the body is validated)."""
+        """MindIE's native ``POST /infer``: access checked after the body is validated, as
+        MindIE does."""
         body = await self.body.read_input(r)
-        x.model = self.mindie.settings.model  # the one model /infer serves
+        x.model = self.mindie.settings.model
 
         def admit() -> None:
             self.check_access(routes.MINDIE.group, r)
@@ -388,14 +337,13 @@ class RestFrontend:
         return await unless_gone(r, self.mindie.infer(body, headers_of(r, WRITTEN), admit))
 
     async def openai_models(self, _r: HttpRequest, _m: Any, _x: Exchange) -> Answer:
-        """``GET /v1/models`` (:mod:`v2proxy.frontends.openai`): the proxy's own list, in the
-        ``metadata`` group like the backend's."""
+        """``GET /v1/models``: the proxy's own list."""
         return self.openai.list_models()
 
     async def openai_model(self, r: HttpRequest, m: re.Match[str], x: Exchange) -> Answer:
         """``GET /v1/models/{id}`` (the id percent-decoded: clients encode its ``/``)."""
         model_id = unquote(m.group("id"))
-        answer = self.openai.get_model(model_id)  # (NotFound for an id of no model)
+        answer = self.openai.get_model(model_id)
         x.model = model_id
         return answer
 
@@ -409,14 +357,12 @@ class RestFrontend:
 
     async def _openai_generate(self, r: HttpRequest, chat: bool, x: Exchange) -> Answer:
         prepared = self.openai.prepare(chat, await self._openai_body(r))
-        # the record's model: the id the body named, once known to be one of the section's
         x.model = prepared[1].model
         # a whole generation may pass without a write: the client leaving cancels it
         return await unless_gone(r, self.openai.generate(prepared, headers_of(r, WRITTEN)))
 
     async def _openai_body(self, r: HttpRequest) -> Buffer:
-        """An OpenAI body, whole, its ``Content-Encoding`` (gzip, deflate) removed as for
-        ``/infer``, within ``--max-input-size`` (the body, as read, and decompressed)."""
+        """An OpenAI body, whole and decoded, within ``--max-input-size``."""
         body = await self.body.read_input(r)
         encoding = r.header(b"content-encoding")
         if encoding is None:
@@ -424,12 +370,11 @@ class RestFrontend:
         return compression.decompress(body, encoding.decode("latin-1"), self.max_input_size)
 
     async def openapi_document(self, _r: HttpRequest, _m: Any, _x: Exchange) -> Answer:
-        """``GET /openapi.json``: the document of this API (never passed through)."""
+        """``GET /openapi.json``: the document of this API."""
         return 200, list(JSON), openapi.document_json()
 
     async def not_allowed(self, _r: HttpRequest, m: re.Match[str], _x: Exchange) -> Answer:
-        """405 with ``Allow`` naming the methods of the route (RFC 9110 §15.5.6), in the shape
-        of the route's API."""
+        """405 with ``Allow`` naming the route's methods, in the shape of the route's API."""
         if _ERRORS[m.re] == "openai":
             status, headers, body = openai_error_answer(MethodNotAllowed("Method Not Allowed"))
             return status, [*headers, (b"allow", _ALLOW[m.re])], body
@@ -438,15 +383,14 @@ class RestFrontend:
 
 
 def default_openai(mindie: MindieSettings | None) -> OpenAISettings:
-    """The OpenAI routes without an ``openai:`` section: one model id, the v2 model MindIE's
-    ``/infer`` serves (its ``mindie:`` settings, else the builtin ``llm``), under its own name."""
+    """The OpenAI routes without an ``openai:`` section: the one model MindIE's ``/infer``
+    serves, under its own name."""
     m = mindie or MindieSettings("llm")
     seed = m.seed_input if m.profile == "trtllm" else "seed"
     return OpenAISettings((OpenAIModel(m.model, m.model, m.profile, seed),))
 
 
-#: the paths whose routes a frontend remembers, and their longest (beyond them, each request is
-#: matched afresh)
+#: the most paths a frontend remembers routes of, and the longest (others are matched afresh)
 ROUTES_KEPT = 1024
 ROUTE_KEPT_MAX = 512
 
@@ -468,11 +412,8 @@ class _AnyMethod(dict[str, Handler]):
 #: a path's route: its handlers by method, its match (None: passed through), its row
 _Found = tuple[dict[str, Handler], Any, routes.Route]
 
-#: each row's pattern -> its 405's ``Allow``
 _ALLOW = {row.pattern: row.allow for row in routes.ROUTES}
-#: each row's pattern -> the API whose shape its errors take (a 405: OpenAI's, else v2's)
 _ERRORS = {row.pattern: row.errors for row in routes.ROUTES}
-#: each API's translator from the error tree to its error answer
 _ERROR_ANSWERS: dict[str, Callable[[ProxyError], Answer]] = {
     "v2": error_answer,
     "mindie": mindie_error_answer,

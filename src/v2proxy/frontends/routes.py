@@ -1,7 +1,6 @@
-"""The route table of the HTTP port: which paths the REST frontend serves, with which methods and
-handlers, under which ``operation`` label of the metrics, in which API group of
-``--restricted-api``, and whether that group's check is left to the handler;
-``src/v2proxy/openapi.yaml`` documents exactly its routes (unit tests compare them)."""
+"""The route table of the HTTP port: which paths the REST frontend serves, with which methods,
+handlers, metrics ``operation`` label and ``--restricted-api`` group; ``openapi.yaml`` must
+document exactly these routes (unit tests compare them)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: what each template parameter matches (``path``: the rest of a target, :data:`PASSTHROUGH` only)
+#: what each template parameter matches
 PARAMS = {
     "model": "[^/]+",
     "version": "[0-9]+",
@@ -53,28 +52,23 @@ def compile_template(template: str) -> re.Pattern[str]:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Route:
-    """One row of the table: a path template, its methods' handlers (by name), the operation
-    label, the API group and whether that group's check is deferred to the handler."""
+    """One row of the table: a path template, its handlers by method, the operation label and
+    the API group."""
 
     template: str
     methods: Mapping[str, str]
     operation: str
     group: str | None
-    #: the group is checked by the handler, where its API's order puts it (MindIE's /infer:
-    #: after the body is validated), not by the envelope as it admits the request
+    #: the group is checked by the handler, not by the envelope as it admits the request
     deferred: bool = False
-    #: the frontend that records it (the ``frontend`` label): ``rest`` or ``openai``
+    #: the ``frontend`` label: ``rest`` or ``openai``
     frontend: str = "rest"
     #: the API whose shape its error answers take: ``v2``, ``mindie`` or ``openai``
     errors: str = "v2"
-    #: the template compiled (:func:`compile_template`)
     pattern: re.Pattern[str] = field(init=False, repr=False)
-    #: the value of ``Allow`` in this route's 405
     allow: bytes = field(init=False, repr=False)
-    #: the group the envelope checks as it admits the request, before the handler runs (None:
-    #: no group, or a deferred check)
+    #: the group the envelope checks before the handler runs (None: none, or deferred)
     check_first: str | None = field(init=False, repr=False)
-    #: whether the template names a model (the ``model`` label of its requests)
     names_model: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,14 +81,14 @@ class Route:
 _M = "/v2/models/{model}[/versions/{version}]"
 _SHM = "/v2/{kind}sharedmemory[/region/{name}]"
 _GET_POST = ("GET", "POST")
-_OA = "openai"  # frontend and errors of the OpenAI routes
+_OA = "openai"
 
-#: MindIE's native API: its own order (the body validated first, then its group) and error shape
+#: MindIE's native API validates the body before checking its group
 MINDIE = Route(
     "/infer", {"POST": "mindie_infer"}, "mindie", "inference", deferred=True, errors="mindie"
 )
 
-#: (template, {method: handler name}, operation, group, ...), in match order
+#: in match order
 ROUTES: tuple[Route, ...] = (
     Route(_M + "/infer", {"POST": "infer"}, "infer", "inference"),  # the hot one first
     Route(_M + "/generate", {"POST": "generate"}, "generate", "inference"),
@@ -130,7 +124,6 @@ ROUTES: tuple[Route, ...] = (
     Route(_SHM + "/register", {"POST": "shm_register"}, "side", "shared-memory"),
     Route(_SHM + "/unregister", {"POST": "shm_unregister"}, "side", "shared-memory"),
     MINDIE,
-    # OpenAI's API: recorded as frontend "openai", errors in OpenAI's shape
     Route("/v1/models", {"GET": "openai_models"}, "metadata", "metadata", frontend=_OA, errors=_OA),
     Route(
         "/v1/models/{id}", {"GET": "openai_model"}, "metadata", "metadata", frontend=_OA, errors=_OA
@@ -151,14 +144,10 @@ ROUTES: tuple[Route, ...] = (
         frontend=_OA,
         errors=_OA,
     ),
-    # the proxy's own document, never passed through, never restricted
     Route("/openapi.json", {"GET": "openapi_document"}, "metadata", None),
 )
 
-#: ``GET /metrics``: answered before the table is consulted, never recorded (no operation),
-#: never restricted, never passed through; 404 with ``--metrics off``
+#: ``GET /metrics``: answered before the table is consulted, never recorded or restricted
 METRICS = Route("/metrics", {"GET": "scrape", "HEAD": "scrape"}, "", None)
-#: a path no row matches, any method: passed through to the backend; its group is decided per
-#: request by :func:`v2proxy.core.restricted.passthrough_group` and checked by the handler once
-#: the body is read (deferred)
+#: a path no row matches, any method: passed through; its group is decided per request
 PASSTHROUGH = Route("/{path}", {}, "passthrough", None, deferred=True)

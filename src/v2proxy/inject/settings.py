@@ -20,9 +20,8 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
-#: the sidecar's container securityContext: the Pod Security Standard "restricted" on its own
-#: (seccomp included), so the sidecar passes a restricted namespace whatever the pod sets, and
-#: never weakens a compliant pod; the root file system is read-only (/tmp is an emptyDir)
+#: Pod Security Standard "restricted" on its own, so the sidecar passes a restricted namespace
+#: whatever the pod sets (/tmp is an emptyDir under the read-only root)
 RESTRICTED_CONTEXT: Mapping[str, Any] = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
@@ -45,7 +44,7 @@ def default_resources() -> dict[str, Any]:
 class SidecarSettings:
     """The injected container's settings (defaults; annotations replace fields)."""
 
-    #: this release's image, as ``v2proxy inject`` defaults it (never a moving ``latest``)
+    #: this release's image, never a moving ``latest``
     image: str = f"v2proxy:{__version__}"
     image_pull_policy: str = "IfNotPresent"
     mode: str = "native"
@@ -61,9 +60,7 @@ class SidecarSettings:
     shm_size: str = "1Gi"
     config_map: str = ""
     extra_args: tuple[str, ...] = ()
-    #: the chart's defaults for v2proxy's container (values.yaml ``proxy.resources``): a
-    #: sidecar injected without --sidecar-config still has requests and a memory limit (no CPU
-    #: limit: CFS quotas throttle a proxy in bursts while the node has idle CPU)
+    #: no CPU limit: CFS quotas throttle a proxy in bursts while the node has idle CPU
     resources: Mapping[str, Any] = field(default_factory=default_resources)
     security_context: Mapping[str, Any] = field(default_factory=lambda: dict(RESTRICTED_CONTEXT))
 
@@ -74,7 +71,7 @@ class SidecarSettings:
 
 def _backend(v: Any) -> str:
     text = str(v).strip()
-    parse_backend(text)  # the same check `v2proxy serve` makes
+    parse_backend(text)
     return text
 
 

@@ -1,5 +1,5 @@
 """The sections of the YAML config file besides the option keys, parsed and checked once at
-start-up into frozen objects (a bad section: :class:`ConfigError`, one line naming file and key)."""
+start-up into frozen objects."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class OutputSettings:
     """Settings of one output of one model: its class labels (line i = class i)."""
 
     labels: tuple[str, ...] = field(repr=False)
-    labels_path: str = ""  # the file they were read from, absolute
+    labels_path: str = ""  # absolute
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,6 @@ class ModelSettings:
     outputs: Mapping[str, OutputSettings] = field(default_factory=lambda: MappingProxyType({}))
 
 
-#: the keys of ``mindie:`` (``model`` is required; the other defaults are MindIE's own)
 MINDIE_KEYS: tuple[SettingSpec, ...] = (
     SettingSpec("model", None, text, "the v2 model that serves /infer", "NAME", shown="required"),
     SettingSpec(
@@ -84,8 +83,7 @@ _MINDIE_DEFAULTS = {spec.name: spec.default for spec in MINDIE_KEYS}
 
 @dataclass(frozen=True, slots=True)
 class MindieSettings:
-    """``mindie:`` — serving MindIE's native ``POST /infer`` from a v2 model (the keys:
-    :data:`MINDIE_KEYS`)."""
+    """``mindie:`` — serving MindIE's native ``POST /infer`` from a v2 model."""
 
     model: str
     profile: str = _MINDIE_DEFAULTS["profile"]
@@ -95,7 +93,6 @@ class MindieSettings:
     seed_input: str = _MINDIE_DEFAULTS["seed_input"]
 
 
-#: the keys of one model of ``openai.models`` (its id is the key it is given under)
 OPENAI_KEYS: tuple[SettingSpec, ...] = (
     SettingSpec(
         "model",
@@ -105,7 +102,6 @@ OPENAI_KEYS: tuple[SettingSpec, ...] = (
         "NAME",
         shown="the id itself",
     ),
-    # the same mapping as MindIE's /infer, the same keys
     *(spec for spec in MINDIE_KEYS if spec.name in ("profile", "seed_input")),
     SettingSpec(
         "chat_template",
@@ -138,8 +134,7 @@ _OPENAI_DEFAULTS = {spec.name: spec.default for spec in OPENAI_KEYS}
 
 @dataclass(frozen=True, slots=True)
 class OpenAIModel:
-    """One model id of the OpenAI routes and the v2 model behind it (the keys:
-    :data:`OPENAI_KEYS`); ``template`` is the chat template, compiled and checked."""
+    """One model id of the OpenAI routes and the v2 model behind it."""
 
     id: str
     model: str
@@ -152,8 +147,7 @@ class OpenAIModel:
 
 @dataclass(frozen=True, slots=True)
 class OpenAISettings:
-    """``openai:`` — the models of ``/v1/models``, ``/v1/completions`` and
-    ``/v1/chat/completions``, in the file's order."""
+    """``openai:`` — the models of the OpenAI routes, in the file's order."""
 
     models: tuple[OpenAIModel, ...]
 
@@ -169,7 +163,6 @@ def _yaml_kind(value: Any) -> str:
 
 
 def _mapping(value: Any, file: str, key: str, what: str, allowed: Any = None) -> dict[str, Any]:
-    """``value`` as a mapping with string keys (all in ``allowed`` when given), else one line."""
     if not isinstance(value, dict):
         raise ConfigError(f"{file}: {key}: must be a mapping of {what}, not {_yaml_kind(value)}")
     out: dict[str, Any] = {}
@@ -177,7 +170,7 @@ def _mapping(value: Any, file: str, key: str, what: str, allowed: Any = None) ->
         if isinstance(k, bool) or not isinstance(k, str | int):
             raise ConfigError(f"{file}: {key}: {k!r} is not a valid name")
         name = str(k)
-        if allowed is not None:  # setting keys, spelt with - or _ as at the top level
+        if allowed is not None:  # spelt with - or _ as at the top level
             name = name.replace("-", "_")
             if name not in allowed:
                 known = ", ".join(sorted(allowed))
@@ -205,8 +198,7 @@ def parse_models(raw: Any, file: str, folder: Path) -> Mapping[str, ModelSetting
 
 
 def _read_file(raw: Any, file: str, key: str, folder: Path, what: str) -> tuple[Path, bytes]:
-    """A file the config names, read whole: relative paths from the working directory, else
-    ``folder``."""
+    """A file the config names: relative paths from the working directory, else ``folder``."""
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(f"{file}: {key}: must be the path of {what}")
     path = Path(raw).expanduser()
@@ -224,7 +216,7 @@ def _read_file(raw: Any, file: str, key: str, folder: Path, what: str) -> tuple[
 
 
 def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
-    """One label per line, UTF-8; relative paths from the working directory, else ``folder``."""
+    """One label per line, UTF-8."""
     path, data = _read_file(raw, file, key, folder, "a label file")
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
@@ -235,7 +227,7 @@ def _read_labels(raw: Any, file: str, key: str, folder: Path) -> OutputSettings:
         ) from None
     lines = text.split("\n")
     if lines[-1] == "":
-        lines.pop()  # the final newline ends the last label
+        lines.pop()
     labels = tuple(line.removesuffix("\r") for line in lines)
     if not any(labels):
         raise ConfigError(f"{file}: {key}: '{raw}' holds no labels")
@@ -258,8 +250,8 @@ def parse_mindie(raw: Any, file: str) -> MindieSettings:
 
 
 def _read_template(raw: Any, file: str, key: str, folder: Path) -> ChatTemplate:
-    """A chat template file, compiled and checked: a ``.json`` file is a Hugging Face
-    ``tokenizer_config.json`` (its ``chat_template`` and tokens), any other a Jinja2 template."""
+    """A chat template file, compiled: ``.json`` is a Hugging Face ``tokenizer_config.json``,
+    anything else a Jinja2 template."""
     path, data = _read_file(raw, file, key, folder, "a chat template file")
     origin = str(path.absolute())
     try:

@@ -1,6 +1,5 @@
-"""Every Prometheus metric of v2proxy, declared here and nowhere else (docs/architecture.md, rules
-the code follows): the metric families, the closed sets of their label values, and the plain cells
-that hold one label set's value on the hot path."""
+"""Every Prometheus metric of v2proxy, declared here and nowhere else: the families, their closed
+label value sets, and the hot-path cells that hold one label set's value."""
 
 from __future__ import annotations
 
@@ -10,12 +9,10 @@ from typing import Any
 
 MAX_MODEL_LABELS = 100
 
-#: request/answer latency (seconds): 0.5 ms .. 60 s
+#: histogram buckets, in seconds
 LATENCY_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS += (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: decode/encode time (seconds): 20 µs .. 1 s
 TRANSCODE_BUCKETS = (2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0)
-#: LLM token latency (seconds)
 TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _FE = ("model", "operation", "frontend", "backend")
@@ -93,16 +90,14 @@ REJECTED = Family(
     " progress than --max-concurrency allows; answered 503 / RESOURCE_EXHAUSTED).",
     ("frontend", "reason"),
 )
-# The REST backend's HTTP client: a GET, HEAD or OPTIONS sent again on a new connection, its
-# reused one having ended before any byte of answer (a POST, an inference, never is).
+# Only a GET, HEAD or OPTIONS whose reused connection ended before any answer byte; never a POST.
 BACKEND_RETRIES = Family(
     "v2proxy_backend_retries_total",
     "counter",
     "Backend requests sent again on a new connection.",
     ("backend",),
 )
-# The backend's endpoints (v2proxy.backends.endpoints): one label value per address of the
-# backend URL now (an address that leaves takes its series with it).
+# One label value per current address of the backend URL; an address that leaves takes its series.
 BACKEND_ENDPOINT_CALLS = Family(
     "v2proxy_backend_endpoint_calls_total",
     "counter",
@@ -135,7 +130,7 @@ SHM_TENSORS = Family(
     "v2proxy_shm_tensors_total",
     "counter",
     "Inference tensors read from (input) or written to (output) clients' shared-memory regions.",
-    ("direction",),  # input | output
+    ("direction",),
 )
 SHM_STAGING = Family(
     "v2proxy_shm_staging_total",
@@ -143,16 +138,16 @@ SHM_STAGING = Family(
     "Inference requests with an input over --backend-shm-threshold: staged in the backend's"
     " shared memory (hit), sent over the socket (miss), or sent again with their data after"
     " the backend refused staged tensors (fallback).",
-    ("result",),  # hit | miss | fallback
+    ("result",),
 )
 SHM_STAGED_BYTES = Family(
     "v2proxy_shm_staged_bytes_total",
     "counter",
     "Tensor bytes that went through the backend's shared memory instead of its socket"
     " (--backend-shm): inputs written to, outputs read from v2proxy's staging regions.",
-    ("direction",),  # input | output
+    ("direction",),
 )
-# ``direction``: frontend (MindIE clients, a v2 model behind) | backend (a MindIE server behind)
+# direction: frontend (MindIE clients, a v2 model behind) | backend (a MindIE server behind)
 TTFT = Family(
     "v2proxy_mindie_time_to_first_token_seconds",
     "histogram",
@@ -207,7 +202,6 @@ def code_class(status: int) -> str:
     return CODE_CLASSES[min(max(status // 100, 0), 5)]
 
 
-#: error class name -> the ``error`` label (first match along the class's MRO)
 _ERROR_KINDS = {
     "CodecError": "invalid_request",
     "InvalidRequest": "invalid_request",
