@@ -1,15 +1,10 @@
 """A :class:`~v2proxy.core.ports.Backend` decorator that times every call of the backend it wraps
 and counts its connection errors (:class:`~v2proxy.ops.recorders.BackendRecorder`), so that the
-pipeline and the real backends stay free of metrics. ``app.py`` wraps the real backend in it when
-metrics are on.
+pipeline and the real backends stay free of metrics.
 
-Timed: ``infer``, ``stream_infer`` (to its last response), ``relay_infer`` and ``forward`` (to
-the answer's head; its body streams on afterwards), ``relay_message`` (recorded as
-``relay_infer``: a relayed inference), and every side operation. A call that
-fails is timed too; BackendUnavailable, GatewayTimeout and BadGateway (and their subclasses)
-count as connection errors. The calls made without a coroutine (``relay_now``, ``infer_now``:
-no frame to wrap) are timed by the backend itself and told to the same recorder
-(:meth:`Backend.time_now <v2proxy.core.ports.Backend.time_now>`).
+``forward`` is timed to the answer's head; ``relay_message`` is recorded as ``relay_infer``.
+The calls made without a coroutine (``relay_now``, ``infer_now``) are timed by the backend
+itself (:meth:`Backend.time_now <v2proxy.core.ports.Backend.time_now>`).
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ def metered(backend: Backend, metrics: AnyMetrics) -> Backend:
 
 
 class MeteredBackend:
-    """Times each call of ``inner`` (see the module docstring)."""
+    """Times each call of ``inner``."""
 
     def __init__(self, inner: Backend, recorder: BackendRecorder) -> None:
         self.inner = inner
@@ -43,7 +38,6 @@ class MeteredBackend:
         self.relay_facts = inner.relay_facts  # (asks nothing: not timed)
         self.learn_relay_facts = inner.learn_relay_facts
         self._rec = recorder
-        # the calls that run without a coroutine are timed by the backend, told to the recorder
         inner.time_now(recorder.done)
         self.relay_now = inner.relay_now
         self.infer_now = inner.infer_now
@@ -56,8 +50,6 @@ class MeteredBackend:
 
     async def close(self) -> None:
         await self.inner.close()
-
-    # ------------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest, headers: Headers) -> InferResponse:
         t0 = perf_counter()
@@ -113,8 +105,6 @@ class MeteredBackend:
         return await self._timed(  # type: ignore[no-any-return]
             "forward", "", self.inner.forward(method, target, headers, body)
         )
-
-    # ------------------------------------------------------------------ the rest, timed alike
 
     async def _timed(self, op: str, model: str, call: Any) -> Any:
         t0 = perf_counter()

@@ -2,38 +2,12 @@
 every call through one keep-alive pool (:mod:`v2proxy.http.client`), and the REST↔REST
 pass-through (``relay_infer``, ``forward``).
 
-- Encoding (``--backend-encoding``): ``json``, ``binary``, or ``auto``, which asks the backend's
-  capabilities (its ``GET /v2``, through the backend's one
-  :class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime) for the
-  ``binary_tensor_data`` extension,
-  and tries binary tensors for FP16/BF16 on a backend that does not list them
-  (:mod:`v2proxy.backends.rest_encoding`). A binary request asks every output binary
-  (:func:`rest_requests.infer_body`); the client gets its answer in the form it asked for.
-- Every /infer request carries a Content-Type (KServe 0.21 refuses requests without one) and
-  asks for an uncompressed answer; binary bodies are written buffer by buffer. The client's
-  end-to-end headers go on as the bytes it sent, less those this backend sets itself.
-- ``--backend-timeout`` bounds the whole answer, head and body. An answer read whole (every
-  call but the large streamed ones) is read under one deadline, kept on the HTTP client
-  connection's own timer (``call_timeout``: no timer call per request). A relayed /infer answer
-  over :data:`READ_WHOLE`, passed on as it comes, keeps what is left of that deadline for the
-  waits on its pieces, added up (the time the client takes to read them does not count): a
-  backend that stalls or trickles mid-body ends the answer by then. A large pass-through answer
-  (server-sent events) gets the deadline for its head and then as an idle-read deadline
-  between its pieces: a backend that stalls mid-body ends the answer (504 when nothing was sent
-  yet), never hangs it. A request body still arriving from the client does not count against
-  the backend; the backend's waits taking it, added up, do (:func:`rest_stream.then_arm`).
-- A relayed /infer answer is checked before it is passed on: a 200 must be JSON (its
-  Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
-  the body, and what is read whole must parse as a JSON object (its JSON header, when framed).
-- Every answer read whole is read within a bound: inference answers within --max-body-size,
-  every other call's within --backend-max-answer-size (a larger answer is a 502 that counts
-  against its endpoint as malformed); an answer whose status is all that is needed (health,
-  model readiness) is read to at most :data:`~v2proxy.backends.base.DRAIN_MAX`, its connection
-  closed when more remains. Health and metadata questions go on to the next endpoint when one
-  fails (:meth:`BalancedClient.fetch`); inferences never do.
-- What the backend answers is checked and mapped to the error tree in
-  :mod:`v2proxy.backends.rest_answers` (the client's failures, error answers with their status
-  and message, Triton's ``Request for unknown model`` for a 404 about a model).
+Every /infer request carries a Content-Type (KServe 0.21 refuses requests without one).
+``--backend-timeout`` bounds the whole answer, head and body; a relayed answer passed on as it
+comes keeps what is left of it for the waits on its pieces, so a backend that stalls mid-body
+ends the answer, never hangs it. Every answer read whole is bounded (--max-body-size for
+inferences, else --backend-max-answer-size). Health and metadata questions go on to the next
+endpoint when one fails; inferences never do.
 """
 
 from __future__ import annotations
@@ -99,8 +73,6 @@ log = logging.getLogger(__name__)
 
 
 def _header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    """The value of header ``name`` (lowercase) in an answer's ``headers`` (names lowercase);
-    several are joined with ``, `` (as :meth:`ClientResponse.header` joins them)."""
     found = None
     for k, v in headers:
         if k == name:
@@ -137,29 +109,20 @@ class RestBackend:
         self.base_url = base_url.rstrip("/")
         #: --backend-max-answer-size: every answer read whole but an inference's
         self._max_answer = max_answer_size
-        #: --max-body-size: an inference's answer read whole
         self._max_infer = max_infer_answer
-        #: what is known of this backend (the composition root's one; standalone: its own)
         self.knowledge = knowledge or BackendKnowledge(self)
         self.encoding = Encoding(encoding, self.base_url, self.knowledge)
-        #: what it takes as sent (the port's ``relay_facts``): the encoding's, every model's
         self.relay_facts: Callable[[str, str], RelayFacts] = self.encoding.facts
-        #: ``--backend-encoding binary``: every JSON body goes as binary tensors (``auto``
-        #: relays a small one and decides for a large one by the capabilities, asked)
+        #: ``--backend-encoding binary``: every JSON body goes as binary tensors
         self.transcodes_json = self.encoding.fixed is True
         self._paths = ModelPaths()
-        #: the JSON headers of its binary-framed answers, each decoded once
         self._answer_heads = AnswerHeads()
-        #: the JSON headers of its binary requests, each made once
         self._binary_heads = BinaryHeads()
         self._timeout = timeout
         parts = urlsplit(self.base_url)
         https = parts.scheme == "https"
         self._prefix = parts.path.rstrip("/")
-        # https://: verification against ``ssl_context``'s CAs (default: the system's);
-        # on_retry counts the client's resent requests (``v2proxy_backend_retries_total``)
-        # several host:port, or a name with several addresses: one pool per endpoint
-        # (:mod:`v2proxy.backends.endpoints`), ``connections`` each
+        # one pool per endpoint (several host:port, or a name with several addresses)
         self._pool = HttpPool(
             "REST",
             split_hosts(parts.netloc),
@@ -170,16 +133,13 @@ class RestBackend:
             resolve_every=resolve_every,
             cells=cells,
         )
-        #: --backend-shm (:mod:`v2proxy.backends.staging`); None: never
+        #: --backend-shm; None: never
         self.staging = staging
         if staging is not None and staging.knowledge is None:
             staging.knowledge = self.knowledge
-        #: what every relayed call of a whole body shares (:mod:`v2proxy.backends.rest_relay`)
         self._relay_side = RelaySide(self._pool.endpoints, self.base_url, timeout, max_infer_answer)
-        #: (model, version) -> the target of its /infer (at most ModelPaths.KEPT)
         self._targets: dict[tuple[str, str], str] = {}
-        #: the loop, kept at start: ``asyncio.get_running_loop()`` makes a getpid system call
-        #: each time (its fork check), once per request on the hot path otherwise
+        #: kept at start: ``asyncio.get_running_loop()`` makes a getpid system call each time
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
@@ -213,8 +173,7 @@ class RestBackend:
         idempotent: bool = False,
         status_only: bool = False,
     ) -> tuple[ClientResponse, bytes | bytearray]:
-        """One call whose answer is read whole, all of it within --backend-timeout and within
-        its bound (``infer``: --max-body-size, else --backend-max-answer-size)."""
+        """One call whose answer is read whole, within --backend-timeout and its bound."""
         limit = self._max_infer if infer else self._max_answer
         try:
             return await self.client.fetch(
@@ -243,12 +202,8 @@ class RestBackend:
         call = await self._call("GET", path, (), None, what, idempotent=True, status_only=True)
         return call[0].status
 
-    # ------------------------------------------------------------------ structured calls
-
     async def server_ready(self) -> bool:
-        """Ready while one endpoint says so: each asked in turn (the picks rotate) until one
-        does; one that fails in any way passes the question on by itself (:meth:`fetch
-        <v2proxy.backends.base.BalancedClient.fetch>`)."""
+        """Ready while one endpoint says so: each asked in turn until one does."""
         for _ in range(len(self._pool.endpoints.all) or 1):
             if await self._status("/v2/health/ready", "health/ready") == 200:
                 return True
@@ -279,7 +234,7 @@ class RestBackend:
         if staging is not None and self._pool.endpoints.one_server and staging.wanted(request):
             return await staging.infer(self, request, lambda r: self._infer(r, headers))
         binary = self.encoding.fixed
-        if binary is not None:  # json or binary: nothing to ask, nothing to try (_infer's own)
+        if binary is not None:  # json or binary: nothing to ask, nothing to try
             return await self._infer_as(request, headers, binary)
         return await self._infer(request, headers)
 
@@ -289,8 +244,8 @@ class RestBackend:
             try:
                 response = await self._infer_as(request, headers, True)
             except BackendError as exc:
-                # only a body the backend could not read (nothing ran) is a refusal; any other
-                # error is about the request, the model or its outputs: the client's answer
+                # only a body the backend could not read is a refusal; any other error is the
+                # client's answer
                 if not refuses_binary(exc.http_status, exc.message):
                     raise
                 self.encoding.unlisted(False, f"refused binary tensors: {exc.message}")
@@ -305,7 +260,7 @@ class RestBackend:
         try:
             chunks, ihcl = infer_body(request, binary, self._binary_heads)
         except CodecError as exc:
-            # A tensor the client sent binary cannot be written as JSON (e.g. non-UTF-8 BYTES).
+            # e.g. non-UTF-8 BYTES sent binary by the client
             raise CodecError(
                 f"cannot send the request to this backend, which takes JSON only: {exc}"
             ) from None
@@ -356,11 +311,9 @@ class RestBackend:
         headers: Headers,
         done: Callable[[InferResponse | ProxyError], None],
     ) -> Callable[[], None] | None:
-        """:meth:`infer` sent at once without a coroutine, when this backend takes every
-        request in binary tensors (``--backend-encoding binary``), the request is not staged
-        and its body is one buffer, on a connection idle right now
-        (:class:`~v2proxy.backends.rest_relay.RelayCall`, its whole answer decoded): the call's
-        cancel, its outcome given to ``done`` later. None, with nothing sent, else."""
+        """:meth:`infer` sent at once without a coroutine on an idle connection (with
+        ``--backend-encoding binary``, one buffer, not staged): the call's cancel, its outcome
+        given to ``done`` later. None, with nothing sent, else."""
         loop = self._loop
         if loop is None or self.encoding.fixed is not True:
             return None
@@ -406,12 +359,10 @@ class RestBackend:
         """One response per request: v2 REST /infer has no decoupled answers."""
         yield await self.infer(request, headers)
 
-    # ------------------------------------------------------------------ pass-through
-
     async def relay_message(
         self, model: str, version: str, message: bytes, headers: Headers, *, streamed: bool = False
     ) -> bytes:
-        # its relay facts take no message: never asked (a gRPC message is decoded, sent as REST)
+        # never asked: its relay facts take no message
         raise Unsupported("a REST backend takes no gRPC message as it came")
 
     async def relay_infer(
@@ -458,11 +409,9 @@ class RestBackend:
         *,
         ihcl: int | None = None,
     ) -> Callable[[], None] | None:
-        """Send a whole JSON /infer body unchanged at once, on a connection idle right now
-        (:class:`~v2proxy.backends.rest_relay.RelayCall`): its outcome, the answer unchanged
-        once checked or the error, goes to ``done`` later; the call's cancel is returned. None,
-        with nothing sent, when it cannot go at once (not started, no idle connection):
-        :meth:`relay_infer` then."""
+        """Send a whole /infer body unchanged at once, on an idle connection: the call's cancel,
+        its outcome given to ``done`` later. None, with nothing sent, when it cannot go at once
+        (then :meth:`relay_infer`)."""
         loop = self._loop
         if loop is None:
             return None
@@ -496,8 +445,8 @@ class RestBackend:
         ihcl: int | None,
         headers: Headers,
     ) -> ForwardResponse:
-        """A whole body relayed (:class:`~v2proxy.backends.rest_relay.RelayCall`) on the
-        endpoint picked for it, or on the next when it cannot be reached; the outcome awaited."""
+        """A whole body relayed on the endpoint picked for it, or on the next when it cannot be
+        reached; the outcome awaited."""
         endpoints = self.client.endpoints  # (BackendUnavailable before start)
         loop = asyncio.get_running_loop()
         due = loop.time() + self._timeout
@@ -549,8 +498,8 @@ class RestBackend:
         self, target: str, body: StreamedBody, ihcl: int | None, headers: Headers
     ) -> tuple[ClientResponse, int | None, bytes | bytearray | None, float]:
         """The head of the answer to a body piped through while it arrives (and the body when
-        read whole), and the deadline left for the rest of the answer (``loop.time()``): the
-        deadline bounds the backend's waits only (:func:`rest_stream.then_arm`)."""
+        read whole), and the deadline left for the rest of the answer; the deadline bounds the
+        backend's waits only (:func:`rest_stream.then_arm`)."""
         deadline = asyncio.timeout(None)
         payload = StreamBody(body.length, then_arm(body, deadline, self._timeout))
         with mapped(self.base_url, self._timeout, "inference"):
@@ -574,7 +523,7 @@ class RestBackend:
         self, method: str, target: str, headers: Headers, body: Buffer
     ) -> ForwardResponse:
         """Any other REST request, passed through: the answer read whole when small, else
-        streamed as it comes (server-sent events reach the client as they are sent)."""
+        streamed as it comes."""
         what = f"{method} {target.split('?', 1)[0]}"
         with mapped(self.base_url, self._timeout, what):
             resp = await self.client.request(
@@ -593,8 +542,6 @@ class RestBackend:
             return ForwardResponse(resp.status, out, NO_CHUNKS, content=content, length=length)
         return streamed(resp, self.base_url, self._timeout, what, out)
 
-    # ------------------------------------------------------------------ staging regions
-
     async def register_staging(self, name: str, key: str, byte_size: int) -> None:
         """Register one of v2proxy's own regions (``--backend-shm``) with the backend."""
         path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register"
@@ -604,11 +551,9 @@ class RestBackend:
         path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}/unregister"
         await self._side("POST", path, [], {})
 
-    # ------------------------------------------------------------------ side operations
-
     async def _side(self, method: str, path: str, headers: Headers, body: Any = None) -> Any:
         """A side endpoint's JSON answer; non-200 answers raised with their status."""
-        out = list(headers)  # (filtered where they came in: v2proxy.core.headers)
+        out = list(headers)
         if body is not None:
             out.append((b"Content-Type", b"application/json"))
         payload: list[Buffer] | None = None if body is None else [dumps(body)]

@@ -2,19 +2,9 @@
 (docs/architecture.md, the error tree): the HTTP client's failures, error answers, the JSON of
 structured answers, and the v2 checks of a relayed /infer answer.
 
-- The HTTP client's failures (:func:`failure`, :func:`mapped`), each naming the backend and
-  the call: refused or unreachable -> 503, connect or read timeout (or the call's deadline)
-  -> 504, an answer that is not HTTP/1.1 or breaks off -> 502 (HTTP/2 frames: "this port
-  speaks gRPC: use grpc://..."), an answer over the limit it was read with -> 502 naming
-  the option (``--max-body-size`` for an inference, else ``--backend-max-answer-size``), a
-  header or target that cannot be sent -> 400.
-- Error answers keep their status and message (the body's ``error``, ``detail`` or
-  ``message``, else its text); a 404 about a model is reported with Triton's ``Request for
-  unknown model`` text, which clients match on.
-- A 200 /infer answer relayed unchanged (:func:`relayed_headers`) must be JSON (its
-  Content-Type) or ``application/octet-stream`` with an Inference-Header-Content-Length within
-  the body, and what was read must parse as a JSON object (its JSON header, when framed).
-  Anything else is a 502.
+A 404 about a model is reported in Triton's ``Request for unknown model`` words, which clients
+match on. A 200 /infer answer relayed unchanged must be JSON or ``application/octet-stream``
+with an Inference-Header-Content-Length within the body, and parse as a JSON object; else 502.
 """
 
 from __future__ import annotations
@@ -58,14 +48,12 @@ __all__ = [
     "unknown_model",
 ]
 
-#: the Inference-Header-Content-Length header's name, as the HTTP client gives names
 IHCL = binc.IHCL_HEADER.lower().encode()
 
 
 def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyError | None:
-    """The error-tree error for the HTTP client's failure ``exc`` in one call (``what``) to the
-    backend at ``base_url`` (``timeout``: the --backend-timeout named when it ran out); None
-    when ``exc`` is to be raised as it is (a ProxyError already, or no failure of the client)."""
+    """The error-tree error for the HTTP client's failure ``exc`` in one call (``what``); None
+    when ``exc`` is to be raised as it is."""
     if isinstance(exc, ProxyError):
         return None
     where = f"backend at {base_url}"
@@ -163,7 +151,6 @@ def _what(base_url: str) -> str:
 
 
 def _json_object(buf: Buffer, base_url: str) -> None:
-    """Raise BadGateway unless ``buf`` is one JSON object."""
     try:
         found = is_object(buf, what="response")
     except CodecError as exc:
@@ -178,9 +165,8 @@ def relayed_headers(
     content: bytes | bytearray | None,
     base_url: str,
 ) -> Headers:
-    """The headers passed on with a 200 /infer answer (``headers``, of a body of ``length``
-    bytes), once it is seen to be v2: JSON, or binary-framed with its JSON header within the
-    body; what was read (``content``), parsed."""
+    """The headers passed on with a 200 /infer answer, once it is seen to be v2 (``content``,
+    when read, parsed); BadGateway else."""
     ctype = ihcl_value = None
     relayed = []
     for k, v in headers:  # one pass: several values of one name are joined, as header()

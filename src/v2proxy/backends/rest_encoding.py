@@ -1,25 +1,10 @@
 """``--backend-encoding`` for one REST backend: which wire form its /infer requests take.
 
-- ``json`` / ``binary``: fixed.
-- ``auto``: binary tensors when the backend lists ``binary_tensor_data`` in ``GET /v2`` (its
-  :class:`~v2proxy.codecs.backend_meta.ServerCaps` in the backend's knowledge). Then a JSON
-  client body is relayed untouched while it is small, and sent as binary tensors (outputs asked
-  binary, the client answered in the form it asked for) from :data:`AUTO_BINARY_MIN` bytes on,
-  where the backend parsing JSON costs more than v2proxy's transcoding. A backend that does not
-  list the extension may take binary tensors all the same (KServe 0.21 does, and refuses FP16 in
-  JSON): for requests JSON cannot carry (FP16, BF16 inputs) v2proxy tries binary; an answer is
-  kept once it says which: a 200 (taken), or a refusal that is about the binary body itself
-  (:func:`refuses_binary`; that request then goes as JSON). Any other error (the model's, an
-  unknown output, KServe's "... for output X" when its model writes FP16 outputs as JSON
-  whatever was asked) is the client's answer and leaves the question open. A server whose
-  capabilities say it never takes them
-  (:attr:`~v2proxy.codecs.backend_meta.ServerCaps.binary_unlisted` False: MLServer) is never
-  tried.
-
-Everything ``auto`` knows, asked or learnt by trying, is kept in the backend's one
-:class:`~v2proxy.core.knowledge.BackendKnowledge`, with its lifetime and its invalidation: once
-the lifetime is over, the capabilities are asked again and binary tensors tried again. Nothing
-is kept here but the log lines already written (each said once, again only when it changes).
+``auto`` sends binary tensors when the backend lists ``binary_tensor_data`` in ``GET /v2``, for
+JSON bodies from :data:`AUTO_BINARY_MIN` bytes on. A backend that does not list it may take
+binary all the same (KServe 0.21 does, and refuses FP16 in JSON): for FP16/BF16 inputs binary is
+tried, and the outcome kept in the backend's :class:`~v2proxy.core.knowledge.BackendKnowledge`
+for its lifetime. MLServer (``binary_unlisted`` False) is never tried.
 """
 
 from __future__ import annotations
@@ -34,23 +19,17 @@ from v2proxy.core.ports import RelayFacts
 
 log = logging.getLogger(__name__)
 
-#: with ``auto``, JSON bodies from this size on go to a backend that takes binary tensors as
-#: binary rather than relayed: measured in front of Triton (identity_fp32, one request at a
-#: time), relaying wins at 5 KB (0.7 x the binary time), binary at 20 KB (1.1 x), 40 KB
-#: (1.7 x), 1.3 MB (7 x) and 21 MB (4 x)
+#: with ``auto``, JSON bodies from this size on go binary rather than relayed (measured in
+#: front of Triton: relaying wins at 5 KB, binary from 20 KB on)
 AUTO_BINARY_MIN = 16 * 1024
 _NOT_IN_JSON = (Datatype.FP16, Datatype.BF16)
-#: the knowledge's key of whether the backend takes binary tensors it does not list
 _UNLISTED = ("binary tensors unlisted",)
 
-#: texts of a 422 from a FastAPI (pydantic) server that read the binary-framed body as JSON:
-#: MLServer 1.7 ("JSON decode error", type json_invalid; or "Input should be a valid dictionary
-#: or object to extract fields from", type model_attributes_type), KServe before 0.11
+#: a 422 from a FastAPI server that read the binary-framed body as JSON (MLServer 1.7, KServe
+#: before 0.11)
 _UNPARSED_422 = ("json_invalid", "JSON decode error", "model_attributes_type", "valid dictionary")
-#: texts of a 400 from a server that could not read the body it got: FastAPI's "There was an
-#: error parsing the body", KServe's "Unrecognized request format: ...", and KServe's "received
-#: byte inputs, but the 'inference-header-content-length' header is missing" (a hop on the way
-#: dropped the header)
+#: a 400 from a server that could not read the body (FastAPI, KServe; or a hop on the way
+#: dropped the inference-header-content-length header)
 _UNPARSED_400 = (
     "error parsing the body",
     "Unrecognized request format",
@@ -60,9 +39,8 @@ _UNPARSED_400 = (
 
 def refuses_binary(status: int, message: str) -> bool:
     """Whether a backend's error answer to a binary-framed /infer request is about binary
-    tensors themselves (the body could not be read), rather than about the request, the model
-    or its outputs (e.g. KServe's "Sending FP16 data via JSON is not supported. Please use the
-    binary data format for output OUTPUT0", or "Unexpected inference output 'X'")."""
+    tensors themselves (the body could not be read), rather than the request, model or
+    outputs."""
     if status == 415:  # Unsupported Media Type: application/octet-stream
         return True
     if status == 422:
@@ -70,8 +48,7 @@ def refuses_binary(status: int, message: str) -> bool:
     if status == 400:
         low = message.lower()
         return any(text.lower() in low for text in _UNPARSED_400)
-    # Starlette's bare answer to an unhandled exception: MLServer 1.7 given a binary body that
-    # is not UTF-8 (FP16 -1.25 is 00 BD)
+    # Starlette's bare answer to an unhandled exception: MLServer 1.7 given non-UTF-8 binary
     return status == 500 and message == "Internal Server Error"
 
 
@@ -86,9 +63,8 @@ class Encoding:
         self._knowledge = knowledge
         #: json or binary; None: ``auto``, the knowledge's answer
         self.fixed: bool | None = {"json": False, "binary": True}.get(setting)
-        #: the last value of each log line written (said once, again when it changes)
+        #: each log line is said once, again when its value changes
         self._said: dict[str, bool] = {}
-        #: the relay facts, per what is known of binary tensors
         below, auto = {"json": (1 << 62, False), "binary": (0, False)}.get(
             setting, (AUTO_BINARY_MIN, True)
         )
@@ -114,8 +90,7 @@ class Encoding:
         return binary
 
     def facts(self, _model: str = "", _version: str = "") -> RelayFacts:
-        """What the backend takes as sent, as known now (the core decides from it:
-        :func:`v2proxy.core.relay.relays`); the backend's ``relay_facts`` (of every model)."""
+        """What the backend takes as sent, as known now: the backend's ``relay_facts``."""
         binary = self.fixed
         if binary is None:
             caps = self._knowledge.known_server()
@@ -131,8 +106,7 @@ class Encoding:
 
     def try_unlisted(self, request: InferRequest) -> bool:
         """Whether to send this request binary to a backend that does not list binary tensors
-        (it holds tensors JSON cannot carry, and the backend has not refused binary within
-        the knowledge's lifetime)."""
+        (it holds FP16/BF16 and the backend has not refused binary lately)."""
         if self.setting != "auto":
             return False
         taken: bool | None = self._knowledge.recall(_UNLISTED)
@@ -143,6 +117,6 @@ class Encoding:
 
     def unlisted(self, taken: bool, why: str = "") -> None:
         """What the backend did with binary tensors it does not list (``why``: the log's words
-        when it refused them), kept in the knowledge for its lifetime."""
+        when it refused them)."""
         self._say("unlisted", taken, "takes binary tensors unlisted" if taken else why)
         self._knowledge.learn(_UNLISTED, taken)

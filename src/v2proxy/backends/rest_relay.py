@@ -1,32 +1,11 @@
 """A whole /infer body relayed to a REST backend and its answer taken, driven by the client
-connection's callbacks (:class:`RelayCall`): the one way a body that has arrived whole is
-relayed, whether its caller is called back (:meth:`RestBackend.relay_now
-<v2proxy.backends.rest.RestBackend.relay_now>`, the REST frontend's quick lane, on a connection
-idle at once) or awaits the outcome (:meth:`RestBackend.relay_infer
-<v2proxy.backends.rest.RestBackend.relay_infer>`, on a connection it may wait for).
+connection's callbacks (:class:`RelayCall`), with no coroutine and no task; callers either are
+called back (:meth:`RestBackend.relay_now <v2proxy.backends.rest.RestBackend.relay_now>`) or
+await the outcome (:meth:`RestBackend.relay_infer
+<v2proxy.backends.rest.RestBackend.relay_infer>`).
 
-Contract, per call on one endpoint's connection:
-
-- The request goes out in one write (the head prepared once per target and headers, the body
-  as the client sent it) under one deadline, ``--backend-timeout`` from the send, kept on the
-  connection's own timer.
-- The answer's head decides: a 200 over :data:`READ_WHOLE` bytes (or of unknown length) is
-  handed on as it comes (:func:`~v2proxy.backends.rest_stream.streamed`, the rest of the
-  deadline for its pieces); any other answer is read whole within ``--max-body-size``.
-- The outcome, given once to ``done``: the answer (:class:`~v2proxy.core.ports.ForwardResponse`)
-  once it is seen to be v2 (:func:`~v2proxy.backends.rest_answers.relayed_headers`), or the
-  error-tree error: the backend's error answer (:func:`~v2proxy.backends.rest_answers.
-  raise_for_status`), the client's failure mapped (:func:`~v2proxy.backends.rest_answers.failure`).
-- The endpoint's outcome is counted as :class:`~v2proxy.backends.base.BalancedClient` counts
-  it (by the head once one came: ok, or a 5xx; else the failure's kind), and the connection
-  goes back to the pool when its answer was read to the end and it may be kept.
-
-A transcoded call (:meth:`RestBackend.infer_now <v2proxy.backends.rest.RestBackend.infer_now>`,
-its ``finish`` the answer's decoder) goes the same way, its 200 always read whole and its outcome
-what ``finish`` makes of it.
-
-No coroutine and no task: the connection calls :meth:`RelayCall.event` at the answer's head, end
-or failure.
+A 200 over :data:`READ_WHOLE` bytes (or of unknown length) is handed on as it comes; any other
+answer is read whole. A transcoded call (``finish`` set) always reads its 200 whole.
 """
 
 from __future__ import annotations
@@ -46,19 +25,16 @@ from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import AnswerTooLarge
 from v2proxy.http.client_response import ClientResponse
 
-#: answers up to this size (by their Content-Length) are read whole, checked, passed in one piece
 READ_WHOLE = 256 * 1024
 _NEVER = 1 << 62  # (a 200 of unknown length still comes to the event at its head)
 
-#: what a call's outcome is given to: the answer, or the error to answer
 Done = Callable[[ForwardResponse | ProxyError], None]
-#: what a call that is not relayed makes of its whole 200 answer (headers, body): its outcome
+#: what a transcoded call makes of its whole 200 answer (headers, body): its outcome
 Finish = Callable[[list[tuple[bytes, bytes]], bytes], Any]
 
 
 class RelaySide:
-    """What every relayed call to one REST backend shares: its endpoints, its URL (named in
-    errors), ``--backend-timeout`` and the bound on an answer read whole."""
+    """What every relayed call to one REST backend shares."""
 
     __slots__ = ("base_url", "endpoints", "limit", "record", "timeout")
 
@@ -74,7 +50,7 @@ class RelaySide:
         self.timeout = timeout
         self.limit = limit
         #: told of each call once it is over (:meth:`Backend.time_now
-        #: <v2proxy.core.ports.Backend.time_now>`), if anything asked
+        #: <v2proxy.core.ports.Backend.time_now>`)
         self.record: Record | None = None
 
     def failed(self, exc: BaseException) -> ProxyError:
@@ -90,7 +66,7 @@ class RelaySide:
 
 
 class RelayCall:
-    """One relayed call on one connection of one endpoint (see the module's contract)."""
+    """One relayed call on one connection of one endpoint."""
 
     __slots__ = (
         "client",
@@ -122,19 +98,14 @@ class RelayCall:
         self.conn = conn
         self.model = model
         self.done = done
-        #: the call's deadline (``loop.time()``)
         self.due = due
-        #: None: a relayed answer (streamed over READ_WHOLE); else what the whole answer,
-        #: never streamed, becomes (a transcoded call's decoder)
         self.finish = finish
         self.upto = READ_WHOLE if finish is None else None
-        #: told of the call once it is over, timed from ``t0`` (set by the callers made
-        #: without a coroutine: relay_now, infer_now)
+        #: told of the call once it is over, timed from ``t0`` (set by relay_now, infer_now)
         self.record: Record | None = None
         self.t0 = 0.0
 
     def _over(self, outcome: Any) -> None:
-        """The outcome given to ``done``, the call told to its ``record`` first."""
         record = self.record
         if record is not None:
             failed = outcome if isinstance(outcome, ProxyError) else None
@@ -215,7 +186,6 @@ class RelayCall:
         self._over(outcome)
 
     def _stream(self) -> None:
-        """A 200 too large to read whole: handed on as it comes."""
         conn = self.conn
         conn.on_event = None
         side = self.side

@@ -12,7 +12,6 @@ from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.core.model import Buffer, Datatype, InferRequest
 from v2proxy.core.ports import Headers
 
-#: a binary /infer body up to this size comes as one buffer (else its header and each tensor)
 JOIN_MAX = 64 * 1024
 
 
@@ -38,7 +37,6 @@ def infer_body(
 
 
 def _binary_head(request: InferRequest) -> bytes:
-    """The JSON header of a binary /infer body for ``request``."""
     obj = request_to_obj(request, binary_inputs=True, binary_outputs=True)
     if request.outputs is not None and not any(
         "shared_memory_region" in o.parameters for o in request.outputs
@@ -47,12 +45,10 @@ def _binary_head(request: InferRequest) -> bytes:
     return dumps_tree(obj)
 
 
-#: the parameters a request, and a requested output, of the plain kind may carry: their
-#: values are the binary header's own (asked binary), whatever the client gave
+#: the only parameters of the plain kind: the binary header sets their values itself
 _PLAIN_REQUEST = frozenset({"binary_data_output"})
 _PLAIN_OUTPUT = frozenset({"binary_data"})
-#: a key of :class:`BinaryHeads`: (name, datatype, shape, bytes) per input, the requested
-#: outputs' names (None: none listed)
+#: ((name, datatype, shape, bytes) per input, the requested outputs' names or None)
 _Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, ...] | None]
 
 
@@ -67,8 +63,8 @@ class BinaryHeads:
         self._heads: dict[_Key, bytes] = {}
 
     def head(self, request: InferRequest) -> bytes:
-        """The JSON header of the binary /infer body for ``request``: kept by its key when the
-        request is of the plain kind (no id, and no parameters but those the header sets)."""
+        """The JSON header of the binary /infer body for ``request``, kept when the request is of
+        the plain kind (no id, no parameters but those the header sets)."""
         params = request.parameters
         if request.id or (params and not params.keys() <= _PLAIN_REQUEST):
             return _binary_head(request)
@@ -103,10 +99,10 @@ _JSON_ONLY = ((b"Accept-Encoding", b"identity"), (b"Content-Type", b"application
 
 def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, bytes]]:
     """Headers of an /infer request: the client's, a Content-Type always (KServe refuses
-    requests without one), and an uncompressed answer asked for (it is read or relayed)."""
+    requests without one), and an uncompressed answer asked for."""
     if not headers:  # the usual request, which forwards no header
         return _JSON_ONLY if ihcl is None else _binary_only(ihcl)
-    out = list(headers)  # (filtered where they came in: v2proxy.core.headers)
+    out = list(headers)
     out.append((b"Accept-Encoding", b"identity"))
     if ihcl is None:
         out.append((b"Content-Type", b"application/json"))
@@ -118,8 +114,8 @@ def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, b
 
 @lru_cache(maxsize=256)
 def _binary_only(ihcl: int) -> tuple[tuple[bytes, bytes], ...]:
-    """What infer_headers adds to a binary request (a tuple, the same one for each ``ihcl``:
-    the HTTP client remembers the head it makes)."""
+    """What infer_headers adds to a binary request (the same tuple per ``ihcl``: the HTTP
+    client remembers the head it makes)."""
     return (
         (b"Accept-Encoding", b"identity"),
         (b"Content-Type", b"application/octet-stream"),
@@ -128,8 +124,7 @@ def _binary_only(ihcl: int) -> tuple[tuple[bytes, bytes], ...]:
 
 
 class ModelPaths:
-    """``/v2/models/{model}[/versions/{version}]``, quoted, built once per model (at most
-    :attr:`KEPT` remembered)."""
+    """``/v2/models/{model}[/versions/{version}]``, quoted, built once per model."""
 
     KEPT = 1024
 

@@ -39,8 +39,8 @@ def parse_ihcl(value: str | None, body_length: int) -> int | None:
 
 
 def check_json_size(size: int, max_json: int) -> None:
-    """Refuse a request whose JSON (the whole body, or the header of a framed one) is longer
-    than --max-input-size: known from its length alone, before any of it is read."""
+    """Refuse a request whose JSON (the body, or a framed one's header) is longer than
+    --max-input-size, before any of it is read."""
     if size > max_json:
         raise PayloadTooLarge(
             f"request JSON size of {size} bytes exceeds the maximum allowed input size of"
@@ -86,9 +86,8 @@ def decode_request_header(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     max_tensors: int = DEFAULT_MAX_TENSORS,
 ) -> InferRequest:
-    """Decode and check the JSON header of a binary-framed request whose binary section (of
-    ``section_length`` bytes) is still to come: every check but the tensors' bytes is made;
-    binary inputs carry no data."""
+    """Decode and check the JSON header of a binary-framed request whose binary section is
+    still to come; binary inputs carry no data."""
     head, _ = _split(header, None, max_input_size)
     reader = SizeOnlyReader(section_length)
     return _request(head, reader, model_name, model_version, max_input_size, max_tensors)
@@ -102,7 +101,6 @@ def _request(
     max_input_size: int,
     max_tensors: int,
 ) -> InferRequest:
-    """The request in a JSON ``header``; ``reader`` hands out its binary section's bytes."""
     if len(header) == 0:
         raise CodecError("failed to parse the request JSON buffer: the request body is empty")
     obj = parse_header(header)
@@ -114,9 +112,8 @@ def _request(
 def decode_response(
     body: Buffer, ihcl: int | None, heads: AnswerHeads | None = None
 ) -> InferResponse:
-    """Decode a backend's JSON or binary-framed response body; ``heads``: the backend's
-    binary-framed answer headers decoded before (:mod:`v2proxy.codecs.answer_heads`), asked
-    first and told of a new one."""
+    """Decode a backend's JSON or binary-framed response body; ``heads``: its answer headers
+    decoded before (:mod:`v2proxy.codecs.answer_heads`)."""
     mv = memoryview(body).cast("B")
     if ihcl is not None and not 0 < ihcl <= len(mv):
         raise CodecError(
@@ -149,9 +146,8 @@ def encode_response(
 
 
 def binary_output_rule(req: InferRequest) -> Callable[[Tensor], bool] | None:
-    """Which response outputs go binary, exactly per docs/protocol.md (which outputs go binary): an
-    output listed in ``outputs`` follows its own ``binary_data`` (default false); when ``outputs``
-    is absent, the request's ``binary_data_output`` decides for all. None: none does."""
+    """Which response outputs go binary (docs/protocol.md): a listed output by its own
+    ``binary_data``, else all by ``binary_data_output``. None: none does."""
     if req.outputs is None:
         params = req.parameters
         if not params or params.get("binary_data_output") is not True:

@@ -1,34 +1,11 @@
 """A small JSON ``/infer`` request of the common shape, decoded in one lean pass.
 
-For when such a request must be decoded (the backend takes binary tensors, or a stage
-applies): :func:`plain_request` builds
-exactly the :class:`~v2proxy.core.model.InferRequest` that the full decoder
-(:func:`v2proxy.codecs.json_v2.request_from_obj`) builds from the same body, or says None when
-the body is anything else, and the full decoder then takes it (and names any fault: this pass
-never raises, so every message stays the full decoder's).
-
-What it takes is this shape, within the limits the full decoder applies (at most
-``max_tensors`` inputs and requested outputs, the body and the decoded bytes within
-``max_input_size``)::
-
-    {"id": "...", "parameters": {...},
-     "inputs": [{"name", "datatype", "shape", "data": [flat numbers]}, ...],
-     "outputs": [{"name", "parameters": {...}}, ...]}
-
-``id``, ``parameters`` and ``outputs`` optional; every input exactly those four keys (no
-``parameters``: no binary data, no shared memory), its ``data`` a flat array of exactly the
-shape's element count (at most :data:`~v2proxy.codecs.json_data.SMALL_ARRAY`), each element of
-the datatype's kind and range (BOOL, the integer types, FP16, FP32, FP64: the datatypes the
-full decoder packs with struct for such arrays, to the same bytes); unique input and output
-names; the request's ``parameters`` without ``triton_`` keys and with a boolean
-``binary_data_output`` if any, each output's with a boolean ``binary_data`` if any.
-
-The shape and the element kinds are checked by msgspec as it parses
-(:mod:`v2proxy.codecs.json_shapes`); each input's elements are then packed by one struct call,
-which refuses one out of its datatype's range. ``tests/unit/test_json_plain.py`` checks it
-against the full decoder on generated bodies.
-
-Pure: no I/O.
+:func:`plain_request` builds exactly the :class:`~v2proxy.core.model.InferRequest` the full
+decoder (:func:`v2proxy.codecs.json_v2.request_from_obj`) builds from the same body, or says None
+and leaves the body, and any fault's message, to the full decoder; it never raises. It takes
+``{"id", "parameters", "inputs": [{"name", "datatype", "shape", "data": [flat numbers]}, ...],
+"outputs": [{"name", "parameters"}, ...]}`` with no input ``parameters`` and only the datatypes
+the full decoder packs with struct. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -61,8 +38,7 @@ class _Output(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _Packers:
-    """The struct packers of one datatype, per element count up to SMALL_ARRAY (made on first
-    use)."""
+    """The struct packers of one datatype, per element count (made on first use)."""
 
     __slots__ = ("code", "packers")
 
@@ -90,7 +66,7 @@ def plain_request(
     max_tensors: int,
 ) -> InferRequest | None:
     """The request of a JSON ``body`` of the plain shape (module docstring), as the full
-    decoder builds it; None for any other body (the full decoder's to decode or refuse)."""
+    decoder builds it; None for any other body."""
     size = len(body)
     if size > SMALL_DOCUMENT or size > max_input_size:
         return None
@@ -119,7 +95,7 @@ def plain_request(
             if count != prod(item.shape):
                 return None
             packers = item.packers
-            # the elements as the datatype: it raises for one out of its range
+            # raises for an element out of the datatype's range
             packed = (packers.packers[count] or packers.packer(count))(*data)
             total += len(packed)
             names.add(item.name)

@@ -151,8 +151,7 @@ def request_from_obj(
         data: bytes | memoryview
         if source == "data":
             size = expected_byte_size(datatype, shape)
-            # known from the shape: counted before decoding (one input over the limit on its
-            # own is data_to_buffer's to name)
+            # counted before decoding (one input over the limit is data_to_buffer's to name)
             if size is not None and size <= max_input_size:
                 decoded.add(size, where)
         if source == "data" and checked is not None and i in checked:
@@ -323,8 +322,7 @@ def response_to_obj(
     outputs = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": _NAMES[t.datatype], "shape": t.shape}
-        # written into the client's shared memory: no data, no parameters (docs/protocol.md,
-        # using regions in inference)
+        # written into the client's shared memory: no data, no parameters
         if t.in_shm:
             pass
         elif is_binary is not None and is_binary(t):
@@ -354,6 +352,5 @@ def _data_json(t: Tensor) -> Any:
     return data
 
 
-#: serializes a request/response header of :func:`request_to_obj` or :func:`response_to_obj`
-#: (their NaN/Infinity literals are written already)
+#: serializes a header of :func:`request_to_obj` or :func:`response_to_obj`
 dumps_tree = dumps

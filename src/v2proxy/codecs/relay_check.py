@@ -1,29 +1,11 @@
-"""Whether a small JSON ``/infer`` body may be relayed untouched without decoding it: a check
-that costs a parse and one look at each field, where the full decoder
-(:func:`v2proxy.codecs.binary.decode_request`) builds every tensor's bytes.
+"""Whether a small JSON ``/infer`` body may be relayed untouched without decoding it: a parse
+and one look at each field, where the full decoder builds every tensor's bytes.
 
-:func:`plain_json_request` is *sound*, not complete: it says True only for bodies that the full
-decoder accepts and to which no stage of the pipeline applies (no ``parameters`` anywhere, so
-no shared memory, no classification, no ``binary_data`` or ``binary_data_output``; no FP16 or
-BF16 numbers, which binary backends refuse in JSON; no BYTES). Everything else (a malformed
-body included) says False, and the caller takes the full decoder's path, which names the field
-at fault. What it accepts is the common shape of a JSON client's request::
-
-    {"id": "...", "inputs": [{"name", "datatype", "shape", "data": [flat numbers]}, ...],
-     "outputs": [{"name"}, ...]}
-
-with every tensor's ``data`` a flat array of exactly the shape's element count (at most
-:data:`~v2proxy.codecs.json_data.SMALL_ARRAY`), each element of the datatype's kind and range,
-unique names, at most ``max_tensors`` inputs and outputs, and the body and the decoded bytes
-within ``max_input_size``. ``tests/unit/test_relay_check.py`` checks the soundness against the
-full decoder on generated bodies.
-
-It runs on every small relayed request, so the shape, the kinds and the ranges are checked by
-msgspec as it parses (a typed decoder: one struct per datatype, tagged by ``datatype``; unknown
-keys refused, after escapes in keys are decoded), and Python only counts: each tensor's
-elements against its shape, the names, the decoded bytes.
-
-Pure: no I/O.
+:func:`plain_json_request` is *sound*, not complete: True only for bodies the full decoder
+accepts and no stage applies to (no ``parameters``; no FP16/BF16, which binary backends refuse
+in JSON; no BYTES); anything else takes the full decoder's path, which names the fault. It
+accepts ``{"id", "inputs": [{"name", "datatype", "shape", "data": [flat numbers]}, ...],
+"outputs": [{"name"}, ...]}``. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -39,10 +21,8 @@ from v2proxy.codecs.json_data import SMALL_ARRAY
 from v2proxy.codecs.json_shapes import DecodeErrors, request_decoder, tensor_types
 from v2proxy.core.model import Datatype
 
-#: the largest finite FP32 (a number past it would not pack)
 _FP32_MAX = 3.4028234663852886e38
 _UINT64_MAX = (1 << 64) - 1
-#: the most bytes one input of the common shape decodes to (SMALL_ARRAY elements of 8 bytes)
 _MOST = SMALL_ARRAY * max(ITEM_SIZE.values())
 
 
@@ -67,8 +47,6 @@ class _Output(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str
 
 
-#: the datatypes taken: the integer types, FP32, FP64 and BOOL (FP16/BF16, which binary
-#: backends refuse in JSON, and BYTES take the full path)
 _DATATYPES = [
     dt
     for dt in Datatype
@@ -87,8 +65,8 @@ _DECODER = request_decoder(
 
 
 def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors: int) -> bool:
-    """True when ``body`` is a JSON request the full decoder accepts and no stage applies to
-    (see the module's docstring); False when unsure."""
+    """True when ``body`` is a JSON request the full decoder accepts and no stage applies to;
+    False when unsure."""
     size = len(body)
     if size > SMALL_DOCUMENT or size > max_input_size:
         return False
@@ -102,7 +80,6 @@ def plain_json_request(body: bytes | bytearray, max_input_size: int, max_tensors
         return False
     names = set()
     for tensor in inputs:
-        # (the decoder holds data to 1..SMALL_ARRAY elements: equal to the shape's count, so is it)
         if len(tensor.data) != prod(tensor.shape):
             return False
         if tensor.top and max(tensor.data) > tensor.top:

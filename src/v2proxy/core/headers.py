@@ -1,8 +1,5 @@
 """Which headers go on from one side to the other: one table (:data:`DROPPED`), applied once
-where they enter, into one value (:data:`~v2proxy.core.ports.Headers`): bytes pairs as an HTTP
-backend sends them, and as gRPC metadata (:func:`metadata`) for a gRPC one, ready from the start
-when they came as gRPC metadata (:class:`Forwarded`). A backend only adds its own framing to
-it."""
+where they enter, into bytes pairs; a gRPC backend gets them as metadata (:func:`metadata`)."""
 
 from __future__ import annotations
 
@@ -12,8 +9,7 @@ from v2proxy.core.errors import InvalidRequest
 
 ALWAYS, BODY, GRPC, MAPPED = 1, 2, 4, 8
 
-#: name -> the edges that drop it (ALWAYS | BODY | GRPC | MAPPED: a request v2proxy maps onto
-#: another operation, a generate request onto inference, drops what the client accepts)
+#: name -> the edges that drop it (MAPPED: a generate request mapped onto inference)
 DROPPED: dict[bytes, int] = {
     b"connection": ALWAYS,
     b"keep-alive": ALWAYS,
@@ -43,24 +39,17 @@ def _of(edges: int) -> frozenset[bytes]:
     return frozenset(name for name, dropped in DROPPED.items() if dropped & edges)
 
 
-#: what a passed-through request or answer drops (its body goes as it came)
 PASSED = _of(ALWAYS)
-#: what a request whose body v2proxy writes drops
 WRITTEN = _of(ALWAYS | BODY)
-#: what a gRPC call's metadata drops (its message is always v2proxy's to write)
 CALL = _of(ALWAYS | BODY | GRPC)
-#: what a request mapped onto inference drops (of what its edge forwarded)
 INFERRED = _of(ALWAYS | BODY | MAPPED)
 
 
 class Forwarded(list[tuple[bytes, bytes]]):
-    """The end-to-end headers of a gRPC call, filtered once where they came in: (lowercase name,
-    value) pairs, with their gRPC metadata kept ready (:func:`metadata`). (An HTTP request's are
-    a plain list, cheaper to make on the hot path: their metadata is made when a gRPC backend
-    needs it, kept when they are a Forwarded.)"""
+    """Filtered (lowercase name, value) pairs that keep their gRPC metadata once made
+    (an HTTP request's headers are a plain list, cheaper on the hot path)."""
 
     __slots__ = ("grpc",)
-    #: the gRPC metadata of these headers (unset until made)
     grpc: list[tuple[str, str]]
 
 
@@ -72,9 +61,8 @@ def forwarded(
 
 
 def metadata(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    """``headers`` as gRPC metadata, which carries printable ASCII only: a header whose value
-    is not is refused, naming it (nothing is re-encoded behind the client's back). Ready, or
-    made once, for a :class:`Forwarded` value."""
+    """``headers`` as gRPC metadata, which carries printable ASCII only: a non-ASCII value is
+    refused, not re-encoded behind the client's back."""
     made: list[tuple[str, str]] | None = getattr(headers, "grpc", None)
     if made is not None:
         return made
@@ -98,9 +86,8 @@ def answer_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, 
 
 
 def call_headers(entries: Iterable[tuple[str, str | bytes]]) -> Forwarded:
-    """A gRPC call's metadata as the headers that go on, their metadata ready (gRPC metadata is
-    printable ASCII; the ``-bin`` entries, pseudo-headers and ``grpc-`` fields stay with the
-    call)."""
+    """A gRPC call's metadata as the headers that go on (``-bin`` entries, pseudo-headers and
+    ``grpc-`` fields stay with the call)."""
     out = Forwarded()
     kept: list[tuple[str, str]] | None = []
     for key, value in entries:
@@ -113,7 +100,7 @@ def call_headers(entries: Iterable[tuple[str, str | bytes]]) -> Forwarded:
                 kept.append((key, value))
         else:
             out.append((name, value))
-            kept = None  # (not as gRPC gives them: made, and checked, when needed)
+            kept = None  # bytes: checked and made when needed
     if kept is not None:
         out.grpc = kept
     return out

@@ -1,28 +1,12 @@
 """What the proxy knows about its backend: one cache, one lifetime, one invalidation.
 
-:class:`BackendKnowledge` asks the backend's metadata calls (through the
-:class:`~v2proxy.core.ports.Backend` it is bound to) and keeps their parsed answers
-(:mod:`v2proxy.codecs.backend_meta`) for :data:`KNOWLEDGE_TTL_S` seconds:
-
-- :meth:`~BackendKnowledge.server`: the server's capabilities (``GET /v2``). Errors are raised,
-  never kept.
-- :meth:`~BackendKnowledge.model`: a model's metadata, typed (errors raised, never kept);
-  :meth:`~BackendKnowledge.config`: the facts of its configuration, decoupled included (an
-  answer that is no configuration, the backend's error too, is kept as none:
-  :data:`~v2proxy.codecs.backend_meta.NO_CONFIG`; a backend that could not be asked,
-  unreachable or silent, raises and is asked again next time).
-- :meth:`~BackendKnowledge.known_server` / :meth:`~BackendKnowledge.known_config`: the same
-  facts when they are known, without asking (for the hot paths, which must not await).
-- :meth:`~BackendKnowledge.recall` / :meth:`~BackendKnowledge.learn`: what the backends and
-  frontends learn on their own terms, kept under the same lifetime: whether a REST backend
-  takes binary tensors it does not list (learnt by trying), the generate extension's
-  presence, the MindIE/OpenAI target discovered from a model's metadata and config.
-- :meth:`~BackendKnowledge.invalidate` (after a repository load or unload) forgets all of it.
-
-The composition root makes one, binds it to the backend it builds (undecorated: its probes are
-the proxy's own, not the clients' calls the metrics time) and hands it to that backend and to
-the pipeline; a pipeline given none takes the backend's own, or makes one bound to the backend
-it calls. Pure: it awaits the backend only.
+:class:`BackendKnowledge` asks the backend's metadata calls and keeps their parsed answers
+(:mod:`v2proxy.codecs.backend_meta`) for :data:`KNOWLEDGE_TTL_S` seconds, beside what backends
+and frontends learn on their own terms (:meth:`~BackendKnowledge.learn`). Errors are raised,
+never kept, except a model configuration's (kept as none). The ``known_*`` methods answer
+without asking, for hot paths that must not await. :meth:`~BackendKnowledge.invalidate` (after
+a repository load or unload) forgets all of it. It is bound to the undecorated backend: its
+probes are not the clients' calls the metrics time. Pure: it awaits the backend only.
 """
 
 from __future__ import annotations
@@ -44,7 +28,6 @@ from v2proxy.core.errors import BackendUnavailable, GatewayTimeout, ProxyError
 
 #: how long anything learnt of the backend is kept (s)
 KNOWLEDGE_TTL_S = 30.0
-#: the most per-model entries kept (each model has a few)
 MAX_ENTRIES = 4096
 
 _SERVER = ("server",)
@@ -61,7 +44,7 @@ class MetadataSource(Protocol):
 
 
 class BackendKnowledge:
-    """The one cache of what is known about the backend (see the module docstring)."""
+    """The one cache of what is known about the backend."""
 
     def __init__(
         self,
@@ -69,7 +52,6 @@ class BackendKnowledge:
         ttl: float = KNOWLEDGE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        #: the backend asked (None until :meth:`bind`)
         self.source = source
         self.ttl = ttl
         self._clock = clock
@@ -83,8 +65,6 @@ class BackendKnowledge:
         if self.source is None:
             raise ProxyError("the backend's knowledge is not bound to a backend")
         return self.source
-
-    # ------------------------------------------------------------------ the one lifetime
 
     def recall(self, key: Hashable) -> Any:
         """What was learnt under ``key`` within the lifetime, else None."""
@@ -106,8 +86,6 @@ class BackendKnowledge:
         """Forget everything."""
         self._facts.clear()
 
-    # ------------------------------------------------------------------ typed facts
-
     async def server(self) -> ServerCaps:
         """The server's capabilities (a failure raised, asked again next time)."""
         caps: ServerCaps | None = self.recall(_SERVER)
@@ -126,9 +104,8 @@ class BackendKnowledge:
         return meta
 
     async def config(self, model: str, version: str) -> ConfigFacts:
-        """The facts of a model's configuration; an error answer counts as none, kept for the
-        lifetime (servers without one, a ModelConfig refused); a backend that could not be
-        asked (BackendUnavailable, GatewayTimeout) raises, and is asked again next time."""
+        """The facts of a model's configuration; an error answer counts as none, kept; a backend
+        that could not be asked raises, and is asked again next time."""
         key = ("config", model, version)
         facts: ConfigFacts | None = self.recall(key)
         if facts is None:
@@ -142,8 +119,8 @@ class BackendKnowledge:
         return facts
 
     def known_server(self) -> ServerCaps | None:
-        """The server's capabilities when known within the lifetime (nothing is asked; asked
-        on every relayed request: :meth:`recall`, written out)."""
+        """The server's capabilities when known, nothing asked (:meth:`recall`, written out:
+        asked on every relayed request)."""
         hit = self._facts.get(_SERVER)
         if hit is None or self._clock() - hit[0] >= self.ttl:
             return None  # (an expired one is dropped by the next recall)
@@ -151,22 +128,20 @@ class BackendKnowledge:
         return caps
 
     def known_config(self, model: str, version: str) -> ConfigFacts | None:
-        """A model's configuration facts when known within the lifetime (nothing is asked)."""
+        """A model's configuration facts when known, nothing asked."""
         facts: ConfigFacts | None = self.recall(("config", model, version))
         return facts
 
-    # ------------------------------------------------------------------ what the stages ask
-
     async def shape_info(self, model: str, version: str) -> tuple[dict[str, Any], int | None]:
         """A model's metadata as it came and its ``max_batch_size`` (None: no config, or it
-        names none), for raw bodies, classification batching and the generate mapping."""
+        names none)."""
         meta = await self.model(model, version)
         facts = await self.config(model, version)
         return meta.raw, facts.max_batch_size
 
     async def lists_classification(self) -> bool:
         """Whether the backend lists the classification extension (one that cannot say does
-        not; asked again once the lifetime is over)."""
+        not)."""
         if self.recall(_UNASKABLE):
             return False
         try:

@@ -1,19 +1,10 @@
 """The answers of the REST frontend's handlers, and how one passed through from the backend is
 written to the client.
 
-Contract:
-
-- A handler answers an :data:`Answer`: complete (status, headers, body: one buffer or a list of
-  them) or a :class:`~v2proxy.core.ports.ForwardResponse` passed through from the backend (or
-  made like one: a stream of server-sent events). :data:`Handler` is a handler bound to its
-  endpoint: ``(request, path match) -> Answer``.
-- :func:`write_forwarded` writes a passed-through answer in one piece when it was read whole,
-  else streamed as it comes (with its Content-Length when it has one); ``x-request-id`` is
-  added unless the answer has one. An answer that breaks off after its head was sent closes
-  the connection (the client sees a broken answer, never a complete-looking short one), and
-  the answer is released whatever happens.
-- :func:`error_fields`: the header fields of an error answer that every API's translator adds
-  (REST's, MindIE's shape aside, OpenAI's).
+A handler answers an :data:`Answer`: complete, or a
+:class:`~v2proxy.core.ports.ForwardResponse` passed through (or a stream of server-sent events
+made like one). An answer that breaks off after its head was sent closes the connection: the
+client sees a broken answer, never a complete-looking short one.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ log = logging.getLogger(__name__)
 
 #: a complete answer: status, headers, body; or one passed through
 Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardResponse
-#: a handler of the route table, bound to its endpoint: (request, its path match, its
-#: exchange: where a handler whose path names no model sets the one it serves) -> answer
+#: (request, path match, exchange: where a handler sets the model it serves) -> answer
 Handler = Callable[[HttpRequest, Any, Exchange], Awaitable[Answer]]
 
 JSON = [(b"content-type", b"application/json")]
@@ -53,9 +43,8 @@ def error_answer(exc: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes
 
 
 def error_fields(exc: ProxyError) -> list[tuple[bytes, bytes]]:
-    """The header fields an error answer carries whatever the API's shape of its body:
-    ``Accept-Encoding`` with an unsupported ``Content-Encoding`` (415), ``Retry-After`` beyond
-    ``--max-concurrency`` (503)."""
+    """The header fields an error answer carries whatever the API's shape of its body (415's
+    Accept-Encoding, 503's Retry-After)."""
     if isinstance(exc, UnsupportedEncoding):
         return [(b"accept-encoding", b"gzip, deflate")]
     if isinstance(exc, Overloaded):

@@ -1,29 +1,10 @@
 """``POST /v2/models/{m}[/versions/{v}]/infer`` of the REST frontend, in every wire form
-(JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md): the
-:class:`InferEndpoint`, which its frontend builds once from what it uses (the pipeline, the
-frontend's recorder, the body reader, the size limits) and whose :meth:`InferEndpoint.infer`
-its route table binds.
+(JSON, binary tensors, raw binary; gzip/deflate both ways: docs/protocol.md).
 
-The usual small JSON body that needs nothing is taken before it gets here, by the frontend's
-quick lane (:mod:`v2proxy.frontends.rest_quick`), with the same decision and headers
-(:func:`infer_headers`). Every body is checked before anything of it reaches the backend. In
-this order:
-
-- a binary-framed body of at least :data:`STREAM_RELAY_MIN` bytes (known length, not
-  compressed) is relayed while it arrives once its JSON header is checked;
-- a JSON body of that size is relayed while it arrives, checked on the way
-  (:meth:`Pipeline.relay_json`);
-- a smaller body is read whole and decompressed, and the pipeline decides
-  (:meth:`Pipeline.infer_body`): relayed unchanged when no stage applies and the one decision
-  (:func:`~v2proxy.core.relay.relays`, told whether the answer is to be compressed) says so (a
-  plain JSON body checked without being decoded:
-  :func:`~v2proxy.core.relay.relays_as_sent`), else
-  decoded here when the pipeline asks for it, and put through the stages; their answer is encoded
-  as the client asked (JSON, binary outputs, compression).
-
-Decode (decompression included) and encode times are recorded per wire form
-(``v2proxy_transcode_duration_seconds``); relayed bodies are not transcoded. An answer passed
-through is written by :func:`v2proxy.frontends.rest_answer.write_forwarded`.
+Every body is checked before anything of it reaches the backend. A body of at least
+:data:`STREAM_RELAY_MIN` bytes may be relayed while it arrives, checked on the way; a smaller one
+is read whole and the pipeline decides (:meth:`Pipeline.infer_body`). The usual small JSON body
+is taken earlier by the quick lane (:mod:`v2proxy.frontends.rest_quick`).
 """
 
 from __future__ import annotations
@@ -44,7 +25,6 @@ from v2proxy.frontends.rest_request import BodyReader
 from v2proxy.http.request import HttpRequest
 from v2proxy.ops.recorders import FrontendRecorder
 
-#: bodies (JSON or binary-framed) from this size on are relayed while they arrive, when relayed
 STREAM_RELAY_MIN = 4 * 1024 * 1024
 _IHCL = binc.IHCL_HEADER.lower().encode()
 _REQUEST_ID = b"x-request-id"
@@ -55,10 +35,9 @@ _NOTED = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
 def infer_headers(
     r: HttpRequest,
 ) -> tuple[str | None, str | None, str | None, Headers, bytes | None]:
-    """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (the first value
-    of each), the headers passed on and ``x-request-id`` (its first value), in one pass over
-    the request's (lowercase) names: an /infer request's headers are filtered here only, by
-    the one table (:data:`~v2proxy.core.headers.WRITTEN`: the body is v2proxy's to write)."""
+    """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (first values), the
+    headers passed on (:data:`~v2proxy.core.headers.WRITTEN`) and ``x-request-id``, in one pass:
+    an /infer request's headers are filtered here only."""
     accept = content_encoding = ihcl = rid = None
     forwarded: Headers = []
     for name, value in r.headers:
@@ -82,8 +61,7 @@ def infer_headers(
 
 class InferEndpoint:
     """``POST .../infer`` on top of the pipeline: the body read (or relayed as it arrives),
-    the pipeline's decision, and its answer in the client's wire form; its decode and encode
-    times recorded by the frontend's recorder."""
+    the pipeline's decision, and its answer in the client's wire form."""
 
     __slots__ = ("max_body_size", "max_input_size", "pipeline", "read_body", "recorder")
 
@@ -96,14 +74,13 @@ class InferEndpoint:
     ) -> None:
         self.pipeline = pipeline
         self.recorder = recorder
-        #: --max-body-size: a larger body is refused by the reader, never relayed
         self.max_body_size = body.max_body_size
         self.read_body = body.read
         #: --max-input-size: a decompressed body, a decoded tensor
         self.max_input_size = max_input_size
 
     async def infer(self, r: HttpRequest, m: Any, _x: Exchange) -> Answer:
-        """The handler of the route (``m``: its path match, naming the model and version)."""
+        """The handler of the route (``m``: its path match)."""
         model, version = m.group("model", "version")
         model = model or ""
         version = version or ""
@@ -150,9 +127,8 @@ class InferEndpoint:
     async def decode(
         self, data: Buffer, ihcl: int | None, model: str, version: str, t0: float | None = None
     ) -> InferRequest:
-        """The request of an /infer body (:data:`~v2proxy.core.pipeline.Decode`), called by the
-        pipeline only when it needs it (a body relayed untouched is never decoded); its decode
-        time is recorded per wire form (from ``t0`` when given: decompression counts)."""
+        """The request of an /infer body (:data:`~v2proxy.core.pipeline.Decode`), called only
+        when the pipeline needs it; its time is recorded from ``t0`` (decompression counts)."""
         if t0 is None:
             t0 = perf_counter()
         if ihcl == 0:  # raw: the model's shape, from the pipeline's metadata cache, counts too
@@ -166,8 +142,6 @@ class InferEndpoint:
         return request
 
     def _answer(self, answer: ForwardResponse | Answered, encoding: str | None) -> Answer:
-        """The pipeline's answer: passed through, or the stages' response in the client's wire
-        form."""
         if isinstance(answer, ForwardResponse):
             return answer
         return self.encode(answer.request, answer.response, encoding)

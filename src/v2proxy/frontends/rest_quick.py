@@ -1,22 +1,12 @@
 """The REST frontend's quick lane: a small JSON ``POST .../infer`` that needs nothing of the proxy
 is relayed from the HTTP server's parser callback and answered from the backend connection's,
-with no task and no coroutine (the HTTP server's ``quick`` handler,
-:data:`~v2proxy.http.server_conn.QuickHandler`).
+with no task and no coroutine (:data:`~v2proxy.http.server_conn.QuickHandler`).
 
-It is the general path (:meth:`RestFrontend.dispatch <v2proxy.frontends.rest.RestFrontend.
-dispatch>`) taken without awaiting, each step the general path's: the route row; the headers
-filtered once (:func:`~v2proxy.frontends.rest_infer.infer_headers`); the request checked
-(:func:`~v2proxy.core.relay.relays_as_sent` for JSON, :func:`~v2proxy.codecs.framed_check.
-plain_framed_request` for a binary-framed body, the full decoder for one to be transcoded)
-and the one decision (:func:`~v2proxy.core.relay.relays`); the exchange envelope
-(admission, the one record); the backend's call at once on an idle connection
-(:meth:`Backend.relay_now <v2proxy.core.ports.Backend.relay_now>`, or :meth:`Backend.infer_now
-<v2proxy.core.ports.Backend.infer_now>` with ``--backend-encoding binary``, its response encoded
-by the general path's encoder); the answer, or the error in v2's shape, with ``x-request-id``.
-
-Whatever would take a decision of its own is declined, untouched (nothing read, admitted or
-sent), to the serving task: another route, a body not whole, compression, a raw body,
-restricted inference, overload, a body a stage applies to, no idle connection. An answer that
+Each step is the general path's (:meth:`RestFrontend.dispatch
+<v2proxy.frontends.rest.RestFrontend.dispatch>`), taken without awaiting; a binary-framed body
+is checked by :func:`~v2proxy.codecs.framed_check.plain_framed_request`. Whatever would take a
+decision of its own (another route, a body not whole, compression, restricted inference,
+overload, a stage, no idle connection) is declined untouched to the serving task. An answer that
 cannot be written at once is finished by a task running the general path's writer.
 """
 
@@ -49,13 +39,12 @@ if TYPE_CHECKING:
 
 _OP = "infer"
 _IHCL = b"inference-header-content-length"
-#: paths whose model and version the lane keeps (a client mostly asks for the same few)
 _TARGETS_KEPT = 1024
 log = logging.getLogger(__name__)
 
 
 class QuickLane:
-    """The quick lane of one REST frontend (see the module's docstring)."""
+    """The quick lane of one REST frontend."""
 
     __slots__ = (
         "backend",
@@ -82,49 +71,37 @@ class QuickLane:
     def __init__(self, frontend: RestFrontend) -> None:
         pipeline = frontend.pipeline
         self.backend = pipeline.backend
-        #: only a backend that speaks v2 REST relays a body as sent, and not one that takes
-        #: every JSON body transcoded (``--backend-encoding binary``: the general path decodes
-        #: it straight away, with no relay check)
         self.speaks_rest = self.backend.speaks_rest
         self.takes_json = self.speaks_rest and not self.backend.transcodes_json
-        #: a JSON body to a backend that takes every one in binary tensors (``takes_json``
-        #: False) is decoded here by the full decoder, sent at once (:meth:`Backend.infer_now`)
-        #: and its answer encoded as the general path encodes it (``encode``)
+        #: with ``takes_json`` False (``--backend-encoding binary``) a JSON body is decoded here,
+        #: sent with :meth:`Backend.infer_now` and its answer encoded as the general path does
         self.encode = frontend.infer_endpoint.encode
         self.decoded_json = frontend.recorder.decode["json"]
-        #: the stages, which a binary-framed body decoded for its check must not need
         self.stages = pipeline.stages
-        #: a binary-framed body is checked by plain_framed_request, which lets through the
-        #: parameters binary_data_size (inputs) and binary_data (outputs): only while no stage
-        #: applies by either
+        #: plain_framed_request lets binary_data_size (inputs) and binary_data (outputs)
+        #: through: used only while no stage applies by either
         self.framed_plain = (
             "binary_data_size" not in self.stages.input_keys
             and "binary_data" not in self.stages.output_keys
         )
-        #: the decode time of a binary-framed body checked here, as the general path records it
         self.decoded = frontend.recorder.decode["binary"]
         self.envelope: Envelope = frontend.envelope
         self.max_body_size = frontend.max_body_size
         self.max_input_size = frontend.max_input_size
         self.max_tensors = pipeline.max_tensors
-        #: the frontend's route cache (path -> its route), and the row the lane serves
         self.found = frontend._found
         self.route = frontend._route
         self.row = frontend.routing[0][2]
         #: path -> (model, version), for the paths of the lane's row
         self.targets: dict[str, tuple[str, str]] = {}
-        #: whether the policy restricts the row's API group (fixed at start-up): the lane takes
-        #: a request only when it does not (a restricted one goes to the general path, which
-        #: checks it once)
+        #: a restricted row goes to the general path, which checks it once
         self.restricted = frontend.access.restricts(self.row.check_first or "")
-        #: requests taken since the start
         self.taken = 0
-        #: the tasks that finish an answer the lane could not write at once
         self.tasks: set[asyncio.Task[None]] = set()
 
     def wants(self, request: HttpRequest) -> bool:
         """Whether to wait for a short body before ``request`` is started: it may be the
-        lane's (the /infer row, a backend that relays, no restricted inference)."""
+        lane's."""
         return (
             request.method == "POST"
             and self.speaks_rest
@@ -133,8 +110,7 @@ class QuickLane:
         )
 
     def _target(self, path: str) -> tuple[str, str] | None:
-        """The model and version of ``path`` when it is the lane's row (the route's match, kept
-        per path), else None."""
+        """The model and version of ``path`` when it is the lane's row, else None."""
         target = self.targets.get(path)
         if target is None:
             found = self.found.get(path) or self.route(path)
@@ -250,8 +226,7 @@ class QuickLane:
 
 
 class _Exchange(Exchange):
-    """One request taken by the lane, its exchange until its answer is written and recorded
-    (:meth:`_done`, once)."""
+    """One request taken by the lane, until its answer is written and recorded (:meth:`_done`)."""
 
     __slots__ = ("cancel", "lane", "over", "request", "response", "rid", "task")
 
@@ -260,9 +235,7 @@ class _Exchange(Exchange):
     rid: bytes | None
     #: gives the backend call up (its connection closes, no outcome follows)
     cancel: Callable[[], None] | None
-    #: the task finishing an answer the lane could not write at once, if any
     task: asyncio.Task[None] | None
-    #: recorded and finished (once)
     over: bool
     #: the decoded request of a transcoded call, until its answer is encoded
     request: InferRequest | None
@@ -300,7 +273,7 @@ class _Exchange(Exchange):
 
     def cut(self) -> None:
         """The server cut the client's connection (shutdown past ``--drain-timeout``): the
-        backend call is given up and the request recorded as cut, as the serving task's."""
+        backend call is given up and the request recorded as cut."""
         if self.cancel is not None:
             self.cancel()
         if self.task is not None:
@@ -310,10 +283,9 @@ class _Exchange(Exchange):
             self._done("json", 0)
 
     def answered(self, outcome: ForwardResponse | InferResponse | ProxyError) -> None:
-        """The backend's outcome (a transcoded call's response, encoded first): the answer
-        written (or handed to a task), then recorded. Called from the backend connection's
-        callback: it never raises (a bug is logged, the client's connection aborted, the
-        request recorded as a 500)."""
+        """The backend's outcome, written (or handed to a task), then recorded. Called from the
+        backend connection's callback: it never raises (a bug is logged, the connection
+        aborted)."""
         try:
             if isinstance(outcome, ForwardResponse):
                 content = outcome.content
@@ -339,7 +311,7 @@ class _Exchange(Exchange):
                 self._done("json", 0)
 
     def _encoded(self, response: InferResponse) -> None:
-        """A transcoded call's response: encoded as the general path encodes it, written."""
+        """A transcoded call's response, encoded as the general path does, written."""
         request = self.request
         assert request is not None  # (a transcoded call's)
         self.request = None
@@ -380,7 +352,7 @@ class _Exchange(Exchange):
             response.finished()
 
     def _done(self, wire_out: str, n_out: int) -> None:
-        """The exchange ends (once): recorded with what it says, and its response finished."""
+        """The exchange ends (once): recorded, and its response finished."""
         if self.over:
             return
         self.over = True

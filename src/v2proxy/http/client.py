@@ -1,51 +1,17 @@
 """A keep-alive HTTP/1.1 client pool for one origin (RFC 9112), on httptools (llhttp).
 
-Transport only: it knows nothing of v2, pipelines or codecs. Each
-connection is a bare :class:`asyncio.Protocol` (:mod:`v2proxy.http.client_conn`: parsing,
-framing, keep-alive, flow control), because aiohttp's client costs about three times the CPU
-of asyncio streams per small request, and streams cost more than a protocol that is handed
-each buffer by ``data_received`` and wakes the one coroutine waiting on it with one future
-(measured on this module's hand-written predecessor: 15.2 -> 12.4 µs client CPU per small
-request, streams -> protocol, uvloop; a 64 MiB answer streamed through in ≈10 ms CPU). No Task
-per request. The request's head: :mod:`v2proxy.http.client_head`; the answer:
-:mod:`v2proxy.http.client_response`; the failures: :mod:`v2proxy.http.client_errors`.
+Transport only. Each connection is a bare :class:`asyncio.Protocol`
+(:mod:`v2proxy.http.client_conn`), cheaper per request than asyncio streams or aiohttp's
+client; no Task per request.
 
-Contract:
-
-- :meth:`HttpClient.request` sends one request and returns once the final answer's head is in
-  (1xx interim answers skipped). ``Content-Length`` is set from the body (0 for a POST, PUT or
-  PATCH without one); ``Host``, the checks of the head and the heads remembered for headers
-  given as a tuple as in :mod:`v2proxy.http.client_head` (:class:`ValueError`). Bodies up to
-  64 KiB go in one write with the head, larger ones buffer by buffer; a :class:`StreamBody` is
-  piped through with the transport's flow control (and stops when the server answers and
-  closes early, RFC 9112 §9.5).
-- At most ``limit`` connections are open (in use or idle). One goes back to the pool only when
-  its answer was read to the end, keep-alive, and nothing more arrived. Idle ones are closed
-  after ``idle_timeout`` (below the 5 s of uvicorn-based servers) or when the server ends them,
-  and never used then: a connection is handed out again only when the loop has not seen its
-  end and its socket, looked at right then, holds nothing either
-  (:meth:`ClientConnection.alive`).
-- A connection whose answer was a 5xx is not reused: servers' error handlers often close it
-  right after without ``Connection: close`` (uvicorn after an unhandled exception: MLServer,
-  KServe), and the next request would race that close.
-- Retries (as Go's net/http and nginx do for requests that may change state): a GET, HEAD or
-  OPTIONS whose *reused* connection ended (reset, EOF, a failed write) before any byte of the
-  answer came is sent once more, on a new connection, when its whole body can be sent again (not
-  a :class:`StreamBody`). A POST (an inference) is never sent twice: it may have reached the
-  model (a sequence model's state, an LLM's cost); the looks before reuse and the 5xx rule above
-  keep the races that would fail it rare. Never resent either: a request on a new connection, one
-  of which any byte of answer came, a timeout, an invalid answer. The one that failed raises
-  :class:`RemoteClosed`, whose ``request_sent`` tells whether the server may have seen it.
-- ``read_timeout``: every wait for the next bytes of the answer (the head here, the body in
-  :class:`ClientResponse`) fails with :class:`ReadTimeout` after that many seconds without
-  one. ``call_timeout``: the whole call, from the wait for a free connection to the answer's head
-  and, with :meth:`ClientResponse.read`, its whole body, fails with :class:`ReadTimeout` (a
-  connect timeout still as :class:`ConnectTimeout`) once that many seconds have passed; it is
-  kept on the connection's own timer (no timer call per request) and lifted when the answer is
-  read or given up, or by :meth:`ClientResponse.stream` for a body then read in pieces. A
-  cancelled call closes its connection.
-- Failures are :class:`HttpClientError` subclasses only (TLS and OS errors included), except
-  exceptions raised by a :class:`StreamBody`'s own iterator, which pass through unchanged.
+- A connection goes back to the pool only when its answer was read to the end and may be kept.
+- Retries: only a GET, HEAD or OPTIONS whose *reused* connection ended before any byte of the
+  answer is sent once more, on a new connection. A POST (an inference) is never sent twice: it
+  may have reached the model.
+- ``read_timeout`` bounds each wait for the answer's next bytes, ``call_timeout`` the whole call
+  (:class:`ReadTimeout`). A cancelled call closes its connection.
+- Failures are :class:`HttpClientError` subclasses only, except what a :class:`StreamBody`'s
+  own iterator raises.
 """
 
 from __future__ import annotations
@@ -67,7 +33,6 @@ from v2proxy.http.client_errors import (
 from v2proxy.http.client_head import RequestHeads
 from v2proxy.http.client_response import ClientResponse
 
-#: request bodies up to this size are joined with the head and written at once
 _JOIN_MAX = 64 * 1024
 _RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 _EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
@@ -146,11 +111,8 @@ class HttpClient:
     ) -> None:
         self.host = host
         self.port = port
-        #: what is connected to: ``host`` unless given (one address of a name that has several;
-        #: the Host header and the TLS server name stay ``host``)
+        #: the Host header and the TLS server name stay ``host``
         self.address = address or host
-        #: called each time a request is sent again (its reused connection ended before any
-        #: byte of answer): the ``v2proxy_backend_retries_total`` counter
         self._on_retry = on_retry
         self._ssl = ssl
         self._connect_timeout = connect_timeout
@@ -163,11 +125,9 @@ class HttpClient:
         self._closed = False
         heads = RequestHeads(host, port)
         self._name = ("https://" if ssl else "http://") + heads.authority
-        #: the origin as connect failures name it (with the address when not the name)
         self._at = self._name + (f" ({self.address})" if self.address != host else "")
         self._head = heads.build
-        #: head(method, target, headers, length): the head of a request (as :meth:`request`
-        #: writes it; remembered for headers given as a tuple: :mod:`v2proxy.http.client_head`)
+        #: head(method, target, headers, length): a request's head as :meth:`request` writes it
         self.head: Callable[[str, str, Sequence[tuple[bytes, bytes]], int | None], bytes] = (
             heads.build
         )
@@ -239,8 +199,6 @@ class HttpClient:
             except RemoteClosed:
                 self._release(conn, False)
                 if retry and conn.reused and not conn.got_answer:
-                    # the server had ended the kept connection (or did as the request went
-                    # out), no byte of answer came: once more, on a new connection
                     retry = False
                     fresh = True
                     if self._on_retry is not None:
@@ -253,9 +211,8 @@ class HttpClient:
             return ClientResponse(self, conn, read_timeout, covered)
 
     def idle_now(self) -> ClientConnection | None:
-        """A live idle connection, its slot taken, at once (for an exchange its caller drives
-        by the connection's callbacks: :meth:`ClientConnection.begin`, the request written,
-        ``on_event``; then :meth:`release`); None when none is idle or no slot is free."""
+        """A live idle connection, its slot taken, at once (for an exchange driven by the
+        connection's ``on_event``; then :meth:`release`); None when none is idle or free."""
         idle = self._idle
         slots = self._slots
         loop = self._loop
@@ -273,8 +230,7 @@ class HttpClient:
         return reused
 
     async def connection(self, deadline: float | None) -> ClientConnection:
-        """A connection and its slot (:meth:`idle_now`'s, waiting for a free slot or a new
-        connection when there is none), by ``deadline``: for the same kind of exchange."""
+        """A connection and its slot, as :meth:`idle_now` but waiting for one by ``deadline``."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         conn = self.idle_now()
@@ -284,7 +240,7 @@ class HttpClient:
 
     def release(self, conn: ClientConnection) -> None:
         """An exchange on ``conn`` (from :meth:`idle_now` or :meth:`connection`) is over: back
-        in the pool when its answer was read to the end and it may be kept, else closed."""
+        in the pool when it may be kept, else closed."""
         conn.on_event = None
         if conn.keep and conn.body_done and conn.reusable and not self._closed:
             # (_release, written out for the usual end of an exchange)
@@ -303,7 +259,6 @@ class HttpClient:
         self._release(conn, conn.keep)
 
     async def _send(self, conn: ClientConnection, head: bytes, body: StreamBody) -> None:
-        """Pipe ``body`` through as it arrives, with the transport's flow control."""
         transport = conn.transport
         transport.write(head)
         sent = 0
@@ -321,9 +276,8 @@ class HttpClient:
             raise ValueError(f"streamed body of {sent} bytes, not its length {body.length}")
 
     async def _acquire(self, deadline: float | None, fresh: bool = False) -> ClientConnection:
-        """A slot and a connection: the most recently used live idle one, or a new one (always
-        when ``fresh``: the oldest idle one is closed to keep within the limit); by
-        ``deadline`` (``loop.time()``) when one is given, else ReadTimeout."""
+        """A slot and a connection, the most recently used live idle one or a new one (always
+        when ``fresh``), by ``deadline`` when one is given, else ReadTimeout."""
         if not self._slots.try_acquire():
             if deadline is None:
                 await self._slots.acquire()
@@ -345,8 +299,6 @@ class HttpClient:
         return await self._open(deadline)
 
     def _reuse(self) -> ClientConnection | None:
-        """The most recently used live idle connection (its slot is held), or None; the dead
-        and expired ones met on the way are closed."""
         loop = self._loop
         assert loop is not None  # set by the request
         idle = self._idle
@@ -360,7 +312,6 @@ class HttpClient:
         return None
 
     async def _open(self, deadline: float | None) -> ClientConnection:
-        """A new connection (a slot is held, and released if this fails)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -421,7 +372,6 @@ class HttpClient:
             slots._value += 1  # what release() does when nobody waits
 
     def _sweep(self) -> None:
-        """Close the idle connections that expired (or ended), oldest first."""
         self._sweeper = None
         loop = self._loop
         assert loop is not None

@@ -1,51 +1,15 @@
 """One client connection of :mod:`v2proxy.http.client`: an :class:`asyncio.Protocol` that
 feeds what it receives to httptools' ``HttpResponseParser`` (llhttp) and hands the answer to the
-one coroutine waiting for it (the request's).
+one coroutine waiting for it (or, with none, to ``on_event``).
 
-Contract (RFC 9112):
-
-- Framing (§6): ``Transfer-Encoding: chunked`` (the only transfer coding accepted: no ``TE`` is
-  ever sent, §7), ``Content-Length``, or the end of the connection; none for answers to HEAD
-  and for 1xx, 204 and 304. llhttp rejects both framings together (§6.3), duplicate
-  Content-Length (even equal ones: RFC 9110 §8.6 allows either), chunk and header syntax
-  errors; rejected here too: a status outside 100-599, 101 (no upgrade is ever asked), a
-  version other than 1.0/1.1, Transfer-Encoding in an HTTP/1.0 answer, a head over
-  ``max_head`` bytes. All as :class:`ProtocolError`; an end before the answer is complete as
-  :class:`RemoteClosed`.
-- Keep-alive (§9.3): HTTP/1.1 unless ``Connection`` lists ``close``; HTTP/1.0 only when it
-  lists ``keep-alive``; never after a body delimited by the end of the connection, nor after a
-  5xx (error handlers often close right after one without saying so). Bytes past the end of an
-  answer make the connection unfit for reuse (``reusable``).
-- A Content-Length body is handed out in the transport's own ``bytes`` objects past the buffer
-  its head came in (llhttp is not fed the rest: it copies what it hands out).
-- The request's body: :meth:`ClientConnection.drain` waits out the transport's write buffer;
-  :meth:`ClientConnection.stop_sending` says when the rest is no longer wanted (§9.5).
-- An idle connection ends when the server ends it (``eof_received``/``connection_lost``: never
-  ``reusable`` again). :meth:`ClientConnection.alive`, asked right before a reuse, also looks
-  at the socket itself (one ``poll`` with no wait, 1-1.5 µs): the end (FIN, RST) or anything
-  else the server sent since the last answer may be there before the loop has read it, e.g.
-  when the server closes just after its answer without ``Connection: close`` (uvicorn after a
-  500).
-
-The answer's flow:
-
-- One waiter at a time: :meth:`ClientConnection.wait` returns at the next event of the answer
-  (head, piece, end, error), which the connection signals with ``_wake``; with no waiter,
-  ``on_event`` is called instead at the head, the end and a failure (an exchange driven by
-  callbacks: :meth:`HttpClient.idle_now <v2proxy.http.client.HttpClient.idle_now>`).
-- ``wait(idle)``: the idle-read deadline: :class:`ReadTimeout` when no byte comes for ``idle``
-  seconds while the answer is awaited.
-- :meth:`ClientConnection.set_deadline` (or :meth:`ClientConnection.begin`'s ``deadline``): the
-  whole exchange's deadline (``loop.time()`` based): when it passes before it is lifted
-  (``set_deadline(None)``, or the answer's end), the answer fails with :class:`ReadTimeout`,
-  whatever waits (the answer, or the request's body on the write buffer).
-- Both run on the connection's one :class:`~v2proxy.http.lazy_timer.LazyTimer`: a later
-  deadline (the next request's) leaves the pending timer in place, so a request costs no timer
-  call.
-- The body is kept as the pieces the transport delivered (``pieces``, ``buffered`` bytes). A
-  streamed body pauses reading from the socket above 1 MiB unconsumed and resumes below
-  256 KiB; one read whole (:meth:`ClientConnection.read_whole`) is never paused and fails with
-  :class:`AnswerTooLarge` past its ``limit``.
+- Framing (RFC 9112): chunked (no ``TE`` is ever sent), Content-Length, or the connection's end;
+  anything else is a :class:`ProtocolError`, an early end a :class:`RemoteClosed`.
+- Never kept after a read-to-close body or a 5xx (error handlers often close right after one
+  without saying so); :meth:`ClientConnection.alive` polls the socket before a reuse, as the
+  server's end may be there before the loop has read it.
+- Past its first buffer, a Content-Length body is handed out in the transport's own ``bytes``
+  (llhttp is not fed the rest: it copies what it hands out).
+- A streamed body pauses reading above 1 MiB unconsumed and resumes below 256 KiB.
 """
 
 from __future__ import annotations
@@ -70,27 +34,23 @@ from v2proxy.http.lazy_timer import LazyTimer
 __all__ = ["ClientConnection"]
 
 # What the connection expects.
-_IDLE = 0  # nothing: no answer is due, or it is complete (or failed); bytes now are unexpected
-_HEAD = 1  # the final answer's head (llhttp parses)
-_BODY = 2  # the body, parsed by llhttp (chunked, read-to-close, the first buffer of a length)
+_IDLE = 0  # no answer is due: bytes now are unexpected
+_HEAD = 1
+_BODY = 2  # parsed by llhttp (chunked, read-to-close, the first buffer of a length)
 _RAW = 3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
 
-#: a streamed answer pauses reading from the socket above this many unconsumed bytes...
 _HIGH_WATER = 1 << 20
-#: the answer's fields that frame it or bear on keeping the connection (noted as they come)
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _V11 = (1, 1)
-#: ...and resumes below this many
 _LOW_WATER = 256 * 1024
 
-#: anything the server sends to an idle connection (its end included) makes the socket readable
-#: (POLLERR and POLLHUP come unasked)
+#: anything the server sends to an idle connection, its end included (POLLERR, POLLHUP unasked)
 _POLL_READ = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
 
 
 def _http2_frames(data: bytes) -> bool:
     """Whether ``data`` opens with an HTTP/2 SETTINGS frame on stream 0, what an HTTP/2 server
-    (a gRPC port) sends first, before or instead of any answer."""
+    (a gRPC port) sends first."""
     return len(data) >= 9 and data[3] == 4 and data[5:9] == b"\0\0\0\0"
 
 
@@ -155,16 +115,14 @@ class ClientConnection(asyncio.Protocol):
         self._loop = loop
         self.whole = False
         self.limit: int | None = None
-        #: set for one answer (after :meth:`begin`): one up to this size, or not a 200, is read
-        #: whole within ``read_limit`` with no event at its head (see :meth:`on_headers_complete`)
+        #: for one answer: one up to this size, or not a 200, is read whole (no event at its head)
         self.read_upto: int | None = None
         self.read_limit: int | None = None
         self.pieces: deque[bytes] = deque()
         self.buffered = 0
         self._reading_paused = False
         self._waiter: asyncio.Future[None] | None = None
-        #: called, when no coroutine waits, at the answer's head, its end and its failure (an
-        #: exchange driven by callbacks rather than by a waiting coroutine)
+        #: called, when no coroutine waits, at the answer's head, its end and its failure
         self.on_event: Callable[[], None] | None = None
         self._timer = LazyTimer(loop, self._check_read)
         self._last_read = 0.0
@@ -176,8 +134,7 @@ class ClientConnection(asyncio.Protocol):
         self._state = _IDLE
         self._head_only = self._http2 = False
         self._seen = self._remaining = 0
-        #: what on_header saw of the framing fields: Content-Length's (first) value, and
-        #: whether any other framing field (or a second Content-Length) came
+        #: Content-Length's first value; _framed: any other framing field (or a second one) came
         self._length_field: bytes | None = None
         self._framed = False
         self.reused = self.closed = self.got_answer = self.head_done = self.body_done = False
@@ -193,8 +150,6 @@ class ClientConnection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self.idle_since = 0.0
         self._poll: select.poll | None = None
-
-    # ------------------------------------------------------------------ transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -265,8 +220,6 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writing_paused = False
         self._wake_drain()
-
-    # ------------------------------------------------------------------ llhttp callbacks
 
     def on_message_begin(self) -> None:
         if self._state != _HEAD:
@@ -341,9 +294,7 @@ class ClientConnection(asyncio.Protocol):
                 length = value  # llhttp rejects a second one
             elif name == b"transfer-encoding":
                 te = value if te is None else te + b"," + value
-        # never kept after a 5xx: a server's error handler often closes the connection right
-        # after it without saying so (uvicorn after an unhandled exception: MLServer, KServe),
-        # and the next request would race that close
+        # never kept after a 5xx: error handlers often close right after one without saying so
         if self._head_only:
             self.keep = self._keep_alive() and status < 500
             self.content_length = 0
@@ -367,8 +318,6 @@ class ClientConnection(asyncio.Protocol):
         if self._head_only:
             self._complete()
         elif self.read_upto is not None:
-            # read whole with no event at its head: not a 200 over read_upto bytes or of
-            # unknown length (streamed), nor one over read_limit (its event fails it)
             known = self.content_length
             if self.status != 200 or (known is not None and known <= self.read_upto):
                 limit = self.read_limit
@@ -382,8 +331,8 @@ class ClientConnection(asyncio.Protocol):
             self._wake_drain()  # a body still being sent may stop (see stop_sending)
 
     def _keep_alive(self) -> bool:
-        """Keep-alive by the version and ``Connection``'s tokens (for answers to HEAD, which
-        llhttp, not knowing the method, would take as delimited by the connection's end)."""
+        """Keep-alive for answers to HEAD, which llhttp, not knowing the method, would take as
+        delimited by the connection's end."""
         tokens = {
             t.strip() for n, v in self.headers if n == b"connection" for t in v.lower().split(b",")
         }
@@ -394,9 +343,8 @@ class ClientConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self._state != _BODY:
-            # bytes past an answer to HEAD, which llhttp (not knowing the method) takes for
-            # the body its Content-Length announces: the connection is not reused (the parser,
-            # left inside that "body", is replaced before the next exchange)
+            # bytes past an answer to HEAD, which llhttp takes for the body its Content-Length
+            # announces (the parser, left inside it, is replaced before the next exchange)
             self.reusable = False
             return
         if self._remaining:
@@ -420,8 +368,6 @@ class ClientConnection(asyncio.Protocol):
                 event = self.on_event
                 if event is not None:
                     event()
-
-    # ------------------------------------------------------------------ state changes
 
     def _complete(self) -> None:
         self._state = _IDLE
@@ -456,11 +402,8 @@ class ClientConnection(asyncio.Protocol):
         self._wake()
         self._wake_drain()
 
-    # ------------------------------------------------------------------ for the request
-
     def begin(self, head_only: bool, deadline: float | None = None) -> None:
-        """Expect a new answer (the connection is fresh or its last answer was complete), by
-        ``deadline`` when one is given (as :meth:`set_deadline`)."""
+        """Expect a new answer, by ``deadline`` when one is given (as :meth:`set_deadline`)."""
         if self._stale:
             self._parser = httptools.HttpResponseParser(self)
         self._stale = self._head_only = head_only
@@ -477,7 +420,7 @@ class ClientConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is over its high-water mark (or until the
-        connection ends, the answer fails or its head comes: the caller looks)."""
+        connection ends, the answer fails or its head comes)."""
         while self.writing_paused and not self.stop_sending() and self.error is None:
             fut = self._loop.create_future()
             self._drain = fut
@@ -489,9 +432,8 @@ class ClientConnection(asyncio.Protocol):
         return self.closed or (self.head_done and not self.keep)
 
     def alive(self) -> bool:
-        """Fit to carry the next exchange (asked of an idle connection right before reuse): not
-        ended nor unfit, and nothing waiting on its socket, where an idle connection's server
-        sends nothing but its end. Closes the connection when not."""
+        """Fit to carry the next exchange (asked right before reuse): not ended nor unfit, and
+        nothing waiting on its socket. Closes the connection when not."""
         if self.reusable and not self.transport.is_closing():
             poll = self._poll
             if poll is None or not poll.poll(0):
@@ -511,8 +453,6 @@ class ClientConnection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    # ------------------------------------------------------------------ the answer's flow
-
     def _push(self, piece: bytes) -> None:
         self.pieces.append(piece)
         self.buffered += len(piece)
@@ -527,9 +467,8 @@ class ClientConnection(asyncio.Protocol):
                 self._wake()
 
     def wait(self, idle: float | None) -> asyncio.Future[None]:
-        """To be awaited: done at the next event of the answer (head, piece, end, error);
-        ``idle``: the idle-read deadline (ReadTimeout). A future, not a coroutine: one object
-        per wait. Cancelled (the caller gave up), it is no longer waited on."""
+        """Done at the next event of the answer (head, piece, end, error); ReadTimeout when no
+        byte comes for ``idle`` seconds. A future, not a coroutine: one object per wait."""
         fut = self._loop.create_future()
         self._waiter = fut
         if idle is None:
@@ -552,8 +491,8 @@ class ClientConnection(asyncio.Protocol):
             self._timer.at(when)
 
     def _check_read(self) -> float | None:
-        """The timer came due: the answer fails when its deadline or its idle-read limit has
-        passed; else when to look again (None: nobody waits, the next wait arms again)."""
+        """Fails the answer past its deadline or idle-read limit; else when to look again (None:
+        nobody waits, the next wait arms again)."""
         now = self._loop.time()
         due = self._deadline
         if due is not None and now >= due:
@@ -572,7 +511,6 @@ class ClientConnection(asyncio.Protocol):
         return due
 
     def _disarm(self) -> None:
-        """Stop the timer (the connection ended)."""
         self._deadline = None
         self._timer.close()
 
@@ -598,8 +536,7 @@ class ClientConnection(asyncio.Protocol):
         body = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
         if self._reading_paused:
-            # the whole answer had come before anyone read it (reading paused over the high
-            # water mark): the connection reads again before it can carry the next exchange
+            # the whole answer came before anyone read it: read again before the next exchange
             self._reading_paused = False
             self.transport.resume_reading()
         self.buffered = 0

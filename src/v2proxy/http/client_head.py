@@ -1,18 +1,10 @@
 """The head of each request of :mod:`v2proxy.http.client` (RFC 9112 §3, RFC 9110 §5.5), built
 and checked in one pass; pure (no I/O).
 
-Contract:
-
-- ``Host`` (``host:port``, IPv6 bracketed, IDNA when the name is not ASCII) and, when a length
-  is given, ``Content-Length`` are written here; the caller's headers go out as the bytes they
-  are, the target as the latin-1 bytes of its characters (those of a target decoded from
-  latin-1).
-- :class:`ValueError` for CR, LF or NUL in a header, a header name that is not a token or one
-  the client sets itself (framing, hop-by-hop), a method that is not a token, a target that is
-  not origin-form or holds a control, a space or a character past U+00FF.
-- Headers given as a ``tuple`` are taken as fixed (never changed): the head up to
-  ``Content-Length`` is remembered per (method, target) with the one tuple last seen there, and
-  built with one join (no per-header pass, no check again) while the same tuple comes back.
+``Host`` and Content-Length are written here. :class:`ValueError` for CR, LF or NUL in a header,
+a header name that is not a token or one the client sets itself (framing, hop-by-hop), or a
+target that is not origin-form. Headers given as a ``tuple`` are taken as fixed: the head up to
+Content-Length is remembered per (method, target) with that tuple and not checked again.
 """
 
 from __future__ import annotations
@@ -32,14 +24,13 @@ def _bad_token(name: bytes) -> bool:
     return not name or bool(name.translate(None, _TCHAR))
 
 
-#: request lines (with Host) and header names remembered as valid, per client, at most
+#: request lines and header names remembered as valid, per client, at most
 _CACHED = 1024
 
 
 class RequestHeads:
-    """Request heads for one origin (``authority``: its ``host:port``); the header names and
-    request lines (method, target) found valid are remembered (small, bounded caches) and not
-    checked again."""
+    """Request heads for one origin (``authority``: its ``host:port``); header names and
+    request lines found valid are remembered (bounded) and not checked again."""
 
     __slots__ = ("_fixed", "_host_line", "_lines", "_names_ok", "authority")
 
@@ -71,7 +62,6 @@ class RequestHeads:
             return b"%sContent-Length: %d\r\n\r\n" % (fixed[1], length)
         head = self._build(method, target, headers, length)
         if type(headers) is tuple and (fixed is not None or len(self._fixed) < _CACHED):
-            # the part before Content-Length (or the final CRLF), checked with the rest
             end = (
                 len(head)
                 - 2

@@ -1,19 +1,9 @@
 """An answer of :mod:`v2proxy.http.client` whose head is in: its body read whole or in pieces,
-once, from its :class:`~v2proxy.http.client_conn.ClientConnection`, which goes back to the pool
-when the body was read to its end.
+once; its connection goes back to the pool when the body was read to its end.
 
-Contract:
-
-- :meth:`ClientResponse.iter_chunks` hands pieces out as the transport delivered them (no copy
-  of a Content-Length body past its first buffer); reading pauses above 1 MiB unconsumed and
-  resumes below 256 KiB. :meth:`ClientResponse.read` buffers the whole body (an
-  :class:`AnswerTooLarge` over its ``limit``).
-- Every wait for the next bytes of the body fails with :class:`ReadTimeout` after the
-  request's ``read_timeout`` without one; the request's ``call_timeout`` (its deadline) goes on
-  covering the body until it is read or given up, or until :meth:`ClientResponse.stream` lifts
-  it. A failed or cancelled read closes the connection; so does :meth:`ClientResponse.close`
-  before the end. An answer must be read to its end or closed.
-- An answer that came whole with its head (the usual small one) frees its connection at once.
+An answer must be read to its end or closed; a failed or cancelled read closes the connection.
+The request's ``call_timeout`` goes on covering the body until :meth:`ClientResponse.stream`
+lifts it. An answer that came whole with its head frees its connection at once.
 """
 
 from __future__ import annotations
@@ -63,10 +53,8 @@ class ClientResponse:
         self.status = conn.status
         self.reason = conn.reason
         self.version = conn.version
-        #: names lowercased, values as received
         self.headers = conn.headers
-        #: the body's length: from Content-Length, 0 when there is none (HEAD, 204, 304),
-        #: None when chunked or delimited by the end of the connection
+        #: 0 for HEAD, 204, 304; None when chunked or read to the connection's end
         self.content_length = conn.content_length
         self.chunked = conn.chunked
         self.keep_alive = conn.keep
@@ -76,7 +64,7 @@ class ClientResponse:
         self._covered = covered
         self._body: bytes | None = None
         self._conn: ClientConnection | None = conn
-        if conn.body_done:  # the usual small answer came whole: the connection is free now
+        if conn.body_done:  # the usual small answer came whole
             self._body = conn.take_all()
             self._conn = None
             client._release(conn, conn.keep)
@@ -91,7 +79,7 @@ class ClientResponse:
 
     def stream(self) -> None:
         """Lift the call's deadline: the rest of the body is bounded by ``read_timeout`` between
-        its pieces only (an answer streamed on as it comes)."""
+        its pieces only."""
         self._covered = False
         if self._conn is not None:
             self._conn.set_deadline(None)

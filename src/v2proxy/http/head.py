@@ -1,27 +1,11 @@
 """What a complete request head means to the server, or why it is refused (RFC 9112 §2.3, §3.2,
 §6, §9.3; RFC 9110 §7.8 Upgrade, §10.1.1 Expect).
 
-Pure: no I/O, no state. :func:`check_head` reads what llhttp parsed (version, method, and
-whether llhttp would switch protocols after the head) plus the target and header fields the
-connection collected (names lowercased) and llhttp's keep-alive verdict (which, for most
-heads, tells HTTP/1.1 without asking for the version), and returns the framing facts of
-:data:`Head` or raises :class:`Rejection` with the status and the fixed message to answer.
-Checks run in this order, the first failing one wins:
-
-- 505: a version other than 1.0/1.1;
-- 400: ``CONNECT``; a target not in origin-form (absolute-form, ``*``, authority-form);
-- in header order: 400 any Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1: its
-  framing is faulty, whatever else it carries); 501 a transfer coding other than ``chunked``;
-  417 an Expect other than ``100-continue``;
-- 400: Content-Length together with Transfer-Encoding; 413: Content-Length over
-  ``max_body_size``; 400: an Upgrade request (one llhttp would switch protocols after) with a
-  body. An Upgrade without a body is served as if the header were absent.
-
-llhttp has already refused a Content-Length that is not all digits and any repeated one, so
-the value is parsed as is. The limits on the fields while the head arrives are measured here
-(:func:`fields_size`, :func:`fields_over`: 431 for too many fields or too many bytes of them,
-whichever came first) and applied by the connection (:mod:`.server_conn`), which also bounds
-the target's length.
+Pure: :func:`check_head` reads what llhttp parsed plus the fields the connection collected
+(names lowercased), and returns the framing facts of :data:`Head` or raises :class:`Rejection`
+with the status and fixed message to answer; the first failing check wins. An Upgrade without a
+body is served as if the header were absent. llhttp has already refused a Content-Length that
+is not all digits and any repeated one.
 """
 
 from __future__ import annotations
@@ -30,8 +14,7 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Protocol
 
-#: (method, version, content_length, chunked, keep_alive, expect_continue): ``expect_continue``
-#: only when the request is HTTP/1.1 and has a body; ``keep_alive`` per RFC 9112 §9.3
+#: (method, version, content_length, chunked, keep_alive, expect_continue)
 Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
 
 _V11, _V10 = (1, 1), (1, 0)
@@ -40,7 +23,6 @@ _SLASH = ord("/")
 #: the fields llhttp's keep-alive verdict reads
 _CONNECTION = frozenset((b"connection", b"proxy-connection"))
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
-#: the fields that the framing facts come from (the rest are skipped at once)
 FRAMING = _FRAMING = frozenset(
     (
         b"content-length",
@@ -82,15 +64,8 @@ def check_head(
     length_field: bytes | None = None,
 ) -> Head:
     """The framing facts of a complete head; :class:`Rejection` when it is refused.
-
-    ``keeps_alive``: llhttp's ``should_keep_alive()`` at the end of this head. llhttp takes only
-    versions 0.9, 1.0, 1.1 and 2.0, and with no Connection or Proxy-Connection field it keeps
-    only an HTTP/1.1 request alive: then the version need not be asked (a formatted string
-    each time). A head with such a field, and a refused one, is checked again with the
-    version asked.
-
-    ``framed=False``: the caller saw no framing field among ``headers`` but Content-Length,
-    whose value is ``length_field``: the usual head is then taken without a look at each field."""
+    ``keeps_alive`` (llhttp's verdict) with no Connection field means HTTP/1.1, so the version
+    need not be asked; ``framed=False``: no framing field but Content-Length was seen."""
     if keeps_alive and not framed:
         method = _METHODS.get(parser.get_method())
         if method is not None and target and target[0] == _SLASH:
@@ -169,8 +144,8 @@ def fields_size(fields: Sequence[tuple[bytes, bytes]]) -> int:
 def fields_over(
     fields: Sequence[tuple[bytes, bytes]], max_bytes: int, max_fields: int
 ) -> tuple[int, str] | None:
-    """The 431 due to the fields gathered so far — over ``max_bytes`` of them or over
-    ``max_fields`` fields, whichever limit the fields crossed first — or None."""
+    """The 431 due to the fields gathered so far (whichever limit they crossed first), or
+    None."""
     if fields_size(fields) <= max_bytes and len(fields) <= max_fields:
         return None
     size = 0

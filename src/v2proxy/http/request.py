@@ -1,19 +1,11 @@
 """One request of a server connection (:mod:`.server_conn`); its answer is written by
 :class:`~v2proxy.http.response.HttpResponse`. Both reach their connection through
-:class:`ConnectionSide`, the little of it they use.
+:class:`ConnectionSide`.
 
-:class:`HttpRequest` is filled by the connection's parser callbacks: the head once it is
-complete, then the body in the ``bytes`` pieces llhttp delivers, kept in a deque until the
-handler takes them with :meth:`HttpRequest.read` or :meth:`HttpRequest.chunks`. The connection
-pauses reading from the socket while more than :data:`HIGH_WATER` bytes wait here and resumes
-below :data:`LOW_WATER`. Nothing is allocated from a Content-Length: the buffers grow as bytes
-arrive.
-
-Errors: :class:`ClientDisconnected` (a :class:`ConnectionError`) when the client went away or
-stopped reading for ``write_timeout``; :class:`BodyError` subclasses carry the status the server
-answers when the handler lets them propagate: :class:`BodyTooLarge` (413) and
-:class:`BodyTimeout` (408). :func:`unless_gone` runs a long handler step that ends when the
-client goes away.
+The body arrives in the ``bytes`` pieces llhttp delivers; the connection pauses reading while
+more than :data:`HIGH_WATER` bytes wait and resumes below :data:`LOW_WATER`. Nothing is
+allocated from a Content-Length. :class:`BodyError` subclasses carry the status the server
+answers when a handler lets them propagate.
 """
 
 from __future__ import annotations
@@ -29,9 +21,7 @@ from v2proxy.http.head import Head
 
 T = TypeVar("T")
 
-#: reading from the socket pauses while more body bytes than this wait for the handler...
 HIGH_WATER = 1 << 20
-#: ...and resumes below this many
 LOW_WATER = 256 * 1024
 
 
@@ -68,21 +58,15 @@ class BodyTimeout(BodyError):
 
 
 class ConnectionSide(Protocol):
-    """The connection's side of a request and its answer (what :class:`HttpRequest` and
-    :class:`~v2proxy.http.response.HttpResponse` use of
-    :class:`~v2proxy.http.server_conn.Connection`)."""
+    """What a request and its answer use of :class:`~v2proxy.http.server_conn.Connection`."""
 
     limits: ServerLimits
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     client: tuple[str, int] | None
-    #: the client has gone away
     lost: bool
-    #: reading paused for a body with too many unread bytes
     body_paused: bool
-    #: the transport's write buffer is over its high-water mark
     writing_paused: bool
-    #: the connection closes after the answer in progress
     closing_after: bool
 
     def watch_gone(self) -> asyncio.Future[None]:
@@ -147,8 +131,6 @@ class HttpRequest:
         headers: list[tuple[bytes, bytes]],
         head: Head,
     ) -> None:
-        """``split``: the target's path and query (:func:`split_target`), ``head``: what the
-        head means (:func:`~v2proxy.http.head.check_head`)."""
         self._conn = conn
         self.target = target
         self.path, self.query = split
@@ -164,8 +146,7 @@ class HttpRequest:
         self._waiter: asyncio.Future[None] | None = None
         self._expect = expect  # 100-continue asked and not yet sent
         self._consuming = False
-        #: what a handler made of the request, kept for the next that would make it again (a
-        #: quick handler that declines, then the serving task's)
+        #: what a quick handler that declined made of the request, for the serving task's
         self.state: Any = None
 
     def header(self, name: bytes) -> bytes | None:
@@ -176,16 +157,13 @@ class HttpRequest:
         return None
 
     def gone(self) -> asyncio.Future[None]:
-        """A future done when the client goes away or closes its sending side (at once if it
-        has): a handler doing long work without reading or writing waits on it beside that
-        work to give the work up. A client that half-closes and waits for the answer is taken
-        as gone here, as uvicorn takes it; ordinary handlers still answer it."""
+        """Done when the client goes away or half-closes (as uvicorn takes it), for a handler
+        doing long work without reading or writing."""
         return self._conn.watch_gone()
 
     def whole(self, limit: int, take: bool = True) -> bytes | None:
         """The whole body when it is all here in one piece within ``limit`` bytes and not
-        chunked (the usual small one: taken without awaiting), else None (then :meth:`read`
-        it). ``take=False``: only looked at (it stays to be taken or read)."""
+        chunked, else None (then :meth:`read` it). ``take=False``: only looked at."""
         chunks = self._chunks
         if (
             self._complete
@@ -283,8 +261,6 @@ class HttpRequest:
         finally:
             self._waiter = None
 
-    # -- called by the connection --
-
     def _wake(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
@@ -298,10 +274,8 @@ class HttpRequest:
 
 
 async def unless_gone(r: HttpRequest, work: Coroutine[Any, Any, T]) -> T:
-    """``work``'s result, or :class:`ClientDisconnected` when the client goes away first (then
-    ``work`` is cancelled, and with it the backend call it waits on). For handlers that may
-    wait long without reading or writing (an LLM's whole generation); the task it costs is
-    not worth it for short requests."""
+    """``work``'s result, or :class:`ClientDisconnected` (``work`` cancelled) when the client
+    goes away first. For long waits only (an LLM's generation): it costs a task."""
     task = asyncio.ensure_future(work)
     try:
         await asyncio.wait((task, r.gone()), return_when=asyncio.FIRST_COMPLETED)

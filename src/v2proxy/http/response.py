@@ -1,19 +1,10 @@
 """The writer of the answer to one :class:`~v2proxy.http.request.HttpRequest`.
 
-:class:`HttpResponse` frames the answer: Content-Length for :meth:`HttpResponse.send` and for
-:meth:`HttpResponse.start` with a known length; chunked (HTTP/1.1) or close-delimited (HTTP/1.0)
-for a streamed answer of unknown length. The head and a body up to :data:`JOIN_MAX` bytes go out
-in one ``transport.write``; larger bodies are written buffer by buffer, never joined. Every
-write honours transport flow control and ``write_timeout``. Header values are sent as given but
-refused (``ValueError``) when a name or value holds CR or LF (no response splitting): the
-fields are joined in one go and the joined text is counted once for CR and LF, which only the
-separators may hold.
-
-A connection keeps one :class:`HttpResponse` and renews it (:meth:`HttpResponse.renew`) for each
-of its requests in turn: a handler uses the one it is given until it returns, never after.
-
-A client that went away (or stopped reading for ``write_timeout``) is
-:class:`~v2proxy.http.request.ClientDisconnected`.
+Content-Length framing for :meth:`HttpResponse.send` and a known length; chunked (HTTP/1.1) or
+close-delimited (HTTP/1.0) otherwise. The head and a body up to :data:`JOIN_MAX` bytes go out in
+one write. A header name or value holding CR or LF is refused (``ValueError``: no response
+splitting). A connection keeps one :class:`HttpResponse`, renewed for each request: a handler
+uses it only until it returns.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ from http import HTTPStatus
 from v2proxy.http import Buffer
 from v2proxy.http.request import ClientDisconnected, ConnectionSide, HttpRequest
 
-#: answers with a body up to this size are joined with their head into one write
 JOIN_MAX = 64 * 1024
 
 STATUS_LINES: dict[int, bytes] = {
@@ -64,19 +54,18 @@ class HttpResponse:
         self.renew(req)
 
     def renew(self, req: HttpRequest) -> None:
-        """Start over as the writer of the answer to ``req`` (the connection's next request)."""
+        """Start over as the writer of the answer to ``req``."""
         self._req = req
         self.started = self._ended = self._chunked = False
         self._remaining = -1  # bytes of a Content-Length answer still due; -1: not so framed
         self._head_only = req.method == "HEAD"
-        #: set by a quick handler while it holds the request: called when the server cuts the
-        #: connection (shutdown past its grace), as the serving task would be cancelled
+        #: set by a quick handler: called when the server cuts the connection, as the serving
+        #: task would be cancelled
         self.on_cut: Callable[[], None] | None = None
 
     def _head(
         self, status: int, headers: list[tuple[bytes, bytes]], framing: bytes
     ) -> list[Buffer]:
-        """The answer's head in pieces, to be joined (with a short body) in one go."""
         if self.started:
             raise RuntimeError("the answer has already started")
         if status < 200:
@@ -98,10 +87,8 @@ class HttpResponse:
     def send_now(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
     ) -> bool:
-        """:meth:`send` of the usual answer (headers, a body of at most :data:`JOIN_MAX`
-        bytes, a status with a body, a client still there) in one write, without awaiting:
-        True when written (the caller then minds :attr:`paused`); False, nothing written,
-        when the answer is not of that kind (then :meth:`send` it)."""
+        """:meth:`send` of the usual small answer in one write, without awaiting: True when
+        written (the caller then minds :attr:`paused`), False when not of that kind."""
         conn = self._conn
         size = len(body)
         if (
@@ -145,8 +132,7 @@ class HttpResponse:
         await self._conn.drain()
 
     def finished(self) -> None:
-        """The answer of a quick handler (:data:`~v2proxy.http.server_conn.QuickHandler`) is
-        over, written or given up: the connection goes on with its next request."""
+        """A quick handler's answer is over, written or given up: the connection goes on."""
         self.on_cut = None
         self._conn.answered(self._req)
 

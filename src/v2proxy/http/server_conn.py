@@ -1,53 +1,17 @@
 """One server connection: the :class:`asyncio.Protocol` that parses requests as their bytes
-arrive and serves them in order (RFC 9112 §2-§7 and §9: parsing, persistence, pipelining,
-closing; llhttp via httptools).
+arrive and serves them in order (RFC 9112: parsing, persistence, pipelining, closing; llhttp via
+httptools). It is also the connection's side of its requests and answers
+(:class:`~v2proxy.http.request.ConnectionSide`).
 
-:class:`Connection` is the whole connection in one object: llhttp's callbacks, its one timer,
-the serving task, flow control and closing; and it is the connection's side of its requests and
-answers (:class:`~v2proxy.http.request.ConnectionSide`: ``Connection`` header, ``100 Continue``,
-write flow control under ``write_timeout``, abort). Its server is an :class:`Owner`.
-
-Parsing. llhttp's callbacks build an :class:`~v2proxy.http.request.HttpRequest` per head, queue
-it, start the serving task when none runs, and hand it the body pieces as they arrive. While the
-head arrives: 414 for a target over ``max_request_line``; 431 for over ``max_headers`` fields or
-``max_header_bytes`` of head, whichever was crossed first (the fields are only gathered per
-callback and checked once: at the head's end, or where a piece of input ends inside it; trailers
-count too, each as it arrives). At its end,
-:func:`~v2proxy.http.head.check_head` says what it means or why it is refused. Also 431/400 when
-more than ``max_header_bytes`` arrive without a callback (a field being accumulated; chunk
-framing or trailers); 400 with llhttp's reason (a fixed text, printable ASCII, never the
-client's bytes) for what it cannot parse; 505 for HTTP/2's preface. A chunked body growing over
-``max_body_size`` fails the handler's read with :class:`~v2proxy.http.request.BodyTooLarge`. A
-declined Upgrade (one without a body) continues with a fresh parser on the bytes after its head.
-Input is parsed in slices of :data:`_SLICE` bytes; while :data:`MAX_PIPELINE` requests wait, the
-rest is kept in ``backlog`` and reading pauses.
-
-Serving. One task per connection (started with its first complete head, parked while the queue
-is empty, woken by the next head, ended when the connection closes) runs the handler on each
-request in turn, each after the previous answer is complete. Reading pauses while
-:data:`MAX_PIPELINE` requests wait, while a body has more than ``request.HIGH_WATER`` bytes
-unread, or while input is kept in ``backlog``. After each answer: the connection closes
-(lingering) when the request or answer was not keep-alive, or the client half-closed; a body the
-handler left unread is dropped up to :data:`DISCARD_MAX` bytes (``discarding``), else the
-connection closes. The handler raising :class:`~v2proxy.http.request.BodyError` -> its status;
-``ClientDisconnected`` -> the connection ends; anything else -> logged once, 500 ``internal
-error: <ExcClassName>``; returning without ending its answer -> 500 ``internal error: no
-answer``; an answer already started -> abort. A refusal (``_error``) is answered after the
-requests ahead of it, with ``Connection: close``. Closing after an answer half-closes first and
-drains input for :data:`LINGER` seconds, so that unread request bytes do not reset the
-connection before the client reads the answer.
-
-The one timer, a :class:`~v2proxy.http.lazy_timer.LazyTimer` (a later deadline leaves the
-pending handle in place; it re-arms itself when it fires early).
-:meth:`Connection._arm` picks the deadline from the connection's state:
-
-- none while the server holds reading back (paused or refusing): no read deadline runs;
-- ``header_timeout`` from a head's first byte -> 408; also on a new connection (silent close);
-- ``body_timeout`` without a body byte (100-continue not yet sent: none) -> the handler's
-  read raises :class:`~v2proxy.http.request.BodyTimeout`, the connection closes;
-- ``keepalive_timeout`` while idle between requests -> silent close;
-- :data:`LINGER` after a half-close, or ``write_timeout`` to flush on close -> close, or
-  abort when answer bytes are still unsent.
+- Head limits give 414 and 431, checked at the head's end or where a piece of input ends
+  inside it; a parse error gives 400 with llhttp's reason (a fixed text, never the client's
+  bytes); HTTP/2's preface 505. A declined Upgrade continues with a fresh parser.
+- One serving task per connection runs the handler on each request in turn; reading pauses
+  while :data:`MAX_PIPELINE` requests wait or a body has too many unread bytes.
+- Closing after an answer half-closes and drains input for :data:`LINGER` seconds, so that
+  unread request bytes do not reset the connection before the client reads the answer.
+- One :class:`~v2proxy.http.lazy_timer.LazyTimer` carries the deadline the state calls for
+  (:meth:`Connection._arm`).
 """
 
 from __future__ import annotations
@@ -81,13 +45,12 @@ Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 
 
 class QuickHandler(Protocol):
-    """A handler that may take a request at once, from the parser's callback, when the request
-    is whole and nothing is ahead of it (else the serving task's :data:`Handler` serves it)."""
+    """A handler that may take a whole request at once, from the parser's callback, when
+    nothing is ahead of it (else the serving task's :data:`Handler` serves it)."""
 
     def wants(self, request: HttpRequest) -> bool:
-        """Asked at the head of a request with a short body still arriving: whether to wait
-        for the rest of it (at most :data:`QUICK_BODY` bytes) before the request is started,
-        so that :meth:`take` may have it."""
+        """Whether to wait for the rest of a short body (at most :data:`QUICK_BODY` bytes)
+        before the request is started, so that :meth:`take` may have it."""
         ...
 
     def take(self, request: HttpRequest, response: HttpResponse) -> bool:
@@ -96,14 +59,10 @@ class QuickHandler(Protocol):
         ...
 
 
-#: requests parsed and not yet answered (the one in hand included) before reading pauses
 MAX_PIPELINE = 16
-#: an unread request body is read and dropped up to this many bytes, else the connection closes
 DISCARD_MAX = 64 * 1024
-#: seconds a closing connection keeps draining input after its last answer
 LINGER = 1.0
 _SLICE = 64 * 1024  # input is parsed in slices of this size, to stop when the queue is full
-#: a body up to this size is waited for before its request is started (:meth:`_awaits_body`)
 QUICK_BODY = 64 * 1024
 
 #: what the connection's one timer is for
@@ -114,7 +73,7 @@ _CLOSE = b"Connection: close\r\n\r\n"
 
 
 class _NoCallbacks:
-    """The protocol of :data:`CLOSED_PARSER`: llhttp finds no callback on it."""
+    """The protocol of :data:`CLOSED_PARSER`: no callbacks."""
 
 
 #: the parser a lost connection keeps instead of its own (which holds it in a reference cycle)
@@ -179,17 +138,14 @@ class Connection(asyncio.Protocol):
         self.limits: ServerLimits = server.limits
         self.handler: Handler = server.handler
         self.quick: QuickHandler | None = server.quick
-        #: the answer writer, one per connection, renewed for each request (:meth:`_response`)
         self.response: HttpResponse | None = None
-        #: the request whose head came while nothing was served: started once its body is in,
-        #: or once the piece of input it arrived in is parsed (:meth:`_start`)
+        #: a request came while nothing was served: started once its body is in (:meth:`_start`)
         self.starting = False
         self.transport = cast(asyncio.Transport, None)
         self.parser = httptools.HttpRequestParser(self)
         self.client: tuple[str, int] | None = None
         self.queue: deque[HttpRequest | tuple[int, str]] = deque()
-        #: the serving task: started with the first request, parked (on ``parked``) while no
-        #: request waits, ended when the connection closes; ``serving``: it has requests
+        #: the serving task, parked on ``parked`` while no request waits
         self.cycle: asyncio.Task[None] | None = None
         self.parked: asyncio.Future[None] | None = None
         self.serving = False
@@ -197,10 +153,9 @@ class Connection(asyncio.Protocol):
         self.parsing: HttpRequest | None = None  # the request whose body is arriving
         self.in_head = False
         self.url = b""
-        #: the last request target and its path and query (split_target)
         self.split: tuple[bytes, tuple[str, bytes]] = (b"", ("", b""))
         self.headers: list[tuple[bytes, bytes]] = []
-        #: the head being parsed has a framing field other than Content-Length; the latter's value
+        #: the head has a framing field other than Content-Length
         self.framed = False
         self.length_field: bytes | None = None
         self.head_size = self.received = self.discarded = self.stall = 0
@@ -210,15 +165,12 @@ class Connection(asyncio.Protocol):
         self.rejection: tuple[int, str] | None = None
         self.reading_paused = self.body_paused = self.writing_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
-        #: done when the connection is lost (made on demand: :meth:`watch_gone`)
         self.gone: asyncio.Future[None] | None = None
         self.lost = self.closed = self.broken = self.closing_after = self.eof = False
         self.timer = LazyTimer(loop, self._on_timer)
         self.timer_kind = NONE
         self.deadline = 0.0
         self.backlog: bytearray | None = None
-
-    # -- transport events --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = cast(asyncio.Transport, transport)
@@ -276,9 +228,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.closed = self.broken = True
         self.timer.close()
-        # The parser calls back into this connection: a reference cycle that only the garbage
-        # collector's rare full passes would free (with the connection's buffers), and
-        # memory would creep up between them. Nothing parses any more.
+        # the parser calls back into this connection: a cycle only the collector's rare full
+        # passes would free, with the connection's buffers
         self.parser = CLOSED_PARSER
         self.response = self.answer = None  # (each holds this connection: a cycle too)
         gone = ClientDisconnected("client went away")
@@ -307,11 +258,8 @@ class Connection(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    # -- serving --
-
     async def _serve(self) -> None:
-        """Answer the queued requests in order, then park until the next one arrives (one
-        task per connection, not per request); ends when the connection closes."""
+        """Answer the queued requests in order, then park until the next one arrives."""
         queue = self.queue
         try:
             while True:
@@ -405,8 +353,6 @@ class Connection(asyncio.Protocol):
             self.transport.write(error_answer(status, message))
             self._close(linger=True)
 
-    # -- parsing --
-
     def _feed(self, data: bytes | bytearray) -> None:
         if len(data) <= _SLICE:
             self._feed_piece(data)
@@ -434,8 +380,7 @@ class Connection(asyncio.Protocol):
 
     def _parse_failed(self, data: bytes | bytearray | memoryview, exc: Exception) -> None:
         if isinstance(exc, httptools.HttpParserUpgrade):
-            # llhttp stops after an Upgrade request (one without a body: on_headers_complete
-            # saw to it); the upgrade is declined, so the bytes after it are the next request.
+            # llhttp stops after an Upgrade request; declined, the bytes after it are the next
             self.parser = httptools.HttpRequestParser(self)
             offset = int(exc.args[0])
             if offset < len(data) and not self.broken:
@@ -457,8 +402,8 @@ class Connection(asyncio.Protocol):
             self._error(400, f"malformed HTTP request: {_reason(exc)}")
 
     def _parsed(self, n: int) -> None:
-        """After a piece of ``n`` bytes parsed: the limits of a head still arriving, and the
-        bound on bytes that made no callback."""
+        """After a piece of ``n`` bytes: the limits of a head still arriving, and the bound on
+        bytes that made no callback (a field being accumulated, chunk framing)."""
         if self.in_head:
             self.head_split = True
             over = self._head_over()
@@ -469,8 +414,6 @@ class Connection(asyncio.Protocol):
             self.progress = False
             self.stall = 0
         elif self.in_head or self.parsing is not None:
-            # bytes that made no callback: a header or trailer still being accumulated, chunk
-            # framing; bounded like the head
             self.stall += n
             if self.stall > self.limits.max_header_bytes:
                 if self.in_head:
@@ -479,16 +422,12 @@ class Connection(asyncio.Protocol):
                     self._error(400, "chunk framing or trailers too large")
 
     def _head_over(self) -> tuple[int, str] | None:
-        """The 431 due to the fields gathered so far (:func:`~v2proxy.http.head.fields_over`),
-        or None."""
         limits = self.limits
         return fields_over(self.headers, limits.max_header_bytes, limits.max_headers)
 
     def _reject(self, status: int, message: str) -> _Reject:
         self.rejection = (status, message)
         return _Reject()
-
-    # -- llhttp callbacks --
 
     def on_message_begin(self) -> None:
         self.in_head = self.progress = True
@@ -506,8 +445,7 @@ class Connection(asyncio.Protocol):
             raise self._reject(414, "request target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # the head's fields are only gathered here: their limits are checked once, when the
-        # head is complete or the piece is parsed (_head_over)
+        # only gathered here: their limits are checked once per piece (_head_over)
         self.progress = True
         if self.in_head:
             name = name.lower()
@@ -614,8 +552,6 @@ class Connection(asyncio.Protocol):
         if self.starting:
             self._start()
 
-    # -- starting a request, and the quick handler's end --
-
     def _response(self, req: HttpRequest) -> HttpResponse:
         """The connection's answer writer, renewed for ``req`` (renew, written out)."""
         resp = self.response
@@ -631,10 +567,8 @@ class Connection(asyncio.Protocol):
         return resp
 
     def _awaits_body(self) -> bool:
-        """Whether the request whose head came waits for the rest of its body before it is
-        started: a short one (at most :data:`QUICK_BODY` bytes, its length known, no
-        ``100-continue`` to send) that nothing has failed, so that the quick handler may take
-        it whole (the body's deadline runs meanwhile)."""
+        """Whether the request whose head came waits for the rest of a short body, so that the
+        quick handler may take it whole (the body's deadline runs meanwhile)."""
         req = self.parsing
         quick = self.quick
         return (
@@ -667,7 +601,6 @@ class Connection(asyncio.Protocol):
         self._serve_queue()
 
     def _serve_queue(self) -> None:
-        """The serving task takes the queue: woken when parked, else started."""
         parked = self.parked
         if parked is not None:
             if not parked.done():
@@ -676,8 +609,8 @@ class Connection(asyncio.Protocol):
             self.cycle = self.loop.create_task(self._serve())
 
     def answered(self, req: HttpRequest) -> None:
-        """The quick handler's answer to ``req`` is complete (or was given up): the connection
-        goes on as after a handler's answer (closing, or the next request)."""
+        """The quick handler's answer to ``req`` is over: the connection goes on as after a
+        handler's answer."""
         if self.closed:
             return
         resp = self.answer
@@ -710,8 +643,6 @@ class Connection(asyncio.Protocol):
                 if when < timer.due:
                     timer.at(when)
 
-    # -- the one timer --
-
     def _arm(self) -> None:
         """Sets the deadline the connection's state calls for."""
         if self.closed:
@@ -740,7 +671,7 @@ class Connection(asyncio.Protocol):
             timer.at(when)
 
     def _on_timer(self) -> float | None:
-        """The timer came due: the deadline's action once it has passed (else when it will)."""
+        """The deadline's action once it has passed (else when it will)."""
         kind = self.timer_kind
         if kind == NONE or self.lost:
             return None
@@ -765,10 +696,8 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
         return None
 
-    # -- the connection's side of HttpRequest / HttpResponse (request.ConnectionSide) --
-
     def watch_gone(self) -> asyncio.Future[None]:
-        """A future done when the client goes away or half-closes (made on first demand)."""
+        """Done when the client goes away or half-closes (made on first demand)."""
         gone = self.gone
         if gone is None:
             gone = self.gone = self.loop.create_future()
@@ -777,7 +706,6 @@ class Connection(asyncio.Protocol):
         return gone
 
     def connection_header(self, req: HttpRequest) -> bytes:
-        """The end of an answer's head: whether the connection stays open after it."""
         if (
             req.keep_alive
             and not self.closing_after
@@ -823,8 +751,6 @@ class Connection(asyncio.Protocol):
             self.closed = self.broken = True
             self.transport.abort()
 
-    # -- flow control, closing --
-
     def _sync_reading(self) -> None:
         want = not self.broken and (
             self.body_paused or self.backlog is not None or len(self.queue) >= MAX_PIPELINE
@@ -849,8 +775,7 @@ class Connection(asyncio.Protocol):
             t.write_eof()
             self._set_timer(LINGERING, LINGER)
         elif t.is_closing():
-            # ended by the peer already (connection_lost is yet to come): asyncio's TLS
-            # transport, closed a second time, drops its protocol and breaks every later call
+            # ended by the peer already: asyncio's TLS transport, closed twice, breaks
             return
         else:
             t.close()

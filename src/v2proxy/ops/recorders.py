@@ -1,11 +1,9 @@
 """What the edges record: :class:`FrontendRecorder` per request of a frontend (REST, gRPC) and
 :class:`BackendRecorder` per call of the metered backend, into the cells of
-:class:`~v2proxy.ops.metrics_export.Metrics` (families and label values of
-:mod:`v2proxy.ops.metrics`).
+:class:`~v2proxy.ops.metrics_export.Metrics`.
 
-This is the hot path of metrics: a recorder binds a label set's cells once, caches them by the
-label values and then only adds to plain numbers; with ``--metrics off`` its cells are no-ops
-and :meth:`FrontendRecorder.done` returns at once.
+The hot path of metrics: a recorder binds a label set's cells once, caches them by the label
+values and then only adds to plain numbers; with ``--metrics off`` its cells are no-ops.
 """
 
 from __future__ import annotations
@@ -60,10 +58,9 @@ class _Cells:
 
 
 class FrontendRecorder:
-    """What one frontend records per request: in-flight, decode/encode times (``decode[wire]``,
-    ``encode[wire]``) and, once answered, :meth:`done`; plus the request's log lines,
-    ``log(...)`` (:meth:`RequestLog.write <v2proxy.ops.request_log.RequestLog.write>`: one WARNING
-    per failed request, with ``access_log`` one INFO line per request)."""
+    """What one frontend records per request: in-flight, decode/encode times, :meth:`done` once
+    answered, and its log lines (``log``: :meth:`RequestLog.write
+    <v2proxy.ops.request_log.RequestLog.write>`)."""
 
     def __init__(self, metrics: AnyMetrics, frontend: str, access_log: bool = False) -> None:
         self.frontend = frontend
@@ -76,10 +73,8 @@ class FrontendRecorder:
             self.enabled = True
             self._metrics = metrics
             self._models = metrics.models
-            #: model name -> its label, once it has one (ModelLabels.label's fast path)
             self._known = metrics.models.known
             self.inflight: Any = metrics.store(IN_FLIGHT).child(frontend)
-            #: requests refused by the admission gate (--max-concurrency)
             self.rejected: Any = metrics.store(REJECTED).child(frontend, "max_concurrency")
             transcode = metrics.store(TRANSCODE)
             self.decode: dict[str, Any] = {w: transcode.child(frontend, "decode", w) for w in WIRES}
@@ -179,8 +174,8 @@ class BackendRecorder:
 
 
 class TokenRecorder:
-    """What a MindIE adapter records per request (``direction``: frontend | backend, see
-    :mod:`v2proxy.ops.metrics`): time to the first token, time per later token, tokens generated."""
+    """What a MindIE adapter records per request (``direction``: frontend | backend): time to
+    the first token, time per later token, tokens generated."""
 
     def __init__(self, metrics: AnyMetrics, direction: str) -> None:
         self.direction = direction
@@ -212,9 +207,8 @@ class TokenRecorder:
 
 
 class EndpointRecorder:
-    """The backend endpoints' cells (:class:`~v2proxy.backends.endpoints.EndpointCells`):
-    calls per endpoint and outcome, and whether each is in rotation. An endpoint that leaves
-    takes its series with it (the label stays bounded by the endpoints there are now)."""
+    """The backend endpoints' cells (:class:`~v2proxy.backends.endpoints.EndpointCells`). An
+    endpoint that leaves takes its series with it, so the label stays bounded."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._calls = metrics.store(BACKEND_ENDPOINT_CALLS)
