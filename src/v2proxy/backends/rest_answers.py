@@ -177,13 +177,8 @@ def relayed_headers(
             ihcl_value = v if ihcl_value is None else ihcl_value + b", " + v
             relayed.append((k, v))
     if ihcl_value is None and ctype == b"application/json":  # the usual answer, as below
-        if content is not None:  # (_json_object, written out)
-            try:
-                found = is_object(content, what="response")
-            except CodecError as exc:
-                raise BadGateway(f"invalid {_what(base_url)}: {exc}") from None
-            if not found:
-                raise BadGateway(f"invalid {_what(base_url)}: not a JSON object")
+        if content is not None:
+            _json_object(content, base_url)
         return relayed
     media = (ctype or b"").split(b";", 1)[0].strip().lower()
     is_json = media == b"application/json" or media.endswith(b"+json")

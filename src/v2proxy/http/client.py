@@ -242,20 +242,6 @@ class HttpClient:
         """An exchange on ``conn`` (from :meth:`idle_now` or :meth:`connection`) is over: back
         in the pool when it may be kept, else closed."""
         conn.on_event = None
-        if conn.keep and conn.body_done and conn.reusable and not self._closed:
-            # (_release, written out for the usual end of an exchange)
-            loop = self._loop
-            assert loop is not None
-            conn.idle_since = loop.time()
-            self._idle.append(conn)
-            if self._sweeper is None:
-                self._sweeper = loop.call_at(conn.idle_since + self._idle_timeout, self._sweep)
-            slots = self._slots
-            if slots._waiters:
-                slots.release()
-            else:
-                slots._value += 1
-            return
         self._release(conn, conn.keep)
 
     async def _send(self, conn: ClientConnection, head: bytes, body: StreamBody) -> None:

@@ -261,25 +261,36 @@ class ClientConnection(asyncio.Protocol):
             self.version = _V11
             self.status = status
             self.keep = True
-            size = self.content_length = self._remaining = int(length)
-            self.head_done = True
-            self._state = _BODY
-            upto = self.read_upto
-            if upto is not None:  # (the read-whole rule below)
+            self.content_length = self._remaining = int(length)
+        elif not self._final_head(status):
+            return  # an interim answer: the final one follows
+        self.head_done = True
+        self._state = _BODY
+        if self._head_only:
+            self._complete()
+        elif self.read_upto is not None:
+            # read whole with no event at its head: not a 200 over read_upto bytes or of
+            # unknown length (streamed), nor one over read_limit (its event fails it)
+            known = self.content_length
+            if self.status != 200 or (known is not None and known <= self.read_upto):
                 limit = self.read_limit
-                if (status != 200 or size <= upto) and (limit is None or size <= limit):
+                if limit is None or known is None or known <= limit:
                     self.whole = True
                     self.limit = limit
                     return
-            if self._waiter is not None or self.on_event is not None:
-                self._wake()
-            if self._drain is not None:
-                self._wake_drain()
-            return
+        if self._waiter is not None or self.on_event is not None:
+            self._wake()
+        if self._drain is not None:
+            self._wake_drain()  # a body still being sent may stop (see stop_sending)
+
+    def _final_head(self, status: int) -> bool:
+        """Any other head checked field by field: False for an interim (1xx) answer, else its
+        status, version, keep-alive and framing noted."""
+        parser = self._parser
         if not 100 <= status <= 599 or status == 101:
             raise ProtocolError(f"invalid status {status} in the answer")
         if status < 200:
-            return  # an interim answer: the final one follows
+            return False
         version = parser.get_http_version()
         if version == "1.1":
             self.version = (1, 1)
@@ -313,22 +324,7 @@ class ClientConnection(asyncio.Protocol):
                 self.content_length = self._remaining = int(length)
             else:
                 self.to_close = True
-        self.head_done = True
-        self._state = _BODY
-        if self._head_only:
-            self._complete()
-        elif self.read_upto is not None:
-            known = self.content_length
-            if self.status != 200 or (known is not None and known <= self.read_upto):
-                limit = self.read_limit
-                if limit is None or known is None or known <= limit:
-                    self.whole = True
-                    self.limit = limit
-                    return
-        if self._waiter is not None or self.on_event is not None:
-            self._wake()
-        if self._drain is not None:
-            self._wake_drain()  # a body still being sent may stop (see stop_sending)
+        return True
 
     def _keep_alive(self) -> bool:
         """Keep-alive for answers to HEAD, which llhttp, not knowing the method, would take as
