@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from v2proxy.core.errors import (
 )
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope, Exchange
+from v2proxy.frontends.rest_quick import _Exchange
 from v2proxy.http.request import BodyTimeout, BodyTooLarge, ClientDisconnected
 from v2proxy.ops.metrics_export import Metrics, NullMetrics
 from v2proxy.ops.recorders import FrontendRecorder
@@ -372,3 +374,18 @@ def test_undo_gives_the_exchange_up_unrecorded() -> None:
     assert error_samples(metrics) == []
     assert sample(metrics, "v2proxy_request_duration_seconds_count", model="other",
                   operation="infer", **FE) == 0  # fmt: skip
+
+
+def test_the_quick_lanes_exchange_starts_as_every_exchange() -> None:
+    # the lane builds its exchange in one constructor (Exchange.__init__ written out with its
+    # own fields): a field Exchange gains must start the same there
+    env = Envelope(FrontendRecorder(NullMetrics(), "rest"), AdmissionGate(), describe, GONE)
+    source = object()
+    plain = Exchange(env, "infer", source)
+    lane = _Exchange(SimpleNamespace(envelope=env), source, None, None, "", 0, None)  # type: ignore[arg-type]
+    assert env.inflight.value == 2
+    for name in Exchange.__slots__:
+        if name in ("t0", "shown"):
+            continue
+        assert getattr(lane, name) == getattr(plain, name), name
+    assert not hasattr(plain, "shown") and not hasattr(lane, "shown")

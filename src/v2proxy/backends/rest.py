@@ -16,7 +16,6 @@ import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
-from time import perf_counter
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -291,16 +290,9 @@ class RestBackend:
         self, headers: list[tuple[bytes, bytes]], body: bytes | bytearray
     ) -> InferResponse:
         """The response of a 200 /infer answer (BadGateway when it is not a v2 one)."""
-        resp_ihcl = None
-        for k, v in headers:  # (_header_value, written out)
-            if k == IHCL:
-                resp_ihcl = v if resp_ihcl is None else resp_ihcl + b", " + v
+        resp_ihcl = _header_value(headers, IHCL)
         try:
             ihcl = int(resp_ihcl) if resp_ihcl is not None else None
-            if ihcl is not None and ihcl > 0:  # an answer header decoded before, asked first
-                known = self._answer_heads.decode(body, ihcl)
-                if known is not None:
-                    return known
             return binc.decode_response(body, ihcl, self._answer_heads)
         except (CodecError, ValueError) as exc:
             raise BadGateway(f"invalid inference response from backend: {exc}") from None
@@ -345,11 +337,7 @@ class RestBackend:
             endpoints.unpick()
             return None
         due = loop.time() + self._timeout
-        side = self._relay_side
-        call = RelayCall(side, ep, conn, model, done, due, self._decoded)
-        record = call.record = side.record
-        if record is not None:
-            call.t0 = perf_counter()
+        call = RelayCall(self._relay_side, ep, conn, model, done, due, self._decoded, timed=True)
         call.send(head, body)
         return call.abandon
 
@@ -429,11 +417,8 @@ class RestBackend:
         if conn is None:
             endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
             return None
-        side = self._relay_side
-        call = RelayCall(side, ep, conn, model, done, loop.time() + self._timeout)
-        record = call.record = side.record
-        if record is not None:
-            call.t0 = perf_counter()
+        due = loop.time() + self._timeout
+        call = RelayCall(self._relay_side, ep, conn, model, done, due, timed=True)
         call.send(head, body)
         return call.abandon
 

@@ -91,6 +91,7 @@ class RelayCall:
         done: Callable[[Any], None],
         due: float,
         finish: Finish | None = None,
+        timed: bool = False,
     ) -> None:
         self.side = side
         self.ep = ep
@@ -101,9 +102,10 @@ class RelayCall:
         self.due = due
         self.finish = finish
         self.upto = READ_WHOLE if finish is None else None
-        #: told of the call once it is over, timed from ``t0`` (set by relay_now, infer_now)
-        self.record: Record | None = None
-        self.t0 = 0.0
+        #: ``timed`` (a call made without a coroutine): told of the call once it is over,
+        #: timed from ``t0``
+        self.record: Record | None = side.record if timed else None
+        self.t0 = 0.0 if self.record is None else perf_counter()
 
     def _over(self, outcome: Any) -> None:
         record = self.record

@@ -113,7 +113,12 @@ def decode_response(
     body: Buffer, ihcl: int | None, heads: AnswerHeads | None = None
 ) -> InferResponse:
     """Decode a backend's JSON or binary-framed response body; ``heads``: its answer headers
-    decoded before (:mod:`v2proxy.codecs.answer_heads`)."""
+    decoded before (:mod:`v2proxy.codecs.answer_heads`), asked first."""
+    if heads is not None and ihcl is not None and ihcl > 0:
+        # (a known header: its length within the body is part of what heads.decode matches)
+        known = heads.decode(body, ihcl)
+        if known is not None:
+            return known
     mv = memoryview(body).cast("B")
     if ihcl is not None and not 0 < ihcl <= len(mv):
         raise CodecError(
@@ -122,10 +127,6 @@ def decode_response(
         )
     if ihcl is None:
         return response_from_obj(parse_header(mv, what="response"), None)
-    if heads is not None:
-        known = heads.decode(body, ihcl)
-        if known is not None:
-            return known
     header = mv[:ihcl]
     obj = parse_header(header, what="response")
     response = response_from_obj(obj, BinaryReader(mv[ihcl:]))

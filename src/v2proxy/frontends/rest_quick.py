@@ -341,15 +341,8 @@ class _Exchange(Exchange):
             self._later(self._send(status, headers, body, wire_out))
         elif response.paused:  # written; the next request waits until the client keeps up
             self._later(self._drained(wire_out, len(body)))
-        elif not self.over:  # (_done, written out)
-            self.over = True
-            self.cancel = self.task = None
-            if self.cause is None and status >= 400:  # the backend's error answer
-                self.error = rest_record.answer_error(_OP, status)
-            self.wire_out = wire_out
-            self.n_out = len(body)
-            self.end()
-            response.finished()
+        else:
+            self._done(wire_out, len(body))
 
     def _done(self, wire_out: str, n_out: int) -> None:
         """The exchange ends (once): recorded, and its response finished."""

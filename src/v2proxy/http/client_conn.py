@@ -345,32 +345,22 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._remaining:
             self._remaining -= len(body)
-        if self.whole:  # (_push, written out for an answer read whole)
-            self.pieces.append(body)
-            self.buffered += len(body)
-            if self.limit is not None and self.buffered > self.limit:
-                self._fail(AnswerTooLarge(self.limit))
-            return
         self._push(body)
 
     def on_message_complete(self) -> None:
-        if self._state == _BODY:  # (_complete, written out)
-            self._state = _IDLE
-            self.body_done = True
-            self._deadline = None
-            if self._waiter is not None:
-                self._wake()
-            else:
-                event = self.on_event
-                if event is not None:
-                    event()
+        if self._state == _BODY:
+            self._complete()
 
     def _complete(self) -> None:
         self._state = _IDLE
         self.body_done = True
         self._deadline = None  # nothing left to bound
-        if self._waiter is not None or self.on_event is not None:
+        if self._waiter is not None:
             self._wake()
+        else:  # (the answer's end of an exchange driven by callbacks: its event at once)
+            event = self.on_event
+            if event is not None:
+                event()
 
     def _fail(self, exc: HttpClientError) -> None:
         if self.error is None:

@@ -634,14 +634,7 @@ class Connection(asyncio.Protocol):
         else:
             self.serving = False
             self.answer = None
-            if self.in_head or self.parsing is not None or self.reading_paused or self.broken:
-                self._arm()
-            else:  # idle: _arm's keep-alive deadline, written out
-                self.timer_kind = IDLE
-                self.deadline = when = self.loop.time() + self.limits.keepalive_timeout
-                timer = self.timer
-                if when < timer.due:
-                    timer.at(when)
+            self._arm()
 
     def _arm(self) -> None:
         """Sets the deadline the connection's state calls for."""
