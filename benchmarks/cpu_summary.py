@@ -1,15 +1,16 @@
 """CPU per request in front of Triton: the summary table of the a-triton, b-triton and c-triton
 scenarios of ``run.py``.
 
-For each scenario and concurrency it gives one row per system: nginx (the anchor), the two
-floors of a Python proxy (``py-relay``: bytes relayed, no HTTP work; ``floor-relay``: the least
-an HTTP-aware relay on uvloop + httptools does) and v2proxy. Each row has the proxy's CPU per
-request (utime + stime from ``/proc/<pid>/stat`` of the proxy's whole process group, nginx's
-master and worker included, over the load run, divided by the requests completed), req/s, p50
-and Triton's own CPU per request behind it, every figure the median of the scenario's rounds
-(the systems take turns in each round), and its ratios to nginx's medians. Beside the CPU ratio
-goes the range of the ratios round by round (each system against nginx's run of the same round),
-which says how far one round can be trusted on a noisy machine.
+For each scenario and concurrency it gives one row per system: nginx (the anchor), the two floors of
+a Python proxy (``py-relay``: bytes relayed, no HTTP work; ``floor-relay``: the least an HTTP-aware
+relay on uvloop + httptools does; ``floor-path``: that relay with every duty of v2proxy's small
+relayed /infer, the least version of v2proxy's path) and v2proxy. Each row has the proxy's CPU per
+request (utime + stime from ``/proc/<pid>/stat`` of the proxy's whole process group, nginx's master
+and worker included, over the load run, divided by the requests completed), req/s, p50 and Triton's
+own CPU per request behind it, every figure the median of the scenario's rounds (the systems take
+turns in each round), and its ratios to nginx's medians. Beside the CPU ratio goes the range of the
+ratios round by round (each system against nginx's run of the same round), which says how far one
+round can be trusted on a noisy machine.
 
 Rows are found with a ``find(scenario, system, concurrency)`` callable that returns run.py's
 ``Row`` (or None); nginx and the floors come from the scenario's anchor (b-triton: a-triton,
@@ -28,7 +29,10 @@ TRITON_ROWS = {
     "c-triton": ("c-triton", "v2proxy-binary"),
 }
 #: the systems of the anchor scenario shown beside v2proxy, nginx first
-ANCHORED = ("nginx", "py-relay", "floor-relay")
+ANCHORED = ("nginx", "py-relay", "floor-relay", "floor-path")
+#: anchor scenario -> the systems of ANCHORED it does not run (floorpath.py serves JSON /infer
+#: bodies only)
+NOT_RUN = {"c-triton": ("floor-path",)}
 
 HEADER = [
     "scenario",
@@ -93,7 +97,12 @@ def summarize(
         for c in concurrencies:
             nginx = find(anchor, "nginx", c)
             if anchor == sc:
-                out += [_entry(sc, c, s, find(anchor, s, c), nginx) for s in ANCHORED]
+                skipped = NOT_RUN.get(anchor, ())
+                out += [
+                    _entry(sc, c, s, find(anchor, s, c), nginx)
+                    for s in ANCHORED
+                    if s not in skipped
+                ]
             out.append(_entry(sc, c, label, find(sc, label, c), nginx))
     return out
 

@@ -135,8 +135,9 @@ BACKEND_OF_PLACEHOLDER = {
 }
 #: the floors of a Python proxy, each started in front of the reference server (key) and Triton
 #: (key-triton): bytes relayed with no HTTP work (pyrelay.py), and the least an HTTP-aware relay
-#: on uvloop + httptools does (floorrelay.py)
-RELAYS = {"py-relay": "pyrelay.py", "floor-relay": "floorrelay.py"}
+#: on uvloop + httptools does (floorrelay.py), and that relay with every duty of v2proxy's small
+#: relayed /infer done the least way (floorpath.py: the least version of v2proxy's path)
+RELAYS = {"py-relay": "pyrelay.py", "floor-relay": "floorrelay.py", "floor-path": "floorpath.py"}
 V2PROXY_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 REFERENCE_COMMON = ["--host", HOST, "--event-loop", "uvloop", "--log-level", "warning"]
 
@@ -181,6 +182,7 @@ SCENARIOS = [
             ("nginx", "nginx"),
             ("py-relay", "py-relay"),
             ("floor-relay", "floor-relay"),
+            ("floor-path", "floor-path"),
             ("v2proxy-json", "v2proxy-json"),
         ],
         SMALL,
@@ -256,6 +258,7 @@ SCENARIOS = [
             ("nginx", "nginx-triton"),
             ("py-relay", "py-relay-triton"),
             ("floor-relay", "floor-relay-triton"),
+            ("floor-path", "floor-path-triton"),
             ("v2proxy-json", "v2proxy-triton-json"),
         ],
         SMALL,

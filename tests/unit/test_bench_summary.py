@@ -50,6 +50,7 @@ ROUNDS = {
     ("a-triton", "nginx"): [(30, 3000, 5.0, 300), (60, 1500, 9.0, 400), (32, 3100, 5.2, 310)],
     ("a-triton", "py-relay"): [(33, 3000, 5.1, 300), (63, 1400, 9.9, 400), (31, 3000, 5.0, 300)],
     ("a-triton", "floor-relay"): [(36, 2900, 5.5, 300), (90, 1200, 12, 420), (35, 3000, 5.3, 305)],
+    ("a-triton", "floor-path"): [(50, 2800, 5.6, 310), (99, 1100, 13, 420), (48, 2900, 5.4, 305)],
     ("a-triton", "v2proxy-json"): [(90, 2700, 6, 320), (150, 1000, 15, 450), (96, 2790, 6.5, 330)],
     ("b-triton", "v2proxy-binary"): [
         (120, 2400, 7, 330),
@@ -79,6 +80,7 @@ def test_each_system_beside_nginx_with_the_ratios_of_the_medians_and_of_each_rou
         ("a-triton", "nginx"),
         ("a-triton", "py-relay"),
         ("a-triton", "floor-relay"),
+        ("a-triton", "floor-path"),
         ("a-triton", "v2proxy-json"),
         ("b-triton", "v2proxy-binary"),  # its nginx and floors are a-triton's, not repeated
     ]
@@ -93,6 +95,7 @@ def test_each_system_beside_nginx_with_the_ratios_of_the_medians_and_of_each_rou
     assert floor["proxy_us_over_nginx"] == pytest.approx(36 / 32)
     assert floor["proxy_us_over_nginx_rounds"] == pytest.approx([36 / 30, 1.5, 35 / 32])
     assert floor["p50_ms_over_nginx"] == pytest.approx(5.5 / 5.2)
+    assert by["floor-path"]["proxy_us_over_nginx"] == pytest.approx(50 / 32)
     assert by["v2proxy-binary"]["proxy_us_over_nginx"] == pytest.approx(128 / 32)
     assert by["nginx"]["proxy_us_over_nginx"] == 1.0
 
@@ -121,10 +124,20 @@ def test_the_table_rows() -> None:
         "a-triton", "16", "floor-relay", "36", "1.12", "1.09-1.50", "2900", "0.97", "5.500",
         "1.06", "305",
     ]  # fmt: skip
-    assert table[3][2:6] == ["v2proxy-json", "96", "3.00", "2.50-3.00"]
+    assert table[3][2:5] == ["floor-path", "50", "1.56"]
+    assert table[4][2:6] == ["v2proxy-json", "96", "3.00", "2.50-3.00"]
 
 
 def test_a_triton_takes_at_least_three_rounds_even_when_quick() -> None:
     a_triton = next(s for s in run.SCENARIOS if s.id == "a-triton")
     assert run.QUICK.rounds < 3 <= a_triton.min_rounds
-    assert {"nginx", "floor-relay", "v2proxy-json"} <= {label for label, _ in a_triton.systems}
+    systems = {label for label, _ in a_triton.systems}
+    assert {"nginx", "floor-relay", "floor-path", "v2proxy-json"} <= systems
+
+
+def test_c_triton_has_no_floor_path_row() -> None:
+    """floorpath.py serves JSON bodies only: c-triton (binary) neither runs nor shows it."""
+    c_triton = next(s for s in run.SCENARIOS if s.id == "c-triton")
+    assert "floor-path" not in {label for label, _ in c_triton.systems}
+    summary = cpu_summary.summarize(_find, ["c-triton"], [16])
+    assert [s["system"] for s in summary] == ["nginx", "py-relay", "floor-relay", "v2proxy-binary"]

@@ -16,7 +16,7 @@ Wire forms:
   through the REST frontend's own handler (``RestFrontend.dispatch`` with a fake request and
   response object, and the counting access policy, so the counts are those of one whole client
   request, the frontend's access check before the body is read included);
-- ``grpc``: a decoded request through ``Pipeline.infer``;
+- ``grpc``: a decoded request through ``Pipeline.staged``;
 - ``message``: a gRPC ModelInfer through ``Pipeline.infer_message`` (what the gRPC frontend
   calls): the decoded request with the message's bytes, relayed by ``relay_message`` when
   nothing needs changing (``norelay``: the backend declines);
@@ -51,13 +51,13 @@ What the table shows today (the access checked by the frontends only, as they ad
 
 - Every REST request is checked once, for the group ``inference``, by ``RestFrontend.dispatch``
   as it admits it, before its body is read (``Pipeline.infer_body`` does not check again),
-  relayed or not. The pipeline checks no access: a call of ``Pipeline.infer``,
+  relayed or not. The pipeline checks no access: a call of ``Pipeline.staged``,
   ``infer_message``, ``stream_infer`` or ``stream_message`` is checked 0 times (the gRPC
   frontend checks each call, each stream, once as it admits it:
   ``tests/integration/test_access_once.py``). Before ce01b69 (at 48514c1) the same table
   counted 2 checks for a relayed REST request (dispatch and ``Pipeline.relay``) and 3 for one
-  that was not relayed (dispatch, ``Pipeline.relay`` and ``Pipeline.infer``); until the access
-  moved out of the pipeline, each pipeline call here counted 1.
+  that was not relayed (dispatch, ``Pipeline.relay`` and ``Pipeline.infer``, now ``staged``);
+  until the access moved out of the pipeline, each pipeline call here counted 1.
 - A REST request that may be relayed asks the backend once: ``relay_infer``, which answers
   (before, ``can_relay`` was asked first: two asks). Whether the backend takes it as sent is
   decided from its relay facts (``v2proxy.core.relay.relays``: data, no call); where they say
@@ -277,7 +277,7 @@ ROWS = [
     Row(BINARY, CLASS_PROXY, backend_calls=_CLASS_PROXY_CALLS, access_checks=1),
     Row(BINARY, SHM_IN, backend_calls=(INFER,), access_checks=1),
     Row(BINARY, SHM_OUT_STAGE, backend_calls=(INFER,), access_checks=1),
-    # ---- a decoded request: Pipeline.infer (gRPC); no relay is ever offered
+    # ---- a decoded request: Pipeline.staged (gRPC); no relay is ever offered
     Row(GRPC, NONE, backend_calls=(INFER,), access_checks=0),
     Row(GRPC, FP16, backend_calls=(INFER,), access_checks=0),
     Row(GRPC, BINARY_OUTPUT, backend_calls=(INFER,), access_checks=0),
@@ -640,7 +640,7 @@ async def test_pipeline_table(row: Row, regions: Registry) -> None:
             assert all(isinstance(a, InferResponse) for a in answers)
             responses = [a for a in answers if isinstance(a, InferResponse)]
     elif row.wire == GRPC:
-        responses.append(await pipeline.infer(_decoded(stage), list(TOKEN), None))
+        responses.append(await pipeline.staged(_decoded(stage), list(TOKEN), None))
     else:
         responses = [r async for r in pipeline.stream_infer(_decoded(stage), list(TOKEN), None)]
 

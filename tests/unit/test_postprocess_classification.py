@@ -377,7 +377,7 @@ async def test_pipeline_classifies_with_local_labels() -> None:
     backend = _Recording(lists=True)
     models = {"classifier": _Settings({"SCORES": _Out(LABELS)})}
     pipeline = Pipeline(backend, 1 << 20, models=models)
-    response = await pipeline.infer(_classifier_request(3, binary_data=True), [])
+    response = await pipeline.staged(_classifier_request(3, binary_data=True), [])
     (out,) = response.outputs
     assert (out.name, out.datatype, out.shape) == ("SCORES", Datatype.BYTES, (2, 3))
     assert _strings(out) == [
@@ -392,18 +392,18 @@ async def test_pipeline_passes_through_to_a_backend_that_classifies() -> None:
     backend = _Recording(lists=True)
     pipeline = Pipeline(backend, 1 << 20)
     request = _classifier_request(2)
-    response = await pipeline.infer(request, [])
+    response = await pipeline.staged(request, [])
     # the builtin models ignore the parameter: the raw scores show it reached them unchanged
     assert backend.sent[0] is request
     assert response.outputs[0].datatype is Datatype.FP32
-    await pipeline.infer(_classifier_request(2), [])
+    await pipeline.staged(_classifier_request(2), [])
     assert backend.metadata_calls == 1  # cached
 
 
 async def test_pipeline_classifies_without_labels_when_the_backend_cannot() -> None:
     backend = _Recording(lists=False)
     pipeline = Pipeline(backend, 1 << 20)
-    response = await pipeline.infer(_classifier_request(2, batch=1), [])
+    response = await pipeline.staged(_classifier_request(2, batch=1), [])
     assert response.outputs[0].shape == (1, 2)
     assert _strings(response.outputs[0]) == ["19.125000:9", "17.000000:8"]
     assert backend.sent[0].outputs == [RequestedOutput("SCORES", {})]
@@ -411,7 +411,7 @@ async def test_pipeline_classifies_without_labels_when_the_backend_cannot() -> N
 
 async def test_pipeline_zero_returns_the_raw_output() -> None:
     backend = _Recording(lists=True)
-    response = await Pipeline(backend, 1 << 20).infer(_classifier_request(0, batch=1), [])
+    response = await Pipeline(backend, 1 << 20).staged(_classifier_request(0, batch=1), [])
     assert response.outputs[0].datatype is Datatype.FP32
     assert backend.sent[0].outputs == [RequestedOutput("SCORES", {})]
 
@@ -424,7 +424,7 @@ async def test_pipeline_non_batching_model() -> None:
         [Tensor("INPUT0", Datatype.FP32, (3,), x.tobytes())],
         [RequestedOutput("OUTPUT0", {"classification": 5})],
     )
-    (out,) = (await pipeline.infer(request, [])).outputs
+    (out,) = (await pipeline.staged(request, [])).outputs
     assert out.shape == (3,)
     assert _strings(out) == ["7.250000:2", "1.500000:0", "-2.000000:1"]
 
@@ -448,7 +448,7 @@ async def test_pipeline_parameter_errors(
         assert request.outputs is not None
         del request.outputs[0].parameters["classification"]
     with pytest.raises(error) as err:
-        await Pipeline(backend, 1 << 20).infer(request, [], None)  # a local (unix) client
+        await Pipeline(backend, 1 << 20).staged(request, [], None)  # a local (unix) client
     assert err.value.message == message
     assert backend.sent == []
 
@@ -460,7 +460,7 @@ async def test_pipeline_unsupported_type() -> None:
         [RequestedOutput("OUTPUT0", {"classification": 1})],
     )
     with pytest.raises(InvalidRequest) as err:
-        await Pipeline(_Recording(), 1 << 20).infer(request, [])
+        await Pipeline(_Recording(), 1 << 20).staged(request, [])
     assert (
         err.value.message == "class result not available for output due to unsupported type 'BYTES'"
     )

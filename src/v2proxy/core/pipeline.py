@@ -111,13 +111,6 @@ class Pipeline:
     async def model_ready(self, model: str, version: str) -> bool:
         return await self.backend.model_ready(model, version)
 
-    async def infer(
-        self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
-    ) -> InferResponse:
-        """One inference; ``peer``: the client's IP address (None: a unix socket), which
-        ``--client-shm`` checks when the request names a shared-memory region."""
-        return await self._staged(request, headers, peer)
-
     async def infer_body(
         self,
         model: str,
@@ -141,14 +134,14 @@ class Pipeline:
                 outcome = await relay.relay_json(model, version, body, headers, rewritten)
                 if isinstance(outcome, ForwardResponse):
                     return outcome
-                return Answered(outcome, await self._staged(outcome, headers, peer))
+                return Answered(outcome, await self.staged(outcome, headers, peer))
             relayed, whole = await relay.relay_framed(
                 model, version, body, ihcl, headers, rewritten
             )
             if relayed is not None:
                 return relayed
             request = await decode(whole, ihcl, model, version)  # declined: not asked again
-            return Answered(request, await self._staged(request, headers, peer))
+            return Answered(request, await self.staged(request, headers, peer))
         form = JSON if ihcl is None else BINARY if ihcl else RAW
         sent = body if isinstance(body, (bytes, bytearray)) else None
         decided = (
@@ -170,7 +163,7 @@ class Pipeline:
             and (decided or await relay.learns(model, version, form, len(body)))
         ):
             return await self.backend.relay_infer(model, version, body, ihcl, headers)
-        return Answered(request, await self._staged(request, headers, peer))
+        return Answered(request, await self.staged(request, headers, peer))
 
     async def infer_message(
         self, message: bytes, request: InferRequest, headers: Headers, peer: str | None
@@ -181,12 +174,14 @@ class Pipeline:
         relayed = await self._relay.relay_message(request, message, headers)
         if relayed is not None:
             return relayed
-        return await self._staged(request, headers, peer)
+        return await self.staged(request, headers, peer)
 
-    async def _staged(
-        self, request: InferRequest, headers: Headers, peer: str | None
+    async def staged(
+        self, request: InferRequest, headers: Headers, peer: str | None = shm_stage.UNKNOWN_PEER
     ) -> InferResponse:
-        """The stages around :meth:`Backend.infer`, as a stream of one."""
+        """One decoded inference: the stages around :meth:`Backend.infer`, as a stream of one.
+        ``peer``: the client's IP address (None: a unix socket), which ``--client-shm`` checks
+        when the request names a shared-memory region."""
         if not self.stages.applies(request):
             return finish(request, await self.backend.infer(request, headers))
 
