@@ -12,7 +12,7 @@ ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml setup.py constraints.txt README.md ./
 COPY src ./src
 COPY deploy/install_image.sh /usr/local/bin/install_image.sh
 RUN install_image.sh wheel /src /wheels \

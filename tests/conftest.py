@@ -1,4 +1,8 @@
-"""Shared test configuration: the event loops async tests run on, and the ``gpu`` skip.
+"""Shared test configuration: the event loops async tests run on, the ``gpu`` skip, and the
+``from_source`` tests, which look inside the modules setup.py compiles (a method replaced, a
+module function counted): compiled code calls its own functions directly, so they run where those
+modules are imported from source (``V2PROXY_PURE_PYTHON=1``, a pass of its own in ``make test``)
+and are skipped beside the compiled modules.
 
 An async test runs on uvloop (what ``v2proxy serve`` uses by default) and, where the loop itself
 is what is tested, on plain asyncio too: a test module (or test) marked ``both_loops`` -- v2proxy's
@@ -47,6 +51,15 @@ def _gpu_missing() -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from v2proxy import _compiled
+
+    if _compiled.COMPILED:
+        skip = pytest.mark.skip(
+            reason="looks inside compiled modules: runs in make test's V2PROXY_PURE_PYTHON=1 pass"
+        )
+        for item in items:
+            if item.get_closest_marker("from_source") is not None:
+                item.add_marker(skip)
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     reason = _gpu_missing() if gpu else None
     if reason is not None:

@@ -101,7 +101,7 @@ def test_install_script_in_a_fresh_venv(tmp_path: Path) -> None:
     # the build context as .dockerignore leaves it: the files the Dockerfile copies
     src = tmp_path / "src-tree"
     src.mkdir()
-    for name in ("pyproject.toml", "constraints.txt", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "constraints.txt", "README.md"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(
         ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")

@@ -196,6 +196,7 @@ def _once(headers: CIMultiDictProxy[str]) -> None:
         assert name not in headers, name
 
 
+@pytest.mark.from_source
 @pytest.mark.parametrize("encoding", ["auto", "binary"])
 async def test_the_backend_sees_each_header_once_on_every_way(
     make_client: Factory, filterings: Filterings, encoding: str
@@ -230,6 +231,7 @@ async def test_the_backend_sees_each_header_once_on_every_way(
     assert seen[-1].getall("Content-Type") == ["text/x-mine"]
 
 
+@pytest.mark.from_source
 @pytest.mark.parametrize("way", ["lane", "general"])
 async def test_an_infer_request_reads_its_id_and_wire_form_once(
     make_client: Factory,

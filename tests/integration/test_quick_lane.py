@@ -362,6 +362,7 @@ async def test_pipelined_requests_are_answered_in_order(
     assert taken(proxy) == 1  # the first: the others came while it was served
 
 
+@pytest.mark.from_source
 async def test_a_failure_in_the_lane_loses_one_connection_not_the_proxy(
     make_client: Factory,
     recorded: tuple[ProxyClient, list[Seen]],

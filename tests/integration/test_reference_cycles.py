@@ -34,7 +34,8 @@ def _name(o: object) -> str:
     if isinstance(o, FrameType):
         return f"frame {o.f_code.co_qualname}"
     if isinstance(o, MethodType):
-        return f"method {o.__func__.__qualname__}"
+        func = o.__func__  # (a compiled function has no __qualname__: its class and name)
+        return f"method {getattr(func, '__qualname__', None) or type(o.__self__).__qualname__}"
     return type(o).__qualname__
 
 

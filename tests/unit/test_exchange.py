@@ -376,6 +376,7 @@ def test_undo_gives_the_exchange_up_unrecorded() -> None:
                   operation="infer", **FE) == 0  # fmt: skip
 
 
+@pytest.mark.from_source
 def test_the_quick_lanes_exchange_starts_as_every_exchange() -> None:
     # the lane builds its exchange in one constructor (Exchange.__init__ written out with its
     # own fields): a field Exchange gains must start the same there

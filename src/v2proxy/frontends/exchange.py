@@ -16,6 +16,8 @@ from time import perf_counter
 from types import TracebackType
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from v2proxy.core.admission import AdmissionGate
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.ops.metrics import Counter, error_kind
@@ -46,6 +48,7 @@ def _status_shown(exc: BaseException, status: int) -> None:
     return None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (grpc_call.CallEnvelope)
 class Envelope:
     """One frontend's side of the exchange envelope: its recorder, the admission gate, and what
     its transport adds (``classify``, ``keeps``, ``show``)."""

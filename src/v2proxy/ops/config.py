@@ -96,11 +96,13 @@ PARSERS: dict[str, Any] = {spec.name: spec.parser for spec in SETTINGS}
 #: the settings whose values are never echoed in an error
 SECRET = frozenset(spec.name for spec in SETTINGS if spec.secret)
 
-#: ``V2PROXY_*`` variables that are not settings and are accepted: V2PROXY_CONFIG (--config), and
+#: ``V2PROXY_*`` variables that are not settings and are accepted: V2PROXY_CONFIG (--config),
+#: V2PROXY_PURE_PYTHON (the compiled modules imported from source: v2proxy/_compiled.py), and
 #: those of the project's own tools, which their servers inherit
 OTHER_VARIABLES = frozenset(
     {
         "V2PROXY_CONFIG",
+        "V2PROXY_PURE_PYTHON",
         "V2PROXY_PEERS_DIR",
         "V2PROXY_PEER_START_TIMEOUT",
         "V2PROXY_PEER_LOG_DIR",
