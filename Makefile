@@ -22,6 +22,7 @@ $(STAMP): $(INSTALL_DEPS)
 	@echo "make: installing v2proxy and its test tools into $(VENV) (about a minute the first time, ~800 MB; instant afterwards)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	find src -name '*.cpython-*.so' -delete  # (a module no longer compiled leaves none behind)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@ $(RUN_STAMP)
 
@@ -29,6 +30,7 @@ $(RUN_STAMP): $(INSTALL_DEPS)
 	@echo "make: installing v2proxy into $(VENV) (about 20 s the first time; instant afterwards)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	find src -name '*.cpython-*.so' -delete
 	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $@
 

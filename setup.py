@@ -12,9 +12,13 @@ import os
 
 from setuptools import Extension, setup
 
-#: the modules every small relayed request runs through, compiled by mypyc. Left out: modules
-#: with async generators (mypyc has none) and codecs/relay_check.py and codecs/framed_check.py,
-#: whose msgspec Structs take class keywords mypyc does not pass on
+#: the modules every small relayed request runs through, compiled by mypyc. Left out:
+#: http/request.py and backends/rest.py (tests stand in for HttpRequest and replace RestBackend's
+#: methods, which compiled classes refuse; both hold async generators, which mypyc lacks),
+#: core/relay.py (async generators), core/headers.py (a list subclass), codecs/relay_check.py and
+#: codecs/framed_check.py (their msgspec Structs take class keywords mypyc does not pass on), and
+#: the timer, metrics, knowledge store and request heads: compiled too, the path measured slower
+#: (floor.py 129.8k -> 136.9k with all four)
 COMPILED = [
     "src/v2proxy/http/head.py",
     "src/v2proxy/http/response.py",

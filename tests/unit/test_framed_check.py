@@ -223,7 +223,7 @@ def _requests(draw: st.DrawFn) -> tuple[bytes, int]:
     for mutation in draw(st.lists(st.sampled_from(_MUTATIONS), max_size=2)):
         tensor = draw(st.sampled_from(inputs))
         if mutation == "size":
-            tensor["parameters"]["binary_data_size"] = draw(st.integers(-1, 40))
+            tensor.setdefault("parameters", {})["binary_data_size"] = draw(st.integers(-1, 40))
         elif mutation == "dimension":
             tensor["shape"] = [*tensor["shape"], draw(st.sampled_from([-1, True, 1.0, 2]))]
         elif mutation == "datatype":
@@ -233,7 +233,8 @@ def _requests(draw: st.DrawFn) -> tuple[bytes, int]:
         elif mutation == "duplicate":
             inputs.append(json.loads(json.dumps(tensor)))
         elif mutation == "parameter":
-            tensor["parameters"][draw(st.sampled_from(["shared_memory_region", "x"]))] = "r"
+            params = tensor.setdefault("parameters", {})  # (a "key" mutation may have taken it)
+            params[draw(st.sampled_from(["shared_memory_region", "x"]))] = "r"
         elif mutation == "key":
             del tensor[draw(st.sampled_from(sorted(tensor)))]
         elif mutation == "output":

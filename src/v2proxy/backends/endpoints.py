@@ -25,22 +25,22 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from v2proxy.core.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
 #: back-offs in seconds, doubled per ejection in a row
-BACKOFF_S = 0.5
-BACKOFF_MAX_S = 10.0
-EJECT_AFTER = 3
+BACKOFF_S: Final = 0.5
+BACKOFF_MAX_S: Final = 10.0
+EJECT_AFTER: Final = 3
 #: longer for misbehaving: the call that tries it again may cost a whole timeout
-EJECT_BACKOFF_S = 5.0
-EJECT_BACKOFF_MAX_S = 60.0
+EJECT_BACKOFF_S: Final = 5.0
+EJECT_BACKOFF_MAX_S: Final = 60.0
 #: Envoy's max_ejection_percent, as a share
-MAX_EJECTED_SHARE = 0.5
-OUTCOMES = ("ok", "unreachable", "timeout", "malformed", "5xx")
+MAX_EJECTED_SHARE: Final = 0.5
+OUTCOMES: Final = ("ok", "unreachable", "timeout", "malformed", "5xx")
 
 C = TypeVar("C")
 
@@ -337,7 +337,7 @@ class _NullCell:
         return None
 
 
-_NULL = _NullCell()
+_NULL: Final = _NullCell()
 
 
 async def _getaddrinfo(host: str, port: int) -> list[str]:

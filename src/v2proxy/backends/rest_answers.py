@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs.json import is_object, loads
@@ -48,7 +48,7 @@ __all__ = [
     "unknown_model",
 ]
 
-IHCL = binc.IHCL_HEADER.lower().encode()
+IHCL: Final = binc.IHCL_HEADER.lower().encode()
 
 
 def failure(exc: Exception, base_url: str, timeout: float, what: str) -> ProxyError | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Final
 
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.knowledge import BackendKnowledge
@@ -21,16 +22,21 @@ log = logging.getLogger(__name__)
 
 #: with ``auto``, JSON bodies from this size on go binary rather than relayed (measured in
 #: front of Triton: relaying wins at 5 KB, binary from 20 KB on)
-AUTO_BINARY_MIN = 16 * 1024
-_NOT_IN_JSON = (Datatype.FP16, Datatype.BF16)
-_UNLISTED = ("binary tensors unlisted",)
+AUTO_BINARY_MIN: Final = 16 * 1024
+_NOT_IN_JSON: Final = (Datatype.FP16, Datatype.BF16)
+_UNLISTED: Final = ("binary tensors unlisted",)
 
 #: a 422 from a FastAPI server that read the binary-framed body as JSON (MLServer 1.7, KServe
 #: before 0.11)
-_UNPARSED_422 = ("json_invalid", "JSON decode error", "model_attributes_type", "valid dictionary")
+_UNPARSED_422: Final = (
+    "json_invalid",
+    "JSON decode error",
+    "model_attributes_type",
+    "valid dictionary",
+)
 #: a 400 from a server that could not read the body (FastAPI, KServe; or a hop on the way
 #: dropped the inference-header-content-length header)
-_UNPARSED_400 = (
+_UNPARSED_400: Final = (
     "error parsing the body",
     "Unrecognized request format",
     "inference-header-content-length",

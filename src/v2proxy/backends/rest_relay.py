@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.backends.base import OUTCOME
 from v2proxy.backends.endpoints import Endpoint, Endpoints
@@ -25,8 +25,8 @@ from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import AnswerTooLarge
 from v2proxy.http.client_response import ClientResponse
 
-READ_WHOLE = 256 * 1024
-_NEVER = 1 << 62  # (a 200 of unknown length still comes to the event at its head)
+READ_WHOLE: Final = 256 * 1024
+_NEVER: Final = 1 << 62  # (a 200 of unknown length still comes to the event at its head)
 
 Done = Callable[[ForwardResponse | ProxyError], None]
 #: what a transcoded call makes of its whole 200 answer (headers, body): its outcome

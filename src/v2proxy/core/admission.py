@@ -7,12 +7,14 @@ A refusal is :class:`~v2proxy.core.errors.Overloaded`; ``limit`` 0 means no limi
 
 from __future__ import annotations
 
+from typing import Final
+
 from v2proxy.core.errors import Overloaded
 
 #: operations (the ``operation`` label of the frontends' metrics) that are never refused
-EXEMPT = frozenset({"health", "metadata"})
+EXEMPT: Final = frozenset({"health", "metadata"})
 #: seconds a refused client is asked to wait (REST ``Retry-After``, gRPC retry pushback)
-RETRY_AFTER_S = 1
+RETRY_AFTER_S: Final = 1
 
 
 class AdmissionGate:

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from time import perf_counter
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -23,9 +23,9 @@ from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.ops.metrics import Counter, error_kind
 from v2proxy.ops.recorders import FrontendRecorder
 
-GONE_STATUS = 499
-SHUTDOWN_STATUS = 503
-SHUTDOWN_CAUSE = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
+GONE_STATUS: Final = 499
+SHUTDOWN_STATUS: Final = 503
+SHUTDOWN_CAUSE: Final = "v2proxy shut down before the answer was complete (--drain-timeout passed)"
 #: how a frontend's log lines name a request: (request id or None, method, path)
 Describe = Callable[[Any], tuple[str | None, str, str]]
 #: a transport's own errors as (status, error kind, cause); None for any other exception

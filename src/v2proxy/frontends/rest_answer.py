@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.codecs.json import dumps
 from v2proxy.core.admission import RETRY_AFTER_S
@@ -29,7 +29,7 @@ Answer = tuple[int, list[tuple[bytes, bytes]], Buffer | list[Buffer]] | ForwardR
 #: (request, path match, exchange: where a handler sets the model it serves) -> answer
 Handler = Callable[[HttpRequest, Any, Exchange], Awaitable[Answer]]
 
-JSON = [(b"content-type", b"application/json")]
+JSON: Final = [(b"content-type", b"application/json")]
 
 
 def json_answer(status: int, obj: Any) -> Answer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import partial
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
@@ -25,11 +25,11 @@ from v2proxy.frontends.rest_request import BodyReader
 from v2proxy.http.request import HttpRequest
 from v2proxy.ops.recorders import FrontendRecorder
 
-STREAM_RELAY_MIN = 4 * 1024 * 1024
-_IHCL = binc.IHCL_HEADER.lower().encode()
-_REQUEST_ID = b"x-request-id"
+STREAM_RELAY_MIN: Final = 4 * 1024 * 1024
+_IHCL: Final = binc.IHCL_HEADER.lower().encode()
+_REQUEST_ID: Final = b"x-request-id"
 #: the dropped headers whose first value infer_headers says
-_NOTED = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
+_NOTED: Final = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
 
 
 def infer_headers(

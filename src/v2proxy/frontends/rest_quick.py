@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
@@ -37,9 +37,9 @@ from v2proxy.http.response import HttpResponse
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import RestFrontend
 
-_OP = "infer"
-_IHCL = b"inference-header-content-length"
-_TARGETS_KEPT = 1024
+_OP: Final = "infer"
+_IHCL: Final = b"inference-header-content-length"
+_TARGETS_KEPT: Final = 1024
 log = logging.getLogger(__name__)
 
 

@@ -15,19 +15,19 @@ Inference-Header-Content-Length) or ``raw`` (one of 0), for /infer only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.core.model import Buffer
 from v2proxy.frontends.exchange import GONE_STATUS
 from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
 from v2proxy.http.response import nbytes
 
-REQUEST_ID = b"x-request-id"
+REQUEST_ID: Final = b"x-request-id"
 #: the cause recorded for a client that went away before its answer was complete
-GONE = "the client went away"
+GONE: Final = "the client went away"
 #: the ``error`` label of error answers that are no ProxyError
-_STATUS_ERRORS = {405: "method_not_allowed", 400: "not_ready"}
-_IHCL = b"inference-header-content-length"
+_STATUS_ERRORS: Final = {405: "method_not_allowed", 400: "not_ready"}
+_IHCL: Final = b"inference-header-content-length"
 
 
 def describe(request: Any) -> tuple[str | None, str, str]:

@@ -21,6 +21,7 @@ import ssl as _ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from v2proxy.http import Buffer
 from v2proxy.http.client_conn import ClientConnection
@@ -33,9 +34,9 @@ from v2proxy.http.client_errors import (
 from v2proxy.http.client_head import RequestHeads
 from v2proxy.http.client_response import ClientResponse
 
-_JOIN_MAX = 64 * 1024
-_RETRIABLE = frozenset({"GET", "HEAD", "OPTIONS"})
-_EMPTY_BODY_LENGTH = frozenset({"POST", "PUT", "PATCH"})
+_JOIN_MAX: Final = 64 * 1024
+_RETRIABLE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_EMPTY_BODY_LENGTH: Final = frozenset({"POST", "PUT", "PATCH"})
 
 __all__ = ["HttpClient", "StreamBody"]
 

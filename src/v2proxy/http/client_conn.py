@@ -18,6 +18,7 @@ import asyncio
 import select
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 import httptools
 
@@ -34,18 +35,20 @@ from v2proxy.http.lazy_timer import LazyTimer
 __all__ = ["ClientConnection"]
 
 # What the connection expects.
-_IDLE = 0  # no answer is due: bytes now are unexpected
-_HEAD = 1
-_BODY = 2  # parsed by llhttp (chunked, read-to-close, the first buffer of a length)
-_RAW = 3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
+_IDLE: Final = 0  # no answer is due: bytes now are unexpected
+_HEAD: Final = 1
+_BODY: Final = 2  # parsed by llhttp (chunked, read-to-close, the first buffer of a length)
+_RAW: Final = (
+    3  # the rest of a Content-Length body: counted here, handed out as the transport gave it
+)
 
-_HIGH_WATER = 1 << 20
-_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
-_V11 = (1, 1)
-_LOW_WATER = 256 * 1024
+_HIGH_WATER: Final = 1 << 20
+_FRAMING: Final = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+_V11: Final = (1, 1)
+_LOW_WATER: Final = 256 * 1024
 
 #: anything the server sends to an idle connection, its end included (POLLERR, POLLHUP unasked)
-_POLL_READ = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
+_POLL_READ: Final = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
 
 
 def _http2_frames(data: bytes) -> bool:

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
-from typing import Protocol
+from typing import Final, Protocol
 
 #: (method, version, content_length, chunked, keep_alive, expect_continue)
 Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
 
 _V11, _V10 = (1, 1), (1, 0)
-_VERSIONS = {"1.1": _V11, "1.0": _V10}
-_SLASH = ord("/")
+_VERSIONS: Final = {"1.1": _V11, "1.0": _V10}
+_SLASH: Final = ord("/")
 #: the fields llhttp's keep-alive verdict reads
-_CONNECTION = frozenset((b"connection", b"proxy-connection"))
-_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+_CONNECTION: Final = frozenset((b"connection", b"proxy-connection"))
+_METHODS: Final = {
+    m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")
+}
 FRAMING = _FRAMING = frozenset(
     (
         b"content-length",

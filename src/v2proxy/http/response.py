@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import Final
 
 from v2proxy.http import Buffer
 from v2proxy.http.request import ClientDisconnected, ConnectionSide, HttpRequest
 
-JOIN_MAX = 64 * 1024
+JOIN_MAX: Final = 64 * 1024
 
-STATUS_LINES: dict[int, bytes] = {
+STATUS_LINES: Final[dict[int, bytes]] = {
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus
 }
-_NO_BODY = frozenset((204, 304))
-_V11 = (1, 1)
+_NO_BODY: Final = frozenset((204, 304))
+_V11: Final = (1, 1)
 
 
 def nbytes(buf: Buffer) -> int:

@@ -21,7 +21,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -59,17 +59,17 @@ class QuickHandler(Protocol):
         ...
 
 
-MAX_PIPELINE = 16
-DISCARD_MAX = 64 * 1024
-LINGER = 1.0
-_SLICE = 64 * 1024  # input is parsed in slices of this size, to stop when the queue is full
-QUICK_BODY = 64 * 1024
+MAX_PIPELINE: Final = 16
+DISCARD_MAX: Final = 64 * 1024
+LINGER: Final = 1.0
+_SLICE: Final = 64 * 1024  # input is parsed in slices of this size, to stop when the queue is full
+QUICK_BODY: Final = 64 * 1024
 
 #: what the connection's one timer is for
 NONE, IDLE, HEAD, BODY, LINGERING = range(5)
 
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_CLOSE = b"Connection: close\r\n\r\n"
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CLOSE: Final = b"Connection: close\r\n\r\n"
 
 
 class _NoCallbacks:
@@ -77,7 +77,7 @@ class _NoCallbacks:
 
 
 #: the parser a lost connection keeps instead of its own (which holds it in a reference cycle)
-CLOSED_PARSER = httptools.HttpRequestParser(_NoCallbacks())
+CLOSED_PARSER: Final = httptools.HttpRequestParser(_NoCallbacks())
 
 
 def error_answer(status: int, message: str) -> bytes:
@@ -98,7 +98,7 @@ def _reason(exc: Exception) -> str:
 
 
 #: what ``feed_data`` raises to stop: a parse error, or a (declined) Upgrade
-_PARSE_STOPS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
+_PARSE_STOPS: Final = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 
 
 class _Reject(Exception):

@@ -9,7 +9,7 @@ values and then only adds to plain numbers; with ``--metrics off`` its cells are
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Final
 
 from v2proxy.ops.metrics import (
     BACKEND_DURATION,
@@ -130,7 +130,7 @@ class FrontendRecorder:
 
 
 #: connection-level failures of a backend call -> the ``error`` label of BACKEND_ERRORS
-_CONNECTION_ERRORS = {
+_CONNECTION_ERRORS: Final = {
     "BackendUnavailable": "unavailable",
     "GatewayTimeout": "timeout",
     "BadGateway": "bad_gateway",
