@@ -15,7 +15,7 @@ from setuptools import Extension, setup
 #: the modules every small relayed request runs through, compiled by mypyc. Left out:
 #: http/request.py and backends/rest.py (tests stand in for HttpRequest and replace RestBackend's
 #: methods, which compiled classes refuse; both hold async generators, which mypyc lacks),
-#: core/relay.py (async generators), core/headers.py (a list subclass), codecs/relay_check.py and
+#: core/relay.py (async generators), core/headers.py (a list subclass), codecs/json_shapes.py and
 #: codecs/framed_check.py (their msgspec Structs take class keywords mypyc does not pass on), and
 #: the timer, metrics, knowledge store and request heads: compiled too, the path measured slower
 #: (floor.py 129.8k -> 136.9k with all four)
@@ -35,6 +35,7 @@ COMPILED = [
     "src/v2proxy/backends/rest_answers.py",
     "src/v2proxy/backends/endpoints.py",
     "src/v2proxy/backends/rest_encoding.py",
+    "src/v2proxy/codecs/relay_check.py",
     "src/v2proxy/core/admission.py",
     "src/v2proxy/ops/recorders.py",
 ]

@@ -321,25 +321,11 @@ class RestBackend:
             and staging.wanted(request)
         ):
             return None
-        endpoints = self._pool.endpoints
-        ep = endpoints.pick()
-        if ep is None:
-            return None
-        client = ep.client
         model = request.model_name
-        try:
-            target = self._infer_target(model, request.model_version)
-            head = client.head("POST", target, infer_headers(headers, ihcl), len(body))
-            conn = client.idle_now()
-        except ValueError:
-            conn = None  # (infer says why)
-        if conn is None:
-            endpoints.unpick()
-            return None
+        target = self._infer_target(model, request.model_version)
         due = loop.time() + self._timeout
-        call = RelayCall(self._relay_side, ep, conn, model, done, due, self._decoded, timed=True)
-        call.send(head, body)
-        return call.abandon
+        sent = infer_headers(headers, ihcl)
+        return self._relay_side.now(target, model, body, sent, done, due, self._decoded)
 
     async def stream_infer(
         self, request: InferRequest, headers: Headers
@@ -403,24 +389,9 @@ class RestBackend:
         loop = self._loop
         if loop is None:
             return None
-        endpoints = self._pool.endpoints
-        ep = endpoints.pick()
-        if ep is None:
-            return None
-        client = ep.client
-        try:
-            target = self._targets.get((model, version)) or self._infer_target(model, version)
-            head = client.head("POST", target, infer_headers(headers, ihcl), len(body))
-            conn = client.idle_now()
-        except ValueError:
-            conn = None  # (relay_infer says why)
-        if conn is None:
-            endpoints.unpick()  # relay_infer picks it again, and waits for a connection there
-            return None
+        target = self._targets.get((model, version)) or self._infer_target(model, version)
         due = loop.time() + self._timeout
-        call = RelayCall(self._relay_side, ep, conn, model, done, due, timed=True)
-        call.send(head, body)
-        return call.abandon
+        return self._relay_side.now(target, model, body, infer_headers(headers, ihcl), done, due)
 
     async def _relay_whole(
         self,

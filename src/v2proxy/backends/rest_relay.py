@@ -10,7 +10,7 @@ answer is read whole. A transcoded call (``finish`` set) always reads its 200 wh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, Final
 
@@ -52,6 +52,37 @@ class RelaySide:
         #: told of each call once it is over (:meth:`Backend.time_now
         #: <v2proxy.core.ports.Backend.time_now>`)
         self.record: Record | None = None
+
+    def now(
+        self,
+        target: str,
+        model: str,
+        body: bytes | bytearray | memoryview,
+        headers: Sequence[tuple[bytes, bytes]],
+        done: Callable[[Any], None],
+        due: float,
+        finish: Finish | None = None,
+    ) -> Callable[[], None] | None:
+        """A whole body sent at once to ``target`` on an idle connection of the endpoint picked
+        for it, timed (:attr:`record`): the call's cancel, its outcome given to ``done`` later.
+        None, with nothing sent, when none is idle or the head cannot be written (then the
+        awaited call, which waits for a connection or says why)."""
+        endpoints = self.endpoints
+        ep = endpoints.pick()
+        if ep is None:
+            return None
+        client = ep.client
+        try:
+            head = client.head("POST", target, headers, len(body))
+            conn = client.idle_now()
+        except ValueError:
+            conn = None
+        if conn is None:
+            endpoints.unpick()  # the awaited call picks it again
+            return None
+        call = RelayCall(self, ep, conn, model, done, due, finish, True)
+        call.send(head, body)
+        return call.abandon
 
     def failed(self, exc: BaseException) -> ProxyError:
         """The error-tree error of a failure of the call (an unexpected one is a 502)."""
