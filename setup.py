@@ -13,14 +13,14 @@ import os
 from setuptools import Extension, setup
 
 #: the modules every small relayed request runs through, compiled by mypyc. Left out:
-#: http/request.py and backends/rest.py (tests stand in for HttpRequest and replace RestBackend's
-#: methods, which compiled classes refuse; both hold async generators, which mypyc lacks),
+#: backends/rest.py (tests replace RestBackend's methods, which a compiled class refuses),
 #: core/relay.py (async generators), core/headers.py (a list subclass), codecs/json_shapes.py and
 #: codecs/framed_check.py (their msgspec Structs take class keywords mypyc does not pass on), and
 #: the timer, metrics, knowledge store and request heads: compiled too, the path measured slower
 #: (floor.py 129.8k -> 136.9k with all four)
 COMPILED = [
     "src/v2proxy/http/head.py",
+    "src/v2proxy/http/request.py",
     "src/v2proxy/http/response.py",
     "src/v2proxy/http/server_conn.py",
     "src/v2proxy/http/client_conn.py",

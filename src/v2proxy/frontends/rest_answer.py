@@ -19,7 +19,7 @@ from v2proxy.core.errors import Overloaded, ProxyError, UnsupportedEncoding
 from v2proxy.core.model import Buffer
 from v2proxy.core.ports import ForwardResponse, no_release
 from v2proxy.frontends.exchange import Exchange
-from v2proxy.http.request import HttpRequest
+from v2proxy.http.request import HttpRequest, Request
 from v2proxy.http.response import HttpResponse
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def forwarded_headers(answer: ForwardResponse, rid: bytes | None) -> list[tuple[
 
 
 async def write_forwarded(
-    request: HttpRequest, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
+    request: Request, response: HttpResponse, answer: ForwardResponse, rid: bytes | None
 ) -> int:
     """Write a backend's answer through: in one piece when it was read whole, else streamed as
     it comes (with its Content-Length when it has one). Returns the body bytes written."""

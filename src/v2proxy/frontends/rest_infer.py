@@ -22,7 +22,7 @@ from v2proxy.core.ports import ForwardResponse, Headers, StreamedBody
 from v2proxy.frontends.exchange import Exchange
 from v2proxy.frontends.rest_answer import Answer
 from v2proxy.frontends.rest_request import BodyReader
-from v2proxy.http.request import HttpRequest
+from v2proxy.http.request import Request
 from v2proxy.ops.recorders import FrontendRecorder
 
 STREAM_RELAY_MIN: Final = 4 * 1024 * 1024
@@ -33,7 +33,7 @@ _NOTED: Final = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
 
 
 def infer_headers(
-    r: HttpRequest,
+    r: Request,
 ) -> tuple[str | None, str | None, str | None, Headers, bytes | None]:
     """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (first values), the
     headers passed on (:data:`~v2proxy.core.headers.WRITTEN`) and ``x-request-id``, in one pass:
@@ -79,7 +79,7 @@ class InferEndpoint:
         #: --max-input-size: a decompressed body, a decoded tensor
         self.max_input_size = max_input_size
 
-    async def infer(self, r: HttpRequest, m: Any, _x: Exchange) -> Answer:
+    async def infer(self, r: Request, m: Any, _x: Exchange) -> Answer:
         """The handler of the route (``m``: its path match)."""
         model, version = m.group("model", "version")
         model = model or ""

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from v2proxy.core.model import Buffer
 from v2proxy.frontends.exchange import GONE_STATUS
-from v2proxy.http.request import BodyError, ClientDisconnected, HttpRequest
+from v2proxy.http.request import BodyError, ClientDisconnected, Request
 from v2proxy.http.response import nbytes
 
 REQUEST_ID: Final = b"x-request-id"
@@ -32,7 +32,7 @@ _IHCL: Final = b"inference-header-content-length"
 
 def describe(request: Any) -> tuple[str | None, str, str]:
     """How the log lines name a request: its ``x-request-id``, method and path."""
-    r: HttpRequest = request
+    r: Request = request
     seen = r.state  # an /infer request's headers' one pass, when it was made
     rid = r.header(REQUEST_ID) if seen is None else seen[4]
     return None if rid is None else rid.decode("latin-1"), r.method, r.path

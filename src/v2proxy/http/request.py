@@ -15,7 +15,9 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from mypy_extensions import mypyc_attr
 
 from v2proxy.http.head import Head
 
@@ -39,6 +41,7 @@ class ServerLimits:
     write_timeout: float = 60.0  # a client that does not read its answer this long is dropped
 
 
+@mypyc_attr(native_class=False)
 class ClientDisconnected(ConnectionError):
     """The client closed the connection (or stopped reading) before the exchange ended."""
 
@@ -46,15 +49,42 @@ class ClientDisconnected(ConnectionError):
 class BodyError(Exception):
     """The request body cannot be taken; the server answers :attr:`status` and closes."""
 
-    status = 400
+    status: ClassVar[int] = 400
 
 
 class BodyTooLarge(BodyError):
-    status = 413
+    status: ClassVar[int] = 413
 
 
 class BodyTimeout(BodyError):
-    status = 408
+    status: ClassVar[int] = 408
+
+
+class Request(Protocol):
+    """What a handler reads of a request: an :class:`HttpRequest` (compiled, so a function typed
+    with it takes nothing else) or, where a handler may be given another, anything of this shape
+    (the tests' stand-ins)."""
+
+    method: str
+    path: str
+    target: bytes
+    query: bytes
+    headers: list[tuple[bytes, bytes]]
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool
+    client: tuple[str, int] | None
+    state: Any
+
+    def header(self, name: bytes) -> bytes | None: ...
+
+    def whole(self, limit: int, take: bool = True) -> bytes | None: ...
+
+    async def read(self, limit: int | None = None) -> bytearray: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    def gone(self) -> asyncio.Future[None]: ...
 
 
 class ConnectionSide(Protocol):
@@ -96,6 +126,37 @@ def split_target(target: bytes) -> tuple[str, bytes]:
     """An origin-form target's path (decoded as latin-1) and query (after the first ``?``)."""
     path, _, query = target.partition(b"?")
     return path.decode("latin-1"), query
+
+
+class _Pieces:
+    """:meth:`HttpRequest.chunks`: its body in the pieces it arrived in, read from the first
+    :meth:`__anext__` (an iterator of its own: mypyc compiles no async generator)."""
+
+    __slots__ = ("_begun", "_req")
+
+    def __init__(self, req: HttpRequest) -> None:
+        self._req = req
+        self._begun = False
+
+    def __aiter__(self) -> _Pieces:
+        return self
+
+    async def __anext__(self) -> bytes:
+        req = self._req
+        if not self._begun:
+            self._begun = True
+            req._begin()
+        chunks = req._chunks
+        while True:
+            if chunks:
+                piece = chunks.popleft()
+                req._took(len(piece))
+                return piece
+            if req._complete:
+                raise StopAsyncIteration
+            if req._error is not None:
+                raise req._error
+            await req._wait()
 
 
 class HttpRequest:
@@ -223,21 +284,9 @@ class HttpRequest:
                 raise self._error
             await self._wait()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         """The body in the pieces it arrived in."""
-        self._begin()
-        chunks = self._chunks
-        while True:
-            if chunks:
-                piece = chunks.popleft()
-                self._took(len(piece))
-                yield piece
-            elif self._complete:
-                return
-            elif self._error is not None:
-                raise self._error
-            else:
-                await self._wait()
+        return _Pieces(self)
 
     def _refuse(self, cap: int) -> None:
         self.keep_alive = False
@@ -273,7 +322,7 @@ class HttpRequest:
             self._wake()
 
 
-async def unless_gone(r: HttpRequest, work: Coroutine[Any, Any, T]) -> T:
+async def unless_gone(r: Request, work: Coroutine[Any, Any, T]) -> T:
     """``work``'s result, or :class:`ClientDisconnected` (``work`` cancelled) when the client
     goes away first. For long waits only (an LLM's generation): it costs a task."""
     task = asyncio.ensure_future(work)
