@@ -53,17 +53,13 @@ class _FromSource(MetaPathFinder):
             return None
         spec = PathFinder.find_spec(fullname, path)
         origin = None if spec is None else spec.origin
-        if origin is None or not origin.endswith(tuple(EXTENSION_SUFFIXES)):
-            return None  # (the usual finders find it)
-        for suffix in EXTENSION_SUFFIXES:
-            if origin.endswith(suffix):
-                source = origin[: -len(suffix)] + ".py"
-                if os.path.exists(source):
-                    return spec_from_file_location(fullname, source)
-        return None
+        source = None if origin is None else _SOURCES.get(os.path.abspath(origin))
+        return None if source is None else spec_from_file_location(fullname, source)
 
 
 _PAIRS = _compiled_pairs()
+#: each compiled module's extension -> its source
+_SOURCES = dict(_PAIRS)
 #: whether the compiled modules are the ones imported
 COMPILED = bool(_PAIRS) and _use_compiled(_PAIRS)
 
