@@ -1,5 +1,6 @@
 """``codecs.relay_check.plain_json_request``: sound against the full decoder (every body it
-accepts, the decoder accepts, and no stage applies to it), and it accepts the common shapes."""
+accepts, the decoder accepts, and no stage applies to it), byte by byte as well as field by
+field, and it accepts the common shapes however they are spaced and ordered."""
 
 from __future__ import annotations
 
@@ -68,6 +69,17 @@ ACCEPTED = [
     ("no outputs list", _with(outputs=[])),
     # a body with a byte of "true" or "false" ("r", "l") takes the element kinds' full look
     ("names with r and l", _with(inputs=[dict(SIMPLE["inputs"][0], name="real_label")])),
+    ("spaced and indented", json.loads(json.dumps(SIMPLE, indent=2))),
+    (
+        "data before datatype",
+        {"inputs": [{"data": [1, 2], "shape": [2], "datatype": "INT8", "name": "X"}]},
+    ),
+    ("id and outputs null", _with(id=None, outputs=None)),
+    ("exponents", _input(data=[1e-5, -2.5e30])),
+    ("negative and zero", _input(datatype="INT64", data=[-(2**63), -0])),
+    ("uint8 top", _input(datatype="UINT8", data=[0, 255])),
+    ("a name in UTF-8", json.dumps(_input(name="température"), ensure_ascii=False).encode()),
+    ("fp32 integer beyond 64 bits", _input(data=[2**70, -(2**70)])),
     (
         "fp32 beside bool",
         {
@@ -81,6 +93,51 @@ ACCEPTED = [
 
 REFUSED = [
     ("not JSON", b"{"),
+    ("trailing bytes", _body(SIMPLE) + b" x"),
+    ("two documents", _body(SIMPLE) * 2),
+    ("trailing comma", b'{"inputs":[{"name":"X","datatype":"INT8","shape":[2],"data":[1,2,]}]}'),
+    ("leading zero", b'{"inputs":[{"name":"X","datatype":"INT8","shape":[2],"data":[01,2]}]}'),
+    ("plus sign", b'{"inputs":[{"name":"X","datatype":"INT8","shape":[2],"data":[+1,2]}]}'),
+    ("bare minus", b'{"inputs":[{"name":"X","datatype":"INT8","shape":[2],"data":[-,2]}]}'),
+    (
+        "space in a number",
+        b'{"inputs":[{"name":"X","datatype":"INT8","shape":[2],"data":[1 2,3]}]}',
+    ),
+    (
+        "dot without digits",
+        b'{"inputs":[{"name":"X","datatype":"FP32","shape":[2],"data":[1.,2]}]}',
+    ),
+    (
+        "exponent without digits",
+        b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":[1e]}]}',
+    ),
+    ("fp64 overflow", b'{"inputs":[{"name":"X","datatype":"FP64","shape":[1],"data":[1e400]}]}'),
+    ("fp32 overflow", _input(data=[3.5e38, 1.0])),
+    (
+        "Infinity literal",
+        b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":[Infinity]}]}',
+    ),
+    ("negative unsigned", _input(datatype="UINT8", data=[1, -1])),
+    ("uint64 beyond", _input(datatype="UINT64", data=[1, 2**64])),
+    ("int64 below", _input(datatype="INT64", data=[1, -(2**63) - 1])),
+    ("a bracket in a string", _input(data=["]", 1])),
+    (
+        "duplicate key",
+        b'{"inputs":[{"name":"X","name":"Y","datatype":"INT8","shape":[1],"data":[1]}]}',
+    ),
+    ("duplicate inputs key", b'{"inputs":[],"inputs":[]}'),
+    ("an escaped key", b'{"inputs":[{"n\\u0061me":"X","datatype":"INT8","shape":[1],"data":[1]}]}'),
+    (
+        "an escape in a name",
+        b'{"inputs":[{"name":"X\\n","datatype":"INT8","shape":[1],"data":[1]}]}',
+    ),
+    (
+        "a control byte in a name",
+        b'{"inputs":[{"name":"X\x01","datatype":"INT8","shape":[1],"data":[1]}]}',
+    ),
+    ("a name not UTF-8", b'{"inputs":[{"name":"X\xff","datatype":"INT8","shape":[1],"data":[1]}]}'),
+    ("an unclosed string", b'{"inputs":[{"name":"X'),
+    ("an unclosed list", b'{"inputs":[{"name":"X","datatype":"INT8","shape":[1],"data":[1'),
     ("an array", b"[]"),
     ("NaN literal", b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],"data":[NaN]}]}'),
     ("request parameters", _with(parameters={})),
@@ -126,7 +183,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("case", "obj"), ACCEPTED, ids=[c for c, _ in ACCEPTED])
 def test_the_common_shapes_are_accepted(case: str, obj: Any) -> None:
-    body = _body(obj)
+    body = obj if isinstance(obj, bytes) else _body(obj)
     assert plain_json_request(body, LIMIT, TENSORS) is True
     assert _decodes(body)
 
@@ -242,5 +299,81 @@ def _requests(draw: st.DrawFn) -> Any:
 @given(_requests())
 def test_whatever_it_accepts_the_decoder_accepts_and_relays(obj: Any) -> None:
     body = _body(obj)
+    if plain_json_request(body, LIMIT, TENSORS):
+        assert _decodes(body), body
+
+
+#: the bytes that move a JSON text between shapes, kinds and ranges
+_EDITS = b' \t\n,:[]{}"-+.eE0123456789truefalsnl\\\x00\x1f\x7f\xc3\xa9\xff'
+
+
+@st.composite
+def _edited(draw: st.DrawFn) -> bytes:
+    """A valid body, spaced one way or another, with up to three bytes inserted, replaced or
+    deleted."""
+    obj = draw(_plain_requests())
+    body = bytearray(_text(obj, draw(st.sampled_from(_SPACINGS))))
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(body) - 1))
+        byte = draw(st.sampled_from(_EDITS))
+        edit = draw(st.sampled_from(["insert", "replace", "delete"]))
+        if edit == "insert":
+            body.insert(at, byte)
+        elif edit == "replace":
+            body[at] = byte
+        else:
+            del body[at]
+    return bytes(body)
+
+
+_SPACINGS = [None, (",", ":"), (", ", ": "), 2]
+
+
+def _text(obj: Any, spacing: Any) -> bytes:
+    if isinstance(spacing, int):
+        return json.dumps(obj, indent=spacing, ensure_ascii=False).encode()
+    return json.dumps(obj, separators=spacing, ensure_ascii=False).encode()
+
+
+@st.composite
+def _plain_requests(draw: st.DrawFn) -> Any:
+    """A request of the plain shape with its keys in any order; FP32 within its range."""
+    inputs = []
+    for i in range(draw(st.integers(min_value=1, max_value=3))):
+        datatype = draw(st.sampled_from(sorted(_VALUES)))
+        shape = draw(st.lists(st.integers(min_value=1, max_value=4), max_size=3))
+        count = 1
+        for d in shape:
+            count *= d
+        values = _VALUES[datatype]
+        if datatype == "FP32":
+            values = st.floats(-3.0e38, 3.0e38) | st.integers(-(2**70), 2**70)
+        data = draw(st.lists(values, min_size=count, max_size=count))
+        fields = [("name", f"I{i}"), ("datatype", datatype), ("shape", shape), ("data", data)]
+        inputs.append(dict(draw(st.permutations(fields))))
+    obj: dict[str, Any] = {"inputs": inputs}
+    if draw(st.booleans()):
+        obj["outputs"] = [{"name": f"O{i}"} for i in range(draw(st.integers(0, 2)))]
+    if draw(st.booleans()):
+        # (what JSON spells with an escape is refused: see test_anything_else_takes_the_full_path)
+        obj["id"] = draw(
+            st.text(max_size=4).filter(lambda t: t.isprintable() and '"' not in t and "\\" not in t)
+        )
+    return obj
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_plain_requests(), st.sampled_from(_SPACINGS))
+def test_every_plain_request_is_accepted(obj: Any, spacing: Any) -> None:
+    body = _text(obj, spacing)
+    assert plain_json_request(body, LIMIT, TENSORS) is True, body
+    assert _decodes(body), body
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_edited())
+def test_a_body_edited_byte_by_byte_is_accepted_only_if_the_decoder_accepts_it(
+    body: bytes,
+) -> None:
     if plain_json_request(body, LIMIT, TENSORS):
         assert _decodes(body), body

@@ -1,5 +1,6 @@
-"""msgspec types of the common small JSON ``/infer`` request, checked as it is parsed: the plain
-decoder's shape and the relay check's (:data:`RELAY_CHECK`)."""
+"""msgspec types of the common small JSON ``/infer`` request, checked as it is parsed: the shape
+the plain decoder (:mod:`~v2proxy.codecs.json_plain`) builds from. Never compiled by mypyc, which
+would not pass these structs' class keywords on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 
-from v2proxy.codecs.dtypes import INTEGER_TYPES, ITEM_SIZE
 from v2proxy.codecs.json_data import SMALL_ARRAY
 from v2proxy.core.model import Datatype
 
@@ -63,52 +63,3 @@ def request_decoder(tensors: Any, outputs: Any, parameters: bool) -> msgspec.jso
         fields.append(("parameters", Union[dict[str, Any], None], None))  # noqa: UP007
     request = msgspec.defstruct("_Request", fields, forbid_unknown_fields=True, gc=False)
     return msgspec.json.Decoder(request)
-
-
-_FP32_MAX = 3.4028234663852886e38
-_UINT64_MAX = (1 << 64) - 1
-
-
-def _ranged(dt: Datatype) -> Any:
-    """The type of one element of ``dt``'s data, its range included (UINT64's top is checked
-    by the relay check: msgspec bounds an int within int64 only)."""
-    if dt is Datatype.BOOL:
-        return bool
-    if dt is Datatype.FP32:
-        return Annotated[float, msgspec.Meta(ge=-_FP32_MAX, le=_FP32_MAX)]
-    if dt is Datatype.FP64:
-        return float
-    if dt is Datatype.UINT64:
-        return Annotated[int, msgspec.Meta(ge=0)]
-    bits = ITEM_SIZE[dt] * 8
-    if dt.value.startswith("U"):
-        return Annotated[int, msgspec.Meta(ge=0, le=(1 << bits) - 1)]
-    return Annotated[int, msgspec.Meta(ge=-(1 << (bits - 1)), le=(1 << (bits - 1)) - 1)]
-
-
-class _NamedOutput(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    name: str
-
-
-def _checked(dt: Datatype) -> dict[str, Any]:
-    """An input's item size, and the top of its elements left to check (0: none)."""
-    return {"itemsize": ITEM_SIZE[dt], "top": _UINT64_MAX if dt is Datatype.UINT64 else 0}
-
-
-#: the relay check's decoder (v2proxy/codecs/relay_check.py, which compares lengths, names and
-#: sizes): inputs of the numeric datatypes, each element within its datatype's range; outputs by
-#: name alone; no parameters. Here, apart from the check, as mypyc compiles the check and would
-#: not pass these structs' class keywords on
-RELAY_CHECK = request_decoder(
-    tensor_types(
-        [
-            dt
-            for dt in Datatype
-            if dt in INTEGER_TYPES or dt in (Datatype.FP32, Datatype.FP64, Datatype.BOOL)
-        ],
-        _ranged,
-        _checked,
-    ),
-    _NamedOutput,
-    parameters=False,
-)
