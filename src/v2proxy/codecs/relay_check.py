@@ -413,36 +413,49 @@ class _Scan:
                 return count
 
     def _integers(self, low: bytes, high: bytes) -> int:
-        """Integers, each within its side's bound (``low`` empty: no minus sign)."""
+        """Integers, each within its side's bound (``low`` empty: no minus sign). One loop,
+        the usual element (a few digits, a comma, perhaps a space) taking no call."""
         b = self.b
         n = self.n
         i = self.i
-        count = 0
-        while True:
-            i = _skip(b, i, n)
-            bound = high
-            if i < n and b[i] == _MINUS:
-                bound = low
+        low_most: i64 = len(low)
+        high_most: i64 = len(high)
+        count: i64 = 0
+        while i < n:
+            c = b[i]
+            if c in (32, 10, 13, 9):
+                i += 1
+                continue
+            negative = c == _MINUS
+            if negative:
                 i += 1
             start = i
-            i = _digits(b, i, n)
+            while i < n:
+                c = b[i]
+                if c < _ZERO or c > _NINE:
+                    break
+                i += 1
             digits = i - start
             if digits == 0 or (digits > 1 and b[start] == _ZERO):
                 return -1
-            most: i64 = len(bound)
-            if digits >= most and (digits > most or b[start:i] > bound):
-                return -1
+            most = low_most if negative else high_most
+            if digits >= most and (digits > most or b[start:i] > (low if negative else high)):
+                return -1  # (an empty low bound: no minus sign)
             count += 1
-            i = _skip(b, i, n)
+            while i < n:
+                c = b[i]
+                if c not in (32, 10, 13, 9):
+                    break
+                i += 1
             if i >= n:
                 return -1
-            c = b[i]
             i += 1
             if c == _CLOSE_LIST:
                 self.i = i
                 return count
             if c != _COMMA:
                 return -1
+        return -1
 
     def _floats(self, single: bool) -> int:
         """Numbers, each finite and, for ``single``, within FP32's range."""
