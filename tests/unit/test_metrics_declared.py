@@ -4,9 +4,12 @@ declared metrics."""
 from __future__ import annotations
 
 import json
+import math
 import re
+from bisect import bisect_left
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,6 +73,21 @@ def test_model_labels_are_capped() -> None:
     assert labels.label("b", ok=True) == "b"
     assert labels.label("c", ok=True) == "other"  # the cap
     assert code_class(204) == "2xx" and code_class(499) == "4xx" and code_class(503) == "5xx"
+
+
+@pytest.mark.parametrize("bounds", [(), (1.0,), (0.1, 1.0), tuple(0.001 * 2**k for k in range(15))])
+def test_histogram_cell_counts_where_bisect_left_says(bounds: tuple[float, ...]) -> None:
+    """Its search is written out (compiled, it stays in C): every bound, either side of it,
+    the extremes and NaN land where ``bisect_left`` puts them."""
+    values = [-math.inf, 0.0, math.inf, math.nan]
+    for b in bounds:
+        values += [b, math.nextafter(b, -math.inf), math.nextafter(b, math.inf)]
+    for v in values:
+        h = Histogram(bounds)
+        h.observe(v)
+        expected = [0] * (len(bounds) + 1)
+        expected[bisect_left(bounds, v)] = 1
+        assert h.counts == expected, (bounds, v)
 
 
 def test_histogram_cell_buckets_and_exposition() -> None:

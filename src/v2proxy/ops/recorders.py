@@ -8,7 +8,6 @@ values and then only adds to plain numbers; with ``--metrics off`` its cells are
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any, Final
 
 from v2proxy.ops.metrics import (
@@ -109,9 +108,7 @@ class FrontendRecorder:
         if cells is None:
             cells = self._cells[key] = self._bind(key)
         cells.count.value += 1
-        hist = cells.duration  # Histogram.observe, written out
-        hist.counts[bisect_left(hist.bounds, duration)] += 1
-        hist.sum += duration
+        cells.duration.observe(duration)
         if cells.error is not None:
             cells.error.value += 1
         cells.received.value += n_in
@@ -156,8 +153,7 @@ class BackendRecorder:
             hist = self._durations[(op, label)] = self._metrics.store(BACKEND_DURATION).child(
                 label, op, self.backend
             )
-        hist.counts[bisect_left(hist.bounds, duration)] += 1  # Histogram.observe, written out
-        hist.sum += duration
+        hist.observe(duration)
         if exc is not None:
             kind = _CONNECTION_ERRORS.get(type(exc).__name__)
             if kind is None:
