@@ -17,8 +17,7 @@ from setuptools import Extension, setup
 #: core/relay.py (async generators), core/headers.py (a list subclass), codecs/json_shapes.py and
 #: codecs/framed_check.py (their msgspec Structs take class keywords mypyc does not pass on),
 #: backends/rest_requests.py (compiled, its constant header tuples are made anew per use, so the
-#: client's head cache misses: floor.py 102.1k -> 114.4k), and the timer and knowledge store
-#: (under 0.6k each: not worth a module more to keep stand-ins away from)
+#: client's head cache misses: floor.py 102.1k -> 114.4k), and the timer (0.3k: not worth it)
 COMPILED = [
     "src/v2proxy/http/head.py",
     "src/v2proxy/http/request.py",
@@ -40,6 +39,7 @@ COMPILED = [
     "src/v2proxy/core/admission.py",
     "src/v2proxy/ops/recorders.py",
     "src/v2proxy/ops/metrics.py",
+    "src/v2proxy/core/knowledge.py",
 ]
 
 # memcpy that reports a SIGBUS instead of dying of it: every access to a client's shared memory

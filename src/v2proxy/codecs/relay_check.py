@@ -321,12 +321,13 @@ class _Scan:
             if key < 0:
                 return False
             end = self.end
-            if _is(b, key, end, b"name"):
+            first = b[key]  # (the closing quote of an empty key)
+            if first == 110 and _is(b, key, end, b"name"):
                 name = self._name()
                 if seen & _NAME or name is None:
                     return False
                 seen |= _NAME
-            elif _is(b, key, end, b"datatype"):
+            elif first == 100 and _is(b, key, end, b"datatype"):
                 datatype = self._name()
                 if seen & _DATATYPE or datatype is None:
                     return False
@@ -334,12 +335,12 @@ class _Scan:
                 if kind is None:
                     return False
                 seen |= _DATATYPE
-            elif _is(b, key, end, b"shape"):
+            elif first == 115 and _is(b, key, end, b"shape"):
                 count = self._shape()
                 if seen & _SHAPE or count < 0:
                     return False
                 seen |= _SHAPE
-            elif _is(b, key, end, b"data"):
+            elif first == 100 and _is(b, key, end, b"data"):
                 if seen & _DATA or self._at() != _OPEN_LIST:
                     return False
                 seen |= _DATA

@@ -30,6 +30,7 @@ from v2proxy.http.client_errors import (
     ReadTimeout,
     RemoteClosed,
 )
+from v2proxy.http.head import field_name
 from v2proxy.http.lazy_timer import LazyTimer
 
 __all__ = ["ClientConnection"]
@@ -237,7 +238,7 @@ class ClientConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
             return  # a chunked answer's trailer: not one of its headers (and not forwarded)
-        name = name.lower()
+        name = field_name(name)
         self.headers.append((name, value))
         if name in _FRAMING:
             if name == b"content-length" and self._length_field is None:

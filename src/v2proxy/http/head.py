@@ -56,6 +56,22 @@ class Rejection(Exception):
         self.message = message
 
 
+#: field names as they came -> lowercased (bounded: names a peer makes up are not kept)
+_LOWERED: Final[dict[bytes, bytes]] = {}
+_LOWERED_KEPT: Final = 256
+
+
+def field_name(name: bytes) -> bytes:
+    """``name`` lowercased, as the connections keep field names: a look-up for the names seen
+    before (``bytes.lower`` is a generic method call from compiled code, a few times dearer)."""
+    low = _LOWERED.get(name)
+    if low is None:
+        low = name.lower()
+        if len(_LOWERED) < _LOWERED_KEPT:
+            _LOWERED[name] = low
+    return low
+
+
 def check_head(
     parser: ParsedHead,
     target: bytes,

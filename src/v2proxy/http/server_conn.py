@@ -25,7 +25,14 @@ from typing import Final, Protocol, cast
 
 import httptools
 
-from v2proxy.http.head import FRAMING, Rejection, check_head, fields_over, fields_size
+from v2proxy.http.head import (
+    FRAMING,
+    Rejection,
+    check_head,
+    field_name,
+    fields_over,
+    fields_size,
+)
 from v2proxy.http.lazy_timer import LazyTimer
 from v2proxy.http.request import (
     HIGH_WATER,
@@ -448,7 +455,7 @@ class Connection(asyncio.Protocol):
         # only gathered here: their limits are checked once per piece (_head_over)
         self.progress = True
         if self.in_head:
-            name = name.lower()
+            name = field_name(name)
             self.headers.append((name, value))
             if name in FRAMING:
                 if name == b"content-length":
