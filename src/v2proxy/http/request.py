@@ -1,6 +1,7 @@
 """One request of a server connection (:mod:`.server_conn`); its answer is written by
-:class:`~v2proxy.http.response.HttpResponse`. Both reach their connection through
-:class:`ConnectionSide`.
+:class:`~v2proxy.http.response.HttpResponse`. Both reach their connection,
+:class:`~v2proxy.http.server_conn.Connection`, as its native class (compiled, its fields are
+read in C).
 
 The body arrives in the ``bytes`` pieces llhttp delivers; the connection pauses reading while
 more than :data:`HIGH_WATER` bytes wait and resumes below :data:`LOW_WATER`. Nothing is
@@ -15,11 +16,14 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from mypy_extensions import mypyc_attr
 
 from v2proxy.http.head import Head
+
+if TYPE_CHECKING:
+    from v2proxy.http.server_conn import Connection
 
 T = TypeVar("T")
 
@@ -87,41 +91,6 @@ class Request(Protocol):
     def gone(self) -> asyncio.Future[None]: ...
 
 
-class ConnectionSide(Protocol):
-    """What a request and its answer use of :class:`~v2proxy.http.server_conn.Connection`."""
-
-    limits: ServerLimits
-    loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport
-    client: tuple[str, int] | None
-    lost: bool
-    body_paused: bool
-    writing_paused: bool
-    closing_after: bool
-
-    def watch_gone(self) -> asyncio.Future[None]:
-        """Done when the client goes away or half-closes (at once if it has)."""
-
-    def send_continue(self, req: HttpRequest) -> None:
-        """Write ``100 Continue`` unless it is no longer due."""
-
-    def answered(self, req: HttpRequest) -> None:
-        """The answer to ``req``, taken by the quick handler, is over (the connection goes on)."""
-
-    def body_drained(self, req: HttpRequest) -> None:
-        """The handler took ``req``'s body below :data:`LOW_WATER`: read on if paused."""
-
-    def connection_header(self, req: HttpRequest) -> bytes:
-        """The end of an answer's head: whether the connection stays open after it."""
-
-    async def drain(self) -> None:
-        """Wait while the client does not read (:class:`ClientDisconnected` after
-        ``write_timeout``, or when it has gone away)."""
-
-    def abort(self) -> None:
-        """Close the connection now."""
-
-
 def split_target(target: bytes) -> tuple[str, bytes]:
     """An origin-form target's path (decoded as latin-1) and query (after the first ``?``)."""
     path, _, query = target.partition(b"?")
@@ -186,7 +155,7 @@ class HttpRequest:
 
     def __init__(
         self,
-        conn: ConnectionSide,
+        conn: Connection,
         target: bytes,
         split: tuple[str, bytes],
         headers: list[tuple[bytes, bytes]],

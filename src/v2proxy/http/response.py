@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from v2proxy.http import Buffer
-from v2proxy.http.request import ClientDisconnected, ConnectionSide, HttpRequest
+from v2proxy.http.request import ClientDisconnected, HttpRequest
+
+if TYPE_CHECKING:
+    from v2proxy.http.server_conn import Connection
 
 JOIN_MAX: Final = 64 * 1024
 
@@ -50,7 +53,7 @@ class HttpResponse:
         "started",
     )
 
-    def __init__(self, conn: ConnectionSide, req: HttpRequest) -> None:
+    def __init__(self, conn: Connection, req: HttpRequest) -> None:
         self._conn = conn
         self.renew(req)
 

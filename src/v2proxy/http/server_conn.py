@@ -1,7 +1,6 @@
 """One server connection: the :class:`asyncio.Protocol` that parses requests as their bytes
 arrive and serves them in order (RFC 9112: parsing, persistence, pipelining, closing; llhttp via
-httptools). It is also the connection's side of its requests and answers
-(:class:`~v2proxy.http.request.ConnectionSide`).
+httptools). Its requests and their answers reach it directly (its native class, compiled).
 
 - Head limits give 414 and 431, checked at the head's end or where a piece of input ends
   inside it; a parse error gives 400 with llhttp's reason (a fixed text, never the client's
