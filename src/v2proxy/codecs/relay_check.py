@@ -65,20 +65,20 @@ def _integers(itemsize: int, signed: bool) -> _Kind:
     return _Kind(_INT, itemsize, 0, (1 << bits) - 1)
 
 
-#: the datatypes relayed as sent, by their name's bytes
-_KINDS: Final[dict[bytes, _Kind]] = {
-    b"BOOL": _Kind(_BOOL, 1),
-    b"UINT8": _integers(1, False),
-    b"UINT16": _integers(2, False),
-    b"UINT32": _integers(4, False),
-    b"UINT64": _integers(8, False),
-    b"INT8": _integers(1, True),
-    b"INT16": _integers(2, True),
-    b"INT32": _integers(4, True),
-    b"INT64": _integers(8, True),
-    b"FP32": _Kind(_FLOAT, 4),
-    b"FP64": _Kind(_FLOAT, 8),
-}
+#: the datatypes relayed as sent, by their name's bytes, the likeliest first
+_KINDS: Final[tuple[tuple[bytes, _Kind], ...]] = (
+    (b"FP32", _Kind(_FLOAT, 4)),
+    (b"INT32", _integers(4, True)),
+    (b"INT64", _integers(8, True)),
+    (b"FP64", _Kind(_FLOAT, 8)),
+    (b"UINT8", _integers(1, False)),
+    (b"INT8", _integers(1, True)),
+    (b"BOOL", _Kind(_BOOL, 1)),
+    (b"INT16", _integers(2, True)),
+    (b"UINT16", _integers(2, False)),
+    (b"UINT32", _integers(4, False)),
+    (b"UINT64", _integers(8, False)),
+)
 
 # the keys seen, as bits
 _INPUTS: Final = 1
@@ -227,6 +227,22 @@ class _Scan:
         self.i = end + 1
         return b[i + 1 : end]
 
+    def _kind(self) -> _Kind | None:
+        """A datatype relayed as sent, matched where it lies (nothing built)."""
+        b = self.b
+        n = self.n
+        i = _skip(b, self.i, n)
+        if i >= n or b[i] != _QUOTE:
+            return None
+        end = _string(b, i, n)
+        if end < 0:
+            return None
+        self.i = end + 1
+        for word, kind in _KINDS:
+            if _is(b, i + 1, end, word):
+                return kind
+        return None
+
     def _null(self) -> bool:
         if self._at() == 110 and self.b.startswith(b"null", self.i):
             self.i += 4
@@ -328,11 +344,8 @@ class _Scan:
                     return False
                 seen |= _NAME
             elif first == 100 and _is(b, key, end, b"datatype"):
-                datatype = self._name()
-                if seen & _DATATYPE or datatype is None:
-                    return False
-                kind = _KINDS.get(datatype)
-                if kind is None:
+                kind = self._kind()
+                if seen & _DATATYPE or kind is None:
                     return False
                 seen |= _DATATYPE
             elif first == 115 and _is(b, key, end, b"shape"):
