@@ -1,7 +1,7 @@
 """v2proxy's compiled parts, built on install (``pip install .`` or ``-e .``; a C compiler is
 needed): the shared-memory guard (C) and the modules of the common request path compiled by
-mypyc from their typed Python source (docs/performance.md, "Compiled hot path"). Everything
-else about the package is in pyproject.toml.
+mypyc from their typed Python source (docs/performance.md, "The common path compiled").
+Everything else about the package is in pyproject.toml.
 
 ``V2PROXY_PURE_PYTHON=1`` builds without mypyc: the same modules run as Python, slower.
 """
