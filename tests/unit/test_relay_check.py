@@ -5,6 +5,7 @@ field, and it accepts the common shapes however they are spaced and ordered."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -247,18 +248,19 @@ _MUTATIONS = [
 ]
 
 
+def _tensor(draw: st.DrawFn, i: int, values: dict[str, st.SearchStrategy[Any]]) -> dict[str, Any]:
+    """Input ``I{i}`` of one of ``values``' datatypes, with as many elements as its shape holds."""
+    datatype = draw(st.sampled_from(sorted(values)))
+    shape = draw(st.lists(st.integers(min_value=1, max_value=4), max_size=3))
+    count = math.prod(shape)
+    data = draw(st.lists(values[datatype], min_size=count, max_size=count))
+    return {"name": f"I{i}", "datatype": datatype, "shape": shape, "data": data}
+
+
 @st.composite
 def _requests(draw: st.DrawFn) -> Any:
     """A valid request with up to two of the mutations applied."""
-    inputs = []
-    for i in range(draw(st.integers(min_value=1, max_value=3))):
-        datatype = draw(st.sampled_from(sorted(_VALUES)))
-        shape = draw(st.lists(st.integers(min_value=1, max_value=4), max_size=3))
-        count = 1
-        for d in shape:
-            count *= d
-        data = draw(st.lists(_VALUES[datatype], min_size=count, max_size=count))
-        inputs.append({"name": f"I{i}", "datatype": datatype, "shape": shape, "data": data})
+    inputs = [_tensor(draw, i, _VALUES) for i in range(draw(st.integers(1, 3)))]
     obj: dict[str, Any] = {"inputs": inputs}
     if draw(st.booleans()):
         obj["outputs"] = [{"name": f"O{i}"} for i in range(draw(st.integers(0, 2)))]
@@ -335,21 +337,16 @@ def _text(obj: Any, spacing: Any) -> bytes:
     return json.dumps(obj, separators=spacing, ensure_ascii=False).encode()
 
 
+#: FP32 within its range, which the check holds it to
+_PLAIN_VALUES = {**_VALUES, "FP32": st.floats(-3.0e38, 3.0e38) | st.integers(-(2**70), 2**70)}
+
+
 @st.composite
 def _plain_requests(draw: st.DrawFn) -> Any:
-    """A request of the plain shape with its keys in any order; FP32 within its range."""
+    """A request of the plain shape with its keys in any order."""
     inputs = []
-    for i in range(draw(st.integers(min_value=1, max_value=3))):
-        datatype = draw(st.sampled_from(sorted(_VALUES)))
-        shape = draw(st.lists(st.integers(min_value=1, max_value=4), max_size=3))
-        count = 1
-        for d in shape:
-            count *= d
-        values = _VALUES[datatype]
-        if datatype == "FP32":
-            values = st.floats(-3.0e38, 3.0e38) | st.integers(-(2**70), 2**70)
-        data = draw(st.lists(values, min_size=count, max_size=count))
-        fields = [("name", f"I{i}"), ("datatype", datatype), ("shape", shape), ("data", data)]
+    for i in range(draw(st.integers(1, 3))):
+        fields = list(_tensor(draw, i, _PLAIN_VALUES).items())
         inputs.append(dict(draw(st.permutations(fields))))
     obj: dict[str, Any] = {"inputs": inputs}
     if draw(st.booleans()):

@@ -184,9 +184,31 @@ class _Scan:
         i = self.i = _skip(self.b, self.i, self.n)
         return self.b[i] if i < self.n else -1
 
+    def _take(self, c: int) -> bool:
+        """Takes the byte ``c``, after whitespace."""
+        if self._at() != c:
+            return False
+        self.i += 1
+        return True
+
+    def _text(self) -> i64:
+        """A string at ``i``: where its text starts (its closing quote in ``end``), or -1 when
+        it is no string of the plain shape."""
+        b = self.b
+        n = self.n
+        i = _skip(b, self.i, n)
+        if i >= n or b[i] != _QUOTE:
+            return -1
+        end = _string(b, i, n)
+        if end < 0:
+            return -1
+        self.end = end
+        self.i = end + 1
+        return i + 1
+
     def _key(self) -> i64:
-        """An object's key and its colon: where the key starts (its end is the colon's
-        position less two: the quote and the colon are taken), or -1."""
+        """An object's key and its colon: where the key starts (its closing quote in ``end``),
+        or -1. (:meth:`_text` and the colon, written out: the check reads a key most often.)"""
         b = self.b
         n = self.n
         i = _skip(b, self.i, n)
@@ -198,8 +220,8 @@ class _Scan:
         j = _skip(b, end + 1, n)
         if j >= n or b[j] != _COLON:
             return -1
-        self.i = j + 1
         self.end = end
+        self.i = j + 1
         return i + 1
 
     def _after(self, close: int) -> int:
@@ -216,31 +238,16 @@ class _Scan:
 
     def _name(self) -> bytes | None:
         """A string value, as its bytes."""
-        b = self.b
-        n = self.n
-        i = _skip(b, self.i, n)
-        if i >= n or b[i] != _QUOTE:
-            return None
-        end = _string(b, i, n)
-        if end < 0:
-            return None
-        self.i = end + 1
-        return b[i + 1 : end]
+        start = self._text()
+        return None if start < 0 else self.b[start : self.end]
 
     def _kind(self) -> _Kind | None:
         """A datatype relayed as sent, matched where it lies (nothing built)."""
-        b = self.b
-        n = self.n
-        i = _skip(b, self.i, n)
-        if i >= n or b[i] != _QUOTE:
-            return None
-        end = _string(b, i, n)
-        if end < 0:
-            return None
-        self.i = end + 1
-        for word, kind in _KINDS:
-            if _is(b, i + 1, end, word):
-                return kind
+        start = self._text()
+        if start >= 0:
+            for word, kind in _KINDS:
+                if _is(self.b, start, self.end, word):
+                    return kind
         return None
 
     def _null(self) -> bool:
@@ -250,9 +257,8 @@ class _Scan:
         return False
 
     def request(self) -> bool:
-        if self._at() != _OPEN_OBJECT:
+        if not self._take(_OPEN_OBJECT):
             return False
-        self.i += 1
         b = self.b
         seen = 0
         while True:
@@ -281,9 +287,8 @@ class _Scan:
                 return seen & _INPUTS != 0 and self._at() == -1
 
     def _inputs(self) -> bool:
-        if self._at() != _OPEN_LIST:
+        if not self._take(_OPEN_LIST):
             return False
-        self.i += 1
         while True:
             if not self._tensor():
                 return False
@@ -294,18 +299,16 @@ class _Scan:
                 return True
 
     def _outputs(self) -> bool:
-        if self._at() != _OPEN_LIST:
+        if not self._take(_OPEN_LIST):
             return False
-        self.i += 1
         if self._at() == _CLOSE_LIST:
             self.i += 1
             return True
         names: set[bytes] = set()
         b = self.b
         while True:
-            if self._at() != _OPEN_OBJECT:
+            if not self._take(_OPEN_OBJECT):
                 return False
-            self.i += 1
             key = self._key()
             if key < 0 or not _is(b, key, self.end, b"name"):
                 return False
@@ -322,9 +325,8 @@ class _Scan:
 
     def _tensor(self) -> bool:
         """One input, its name added to ``inputs``."""
-        if self._at() != _OPEN_OBJECT:
+        if not self._take(_OPEN_OBJECT):
             return False
-        self.i += 1
         b = self.b
         seen = 0
         name: bytes | None = None
@@ -399,9 +401,8 @@ class _Scan:
 
     def _shape(self) -> int:
         """Dimensions, each a non-negative integer: their product, or -1."""
-        if self._at() != _OPEN_LIST:
+        if not self._take(_OPEN_LIST):
             return -1
-        self.i += 1
         if self._at() == _CLOSE_LIST:
             self.i += 1
             return 1
