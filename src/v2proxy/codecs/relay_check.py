@@ -58,7 +58,8 @@ class _Kind:
         self.high = str(high).encode()
 
 
-def _integers(itemsize: int, signed: bool) -> _Kind:
+def _integer_kind(itemsize: int, signed: bool) -> _Kind:
+    """An integer datatype's kind: its bounds from its size and sign."""
     bits = itemsize * 8
     if signed:
         return _Kind(_INT, itemsize, 1 << (bits - 1), (1 << (bits - 1)) - 1)
@@ -68,16 +69,16 @@ def _integers(itemsize: int, signed: bool) -> _Kind:
 #: the datatypes relayed as sent, by their name's bytes, the likeliest first
 _KINDS: Final[tuple[tuple[bytes, _Kind], ...]] = (
     (b"FP32", _Kind(_FLOAT, 4)),
-    (b"INT32", _integers(4, True)),
-    (b"INT64", _integers(8, True)),
+    (b"INT32", _integer_kind(4, True)),
+    (b"INT64", _integer_kind(8, True)),
     (b"FP64", _Kind(_FLOAT, 8)),
-    (b"UINT8", _integers(1, False)),
-    (b"INT8", _integers(1, True)),
+    (b"UINT8", _integer_kind(1, False)),
+    (b"INT8", _integer_kind(1, True)),
     (b"BOOL", _Kind(_BOOL, 1)),
-    (b"INT16", _integers(2, True)),
-    (b"UINT16", _integers(2, False)),
-    (b"UINT32", _integers(4, False)),
-    (b"UINT64", _integers(8, False)),
+    (b"INT16", _integer_kind(2, True)),
+    (b"UINT16", _integer_kind(2, False)),
+    (b"UINT32", _integer_kind(4, False)),
+    (b"UINT64", _integer_kind(8, False)),
 )
 
 # the keys seen, as bits

@@ -1,7 +1,8 @@
 """One request of a server connection (:mod:`.server_conn`); its answer is written by
 :class:`~v2proxy.http.response.HttpResponse`. Both reach their connection,
-:class:`~v2proxy.http.server_conn.Connection`, as its native class (compiled, its fields are
-read in C).
+:class:`~v2proxy.http.server_conn.Connection`, typed with its class (compiled, its fields are
+read in C; a protocol would make each read a generic look-up). The import is for the type
+checker only: ``server_conn`` imports this module, never the other way at run time.
 
 The body arrives in the ``bytes`` pieces llhttp delivers; the connection pauses reading while
 more than :data:`HIGH_WATER` bytes wait and resumes below :data:`LOW_WATER`. Nothing is
