@@ -40,6 +40,8 @@ COMPILED = [
     "src/v2proxy/ops/recorders.py",
     "src/v2proxy/ops/metrics.py",
     "src/v2proxy/core/knowledge.py",
+    "src/v2proxy/core/decide.py",
+    "src/v2proxy/core/ports.py",
 ]
 
 # memcpy that reports a SIGBUS instead of dying of it: every access to a client's shared memory

@@ -38,7 +38,7 @@ import httptools
 import uvloop
 
 from v2proxy.codecs.json import is_object
-from v2proxy.core.relay import relays_as_sent
+from v2proxy.core.decide import relays_as_sent
 
 DROPPED = frozenset(
     b"connection keep-alive proxy-connection te trailer transfer-encoding upgrade"

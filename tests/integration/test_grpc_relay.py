@@ -262,7 +262,7 @@ async def test_decoupled_model_is_not_relayed() -> None:
     decoupled once its configuration is learnt, and the one decision declines the message
     (nothing is sent)."""
     from v2proxy.backends.grpc import GrpcBackend
-    from v2proxy.core.relay import MESSAGE, relays
+    from v2proxy.core.decide import MESSAGE, relays
 
     proxied = GrpcBackend("127.0.0.1:1")
 

@@ -22,6 +22,8 @@ from tests.integration.test_rest_errors import BIN_HEADER, BLOB, framed, simple_
 from v2proxy.app import build_rest
 from v2proxy.app_core import build_backend, build_metrics, build_pipeline
 from v2proxy.backends.metered import metered
+from v2proxy.core.decide import JSON, relays
+from v2proxy.core.ports import RelayFacts
 
 pytestmark = pytest.mark.both_loops
 
@@ -456,29 +458,27 @@ async def test_the_lane_obeys_the_one_decision(
     recorded: tuple[ProxyClient, list[Seen]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The lane decides with the core's one function (``relays``): when it says no, a body the
-    lane would relay goes to the general path, which asks it again and transcodes."""
-    from v2proxy.core import relay as relay_module
-    from v2proxy.frontends import rest_quick
-
+    """The lane decides with the core's one function (``relays``), from the backend's facts:
+    when they say no JSON body goes as sent, a body the lane would relay goes to the general
+    path, which asks them again and transcodes. (The compiled lane calls ``relays`` natively:
+    the facts are what a test can change.)"""
     backend, _ = recorded
     proxy = await lane_proxy(make_client, url_of(backend))  # type: ignore[arg-type]
     await warm(proxy)
     asked: list[str] = []
+    never_json = RelayFacts(True, False, 0, False, True, 0, False)
+    assert relays(JSON, 1, never_json) is False
 
-    def declines(
-        form: str, size: int, facts: Any, *, rewritten: bool = False, learnt: bool = False
-    ) -> bool:
-        asked.append(form)
-        return False
+    def facts(model: str, version: str) -> RelayFacts:
+        asked.append(model)
+        return never_json
 
-    monkeypatch.setattr(rest_quick, "relays", declines)
-    monkeypatch.setattr(relay_module, "relays", declines)
+    monkeypatch.setattr(proxy.frontend.quick.backend, "relay_facts", facts)
     resp = await post(proxy, simple_json(list(range(16))))
     assert resp.status == 200, await resp.text()
     assert outputs(await resp.json())["OUTPUT0"][2] == [i + 1 for i in range(16)]
     assert taken(proxy) == 0
-    # the lane's, then the general path's (then the in-process backend's own, of what it got)
-    assert asked[:2] == ["json", "json"]
+    # the lane's, then the general path's
+    assert asked[:2] == ["simple", "simple"]
     _, m = await scrape(proxy)
     assert value(m, "v2proxy_backend_request_duration_seconds_count", operation="infer") == 1

@@ -11,11 +11,11 @@ import pytest
 from tests.unit.test_backend_meta import SIMPLE, TRITON_EXTENSIONS
 from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.staging import Stager
+from v2proxy.core.decide import BINARY, relays
 from v2proxy.core.errors import BackendUnavailable, NotFound, ProxyError
 from v2proxy.core.knowledge import KNOWLEDGE_TTL_S, BackendKnowledge
 from v2proxy.core.model import Datatype, InferRequest, Tensor
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.core.relay import BINARY, relays
 
 # --------------------------------------------------------------------------- the one cache
 

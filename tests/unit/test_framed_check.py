@@ -225,7 +225,8 @@ def _requests(draw: st.DrawFn) -> tuple[bytes, int]:
         if mutation == "size":
             tensor.setdefault("parameters", {})["binary_data_size"] = draw(st.integers(-1, 40))
         elif mutation == "dimension":
-            tensor["shape"] = [*tensor["shape"], draw(st.sampled_from([-1, True, 1.0, 2]))]
+            shape = tensor.get("shape", [])  # (a "key" mutation may have taken it)
+            tensor["shape"] = [*shape, draw(st.sampled_from([-1, True, 1.0, 2]))]
         elif mutation == "datatype":
             tensor["datatype"] = draw(st.sampled_from(["BYTES", "X", "fp32", "UINT64"]))
         elif mutation == "name":

@@ -1,4 +1,4 @@
-"""``core.relay.relays``: the one decision whether a body goes to the backend as the client sent
+"""``core.decide.relays``: the one decision whether a body goes to the backend as the client sent
 it, from its wire form, its size, whether the frontend rewrites the answer and the backend's
 relay facts (data), as a table; and every way a request goes asks it and does what it says:
 the pipeline's whole and streamed bodies, gRPC messages (unary and of a stream), and the REST
@@ -15,10 +15,10 @@ from tests.unit.fake_backend import Answers, FakeBackend
 from tests.unit.test_pipeline_table import regions  # noqa: F401  (the fixture)
 from v2proxy.codecs.binary import decode_request
 from v2proxy.core import relay as relay_module
+from v2proxy.core.decide import BINARY, JSON, MESSAGE, RAW, relays
 from v2proxy.core.model import Buffer, InferRequest
 from v2proxy.core.pipeline import Pipeline
 from v2proxy.core.ports import TAKES_NOTHING, RelayFacts, StreamedBody
-from v2proxy.core.relay import BINARY, JSON, MESSAGE, RAW, relays
 
 SMALL = 16 * 1024
 ALL = 1 << 62

@@ -1,4 +1,4 @@
-"""``core.relay.relays_as_sent``, the one decision for a whole JSON /infer body: it never says
+"""``core.decide.relays_as_sent``, the one decision for a whole JSON /infer body: it never says
 "as sent" of a body a stage applies to (whatever its spelling: escapes, key order, spaces), nor
 of one the decoder refuses (its limits included); it says so of the common shapes."""
 
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from tests.unit.fake_backend import FakeBackend
 from v2proxy.codecs.binary import decode_request
+from v2proxy.core.decide import relays_as_sent
 from v2proxy.core.errors import ProxyError
 from v2proxy.core.pipeline import Pipeline
-from v2proxy.core.relay import relays_as_sent
 
 LIMIT = 1 << 20
 TENSORS = 8

@@ -16,10 +16,10 @@ from v2proxy.backends.rest import RestBackend
 from v2proxy.backends.rest_answers import error_message
 from v2proxy.backends.rest_encoding import AUTO_BINARY_MIN, Encoding, refuses_binary
 from v2proxy.backends.rest_requests import JOIN_MAX, BinaryHeads, infer_body, infer_headers
+from v2proxy.core.decide import BINARY, JSON, relays
 from v2proxy.core.errors import BackendUnavailable
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, Datatype, InferRequest, RequestedOutput, Tensor
-from v2proxy.core.relay import BINARY, JSON, relays
 
 X = np.array([0.5, -1.25, 65504.0], dtype=np.float16)
 

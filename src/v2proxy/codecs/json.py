@@ -6,7 +6,7 @@ from __future__ import annotations
 import json as _stdjson
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import simdjson
@@ -136,7 +136,7 @@ def dumps(obj: Any) -> bytes:
 _PARSERS: list[simdjson.Parser] = []
 REUSE_LIMIT = 32 * 1024 * 1024
 #: documents up to this size are parsed by orjson into Python objects
-SMALL_DOCUMENT = 16 * 1024
+SMALL_DOCUMENT: Final = 16 * 1024
 
 
 def parse_header(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:

@@ -8,7 +8,7 @@ import struct
 import sys
 from collections.abc import Callable
 from math import prod
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -28,7 +28,7 @@ from v2proxy.core.model import Datatype, Tensor, element_count
 MAX_NESTING = 100
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: arrays up to this many elements are packed in plain Python (numpy's overhead dominates)
-SMALL_ARRAY = 256
+SMALL_ARRAY: Final = 256
 
 _INT_TYPES = INTEGER_TYPES
 _FLOAT_TYPES = {Datatype.FP16, Datatype.FP32, Datatype.FP64, Datatype.BF16}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from v2proxy.codecs.backend_meta import (
     NO_CONFIG,
@@ -30,7 +30,7 @@ from v2proxy.core.errors import BackendUnavailable, GatewayTimeout, ProxyError
 KNOWLEDGE_TTL_S = 30.0
 MAX_ENTRIES = 4096
 
-_SERVER = ("server",)
+_SERVER: Final = ("server",)
 #: the server's metadata could not be had (for the questions that take that as a no)
 _UNASKABLE = ("server unaskable",)
 

@@ -16,13 +16,14 @@ from v2proxy.codecs import settings, side
 from v2proxy.codecs.backend_meta import server_caps
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
 from v2proxy.codecs.raw import decode_raw_request
+from v2proxy.core.decide import BINARY, JSON, RAW, relays_as_sent
 from v2proxy.core.errors import NotFound, Unsupported
 from v2proxy.core.generate import GenerateExtension, Mapped
 from v2proxy.core.knowledge import BackendKnowledge
 from v2proxy.core.model import Buffer, InferRequest, InferResponse
 from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.regions import Regions, cuda_register
-from v2proxy.core.relay import BINARY, JSON, RAW, Relay, nothing_to_do, relays_as_sent
+from v2proxy.core.relay import Relay, nothing_to_do
 from v2proxy.core.stages import shm as shm_stage
 from v2proxy.core.stages.chain import Stages, finish
 from v2proxy.core.stages.classification import ClassificationStage, ModelLabels

@@ -1,13 +1,13 @@
 """The pass-through fast path of the pipeline (Envoy's pass-through): an /infer body that no
 stage applies to goes to the backend as the client sent it, and the answer comes back unchanged.
 
-Whether a body is relayed is decided once, by :func:`relays`, from the body's wire form and
-size, whether the frontend rewrites the answer, and the backend's
+Whether a body is relayed is decided once, by :func:`~v2proxy.core.decide.relays`, from the
+body's wire form and size, whether the frontend rewrites the answer, and the backend's
 :class:`~v2proxy.core.ports.RelayFacts`; the backend's ``relay_infer`` and ``relay_message`` then
 only send. The request is always checked before it is relayed (decoded, or by
-:func:`relays_as_sent`); a JSON body relayed while it arrives keeps its last :data:`HOLD_BACK`
-bytes until the whole has passed the check, so a malformed body never reaches the backend whole.
-Pure: it awaits the backend but imports no I/O library.
+:func:`~v2proxy.core.decide.relays_as_sent`); a JSON body relayed while it arrives keeps its last
+:data:`HOLD_BACK` bytes until the whole has passed the check, so a malformed body never reaches
+the backend whole. Pure: it awaits the backend but imports no I/O library.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from v2proxy.codecs.binary import check_json_size, decode_request, decode_reques
 from v2proxy.codecs.grpc import encodes_unchanged, relayed_answer
 from v2proxy.codecs.json_stream import StreamCheck
 from v2proxy.codecs.limits import DEFAULT_MAX_TENSORS
-from v2proxy.codecs.relay_check import plain_json_request
+from v2proxy.core.decide import BINARY, JSON, MESSAGE, relays
 from v2proxy.core.errors import BadGateway, CodecError, InvalidRequest, ProxyError
 from v2proxy.core.model import Datatype, InferRequest, InferResponse
-from v2proxy.core.ports import Backend, ForwardResponse, Headers, RelayFacts, StreamedBody
+from v2proxy.core.ports import Backend, ForwardResponse, Headers, StreamedBody
 from v2proxy.core.stages.chain import Stages, finish
 
 #: A JSON body relayed while it arrives: its last bytes wait until the whole body is checked.
@@ -79,48 +79,6 @@ async def _kept(body: StreamedBody, keeper: _Keeper) -> AsyncIterator[bytes]:
 
 
 _HALF = (Datatype.FP16, Datatype.BF16)
-
-#: the wire forms of a body (a raw binary one is never relayed: only decoding gives its shape)
-JSON, BINARY, RAW, MESSAGE = "json", "binary", "raw", "message"
-
-
-def relays(
-    form: str, size: int, facts: RelayFacts, *, rewritten: bool = False, learnt: bool = False
-) -> bool | None:
-    """Whether a body of wire form ``form`` and ``size`` bytes goes to the backend as sent, never
-    when the frontend rewrites the answer. None when a fact is unknown: ask again once it is
-    ``learnt`` (an unknown capability then relays JSON, which every v2 REST server takes)."""
-    if rewritten:
-        return False
-    if form == JSON:
-        if size < facts.json_below:
-            return True
-        if not facts.json_auto:
-            return False
-        binary = facts.binary_tensors
-        if binary is None:
-            return True if learnt else None
-        return not binary
-    if form == BINARY:
-        if not facts.rest:
-            return False
-        binary = facts.binary_tensors
-        if binary is None:
-            return False if learnt else None
-        return binary
-    if form != MESSAGE or not facts.grpc or size >= facts.message_below:
-        return False
-    decoupled = facts.decoupled
-    if decoupled is None:
-        return False if learnt else None
-    return not decoupled
-
-
-#: relays_as_sent(body, max_input_size, max_tensors) is plain_json_request itself: whether a
-#: whole JSON /infer body needs nothing of the proxy, checked without decoding: no stage
-#: applies and the full decoder would accept it. Never True of a body it cannot rule on, which
-#: then takes the decoded path, so bad input never reaches the backend.
-relays_as_sent = plain_json_request
 
 
 def nothing_to_do(request: InferRequest, binary: bool, stages: Stages) -> bool:

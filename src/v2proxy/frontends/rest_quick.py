@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-from time import perf_counter
 from typing import TYPE_CHECKING, Final
 
 from v2proxy.codecs import binary as binc
 from v2proxy.codecs import compression
 from v2proxy.codecs.framed_check import plain_framed_request
 from v2proxy.codecs.json_plain import plain_request
+from v2proxy.core.decide import BINARY, JSON, relays, relays_as_sent
 from v2proxy.core.errors import Overloaded, ProxyError
 from v2proxy.core.model import InferRequest, InferResponse
 from v2proxy.core.ports import ForwardResponse, no_release
-from v2proxy.core.relay import BINARY, JSON, nothing_to_do, relays, relays_as_sent
+from v2proxy.core.relay import nothing_to_do
 from v2proxy.core.stages.chain import finish
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import Envelope, Exchange
@@ -33,6 +34,10 @@ from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write
 from v2proxy.frontends.rest_infer import infer_headers
 from v2proxy.http.request import ClientDisconnected, HttpRequest
 from v2proxy.http.response import HttpResponse
+
+#: (Final, as every name compiled code reads per request: a C static, not a look-up in the
+#: module's dict)
+perf_counter: Final = time.perf_counter
 
 if TYPE_CHECKING:
     from v2proxy.frontends.rest import RestFrontend

@@ -17,7 +17,8 @@ from typing import Final, Protocol
 #: (method, version, content_length, chunked, keep_alive, expect_continue)
 Head = tuple[str, tuple[int, int], int | None, bool, bool, bool]
 
-_V11, _V10 = (1, 1), (1, 0)
+_V11: Final = (1, 1)
+_V10: Final = (1, 0)
 _VERSIONS: Final = {"1.1": _V11, "1.0": _V10}
 _SLASH: Final = ord("/")
 #: the fields llhttp's keep-alive verdict reads
@@ -25,7 +26,7 @@ _CONNECTION: Final = frozenset((b"connection", b"proxy-connection"))
 _METHODS: Final = {
     m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")
 }
-FRAMING = _FRAMING = frozenset(
+FRAMING: Final = frozenset(
     (
         b"content-length",
         b"transfer-encoding",
@@ -107,7 +108,7 @@ def check_head(
         length: int | None = None
         chunked = close = keep = expect = upgrade = False
         for name, value in headers:
-            if name not in _FRAMING:
+            if name not in FRAMING:
                 continue
             if name == b"content-length":
                 length = int(value)  # llhttp let only digits and one such header through

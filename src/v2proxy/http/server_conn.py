@@ -72,7 +72,11 @@ _SLICE: Final = 64 * 1024  # input is parsed in slices of this size, to stop whe
 QUICK_BODY: Final = 64 * 1024
 
 #: what the connection's one timer is for
-NONE, IDLE, HEAD, BODY, LINGERING = range(5)
+NONE: Final = 0
+IDLE: Final = 1
+HEAD: Final = 2
+BODY: Final = 3
+LINGERING: Final = 4
 
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE: Final = b"Connection: close\r\n\r\n"
