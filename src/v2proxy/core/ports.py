@@ -10,7 +10,7 @@ backend takes as sent is data (:class:`RelayFacts`); the core decides from it, a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from v2proxy.core.errors import ProxyError
@@ -60,7 +60,7 @@ class _NoChunks:
 NO_CHUNKS = _NoChunks()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ForwardResponse:
     """A passed-through HTTP answer: status, end-to-end headers (no framing or hop-by-hop ones)
     and a body stream."""
@@ -68,10 +68,27 @@ class ForwardResponse:
     status: int
     headers: Headers
     body: AsyncIterator[bytes]
-    release: Callable[[], Awaitable[None]] = field(default=no_release)
+    release: Callable[[], Awaitable[None]]
     #: the whole body when it was small enough to read at once (``body`` is then empty)
-    content: bytes | bytearray | None = None
-    length: int | None = None
+    content: bytes | bytearray | None
+    length: int | None
+
+    def __init__(
+        self,
+        status: int,
+        headers: Headers,
+        body: AsyncIterator[bytes],
+        release: Callable[[], Awaitable[None]] = no_release,
+        content: bytes | bytearray | None = None,
+        length: int | None = None,
+    ) -> None:
+        # (written out: compiled, the dataclass's own __init__ would be interpreted code)
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.release = release
+        self.content = content
+        self.length = length
 
 
 @dataclass(slots=True)
