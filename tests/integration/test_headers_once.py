@@ -67,7 +67,7 @@ FORWARDING_RPCS = {
     "TraceSetting",
     "LogSettings",
 }
-EDGES = (table.forwarded, table.call_headers, rest_infer.infer_headers)
+EDGES = (table.forwarded, table.call_headers, rest_infer.header_pass)
 
 
 class Filterings:

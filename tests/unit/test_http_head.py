@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from v2proxy.http.head import Head, Rejection, check_head, fields_over, fields_size
+from v2proxy.http.head import FieldNames, Head, Rejection, check_head, fields_over, fields_size
 
 MAX_BODY = 1000
 H = list[tuple[bytes, bytes]]
@@ -260,3 +260,34 @@ def test_fields_over(
 ) -> None:
     assert fields_size(fields) == 12 * len(fields)
     assert fields_over(fields, max_bytes, max_fields) == expected
+
+
+# ------------------------------------------------------------------ field names
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        # the same names head after head (the usual peer)
+        [[b"Host", b"Content-Type", b"Content-Length"]] * 3,
+        # another name at a place, fewer names, more names, a name moved
+        [
+            [b"Host", b"Content-Type", b"Content-Length"],
+            [b"Host", b"X-Request-ID", b"Content-Length"],
+            [b"HOST"],
+            [b"host", b"Accept", b"content-type", b"Content-Length", b"X-A"],
+            [b"X-A", b"host"],
+            [b"Host", b"Content-Type", b"Content-Length"],
+        ],
+        # more names than a connection keeps
+        [[b"X-%d" % i for i in range(80)]] * 2,
+    ],
+)
+def test_field_names_are_lowercased_whatever_came_before(heads: list[list[bytes]]) -> None:
+    """Each head's names come out lowercased, as ``bytes.lower`` says, whichever names the
+    connection's earlier heads held at each place."""
+    names = FieldNames()
+    for head in heads:
+        got = [names.lower(k, bytes(name)) for k, name in enumerate(head)]  # (new objects)
+        assert got == [name.lower() for name in head]
+    assert len(names.came) == len(names.lowered) <= 64

@@ -36,15 +36,24 @@ _REQUEST_ID: Final = b"x-request-id"
 _NOTED: Final = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
 
 
-def infer_headers(
-    r: Request,
-) -> tuple[str | None, str | None, str | None, Headers, bytes | None]:
+#: what :func:`infer_headers` finds: Accept-Encoding, Content-Encoding and
+#: Inference-Header-Content-Length (first values), the headers passed on, ``x-request-id``
+InferHeaders = tuple[str | None, str | None, str | None, Headers, bytes | None]
+
+
+def infer_headers(r: Request) -> InferHeaders:
+    """:func:`header_pass` of ``r``'s headers, kept as its ``state`` (see infer)."""
+    found = r.state = header_pass(r.headers)
+    return found
+
+
+def header_pass(headers: Headers) -> InferHeaders:
     """Accept-Encoding, Content-Encoding and Inference-Header-Content-Length (first values), the
     headers passed on (:data:`~v2proxy.core.headers.WRITTEN`) and ``x-request-id``, in one pass:
     an /infer request's headers are filtered here only."""
     accept = content_encoding = ihcl = rid = None
     forwarded: Headers = []
-    for name, value in r.headers:
+    for name, value in headers:
         if name not in _WRITTEN:
             forwarded.append((name, value))
             if name == _REQUEST_ID and rid is None:
@@ -59,8 +68,7 @@ def infer_headers(
                 content_encoding = value.decode("latin-1")
         elif name == _IHCL and ihcl is None:
             ihcl = value.decode("latin-1")
-    found = r.state = accept, content_encoding, ihcl, forwarded, rid  # (kept: see infer)
-    return found
+    return accept, content_encoding, ihcl, forwarded, rid
 
 
 class InferEndpoint:

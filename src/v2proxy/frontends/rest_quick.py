@@ -31,7 +31,7 @@ from v2proxy.core.stages.chain import finish
 from v2proxy.frontends import rest_record
 from v2proxy.frontends.exchange import Envelope, Exchange
 from v2proxy.frontends.rest_answer import error_answer, forwarded_headers, write_forwarded
-from v2proxy.frontends.rest_infer import infer_headers
+from v2proxy.frontends.rest_infer import header_pass
 from v2proxy.http.request import ClientDisconnected, HttpRequest
 from v2proxy.http.response import HttpResponse
 
@@ -137,7 +137,8 @@ class QuickLane:
         body = request.whole(self.max_body_size, take=False)
         if body is None:
             return False
-        accept, encoding, ihcl_value, forwarded, rid = infer_headers(request)
+        seen = request.state = header_pass(request.headers)  # (infer_headers, typed)
+        accept, encoding, ihcl_value, forwarded, rid = seen
         if (
             encoding is not None
             or (accept is not None and compression.choose_encoding(accept) is not None)

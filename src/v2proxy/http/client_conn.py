@@ -30,7 +30,7 @@ from v2proxy.http.client_errors import (
     ReadTimeout,
     RemoteClosed,
 )
-from v2proxy.http.head import field_name
+from v2proxy.http.head import FieldNames
 from v2proxy.http.lazy_timer import LazyTimer
 
 __all__ = ["ClientConnection"]
@@ -77,6 +77,7 @@ class ClientConnection(asyncio.Protocol):
         "_length_field",
         "_loop",
         "_max_head",
+        "_names",
         "_parser",
         "_poll",
         "_reading_paused",
@@ -148,6 +149,7 @@ class ClientConnection(asyncio.Protocol):
         self.reason = b""
         self.version = (1, 1)
         self.headers: list[tuple[bytes, bytes]] = []
+        self._names = FieldNames()
         self.content_length: int | None = None
         self.chunked = self.to_close = False
         self.writing_paused = False
@@ -238,8 +240,9 @@ class ClientConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_done:
             return  # a chunked answer's trailer: not one of its headers (and not forwarded)
-        name = field_name(name)
-        self.headers.append((name, value))
+        headers = self.headers
+        name = self._names.lower(len(headers), name)
+        headers.append((name, value))
         if name in _FRAMING:
             if name == b"content-length" and self._length_field is None:
                 self._length_field = value

@@ -73,6 +73,38 @@ def field_name(name: bytes) -> bytes:
     return low
 
 
+#: names a connection keeps of its last head, at most
+_NAMES_KEPT: Final = 64
+
+
+class FieldNames:
+    """The field names of a connection's last head, as they came and lowercased. A peer sends
+    the same names in the same order head after head, so the ``k``-th name of a head is most
+    often the last head's ``k``-th: compared with it, not hashed (:func:`field_name`)."""
+
+    __slots__ = ("came", "lowered")
+
+    def __init__(self) -> None:
+        self.came: list[bytes] = []
+        self.lowered: list[bytes] = []
+
+    def lower(self, k: int, name: bytes) -> bytes:
+        """The ``k``-th field name of a head, lowercased."""
+        came = self.came
+        if k < len(came):
+            if came[k] == name:
+                return self.lowered[k]
+            low = field_name(name)
+            came[k] = name
+            self.lowered[k] = low
+            return low
+        low = field_name(name)
+        if k == len(came) and k < _NAMES_KEPT:
+            came.append(name)
+            self.lowered.append(low)
+        return low
+
+
 def check_head(
     parser: ParsedHead,
     target: bytes,
@@ -152,7 +184,7 @@ def check_head(
     )
 
 
-__all__ = ["FRAMING", "Head", "ParsedHead", "Rejection", "check_head"]
+__all__ = ["FRAMING", "FieldNames", "Head", "ParsedHead", "Rejection", "check_head"]
 
 
 def fields_size(fields: Sequence[tuple[bytes, bytes]]) -> int:

@@ -26,9 +26,9 @@ import httptools
 
 from v2proxy.http.head import (
     FRAMING,
+    FieldNames,
     Rejection,
     check_head,
-    field_name,
     fields_over,
     fields_size,
 )
@@ -136,7 +136,7 @@ class Connection(asyncio.Protocol):
         "answer", "backlog", "body_paused", "broken", "client", "closed", "closing_after",
         "cycle", "deadline", "discarded", "discarding", "drain_waiter", "eof", "framed", "gone",
         "handler", "head_size", "head_split", "headers", "in_head", "length_field", "limits",
-        "loop", "lost", "parked",
+        "loop", "lost", "names", "parked",
         "parser", "parsing", "piece", "progress", "queue", "quick", "reading_paused", "received",
         "rejection", "response", "server", "serving", "split", "stall", "starting", "timer",
         "timer_kind", "transport", "url", "writing_paused",
@@ -165,6 +165,7 @@ class Connection(asyncio.Protocol):
         self.url = b""
         self.split: tuple[bytes, tuple[str, bytes]] = (b"", ("", b""))
         self.headers: list[tuple[bytes, bytes]] = []
+        self.names = FieldNames()
         #: the head has a framing field other than Content-Length
         self.framed = False
         self.length_field: bytes | None = None
@@ -458,8 +459,9 @@ class Connection(asyncio.Protocol):
         # only gathered here: their limits are checked once per piece (_head_over)
         self.progress = True
         if self.in_head:
-            name = field_name(name)
-            self.headers.append((name, value))
+            headers = self.headers
+            name = self.names.lower(len(headers), name)
+            headers.append((name, value))
             if name in FRAMING:
                 if name == b"content-length":
                     self.length_field = value
