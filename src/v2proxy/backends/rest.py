@@ -33,7 +33,7 @@ from v2proxy.backends.rest_answers import (
     unknown_model,
 )
 from v2proxy.backends.rest_encoding import Encoding, refuses_binary
-from v2proxy.backends.rest_relay import READ_WHOLE, Done, RelayCall, RelaySide
+from v2proxy.backends.rest_relay import READ_WHOLE, RelayCall, RelayNow, RelaySide
 from v2proxy.backends.rest_requests import (
     BinaryHeads,
     ModelPaths,
@@ -136,13 +136,23 @@ class RestBackend:
         self.staging = staging
         if staging is not None and staging.knowledge is None:
             staging.knowledge = self.knowledge
-        self._relay_side = RelaySide(self._pool.endpoints, self.base_url, timeout, max_infer_answer)
         self._targets: dict[tuple[str, str], str] = {}
+        self._relay_side = RelaySide(
+            self._pool.endpoints,
+            self.base_url,
+            timeout,
+            max_infer_answer,
+            self._targets,
+            self._infer_target,
+        )
+        #: :meth:`Backend.relay_now <v2proxy.core.ports.Backend.relay_now>`: the relay side's
+        #: (compiled: the quick lane's call runs no interpreted frame)
+        self.relay_now: RelayNow = self._relay_side.relay
         #: kept at start: ``asyncio.get_running_loop()`` makes a getpid system call each time
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._relay_side.loop = asyncio.get_running_loop()
         await self._pool.start()
 
     def _now(self) -> float:
@@ -372,26 +382,6 @@ class RestBackend:
 
     def time_now(self, record: Record) -> None:
         self._relay_side.record = record
-
-    def relay_now(
-        self,
-        model: str,
-        version: str,
-        body: bytes | bytearray,
-        headers: Headers,
-        done: Done,
-        *,
-        ihcl: int | None = None,
-    ) -> Callable[[], None] | None:
-        """Send a whole /infer body unchanged at once, on an idle connection: the call's cancel,
-        its outcome given to ``done`` later. None, with nothing sent, when it cannot go at once
-        (then :meth:`relay_infer`)."""
-        loop = self._loop
-        if loop is None:
-            return None
-        target = self._targets.get((model, version)) or self._infer_target(model, version)
-        due = loop.time() + self._timeout
-        return self._relay_side.now(target, model, body, infer_headers(headers, ihcl), done, due)
 
     async def _relay_whole(
         self,

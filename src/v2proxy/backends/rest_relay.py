@@ -1,8 +1,7 @@
 """A whole /infer body relayed to a REST backend and its answer taken, driven by the client
 connection's callbacks (:class:`RelayCall`), with no coroutine and no task; callers either are
-called back (:meth:`RestBackend.relay_now <v2proxy.backends.rest.RestBackend.relay_now>`) or
-await the outcome (:meth:`RestBackend.relay_infer
-<v2proxy.backends.rest.RestBackend.relay_infer>`).
+called back (:meth:`RelaySide.relay`, the REST backend's ``relay_now``) or await the outcome
+(:meth:`RestBackend.relay_infer <v2proxy.backends.rest.RestBackend.relay_infer>`).
 
 A 200 over :data:`READ_WHOLE` bytes (or of unknown length) is handed on as it comes; any other
 answer is read whole. A transcoded call (``finish`` set) always reads its 200 whole.
@@ -10,6 +9,7 @@ answer is read whole. A transcoded call (``finish`` set) always reads its 200 wh
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -17,9 +17,10 @@ from typing import Any, Final
 from v2proxy.backends.base import OUTCOME
 from v2proxy.backends.endpoints import Endpoint, Endpoints
 from v2proxy.backends.rest_answers import failure, raise_for_status, relayed_headers
+from v2proxy.backends.rest_requests import infer_headers
 from v2proxy.backends.rest_stream import streamed
 from v2proxy.core.errors import BadGateway, ProxyError
-from v2proxy.core.ports import NO_CHUNKS, ForwardResponse, Record
+from v2proxy.core.ports import NO_CHUNKS, ForwardResponse, Headers, Record
 from v2proxy.http.client import HttpClient
 from v2proxy.http.client_conn import ClientConnection
 from v2proxy.http.client_errors import AnswerTooLarge
@@ -33,6 +34,8 @@ READ_WHOLE: Final = 256 * 1024
 _NEVER: Final = 1 << 62  # (a 200 of unknown length still comes to the event at its head)
 
 Done = Callable[[ForwardResponse | ProxyError], None]
+#: :meth:`Backend.relay_now <v2proxy.core.ports.Backend.relay_now>`
+RelayNow = Callable[..., Callable[[], None] | None]
 #: what a transcoded call makes of its whole 200 answer (headers, body): its outcome
 Finish = Callable[[list[tuple[bytes, bytes]], bytes], Any]
 
@@ -40,7 +43,16 @@ Finish = Callable[[list[tuple[bytes, bytes]], bytes], Any]
 class RelaySide:
     """What every relayed call to one REST backend shares."""
 
-    __slots__ = ("base_url", "endpoints", "limit", "record", "timeout")
+    __slots__ = (
+        "base_url",
+        "endpoints",
+        "limit",
+        "loop",
+        "record",
+        "target_of",
+        "targets",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -48,6 +60,8 @@ class RelaySide:
         base_url: str,
         timeout: float,
         limit: int | None,
+        targets: dict[tuple[str, str], str] | None = None,
+        target_of: Callable[[str, str], str] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.base_url = base_url
@@ -56,6 +70,34 @@ class RelaySide:
         #: told of each call once it is over (:meth:`Backend.time_now
         #: <v2proxy.core.ports.Backend.time_now>`)
         self.record: Record | None = None
+        #: (model, version) -> the /infer target, as far as ``target_of`` remembered it
+        self.targets: dict[tuple[str, str], str] = {} if targets is None else targets
+        self.target_of = target_of
+        #: the event loop, once the backend started (:meth:`relay` sends nothing before)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def relay(
+        self,
+        model: str,
+        version: str,
+        body: bytes | bytearray,
+        headers: Headers,
+        done: Done,
+        *,
+        ihcl: int | None = None,
+    ) -> Callable[[], None] | None:
+        """The REST backend's :meth:`~v2proxy.core.ports.Backend.relay_now`: a whole /infer body
+        sent unchanged at once on an idle connection, its headers those of
+        :func:`~v2proxy.backends.rest_requests.infer_headers`; the call's cancel, its outcome
+        given to ``done`` later. None, with nothing sent, when it cannot go at once (then
+        ``relay_infer``)."""
+        loop = self.loop
+        target_of = self.target_of
+        if loop is None or target_of is None:
+            return None
+        target = self.targets.get((model, version)) or target_of(model, version)
+        sent = infer_headers(headers, ihcl)
+        return self.now(target, model, body, sent, done, loop.time() + self.timeout)
 
     def now(
         self,
