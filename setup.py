@@ -32,6 +32,7 @@ COMPILED = [
     "src/v2proxy/frontends/rest_record.py",
     "src/v2proxy/frontends/rest_answer.py",
     "src/v2proxy/backends/rest_relay.py",
+    "src/v2proxy/backends/rest_requests.py",
     "src/v2proxy/backends/rest_answers.py",
     "src/v2proxy/backends/endpoints.py",
     "src/v2proxy/backends/rest_encoding.py",

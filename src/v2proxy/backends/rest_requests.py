@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Final
 from urllib.parse import quote
 
 from v2proxy.codecs.json_v2 import dumps_tree, request_to_obj
 from v2proxy.core.model import Buffer, Datatype, InferRequest
 from v2proxy.core.ports import Headers
 
-JOIN_MAX = 64 * 1024
+JOIN_MAX: Final = 64 * 1024
 
 
 def infer_body(
@@ -46,8 +47,8 @@ def _binary_head(request: InferRequest) -> bytes:
 
 
 #: the only parameters of the plain kind: the binary header sets their values itself
-_PLAIN_REQUEST = frozenset({"binary_data_output"})
-_PLAIN_OUTPUT = frozenset({"binary_data"})
+_PLAIN_REQUEST: Final = frozenset({"binary_data_output"})
+_PLAIN_OUTPUT: Final = frozenset({"binary_data"})
 #: ((name, datatype, shape, bytes) per input, the requested outputs' names or None)
 _Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, ...] | None]
 
@@ -55,7 +56,7 @@ _Key = tuple[tuple[tuple[str, Datatype, tuple[int, ...], int], ...], tuple[str, 
 class BinaryHeads:
     """The JSON headers of a backend's binary /infer bodies, made once per kind of request."""
 
-    KEPT = 256
+    KEPT: Final = 256
 
     __slots__ = ("_heads",)
 
@@ -93,8 +94,12 @@ class BinaryHeads:
         return head
 
 
-#: what infer_headers adds: a tuple, so that the HTTP client remembers the head it makes
-_JSON_ONLY = ((b"Accept-Encoding", b"identity"), (b"Content-Type", b"application/json"))
+#: what infer_headers adds: a tuple, so that the HTTP client remembers the head it makes (typed
+#: as a sequence: compiled, a tuple constant would be built anew on each use)
+_JSON_ONLY: Final[Sequence[tuple[bytes, bytes]]] = (
+    (b"Accept-Encoding", b"identity"),
+    (b"Content-Type", b"application/json"),
+)
 
 
 def infer_headers(headers: Headers, ihcl: int | None) -> Sequence[tuple[bytes, bytes]]:
@@ -126,7 +131,7 @@ def _binary_only(ihcl: int) -> tuple[tuple[bytes, bytes], ...]:
 class ModelPaths:
     """``/v2/models/{model}[/versions/{version}]``, quoted, built once per model."""
 
-    KEPT = 1024
+    KEPT: Final = 1024
 
     __slots__ = ("_paths",)
 
