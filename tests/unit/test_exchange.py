@@ -27,7 +27,7 @@ from v2proxy.frontends.exchange import GONE_STATUS, SHUTDOWN_STATUS, Envelope, E
 from v2proxy.frontends.rest_quick import _Exchange
 from v2proxy.http.request import BodyTimeout, BodyTooLarge, ClientDisconnected
 from v2proxy.ops.metrics_export import Metrics, NullMetrics
-from v2proxy.ops.recorders import FrontendRecorder
+from v2proxy.ops.recorders import BackendRecorder, FrontendRecorder
 
 GONE = "the client went away"
 FE = {"frontend": "rest", "backend": "builtin"}
@@ -390,3 +390,60 @@ def test_the_quick_lanes_exchange_starts_as_every_exchange() -> None:
             continue
         assert getattr(lane, name) == getattr(plain, name), name
     assert not hasattr(plain, "shown") and not hasattr(lane, "shown")
+
+
+#: (model, status, error, wire out) of requests one after the other: the same outcome in a row,
+#: another outcome of the same model, a model not yet known ("other" until it answered), one
+#: failing before it is known and after
+SEQUENCE = [
+    ("m", 200, None, "json"),
+    ("m", 200, None, "json"),
+    ("m", 200, None, "binary"),
+    ("m", 200, None, "json"),
+    ("m", 503, "backend_unavailable", "json"),
+    ("m", 503, "backend_unavailable", "json"),
+    ("m", 404, "not_found", "json"),
+    ("m", 503, "not_found", "json"),  # (another status, the same error)
+    ("n", 404, "not_found", "json"),
+    ("n", 200, None, "json"),
+    ("n", 404, "not_found", "json"),
+    ("m", 200, None, "json"),
+]
+
+
+def test_each_outcome_is_recorded_under_its_own_labels_however_they_follow() -> None:
+    """The recorders remember the last outcome's cells: a request like the one before adds to
+    them, any other to its own label set's (counted here independently)."""
+    metrics = Metrics(CollectorRegistry(), "builtin")
+    recorder = FrontendRecorder(metrics, "rest")
+    backend = BackendRecorder(metrics)
+    seen: set[str] = set()
+    want: dict[tuple[str, str, str], int] = {}
+    calls: dict[str, int] = {}
+    for model, status, error, wire_out in SEQUENCE:
+        if status < 400:
+            seen.add(model)
+        label = model if model in seen else "other"
+        key = (label, f"{status // 100}xx", wire_out)
+        want[key] = want.get(key, 0) + 1
+        calls[label] = calls.get(label, 0) + 1
+        recorder.done(0.001, "infer", model, status, error, "json", 5, wire_out, 9)
+        backend.done("relay_infer", model, 0.001, None if status < 400 else BackendUnavailable("x"))
+    for (label, code, wire_out), count in want.items():
+        labels = {"model": label, "operation": "infer", **FE}
+        got = sample(metrics, "v2proxy_requests_total", code_class=code, **labels)
+        assert got == sum(c for (m, k, _), c in want.items() if (m, k) == (label, code))
+        sent = sample(
+            metrics, "v2proxy_response_bytes_total", model=label, frontend="rest", wire=wire_out
+        )
+        assert sent == 9 * sum(c for (m, _, w), c in want.items() if (m, w) == (label, wire_out))
+        assert count > 0
+    for label, count in calls.items():
+        got = sample(
+            metrics,
+            "v2proxy_backend_request_duration_seconds_count",
+            model=label,
+            operation="relay_infer",
+            backend="builtin",
+        )
+        assert got == count, label

@@ -68,6 +68,10 @@ class FrontendRecorder:
         self.log = RequestLog(frontend, self.backend, access_log).write
         #: (op, model label, status, error, wire in, wire out) -> the cells of that outcome
         self._cells: dict[tuple[str, str, int, str | None, str, str], _Cells] = {}
+        #: the last outcome of a known model, (op, model, status, error, wire in, wire out),
+        #: and its cells: a request like the one before (the usual one) is compared, not hashed
+        self._last: tuple[str, str, int, str | None, str, str] | None = None
+        self._last_cells: _Cells | None = None
         if isinstance(metrics, Metrics):
             self.enabled = True
             self._metrics = metrics
@@ -100,13 +104,20 @@ class FrontendRecorder:
         """A request answered with ``status`` (``error``: its cause's kind when it failed)."""
         if not self.enabled:
             return
-        label = self._known.get(model)
-        if label is None:
-            label = self._models.label(model, status < 400)
-        key = (op, label, status, error, wire_in, wire_out)
-        cells = self._cells.get(key)
-        if cells is None:
-            cells = self._cells[key] = self._bind(key)
+        outcome = (op, model, status, error, wire_in, wire_out)
+        cells = self._last_cells
+        if cells is None or outcome != self._last:
+            label = self._known.get(model)
+            known = label is not None
+            if label is None:
+                label = self._models.label(model, status < 400)
+            key = (op, label, status, error, wire_in, wire_out)
+            cells = self._cells.get(key)
+            if cells is None:
+                cells = self._cells[key] = self._bind(key)
+            if known:  # (a known model's label is for good)
+                self._last = outcome
+                self._last_cells = cells
         cells.count.value += 1
         cells.duration.observe(duration)
         if cells.error is not None:
@@ -143,16 +154,26 @@ class BackendRecorder:
         self._known = metrics.models.known
         self.backend = metrics.backend
         self._durations: dict[tuple[str, str], Histogram] = {}
+        #: the last call's (op, model) of a known model and its histogram (as FrontendRecorder)
+        self._last: tuple[str, str] | None = None
+        self._last_hist: Histogram | None = None
 
     def done(self, op: str, model: str, duration: float, exc: BaseException | None) -> None:
-        label = self._known.get(model)
-        if label is None:
-            label = self._models.label(model, exc is None)
-        hist = self._durations.get((op, label))
-        if hist is None:
-            hist = self._durations[(op, label)] = self._metrics.store(BACKEND_DURATION).child(
-                label, op, self.backend
-            )
+        call = (op, model)
+        hist = self._last_hist
+        if hist is None or call != self._last:
+            label = self._known.get(model)
+            known = label is not None
+            if label is None:
+                label = self._models.label(model, exc is None)
+            hist = self._durations.get((op, label))
+            if hist is None:
+                hist = self._durations[(op, label)] = self._metrics.store(BACKEND_DURATION).child(
+                    label, op, self.backend
+                )
+            if known:
+                self._last = call
+                self._last_hist = hist
         hist.observe(duration)
         if exc is not None:
             kind = _CONNECTION_ERRORS.get(type(exc).__name__)
