@@ -36,6 +36,7 @@ COMPILED = [
     "src/v2proxy/backends/rest_answers.py",
     "src/v2proxy/backends/endpoints.py",
     "src/v2proxy/backends/rest_encoding.py",
+    "src/v2proxy/codecs/json.py",
     "src/v2proxy/codecs/relay_check.py",
     "src/v2proxy/core/admission.py",
     "src/v2proxy/ops/recorders.py",

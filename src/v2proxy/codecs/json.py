@@ -37,7 +37,9 @@ def loads(buf: bytes | bytearray | memoryview, what: str = "request") -> Any:
 
 #: a \uD800-\uDFFF escape, which the document must hold for a string to hold a lone surrogate
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # the standard library pairs the valid ones
+#: (written with chr: mypyc compiles no surrogate in a literal); the standard library pairs
+#: the valid ones
+_SURROGATE = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")
 Path = tuple[str | int, ...]
 
 
@@ -134,7 +136,7 @@ def dumps(obj: Any) -> bytes:
 #: request), but only for documents up to REUSE_LIMIT so that one huge request does not pin
 #: its buffers for the life of the process.
 _PARSERS: list[simdjson.Parser] = []
-REUSE_LIMIT = 32 * 1024 * 1024
+REUSE_LIMIT: Final = 32 * 1024 * 1024
 #: documents up to this size are parsed by orjson into Python objects
 SMALL_DOCUMENT: Final = 16 * 1024
 
@@ -186,7 +188,7 @@ def is_object(buf: bytes | bytearray | memoryview, what: str = "response") -> bo
 
 
 #: the parser of :func:`is_object` (documents up to REUSE_LIMIT), never handed out
-_CHECKER = simdjson.Parser()
+_CHECKER: Final = simdjson.Parser()
 
 
 def _plain(value: Any) -> Any:
