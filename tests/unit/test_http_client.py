@@ -940,6 +940,12 @@ async def test_request_bytes_with_fixed_headers(serve) -> None:  # type: ignore[
         ("GET", fixed, None),
         ("GET", (), None),
         ("GET", (), None),
+        # the last head of a size is kept: the same size again, then another, then none
+        ("POST", fixed, [b"cd"]),
+        ("POST", fixed, [b"ef"]),
+        ("POST", fixed, [b"ghi"]),
+        ("POST", fixed, None),
+        ("POST", fixed, [b"jk"]),
     ]
     for method, headers, body in calls:
         (await client.request(method, "/v2/m/infer", headers, body)).close()

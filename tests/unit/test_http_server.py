@@ -628,6 +628,24 @@ async def test_send_buffers(h: Harness) -> None:
     writer.close()
 
 
+async def test_answers_of_one_and_of_other_sizes_on_one_connection(h: Harness) -> None:
+    """Each answer is framed by its own size, whether the one before had the same (its framing
+    line is kept) or another."""
+    sizes = [3, 3, 10, 3, 0, 0, 12345, 12345, 3]
+
+    async def handler(req: HttpRequest, resp: HttpResponse) -> None:
+        await resp.send(200, [(b"x-n", req.path[1:].encode())], b"z" * int(req.path[1:]))
+
+    server = await h.start(handler)
+    reader, writer = await h.connect(server)
+    writer.write(b"".join(b"GET /%d HTTP/1.1\r\n\r\n" % n for n in sizes))
+    for n in sizes:
+        answer = await asyncio.wait_for(read_answer(reader), WAIT)
+        assert (answer.status, answer.headers["x-n"], answer.body) == (200, str(n), b"z" * n)
+        assert answer.headers["content-length"] == str(n)
+    writer.close()
+
+
 @pytest.mark.parametrize(
     ("fields", "text"),
     [([b"X-%d: v\r\n" % i for i in range(129)], "too many"), ([b"X: " + b"v" * 5000], "too large")],

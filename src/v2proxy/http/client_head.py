@@ -29,6 +29,20 @@ def _bad_token(name: bytes) -> bool:
 _CACHED: Final = 1024
 
 
+class _Fixed:
+    """The head of one (method, target) with one fixed headers tuple: all but its
+    Content-Length (``prefix``), and the last head made of it (``length``, ``head``): the
+    requests of one model mostly have one size."""
+
+    __slots__ = ("head", "headers", "length", "prefix")
+
+    def __init__(self, headers: object, prefix: bytes) -> None:
+        self.headers = headers
+        self.prefix = prefix
+        self.length: int | None = -1
+        self.head = b""
+
+
 class RequestHeads:
     """Request heads for one origin (``authority``: its ``host:port``); header names and
     request lines found valid are remembered (bounded) and not checked again."""
@@ -44,8 +58,8 @@ class RequestHeads:
             self._host_line = b" HTTP/1.1\r\nHost: %s:%d\r\n" % (host.encode("idna"), port)
         self._names_ok: set[bytes] = set()
         self._lines: dict[tuple[str, str], bytes] = {}
-        #: (method, target) -> (a fixed headers tuple, the head before Content-Length with it)
-        self._fixed: dict[tuple[str, str], tuple[object, bytes]] = {}
+        #: (method, target) -> its head with a fixed headers tuple
+        self._fixed: dict[tuple[str, str], _Fixed] = {}
 
     def build(
         self,
@@ -57,10 +71,16 @@ class RequestHeads:
         """The head of ``method target`` with ``headers`` (and ``length`` as Content-Length)."""
         key = (method, target)
         fixed = self._fixed.get(key)
-        if fixed is not None and fixed[0] is headers:
+        if fixed is not None and fixed.headers is headers:
+            if length == fixed.length:
+                return fixed.head
             if length is None:
-                return fixed[1] + b"\r\n"
-            return b"%sContent-Length: %d\r\n\r\n" % (fixed[1], length)
+                head = fixed.prefix + b"\r\n"
+            else:
+                head = b"%sContent-Length: %d\r\n\r\n" % (fixed.prefix, length)
+            fixed.length = length
+            fixed.head = head
+            return head
         head = self._build(method, target, headers, length)
         if type(headers) is tuple and (fixed is not None or len(self._fixed) < _CACHED):
             end = (
@@ -68,7 +88,7 @@ class RequestHeads:
                 - 2
                 - (len(b"Content-Length: \r\n%d" % length) if length is not None else 0)
             )
-            self._fixed[key] = (headers, head[:end])
+            self._fixed[key] = _Fixed(headers, head[:end])
         return head
 
     def _build(

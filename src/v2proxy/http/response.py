@@ -47,6 +47,8 @@ class HttpResponse:
         "_conn",
         "_ended",
         "_head_only",
+        "_last_framing",
+        "_last_size",
         "_remaining",
         "_req",
         "on_cut",
@@ -55,6 +57,10 @@ class HttpResponse:
 
     def __init__(self, conn: Connection, req: HttpRequest) -> None:
         self._conn = conn
+        #: the last answer's size and its framing line (the connection's answers mostly have
+        #: one size: the line is not formatted again)
+        self._last_size = -1
+        self._last_framing = b""
         self.renew(req)
 
     def renew(self, req: HttpRequest) -> None:
@@ -111,7 +117,11 @@ class HttpResponse:
         if fields.count(b"\n") != n or fields.count(b"\r") != n:
             raise ValueError("CR or LF in a response header")
         self.started = self._ended = True
-        framing = b"\r\nContent-Length: %d\r\n" % size
+        if size == self._last_size:
+            framing = self._last_framing
+        else:
+            framing = self._last_framing = b"\r\nContent-Length: %d\r\n" % size
+            self._last_size = size
         req = self._req
         if (
             req._complete
