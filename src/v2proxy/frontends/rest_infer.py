@@ -28,12 +28,18 @@ from v2proxy.ops.recorders import FrontendRecorder
 #: (Final, as every name compiled code reads per request: a C static, not a look-up in the
 #: module's dict)
 perf_counter: Final = time.perf_counter
-_WRITTEN: Final = WRITTEN
 STREAM_RELAY_MIN: Final = 4 * 1024 * 1024
 _IHCL: Final = binc.IHCL_HEADER.lower().encode()
 _REQUEST_ID: Final = b"x-request-id"
-#: the dropped headers whose first value infer_headers says
-_NOTED: Final = frozenset((b"accept-encoding", b"content-encoding", _IHCL))
+#: what header_pass does with a field it does not pass on (:data:`WRITTEN`): note its first
+#: value (Accept-Encoding 1, Content-Encoding 2, Inference-Header-Content-Length 3) or drop
+#: it (0); one look-up a field
+_DROPPED: Final[dict[bytes, int]] = {
+    **dict.fromkeys(WRITTEN, 0),
+    b"accept-encoding": 1,
+    b"content-encoding": 2,
+    _IHCL: 3,
+}
 
 
 #: what :func:`infer_headers` finds: Accept-Encoding, Content-Encoding and
@@ -54,19 +60,20 @@ def header_pass(headers: Headers) -> InferHeaders:
     accept = content_encoding = ihcl = rid = None
     forwarded: Headers = []
     for name, value in headers:
-        if name not in _WRITTEN:
+        dropped = _DROPPED.get(name)
+        if dropped is None:
             forwarded.append((name, value))
             if name == _REQUEST_ID and rid is None:
                 rid = value
-        elif name not in _NOTED:
+        elif dropped == 0:
             continue
-        elif name == b"accept-encoding":
+        elif dropped == 1:
             if accept is None:
                 accept = value.decode("latin-1")
-        elif name == b"content-encoding":
+        elif dropped == 2:
             if content_encoding is None:
                 content_encoding = value.decode("latin-1")
-        elif name == _IHCL and ihcl is None:
+        elif ihcl is None:
             ihcl = value.decode("latin-1")
     return accept, content_encoding, ihcl, forwarded, rid
 
