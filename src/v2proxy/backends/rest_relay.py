@@ -60,8 +60,8 @@ class RelaySide:
         base_url: str,
         timeout: float,
         limit: int | None,
-        targets: dict[tuple[str, str], str] | None = None,
-        target_of: Callable[[str, str], str] | None = None,
+        targets: dict[tuple[str, str], str],
+        target_of: Callable[[str, str], str],
     ) -> None:
         self.endpoints = endpoints
         self.base_url = base_url
@@ -70,8 +70,9 @@ class RelaySide:
         #: told of each call once it is over (:meth:`Backend.time_now
         #: <v2proxy.core.ports.Backend.time_now>`)
         self.record: Record | None = None
-        #: (model, version) -> the /infer target, as far as ``target_of`` remembered it
-        self.targets: dict[tuple[str, str], str] = {} if targets is None else targets
+        #: (model, version) -> the /infer target, as far as ``target_of`` remembered it (the
+        #: backend's own table, read here without calling it)
+        self.targets = targets
         self.target_of = target_of
         #: the event loop, once the backend started (:meth:`relay` sends nothing before)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -92,10 +93,9 @@ class RelaySide:
         given to ``done`` later. None, with nothing sent, when it cannot go at once (then
         ``relay_infer``)."""
         loop = self.loop
-        target_of = self.target_of
-        if loop is None or target_of is None:
+        if loop is None:
             return None
-        target = self.targets.get((model, version)) or target_of(model, version)
+        target = self.targets.get((model, version)) or self.target_of(model, version)
         sent = infer_headers(headers, ihcl)
         return self.now(target, model, body, sent, done, loop.time() + self.timeout)
 
